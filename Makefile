@@ -1,0 +1,37 @@
+# dpsql: `make demo` runs the main job on the example data; `make test` runs lint, types and tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint types pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+examples/data/visits.parquet: examples/make_data.py | $(STAMP)
+	$(BIN)/python examples/make_data.py
+
+demo: $(STAMP) examples/data/visits.parquet
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check dpsql tests benchmarks examples
+	$(BIN)/ruff format --check dpsql tests benchmarks examples
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) examples/data/visits.parquet
+	$(BIN)/pytest -q
+
+test: lint types pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) examples/data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,86 @@
+"""dpsql: a differentially private SQL query proxy.
+
+Analysts send ordinary SQL; dpsql answers only with noisy aggregates, after charging their
+privacy loss to the data set's budget. ``dpsql.connect(policy)`` returns a PEP 249 connection.
+"""
+
+from dpsql.accounting.filter import BudgetReport
+from dpsql.interfaces.dbapi import (
+    BINARY,
+    DATETIME,
+    NUMBER,
+    ROWID,
+    STRING,
+    BudgetExceededError,
+    Connection,
+    Cursor,
+    DatabaseError,
+    DataError,
+    DpsqlInternalError,
+    EngineFailure,
+    EntropyFailure,
+    Error,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    InvalidParameterError,
+    LedgerFailure,
+    MissingBoundsError,
+    NotSupportedError,
+    OperationalError,
+    PolicyFailure,
+    ProgrammingError,
+    QuerySyntaxError,
+    UnknownObjectError,
+    UnsupportedQuery,
+    Warning,
+    apilevel,
+    connect,
+    paramstyle,
+    threadsafety,
+)
+from dpsql.policy import Policy, load_policy
+from dpsql.session import Result, Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BINARY",
+    "DATETIME",
+    "NUMBER",
+    "ROWID",
+    "STRING",
+    "BudgetExceededError",
+    "BudgetReport",
+    "Connection",
+    "Cursor",
+    "DataError",
+    "DatabaseError",
+    "DpsqlInternalError",
+    "EngineFailure",
+    "EntropyFailure",
+    "Error",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "InvalidParameterError",
+    "LedgerFailure",
+    "MissingBoundsError",
+    "NotSupportedError",
+    "OperationalError",
+    "Policy",
+    "PolicyFailure",
+    "ProgrammingError",
+    "QuerySyntaxError",
+    "Result",
+    "Session",
+    "UnknownObjectError",
+    "UnsupportedQuery",
+    "Warning",
+    "__version__",
+    "apilevel",
+    "connect",
+    "load_policy",
+    "paramstyle",
+    "threadsafety",
+]

@@ -1,0 +1,118 @@
+"""DuckDB, opened read-only and locked down, running only SQL that dpsql generated.
+
+The connection reaches the policy's tables and nothing else: a DuckDB file is opened read-only;
+Parquet and CSV files become views; then external access is switched off (except for exactly
+those files), extensions are never loaded or installed, and the configuration is locked, so no
+SQL can read other files, ATTACH databases or change settings. The analyst's SQL never gets here
+anyway: it is validated against an allow-list and rewritten first; this is the second wall.
+
+Engine error text is never passed on: DuckDB quotes offending data values in its messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from dpsql.errors import EngineError, PolicyError, UnsupportedQueryError
+from dpsql.policy import Policy
+
+log = logging.getLogger("dpsql")
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class DuckDBEngine:
+    """One locked-down DuckDB connection over the policy's data; thread-safe by a lock."""
+
+    def __init__(self, policy: Policy):
+        self._lock = threading.Lock()
+        config = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+        try:
+            if policy.data.database is not None:
+                path = policy.resolve(policy.data.database)
+                if not path.exists():
+                    raise PolicyError(f"data.database does not exist: {path}")
+                self._con = duckdb.connect(str(path), read_only=True, config=config)
+            else:
+                self._con = duckdb.connect(":memory:", config=config)
+            files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
+            for name, path in files.items():
+                if not path.exists():
+                    raise PolicyError(f"data.tables.{name} does not exist: {path}")
+            allowed = ", ".join(_string(str(p)) for p in files.values())
+            self._con.execute(f"SET allowed_paths = [{allowed}]")
+            self._con.execute("SET enable_external_access = false")
+            for name, path in files.items():
+                reader = "read_parquet" if path.suffix.lower() == ".parquet" else "read_csv"
+                self._con.execute(
+                    f"CREATE TEMP VIEW {_quote(name)} AS SELECT * FROM {reader}({_string(str(path))})"
+                )
+            self._con.execute("SET lock_configuration = true")
+            self.catalog = self._read_catalog()
+        except duckdb.Error as exc:
+            raise PolicyError(
+                f"cannot open the policy's data ({type(exc).__name__})"
+            ) from None
+
+    def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
+        rows = self._con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+        ).fetchall()
+        catalog: dict[str, dict[str, str]] = {}
+        for table, column, dtype in rows:
+            catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
+        return catalog
+
+    def check(self, sql: str) -> None:
+        """Bind and optimize ``sql`` without reading data (EXPLAIN); reject if it does not bind.
+
+        Binding reads no rows, so this decision depends on the query and schema only; it runs
+        before the charge, so a query the engine cannot even plan costs nothing.
+        """
+        with self._lock:
+            try:
+                self._con.execute("EXPLAIN " + sql).fetchall()
+            except duckdb.Error as exc:
+                log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
+                raise UnsupportedQueryError(
+                    "the engine cannot type-check this query (e.g. a function applied to a "
+                    "column of the wrong type)"
+                ) from None
+
+    def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run generated SQL; any engine failure becomes a generic ``EngineError``."""
+        with self._lock:
+            try:
+                cursor = self._con.execute(sql)
+                names = [d[0] for d in cursor.description or []]
+                return names, cursor.fetchall()
+            except duckdb.Error as exc:
+                # The engine's message may quote data values: log the class only.
+                log.warning("engine failure after charge: %s", type(exc).__name__)
+                raise EngineError(
+                    "the engine failed while running the bounded query; the charge stands"
+                ) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+
+def data_files(policy: Policy) -> list[Path]:
+    """The files a policy exposes (for documentation and tests)."""
+    files = [policy.resolve(p) for p in policy.data.tables.values()]
+    if policy.data.database is not None:
+        files.append(policy.resolve(policy.data.database))
+    return files

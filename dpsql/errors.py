@@ -1,0 +1,104 @@
+"""The dpsql error tree.
+
+Every error dpsql raises on purpose is a ``DpsqlError``. Messages name the construct (a table,
+a column, an SQL node, a policy field), never a value taken from the data.
+
+::
+
+    DpsqlError
+    ├── QueryError                 the query cannot be answered as written; nothing is charged
+    │   ├── ParseError             not valid SQL (carries line and column)
+    │   ├── UnsupportedQueryError  valid SQL that dpsql does not answer (names the construct)
+    │   ├── SchemaError            unknown table or column, or a unit column in the output
+    │   ├── BoundsError            a contribution or value bound is missing or unusable
+    │   └── ParameterError         a privacy parameter or bound parameter is invalid
+    ├── PolicyError                the policy file is invalid
+    ├── BudgetExceededError        the query would take the budget over its cap; nothing is charged
+    ├── LedgerError                the ledger cannot record a charge; nothing is released
+    ├── EntropyError               no secure randomness; fails closed (the charge stays)
+    ├── EngineError                the engine failed after the charge (the charge stays)
+    └── InternalError              a dpsql bug detected by an internal consistency check
+
+The PEP 249 classes (``dpsql.Error`` and friends) are defined over this tree in
+``dpsql.interfaces.dbapi``; the CLI maps it to exit codes in one table.
+"""
+
+from __future__ import annotations
+
+
+class DpsqlError(Exception):
+    """Root of every error dpsql raises on purpose."""
+
+
+class QueryError(DpsqlError):
+    """The query cannot be answered as written. Rejected before any charge."""
+
+
+class ParseError(QueryError):
+    """The text is not valid SQL. ``line`` and ``column`` are 1-based when known."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        where = f" (line {line}, column {column})" if line is not None else ""
+        super().__init__(message + where)
+        self.line = line
+        self.column = column
+
+
+class UnsupportedQueryError(QueryError):
+    """Valid SQL that dpsql does not answer; the message names the construct."""
+
+
+class SchemaError(QueryError):
+    """An unknown table or column, or a column that may not appear where it does."""
+
+
+class BoundsError(QueryError):
+    """A contribution or value bound that the query needs is missing or unusable."""
+
+
+class ParameterError(QueryError):
+    """An invalid privacy parameter, session setting or bound query parameter."""
+
+
+class PolicyError(DpsqlError):
+    """The policy is invalid; the message names the field."""
+
+
+class BudgetExceededError(DpsqlError):
+    """Answering would take a budget over its cap. Nothing was charged or run."""
+
+
+class LedgerError(DpsqlError):
+    """The ledger could not record a charge, or is not trustworthy. Nothing is released."""
+
+
+class EntropyError(DpsqlError):
+    """Secure randomness is unavailable. The query fails closed; its charge stays."""
+
+
+class EngineError(DpsqlError):
+    """The engine failed while running a bounded query. The charge stays.
+
+    The engine's own message is never shown: DuckDB quotes offending data values.
+    """
+
+
+class InternalError(DpsqlError):
+    """An internal consistency check failed: a dpsql bug. Nothing is released."""
+
+
+__all__ = [
+    "BoundsError",
+    "BudgetExceededError",
+    "DpsqlError",
+    "EngineError",
+    "EntropyError",
+    "InternalError",
+    "LedgerError",
+    "ParameterError",
+    "ParseError",
+    "PolicyError",
+    "QueryError",
+    "SchemaError",
+    "UnsupportedQueryError",
+]

@@ -1,0 +1,362 @@
+"""PEP 249 (DB-API 2.0) over ``Session``.
+
+The exception classes of PEP 249 are defined here over the ``DpsqlError`` tree: each dpsql leaf
+has a class that is both the PEP 249 class and the dpsql class, e.g. ``BudgetExceededError`` is
+an ``OperationalError`` and a ``dpsql.errors.BudgetExceededError``::
+
+    Warning
+    Error
+    ├── InterfaceError                 (closed connection or cursor, misuse of the API)
+    └── DatabaseError
+        ├── OperationalError
+        │   ├── BudgetExceededError    (budget cap reached; nothing charged)
+        │   ├── EngineFailure          (engine failed after the charge)
+        │   ├── EntropyFailure         (no secure randomness; fails closed)
+        │   └── LedgerFailure
+        ├── ProgrammingError
+        │   ├── QuerySyntaxError       (ParseError)
+        │   ├── UnknownObjectError     (SchemaError)
+        │   ├── MissingBoundsError     (BoundsError)
+        │   └── InvalidParameterError  (ParameterError)
+        ├── NotSupportedError
+        │   └── UnsupportedQuery       (UnsupportedQueryError)
+        ├── IntegrityError, DataError  (never raised: dpsql does not write data)
+        └── InternalError
+            └── DpsqlInternalError     (a dpsql bug)
+    PolicyFailure                      (an InterfaceError: the policy given to connect())
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from dpsql import errors
+from dpsql.accounting.filter import BudgetReport
+from dpsql.policy import Policy
+from dpsql.session import Result, Session
+
+apilevel = "2.0"
+threadsafety = 1  # threads may share the module, not connections
+paramstyle = "qmark"
+
+
+class Warning(Exception):  # noqa: A001 - the name is fixed by PEP 249
+    """PEP 249 Warning (dpsql raises none)."""
+
+
+class Error(Exception):
+    """PEP 249 root of all errors."""
+
+
+class InterfaceError(Error):
+    pass
+
+
+class DatabaseError(Error):
+    pass
+
+
+class DataError(DatabaseError):
+    pass
+
+
+class OperationalError(DatabaseError):
+    pass
+
+
+class IntegrityError(DatabaseError):
+    pass
+
+
+class InternalError(DatabaseError):
+    pass
+
+
+class ProgrammingError(DatabaseError):
+    pass
+
+
+class NotSupportedError(DatabaseError):
+    pass
+
+
+class BudgetExceededError(OperationalError, errors.BudgetExceededError):
+    """The query would exceed the budget; nothing was charged."""
+
+
+class EngineFailure(OperationalError, errors.EngineError):
+    pass
+
+
+class EntropyFailure(OperationalError, errors.EntropyError):
+    pass
+
+
+class LedgerFailure(OperationalError, errors.LedgerError):
+    pass
+
+
+class QuerySyntaxError(ProgrammingError, errors.ParseError):
+    pass
+
+
+class UnknownObjectError(ProgrammingError, errors.SchemaError):
+    pass
+
+
+class MissingBoundsError(ProgrammingError, errors.BoundsError):
+    pass
+
+
+class InvalidParameterError(ProgrammingError, errors.ParameterError):
+    pass
+
+
+class UnsupportedQuery(NotSupportedError, errors.UnsupportedQueryError):
+    pass
+
+
+class DpsqlInternalError(InternalError, errors.InternalError):
+    pass
+
+
+class PolicyFailure(InterfaceError, errors.PolicyError):
+    pass
+
+
+# The one mapping from the dpsql tree to PEP 249 (most specific first).
+_MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
+    (errors.BudgetExceededError, BudgetExceededError),
+    (errors.EngineError, EngineFailure),
+    (errors.EntropyError, EntropyFailure),
+    (errors.LedgerError, LedgerFailure),
+    (errors.ParseError, QuerySyntaxError),
+    (errors.SchemaError, UnknownObjectError),
+    (errors.BoundsError, MissingBoundsError),
+    (errors.ParameterError, InvalidParameterError),
+    (errors.UnsupportedQueryError, UnsupportedQuery),
+    (errors.PolicyError, PolicyFailure),
+    (errors.InternalError, DpsqlInternalError),
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _translate(exc: errors.DpsqlError) -> Error:
+    for source, target in _MAPPING:
+        if isinstance(exc, source):
+            mapped = target(str(exc))
+            for attr in ("line", "column"):
+                if hasattr(exc, attr):
+                    setattr(mapped, attr, getattr(exc, attr))
+            return mapped
+    return DatabaseError(str(exc))
+
+
+def _pep249(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except errors.DpsqlError as exc:
+            raise _translate(exc) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# PEP 249 type objects: compare equal to the DuckDB type names in ``description``.
+class _TypeObject(frozenset[str]):
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return other.upper() in self or other.upper().startswith(tuple(self))
+        return frozenset.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return frozenset.__hash__(self)
+
+
+STRING = _TypeObject({"VARCHAR", "TEXT", "STRING"})
+BINARY = _TypeObject({"BLOB", "BYTEA"})
+NUMBER = _TypeObject(
+    {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "DOUBLE", "FLOAT", "REAL", "DECIMAL"}
+)
+DATETIME = _TypeObject({"DATE", "TIMESTAMP", "TIME"})
+ROWID = _TypeObject({"ROWID"})
+
+
+class Connection:
+    """A PEP 249 connection: one ``Session`` (policy, engine, budget, settings)."""
+
+    def __init__(self, session: Session):
+        self._session: Session | None = session
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            raise InterfaceError("the connection is closed")
+        return self._session
+
+    def cursor(self) -> Cursor:
+        return Cursor(self)
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def commit(self) -> None:
+        """A no-op: dpsql never writes data; charges are committed before each release."""
+        self.session  # noqa: B018 - raises on a closed connection
+
+    def rollback(self) -> None:
+        raise NotSupportedError("a release cannot be rolled back: its charge stands")
+
+    @_pep249
+    def budget(self) -> BudgetReport:
+        """A frozen report of spent and remaining budget."""
+        return self.session.budget()
+
+    @_pep249
+    def set(self, name: str, value: object) -> None:
+        """Python form of ``SET dpsql.name = value`` (``None`` resets it)."""
+        self.session.set_option(name, value)
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+Description = tuple[str, str, None, None, None, None, None]
+
+
+class Cursor:
+    """A PEP 249 cursor. ``accuracy`` holds per-cell 95% (``confidence``) noise half-widths."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.arraysize = 1
+        self._result: Result | None = None
+        self._position = 0
+        self._closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise InterfaceError("the cursor is closed")
+        self.connection.session  # noqa: B018 - raises on a closed connection
+
+    @property
+    def description(self) -> tuple[Description, ...] | None:
+        if self._result is None or not self._result.columns:
+            return None
+        return tuple(
+            (name, dtype, None, None, None, None, None)
+            for name, dtype in zip(self._result.columns, self._result.types, strict=False)
+        )
+
+    @property
+    def rowcount(self) -> int:
+        return -1 if self._result is None or not self._result.columns else len(self._result.rows)
+
+    @property
+    def accuracy(self) -> tuple[tuple[float | None, ...], ...]:
+        """Per row, per column: the half-width of the noise interval (None where no noise)."""
+        return self._result.accuracy if self._result is not None else ()
+
+    @property
+    def confidence(self) -> float | None:
+        return self._result.confidence if self._result is not None else None
+
+    @property
+    def result(self) -> Result | None:
+        """The full result of the last statement (plan, charge, accuracy)."""
+        return self._result
+
+    @_pep249
+    def execute(
+        self, operation: str, parameters: Sequence[object] | None = None, **options: object
+    ) -> Cursor:
+        """Run one statement; ``options`` are per-query settings (epsilon=..., delta=...)."""
+        self._check()
+        self._result = None
+        self._result = self.connection.session.execute(operation, parameters, **options)
+        self._position = 0
+        return self
+
+    def executemany(
+        self, operation: str, seq_of_parameters: Sequence[Sequence[object]], **options: object
+    ) -> Cursor:
+        """Each parameter set is a separate query, charged separately."""
+        for parameters in seq_of_parameters:
+            self.execute(operation, parameters, **options)
+        return self
+
+    def _rows(self) -> tuple[tuple[Any, ...], ...]:
+        self._check()
+        if self._result is None or not self._result.columns:
+            raise ProgrammingError("no result set: execute a query first")
+        return self._result.rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        rows = self._rows()
+        if self._position >= len(rows):
+            return None
+        self._position += 1
+        return rows[self._position - 1]
+
+    def fetchmany(self, size: int | None = None) -> list[tuple[Any, ...]]:
+        rows = self._rows()
+        count = self.arraysize if size is None else size
+        chunk = rows[self._position : self._position + count]
+        self._position += len(chunk)
+        return list(chunk)
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        rows = self._rows()
+        chunk = rows[self._position :]
+        self._position = len(rows)
+        return list(chunk)
+
+    def setinputsizes(self, sizes: object) -> None:
+        pass
+
+    def setoutputsize(self, size: object, column: object = None) -> None:
+        pass
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        while (row := self.fetchone()) is not None:
+            yield row
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@_pep249
+def connect(
+    policy: Policy | str | Path | Mapping[str, Any], analyst: str | None = None
+) -> Connection:
+    """Open a connection over a policy (a TOML path, a ``Policy`` or a dict).
+
+    ``analyst`` is self-declared in process; only the server authenticates it.
+    """
+    if isinstance(policy, Mapping):
+        from dpsql.policy import load_policy
+
+        policy = load_policy(dict(policy))
+    return Connection(Session(policy, analyst=analyst))

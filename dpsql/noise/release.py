@@ -1,0 +1,172 @@
+"""Noisy values and post-processing: from the bounded totals to the released table.
+
+Everything after the noise is post-processing of noisy values (DESIGN.md section 2): partition
+selection's threshold, AVG = m + noisy centred sum / noisy count, clamping an average to its
+bounds, the output expressions, HAVING, ORDER BY and LIMIT. These run in a scratch in-memory
+DuckDB that holds only noisy values and released keys, never the private rows.
+
+Accuracy: each output that is a bare aggregate gets the half-width of a confidence interval
+that covers the noise only (not the bias of clamping and contribution bounds), computed from
+the discrete distribution actually sampled. Counts and sums: the exact discrete Laplace
+quantile. AVG: the box [sum ± k1] x [count ± k2], each at confidence sqrt(c), which covers
+both independent noises with probability at least c; the half-width is the larger distance
+from the estimate to the ends of the ratio's range over the box (clamped to the bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from dpsql.noise.samplers import discrete_laplace, discrete_laplace_half_width
+from dpsql.plan.planner import Estimate, Plan
+from dpsql.errors import EngineError
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.rewrite import total
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def _sql(node: Any) -> str:
+    return str(node.sql(dialect=DIALECT))
+
+
+@dataclass(frozen=True)
+class Release:
+    """The released table: column names and DuckDB types, rows, per-cell half-widths."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    accuracy: tuple[tuple[float | None, ...], ...]
+    confidence: float
+
+
+def _noisy(totals: list[int], scale: Fraction) -> list[int]:
+    noise = discrete_laplace(scale, len(totals))
+    return [int(t) + int(z) for t, z in zip(totals, noise, strict=True)]
+
+
+def _avg(
+    estimate: Estimate, plan: Plan, noisy: list[list[int]], confidence: float
+) -> tuple[FloatArray, FloatArray]:
+    """AVG estimates and their half-widths, vectorized over the released groups."""
+    grid = estimate.grid
+    assert grid is not None
+    i_sum, i_count = estimate.measurements
+    half = float(grid.step) / 2
+    lo, hi, centre = float(grid.lower_value), float(grid.upper_value), float(grid.centre)
+    s = np.asarray(noisy[i_sum], dtype=np.float64)
+    n = np.asarray(noisy[i_count], dtype=np.float64)
+    value = np.clip(centre + s * half / np.maximum(n, 1.0), lo, hi)
+    joint = math.sqrt(confidence)
+    k_s = discrete_laplace_half_width(plan.measurements[i_sum].scale, joint)
+    k_n = discrete_laplace_half_width(plan.measurements[i_count].scale, joint)
+    n_lo = np.maximum(n - k_n, 1.0)
+    n_hi = np.maximum(n + k_n, 1.0)
+    s_lo, s_hi = s - k_s, s + k_s
+    low = np.minimum(s_lo / n_lo, s_lo / n_hi)
+    high = np.maximum(s_hi / n_lo, s_hi / n_hi)
+    lower = np.clip(centre + low * half, lo, hi)
+    upper = np.clip(centre + high * half, lo, hi)
+    # With no plausible positive count the average may be anywhere in the bounds.
+    hopeless = n + k_n < 1
+    lower = np.where(hopeless, lo, lower)
+    upper = np.where(hopeless, hi, upper)
+    width = np.maximum(value - lower, upper - value)
+    return value, width
+
+
+def _estimates(
+    plan: Plan, noisy: list[list[int]], confidence: float
+) -> tuple[list[Any], list[Any]]:
+    values: list[Any] = []
+    widths: list[Any] = []
+    for est in plan.estimates:
+        m = plan.measurements[est.measurements[0]]
+        if est.kind == "avg":
+            value, width = _avg(est, plan, noisy, confidence)
+            values.append(value)
+            widths.append(width)
+            continue
+        k = discrete_laplace_half_width(m.scale, confidence)
+        raw = noisy[est.measurements[0]]
+        if m.unit == 1:
+            values.append(np.array(raw, dtype=object))
+        else:
+            values.append(np.array([float(v * m.unit) for v in raw], dtype=np.float64))
+        widths.append(np.full(len(raw), float(k * m.unit)))
+    return values, widths
+
+
+def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
+    a = plan.analysis
+    # TRY: an expression over noisy values (say, a division by a noisy zero) must not fail.
+    select = [f'{_sql(total(o.expr))} AS "{o.name.replace(chr(34), chr(34) * 2)}"' for o in a.outputs]
+    select += [f"_a{i}_hw" if i is not None else "NULL" for i in hw_columns]
+    sql = f"SELECT {', '.join(select)} FROM _noisy"
+    if a.having is not None:
+        sql += f" WHERE {_sql(total(a.having))} IS TRUE"
+    # Released rows are sorted by key before any LIMIT: a hash aggregate's order would
+    # otherwise depend on the data (DESIGN.md section 5).
+    order = [o.sql(DIALECT) for o in a.order] + [f"_k{i} ASC NULLS LAST" for i in range(len(a.keys))]
+    if order:
+        sql += " ORDER BY " + ", ".join(order)
+    if a.limit is not None:
+        sql += f" LIMIT {a.limit}"
+    if a.offset is not None:
+        sql += f" OFFSET {a.offset}"
+    return sql
+
+
+def _bare_aggregate(plan: Plan) -> list[int | None]:
+    """For each output, the aggregate it is exactly (alias aside), else None."""
+    result: list[int | None] = []
+    for o in plan.analysis.outputs:
+        name = o.expr.name if o.expr.key == "column" else ""
+        result.append(int(name[2:]) if name.startswith("_a") else None)
+    return result
+
+
+def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
+    """Add noise to the bounded totals and post-process; the charge was committed before."""
+    n_keys = len(plan.analysis.keys)
+    keys = [[row[i] for row in rows] for i in range(n_keys)]
+    totals = [[int(row[n_keys + j] or 0) for row in rows] for j in range(len(plan.measurements))]
+    noisy = [_noisy(t, m.scale) for t, m in zip(totals, plan.measurements, strict=True)]
+    if plan.selection is not None:
+        units = noisy[plan.selection.measurement]
+        keep = [j for j, u in enumerate(units) if u >= plan.selection.threshold]
+        keys = [[col[j] for j in keep] for col in keys]
+        noisy = [[col[j] for j in keep] for col in noisy]
+    confidence = plan.options.confidence
+    values, widths = _estimates(plan, noisy, confidence)
+    table: dict[str, Any] = {f"_k{i}": np.array(col, dtype=object) for i, col in enumerate(keys)}
+    for i, (value, width) in enumerate(zip(values, widths, strict=True)):
+        table[f"_a{i}"] = value
+        table[f"_a{i}_hw"] = width
+    hw_columns = _bare_aggregate(plan)
+    scratch = duckdb.connect(":memory:")
+    try:
+        scratch.register("_noisy", table)
+        cursor = scratch.execute(_post_sql(plan, hw_columns))
+        description = cursor.description or []
+        out = cursor.fetchall()
+    except duckdb.Error:
+        raise EngineError("post-processing of the noisy values failed; the charge stands") from None
+    finally:
+        scratch.close()
+    n_out = len(plan.analysis.outputs)
+    return Release(
+        columns=tuple(o.name for o in plan.analysis.outputs),
+        types=tuple(str(d[1]) for d in description[:n_out]),
+        rows=tuple(tuple(r[:n_out]) for r in out),
+        accuracy=tuple(tuple(r[n_out:]) for r in out),
+        confidence=confidence,
+    )

@@ -1,0 +1,294 @@
+"""One plan per query: measurements, their sensitivities and noise scales, the privacy event.
+
+A plan is frozen data and a pure function of the analysis, the options and the policy: it is
+what EXPLAIN prints and what the accountant is asked to admit before anything runs.
+
+Sensitivities (add/remove one unit, DESIGN.md section 3), with L0 groups per unit (1 without
+GROUP BY) and C rows per unit and group, in integer units of each measurement:
+COUNT L0·C; COUNT(DISTINCT unit) L0; SUM on grid g L0·C·max(|lo|, |hi|)/g; centred SUM
+L0·C·(hi - lo)/g in units of g/2. The query's epsilon is split equally across measurements
+(sequential composition), and each is sampled from the discrete Laplace with
+scale = sensitivity / epsilon_j, so the charged epsilon is exactly the query's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from sqlglot import exp
+
+from dpsql.accounting.events import Composite, DiscreteLaplace, Event, LaplacePartitionSelection
+from dpsql.errors import BoundsError, InternalError, ParameterError
+from dpsql.plan.mechanisms import partition_threshold
+from dpsql.policy import Policy
+from dpsql.sql.analyze import AggregateKind, Analysis
+from dpsql.sql.grid import Grid, value_grid
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.rewrite import Bounding, MeasurementSpec, ValueSpec, bounded_query
+
+# More public keys than this would be released as one huge table of noise: refuse instead.
+MAX_PUBLIC_GROUPS = 1_000_000
+
+
+@dataclass(frozen=True)
+class QueryOptions:
+    """The privacy parameters and bounds one query runs with (public values)."""
+
+    epsilon: Fraction
+    delta: Fraction
+    max_groups_per_unit: int | None
+    max_rows_per_unit_per_group: int | None
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One noisy measurement: an integer total per group plus discrete Laplace noise."""
+
+    spec: MeasurementSpec
+    label: str
+    sensitivity: int  # L1, in integer units
+    unit: Fraction  # the value of one integer unit (1 for counts, g or g/2 for sums)
+    scale: Fraction  # discrete Laplace scale, in integer units
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.sensitivity / self.scale
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How one aggregate of the query is computed from measurements (post-processing)."""
+
+    kind: AggregateKind
+    measurements: tuple[int, ...]  # sum: (sum,); avg: (centred, count); counts: (count,)
+    grid: Grid | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Private-key partition selection on the noisy count of distinct units per group."""
+
+    measurement: int
+    threshold: int
+    delta: Fraction
+
+
+@dataclass(frozen=True)
+class Plan:
+    analysis: Analysis
+    bounded: exp.Select
+    measurements: tuple[Measurement, ...]
+    estimates: tuple[Estimate, ...]
+    selection: Selection | None
+    event: Composite
+    max_groups: int
+    max_rows: int
+    options: QueryOptions
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.event.epsilon
+
+    @property
+    def delta(self) -> Fraction:
+        return self.event.delta
+
+    @property
+    def bounded_sql(self) -> str:
+        return self.bounded.sql(dialect=DIALECT, pretty=True)
+
+    def explain(self) -> list[str]:
+        a = self.analysis
+        lines = [
+            f"table {a.table}: privacy unit {a.unit}; user-level, add/remove one unit",
+            f"bounds: L0 = {self.max_groups} group(s) per unit, C = {self.max_rows} row(s) per "
+            "unit and group",
+            "keys: "
+            + (
+                ", ".join(
+                    f"{k.name} ({'public domain' if k.public else 'private'})" for k in a.keys
+                )
+                or "none (one global group)"
+            ),
+        ]
+        for m in self.measurements:
+            lines.append(
+                f"measurement {m.label}: L1 sensitivity {m.sensitivity * m.unit} "
+                f"(= {m.sensitivity} units of {m.unit}), DiscreteLaplace scale "
+                f"{m.scale * m.unit} (= {m.scale} units), epsilon {m.epsilon}"
+            )
+        if self.selection is not None:
+            lines.append(
+                f"partition selection: release a group iff its noisy distinct-unit count >= "
+                f"{self.selection.threshold}; delta {self.selection.delta}"
+            )
+        lines.append(f"cost: epsilon {self.epsilon}, delta {self.delta} (basic composition)")
+        lines.append("bounded SQL:")
+        lines.extend("  " + line for line in self.bounded_sql.splitlines())
+        return lines
+
+
+def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) -> str:
+    arg = values[spec.value].expr.sql(DIALECT) if spec.value is not None else ""
+    if spec.kind == "rows":
+        return "COUNT(*)"
+    if spec.kind == "units":
+        return "COUNT(DISTINCT unit)"
+    if spec.kind == "count":
+        return f"COUNT({arg})"
+    if spec.kind == "sum":
+        return f"SUM({arg})"
+    assert grid is not None
+    return f"SUM({arg} - {grid.centre})"
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.values: list[ValueSpec] = []
+        self.specs: list[MeasurementSpec] = []
+
+    def value(self, expr: exp.Expression, grid: Grid | None) -> int:
+        key = expr.sql(DIALECT)
+        for i, v in enumerate(self.values):
+            if v.expr.sql(DIALECT) == key:
+                if grid is not None and v.grid is None:
+                    self.values[i] = ValueSpec(v.expr, grid)
+                return i
+        self.values.append(ValueSpec(expr, grid))
+        return len(self.values) - 1
+
+    def measure(self, spec: MeasurementSpec) -> int:
+        if spec not in self.specs:
+            self.specs.append(spec)
+        return self.specs.index(spec)
+
+
+def _estimates(analysis: Analysis, builder: _Builder) -> list[Estimate]:
+    estimates = []
+    for agg in analysis.aggregates:
+        if agg.kind == "count_rows":
+            estimates.append(Estimate(agg.kind, (builder.measure(MeasurementSpec("rows")),), None))
+        elif agg.kind == "count_units":
+            estimates.append(Estimate(agg.kind, (builder.measure(MeasurementSpec("units")),), None))
+        elif agg.kind == "count":
+            assert agg.arg is not None
+            v = builder.value(agg.arg, None)
+            estimates.append(Estimate(agg.kind, (builder.measure(MeasurementSpec("count", v)),), None))
+        else:
+            assert agg.arg is not None and agg.bounds is not None
+            grid = value_grid(agg.bounds)
+            v = builder.value(agg.arg, grid)
+            if agg.kind == "sum":
+                parts = (builder.measure(MeasurementSpec("sum", v)),)
+            else:
+                parts = (
+                    builder.measure(MeasurementSpec("centred", v)),
+                    builder.measure(MeasurementSpec("count", v)),
+                )
+            estimates.append(Estimate(agg.kind, parts, grid))
+    return estimates
+
+
+def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
+    """Effective (L0, C). L0 is 1 without GROUP BY, and at most the number of public keys."""
+    max_rows = options.max_rows_per_unit_per_group
+    if max_rows is None:
+        raise BoundsError(
+            f"table {analysis.table} has no max_rows_per_unit_per_group; declare it in the "
+            "policy or SET dpsql.max_rows_per_unit_per_group"
+        )
+    if not analysis.keys:
+        return 1, max_rows
+    max_groups = options.max_groups_per_unit
+    if max_groups is None:
+        raise BoundsError(
+            f"GROUP BY on table {analysis.table} needs max_groups_per_unit; declare it in the "
+            "policy or SET dpsql.max_groups_per_unit"
+        )
+    if all(k.domain is not None for k in analysis.keys):
+        size = math.prod(len(k.domain or ()) for k in analysis.keys)
+        if size > MAX_PUBLIC_GROUPS:
+            raise BoundsError(f"the public keys have {size} combinations; at most "
+                              f"{MAX_PUBLIC_GROUPS} are released")  # fmt: skip
+        max_groups = min(max_groups, size)
+    return max_groups, max_rows
+
+
+def _sensitivity(spec: MeasurementSpec, values: list[ValueSpec], l0: int, c: int) -> int:
+    if spec.kind == "units":
+        return l0
+    if spec.kind in ("rows", "count"):
+        return l0 * c
+    assert spec.value is not None
+    grid = values[spec.value].grid
+    assert grid is not None
+    return l0 * c * (grid.magnitude if spec.kind == "sum" else grid.width)
+
+
+def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
+    if spec.kind in ("rows", "count", "units"):
+        return Fraction(1)
+    assert spec.value is not None
+    grid = values[spec.value].grid
+    assert grid is not None
+    return grid.step if spec.kind == "sum" else grid.step / 2
+
+
+def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, salt: int) -> Plan:
+    """Plan ``analysis``; raises ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
+    l0, c = _group_bounds(analysis, options)
+    builder = _Builder()
+    estimates = _estimates(analysis, builder)
+    private_keys = bool(analysis.keys) and not all(k.public for k in analysis.keys)
+    if private_keys:
+        if policy.budget.delta == 0 or options.delta == 0:
+            raise ParameterError(
+                "GROUP BY a column without a public domain needs partition selection, which "
+                "needs delta > 0; declare public_values for the key or SET dpsql.delta"
+            )
+        selection_index = builder.measure(MeasurementSpec("units"))
+    k = len(builder.specs)
+    measurements = []
+    events: list[Event] = []
+    for spec in builder.specs:
+        sensitivity = _sensitivity(spec, builder.values, l0, c)
+        # Equal split of epsilon: scale_j = Δ_j / (ε/k), so Σ Δ_j/scale_j = ε exactly.
+        scale = Fraction(sensitivity) * k / options.epsilon
+        label = _label(spec, builder.values, builder.values[spec.value].grid if spec.value is not None else None)
+        measurements.append(Measurement(spec, label, sensitivity, _unit(spec, builder.values), scale))
+    selection = None
+    for j, m in enumerate(measurements):
+        if private_keys and j == selection_index:
+            threshold = partition_threshold(m.scale, l0, options.delta)
+            selection = Selection(j, threshold, options.delta)
+            events.append(LaplacePartitionSelection(m.scale, Fraction(m.sensitivity), threshold,
+                                                    options.delta, m.label))  # fmt: skip
+        else:
+            events.append(DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label))
+    event = Composite(tuple(events))
+    # Recompute the loss from the event and compare with what the query asked for: a mismatch
+    # is a planner bug, and nothing may be charged or released on a wrong figure.
+    expected_delta = options.delta if private_keys else Fraction(0)
+    if event.epsilon != options.epsilon or event.delta != expected_delta:
+        raise InternalError("the planned privacy loss does not match the query's parameters")
+    bounding = Bounding(
+        max_groups=l0 if analysis.keys else None,
+        max_rows=c,
+        salt=salt,
+        values=tuple(builder.values),
+        measurements=tuple(builder.specs),
+    )
+    return Plan(
+        analysis=analysis,
+        bounded=bounded_query(analysis, bounding),
+        measurements=tuple(measurements),
+        estimates=tuple(estimates),
+        selection=selection,
+        event=event,
+        max_groups=l0,
+        max_rows=c,
+        options=options,
+    )

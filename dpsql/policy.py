@@ -1,0 +1,304 @@
+"""The policy: what data dpsql serves, who the privacy unit is, which bounds hold, the budget.
+
+A policy is a TOML file (see ``docs/policy.md``) loaded into frozen pydantic models. Privacy
+parameters and value bounds are exact rationals parsed from their decimal text: TOML floats are
+read as ``Decimal`` so that ``0.01`` is exactly 1/100 (``Fraction(0.01)`` is slightly above it,
+and a budget check on it would be off by one query in a hundred).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import re
+import tomllib
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dpsql.errors import ParameterError, PolicyError
+
+# A per-query epsilon above this is refused as absurd: at epsilon 20 one answer may change odds
+# by a factor of e^20 ~ 5e8, which protects nothing. Totals may be larger (many queries).
+MAX_QUERY_EPSILON = Fraction(20)
+MAX_TOTAL_EPSILON = Fraction(10_000)
+# Contribution bounds above this are almost surely a typo and make noise useless.
+MAX_CONTRIBUTION_BOUND = 1_000_000
+# Bounds beyond 2**52 in magnitude lose exactness when the engine clamps in DOUBLE.
+MAX_ABS_BOUND = Fraction(2**52)
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def to_fraction(value: object, name: str) -> Fraction:
+    """An exact rational from decimal text, an integer, a Decimal, a Fraction or a float.
+
+    A float is read through its shortest round-trip decimal text (``repr``), so ``0.01`` gives
+    exactly 1/100: the number the user wrote, not the binary double nearest to it.
+    """
+    if isinstance(value, bool):
+        raise ParameterError(f"{name} must be a number, not a boolean")
+    try:
+        if isinstance(value, Fraction):
+            result = value
+        elif isinstance(value, int | Decimal):
+            result = Fraction(value)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ParameterError(f"{name} must be a finite number")
+            result = Fraction(repr(value))
+        elif isinstance(value, str):
+            result = Fraction(value.strip())
+        else:
+            raise ParameterError(f"{name} must be a number")
+    except (ValueError, ZeroDivisionError, ArithmeticError):
+        raise ParameterError(f"{name} must be a finite decimal number") from None
+    return result
+
+
+def check_epsilon(value: object, name: str, cap: Fraction) -> Fraction:
+    """A positive, finite epsilon no larger than ``cap``."""
+    eps = to_fraction(value, name)
+    if eps <= 0:
+        raise ParameterError(f"{name} must be positive")
+    if eps > cap:
+        raise ParameterError(f"{name} must be at most {cap}")
+    return eps
+
+
+def check_delta(value: object, name: str) -> Fraction:
+    """A delta in [0, 1)."""
+    delta = to_fraction(value, name)
+    if not 0 <= delta < 1:
+        raise ParameterError(f"{name} must be in [0, 1)")
+    return delta
+
+
+def _exact(value: Any) -> Fraction:
+    try:
+        return to_fraction(value, "value")
+    except ParameterError as exc:
+        raise ValueError(str(exc)) from None
+
+
+Exact = Annotated[
+    Fraction,
+    BeforeValidator(_exact),
+    PlainSerializer(lambda f: str(f), return_type=str),
+]
+PublicValue = str | int | float | bool | dt.date | dt.datetime | None
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class DatasetSpec(_Frozen):
+    """Identity of the data set: the budget belongs to ``id``; ``data_version`` keys the cache."""
+
+    id: str = Field(min_length=1, max_length=200)
+    data_version: str = Field(default="1", min_length=1, max_length=200)
+
+
+class DataSpec(_Frozen):
+    """Where the data lives: a DuckDB file, and/or Parquet or CSV files mapped to table names."""
+
+    database: Path | None = None
+    tables: dict[str, Path] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _some_data(self) -> DataSpec:
+        if self.database is None and not self.tables:
+            raise ValueError("give data.database or data.tables")
+        for name, path in self.tables.items():
+            if not _IDENTIFIER.match(name):
+                raise ValueError(f"data.tables: {name!r} is not a plain SQL identifier")
+            if path.suffix.lower() not in {".parquet", ".csv"}:
+                raise ValueError(f"data.tables.{name}: only .parquet and .csv files are supported")
+        return self
+
+
+class BudgetSpec(_Frozen):
+    """The total budget of the data set and the default per-query parameters."""
+
+    epsilon: Exact
+    delta: Exact = Fraction(0)
+    query_epsilon: Exact = Fraction(1, 10)
+    query_delta: Exact = Fraction(0)
+
+    @model_validator(mode="after")
+    def _valid(self) -> BudgetSpec:
+        try:
+            check_epsilon(self.epsilon, "budget.epsilon", MAX_TOTAL_EPSILON)
+            check_epsilon(self.query_epsilon, "budget.query_epsilon", MAX_QUERY_EPSILON)
+            check_delta(self.delta, "budget.delta")
+            check_delta(self.query_delta, "budget.query_delta")
+        except ParameterError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class ColumnSpec(_Frozen):
+    """What is public about a column: its clamping bounds and/or its domain of key values."""
+
+    lower: Exact | None = None
+    upper: Exact | None = None
+    public_values: tuple[PublicValue, ...] | None = None
+    public_values_from: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")
+
+    @model_validator(mode="after")
+    def _valid(self) -> ColumnSpec:
+        if (self.lower is None) != (self.upper is None):
+            raise ValueError("give both lower and upper, or neither")
+        if self.lower is not None and self.upper is not None:
+            if not self.lower < self.upper:
+                raise ValueError("lower must be below upper")
+            if max(abs(self.lower), abs(self.upper)) > MAX_ABS_BOUND:
+                raise ValueError("bounds must be within ±2**52")
+        if self.public_values is not None and self.public_values_from is not None:
+            raise ValueError("give public_values or public_values_from, not both")
+        if self.public_values is not None and len(set(self.public_values)) != len(
+            self.public_values
+        ):
+            raise ValueError("public_values has duplicates")
+        return self
+
+    @property
+    def bounds(self) -> tuple[Fraction, Fraction] | None:
+        if self.lower is None or self.upper is None:
+            return None
+        return (self.lower, self.upper)
+
+
+class TableSpec(_Frozen):
+    """A private table (with a privacy unit and contribution bounds) or a public table."""
+
+    privacy_unit: str | None = None
+    public: bool = False
+    max_groups_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
+    max_rows_per_unit_per_group: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
+    columns: dict[str, ColumnSpec] = Field(default_factory=dict)
+
+    @field_validator("columns")
+    @classmethod
+    def _lower(cls, columns: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
+        # SQL identifiers are case-insensitive in DuckDB; the policy matches them the same way.
+        return {name.lower(): spec for name, spec in columns.items()}
+
+    @field_validator("privacy_unit")
+    @classmethod
+    def _lower_unit(cls, unit: str | None) -> str | None:
+        return unit.lower() if unit is not None else None
+
+    @model_validator(mode="after")
+    def _valid(self) -> TableSpec:
+        if self.public == (self.privacy_unit is not None):
+            raise ValueError("a table is either public = true or has a privacy_unit")
+        if self.public and (self.max_groups_per_unit or self.max_rows_per_unit_per_group):
+            raise ValueError("a public table has no contribution bounds")
+        return self
+
+    @property
+    def is_private(self) -> bool:
+        return self.privacy_unit is not None
+
+
+class Policy(_Frozen):
+    """The whole policy. ``base_dir`` resolves relative data paths (it is not part of it)."""
+
+    dataset: DatasetSpec
+    data: DataSpec
+    budget: BudgetSpec
+    tables: dict[str, TableSpec]
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("tables")
+    @classmethod
+    def _names(cls, tables: dict[str, TableSpec]) -> dict[str, TableSpec]:
+        for name in tables:
+            if not _IDENTIFIER.match(name):
+                raise ValueError(f"{name!r} is not a plain SQL identifier")
+        return {name.lower(): spec for name, spec in tables.items()}
+
+    @model_validator(mode="after")
+    def _references(self) -> Policy:
+        for tname, table in self.tables.items():
+            for cname, col in table.columns.items():
+                ref = col.public_values_from
+                if ref is None:
+                    continue
+                other = self.tables.get(ref.split(".")[0].lower())
+                if other is None or not other.public:
+                    raise ValueError(
+                        f"tables.{tname}.columns.{cname}.public_values_from must name a column "
+                        "of a public table"
+                    )
+        return self
+
+    @property
+    def version(self) -> str:
+        """A hash of the policy's canonical form: any change to it changes the version."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def resolve(self, path: Path) -> Path:
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "policy"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = None) -> Policy:
+    """Load and validate a policy from a TOML path or a dict; raises ``PolicyError``."""
+    if isinstance(source, dict):
+        raw = dict(source)
+        base = base_dir or Path.cwd()
+    else:
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            raise PolicyError(f"cannot read the policy file {path}") from None
+        try:
+            raw = tomllib.loads(text, parse_float=Decimal)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError(f"the policy file is not valid TOML: {exc}") from None
+        base = base_dir or path.resolve().parent
+    try:
+        return Policy.model_validate({**raw, "base_dir": base})
+    except ValidationError as exc:
+        raise PolicyError(f"invalid policy: {_describe(exc)}") from None
+
+
+__all__ = [
+    "MAX_QUERY_EPSILON",
+    "BudgetSpec",
+    "ColumnSpec",
+    "DataSpec",
+    "DatasetSpec",
+    "Policy",
+    "TableSpec",
+    "check_delta",
+    "check_epsilon",
+    "load_policy",
+    "to_fraction",
+]

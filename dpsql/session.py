@@ -1,0 +1,246 @@
+"""The one orchestrator: parse -> validate -> analyze -> plan -> check -> charge -> execute ->
+noise -> release. Every interface (DB-API, CLI, later the shell and the server) is a thin face
+over ``Session``.
+
+Every step before the charge is a pure function of the query, the policy, the settings and the
+catalog; the charge is committed before the engine runs, so a crash after it loses budget,
+never privacy. A rejected query is never charged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from dpsql.accounting.filter import BasicFilter, BudgetReport, Charge
+from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.errors import EntropyError, ParameterError
+from dpsql.noise.release import release
+from dpsql.plan.planner import Plan, QueryOptions, plan_query
+from dpsql.policy import (
+    MAX_CONTRIBUTION_BOUND,
+    MAX_QUERY_EPSILON,
+    Policy,
+    check_delta,
+    check_epsilon,
+    load_policy,
+)
+from dpsql.sql.analyze import analyze
+from dpsql.sql.params import bind_parameters
+from dpsql.sql.parse import DIALECT, Explain, Query, SetOption, ShowOption, parse_statement
+from dpsql.sql.validate import validate
+
+log = logging.getLogger("dpsql")
+
+SETTINGS = (
+    "epsilon",
+    "delta",
+    "max_groups_per_unit",
+    "max_rows_per_unit_per_group",
+    "confidence",
+)
+DEFAULT_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one statement returns: a table (possibly empty) and, for queries, the plan."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    accuracy: tuple[tuple[float | None, ...], ...] = ()
+    confidence: float | None = None
+    plan: Plan | None = None
+    charge: Charge | None = None
+    message: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool):
+        raise ParameterError(f"{name} must be a positive integer")
+    try:
+        number = Fraction(str(value).strip()) if isinstance(value, str) else Fraction(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise ParameterError(f"{name} must be a positive integer") from None
+    if number.denominator != 1 or not 1 <= number <= MAX_CONTRIBUTION_BOUND:
+        raise ParameterError(f"{name} must be an integer from 1 to {MAX_CONTRIBUTION_BOUND}")
+    return int(number)
+
+
+def _confidence(value: object) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ParameterError("confidence must be a number in [0.5, 0.9999]") from None
+    if not 0.5 <= number <= 0.9999:
+        raise ParameterError("confidence must be a number in [0.5, 0.9999]")
+    return number
+
+
+def check_setting(name: str, value: object) -> object:
+    """Validate one per-query setting; returns its normalised value."""
+    if name == "epsilon":
+        return check_epsilon(value, "epsilon", MAX_QUERY_EPSILON)
+    if name == "delta":
+        return check_delta(value, "delta")
+    if name in ("max_groups_per_unit", "max_rows_per_unit_per_group"):
+        return _positive_int(value, name)
+    if name == "confidence":
+        return _confidence(value)
+    raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}")
+
+
+class Session:
+    """A connection's state: policy, engine, budget filter, settings, analyst."""
+
+    def __init__(self, policy: Policy | str | Path, analyst: str | None = None):
+        self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
+        self.analyst = analyst
+        self.engine = DuckDBEngine(self.policy)
+        budget = self.policy.budget
+        self.filter = BasicFilter(self.policy.dataset.id, budget.epsilon, budget.delta)
+        self._settings: dict[str, object] = {}
+        try:
+            # Salt of the keyed hash that picks a unit's groups; any value is private (the
+            # choice depends only on the unit's own rows), secrecy only stops prediction.
+            self._salt = secrets.randbits(62)
+        except Exception:
+            raise EntropyError("secure randomness is unavailable") from None
+
+    # -- settings ------------------------------------------------------------------------------
+    def set_option(self, name: str, value: object) -> None:
+        """``SET dpsql.name = value``; ``None`` resets to the policy default."""
+        name = name.lower()
+        if value is None:
+            if name not in SETTINGS:
+                raise ParameterError(f"unknown setting dpsql.{name}")
+            self._settings.pop(name, None)
+            return
+        self._settings[name] = check_setting(name, value)
+
+    def settings(self, overrides: Mapping[str, object] | None = None) -> dict[str, object]:
+        """The effective settings: policy defaults, then SET values, then ``overrides``."""
+        budget = self.policy.budget
+        table = next((t for t in self.policy.tables.values() if t.is_private), None)
+        merged: dict[str, object] = {
+            "epsilon": budget.query_epsilon,
+            "delta": budget.query_delta,
+            "max_groups_per_unit": None,
+            "max_rows_per_unit_per_group": None,
+            "confidence": DEFAULT_CONFIDENCE,
+        }
+        del table
+        merged.update(self._settings)
+        for name, value in (overrides or {}).items():
+            if value is not None:
+                merged[name] = check_setting(name, value)
+        return merged
+
+    def _options(self, settings: Mapping[str, object], table: str) -> QueryOptions:
+        spec = self.policy.tables[table]
+        groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
+        rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
+        return QueryOptions(
+            epsilon=Fraction(settings["epsilon"]),  # type: ignore[arg-type]
+            delta=Fraction(settings["delta"]),  # type: ignore[arg-type]
+            max_groups_per_unit=int(groups) if groups is not None else None,  # type: ignore[call-overload]
+            max_rows_per_unit_per_group=int(rows) if rows is not None else None,  # type: ignore[call-overload]
+            confidence=float(settings["confidence"]),  # type: ignore[arg-type]
+        )
+
+    # -- planning --------------------------------------------------------------------------------
+    def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
+        """Plan a SELECT without running or charging anything (what EXPLAIN shows)."""
+        statement = parse_statement(sql)
+        if isinstance(statement, Explain | Query):
+            return self._plan(statement.select, params, options)
+        raise ParameterError("only a SELECT query can be planned")
+
+    def _plan(self, select: Any, params: Sequence[object] | None, options: Mapping[str, object]) -> Plan:
+        bad = set(options) - set(SETTINGS)
+        if bad:
+            raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
+        settings = self.settings(options)
+        bound = bind_parameters(select, params)
+        validate(bound)
+        analysis = analyze(bound, self.policy, self.engine.catalog)
+        plan = plan_query(analysis, self._options(settings, analysis.table), self.policy, self._salt)
+        # Bind the bounded SQL in the engine now: a query it cannot type-check is rejected
+        # here, before the charge, on the schema alone.
+        self.engine.check(plan.bounded.sql(dialect=DIALECT))
+        return plan
+
+    # -- execution -------------------------------------------------------------------------------
+    def execute(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Result:
+        """Run one statement. Raises a ``DpsqlError``; a rejected query is never charged."""
+        statement = parse_statement(sql)
+        if isinstance(statement, SetOption):
+            if params:
+                raise ParameterError("SET takes no parameters")
+            self.set_option(statement.name, statement.value)
+            return Result((), (), (), message=f"SET dpsql.{statement.name}")
+        if isinstance(statement, ShowOption):
+            return self._show(statement.name)
+        if isinstance(statement, Explain):
+            plan = self._plan(statement.select, params, options)
+            lines = plan.explain()
+            return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
+        plan = self._plan(statement.select, params, options)
+        return self._answer(plan)
+
+    def _answer(self, plan: Plan) -> Result:
+        canonical = plan.analysis_sql if hasattr(plan, "analysis_sql") else plan.bounded_sql
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        # Charge first (durably, in a later module): nothing runs unless the budget admits it.
+        charge = self.filter.charge(plan.event, canonical, self.analyst)
+        log.info(
+            "charged query %s: epsilon=%s delta=%s analyst=%s",
+            digest, plan.epsilon, plan.delta, self.analyst,
+        )  # fmt: skip
+        _, rows = self.engine.run(plan.bounded.sql(dialect=DIALECT))
+        released = release(plan, rows)
+        log.info("released query %s: %d row(s)", digest, len(released.rows))
+        return Result(
+            columns=released.columns,
+            types=released.types,
+            rows=released.rows,
+            accuracy=released.accuracy,
+            confidence=released.confidence,
+            plan=plan,
+            charge=charge,
+        )
+
+    def _show(self, name: str) -> Result:
+        if name == "budget":
+            report = self.budget()
+            return Result(("budget",), ("VARCHAR",), ((str(report),),))
+        settings = self.settings()
+        if name == "all":
+            rows = tuple((k, _show_value(settings[k])) for k in SETTINGS)
+            return Result(("name", "setting"), ("VARCHAR", "VARCHAR"), rows)
+        if name not in settings:
+            raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}, budget, all")
+        return Result((name,), ("VARCHAR",), ((_show_value(settings[name]),),))
+
+    def budget(self) -> BudgetReport:
+        """A frozen report of the spent and remaining budget."""
+        return self.filter.report()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _show_value(value: object) -> str:
+    if value is None:
+        return "(policy default)"
+    if isinstance(value, Fraction):
+        return str(float(value)) if value.denominator != 1 else str(value.numerator)
+    return str(value)

@@ -1,0 +1,169 @@
+"""Parse one statement: a SELECT query, or a session command handled before validation.
+
+Session commands (``SET dpsql.x = v``, ``RESET dpsql.x``, ``SHOW dpsql.x``, ``EXPLAIN q``) are
+recognised on the token stream, so they never reach the SQL validator; every other statement
+must parse as a single ``SELECT``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError as GlotParseError
+from sqlglot.errors import TokenError
+from sqlglot.tokens import Token, TokenType
+
+from dpsql.errors import ParseError, UnsupportedQueryError
+
+DIALECT = "duckdb"
+# Node types that are whole statements; anything else at the top is a syntax error.
+_STATEMENTS: tuple[type[exp.Expression], ...] = tuple(
+    getattr(exp, name)
+    for name in (
+        "Query", "Command", "DML", "DDL", "Set", "Pragma", "Use", "Describe", "Copy",
+        "Attach", "Detach", "Install", "Transaction", "Commit", "Rollback", "Summarize",
+        "Load", "Insert", "Update", "Delete", "Merge", "Create", "Drop", "Alter",
+    )
+    if hasattr(exp, name)
+)
+MAX_QUERY_LENGTH = 100_000
+
+
+@dataclass(frozen=True)
+class Query:
+    """A SELECT statement to answer."""
+
+    select: exp.Select
+
+
+@dataclass(frozen=True)
+class Explain:
+    """``EXPLAIN <select>``: plan only; nothing runs and nothing is charged."""
+
+    select: exp.Select
+
+
+@dataclass(frozen=True)
+class SetOption:
+    """``SET dpsql.name = value`` (value is the literal's text, or None for DEFAULT)."""
+
+    name: str
+    value: str | None
+
+
+@dataclass(frozen=True)
+class ShowOption:
+    """``SHOW dpsql.name`` (or ``SHOW dpsql.all``)."""
+
+    name: str
+
+
+Statement = Query | Explain | SetOption | ShowOption
+
+
+def _tokens(text: str) -> list[Token]:
+    try:
+        return [t for t in sqlglot.tokenize(text, read=DIALECT) if t.token_type != TokenType.SEMICOLON]
+    except TokenError as exc:
+        raise ParseError(f"cannot read the SQL text: {_first_line(str(exc))}") from None
+
+
+def _first_line(message: str) -> str:
+    return message.splitlines()[0] if message else "syntax error"
+
+
+def _option_name(tokens: list[Token], command: str) -> tuple[str, list[Token]]:
+    """Read ``dpsql.name`` from the front of ``tokens``; return the name and the rest."""
+    if (
+        len(tokens) < 3
+        or tokens[0].text.lower() != "dpsql"
+        or tokens[1].token_type != TokenType.DOT
+        or tokens[2].token_type not in (TokenType.VAR, TokenType.ALL)
+    ):
+        raise UnsupportedQueryError(
+            f"{command} is only supported for dpsql settings, e.g. {command} dpsql.epsilon"
+        )
+    return tokens[2].text.lower(), tokens[3:]
+
+
+def _parse_set(tokens: list[Token]) -> SetOption:
+    name, rest = _option_name(tokens, "SET")
+    if rest and (rest[0].token_type == TokenType.EQ or rest[0].text.upper() == "TO"):
+        rest = rest[1:]
+    if len(rest) == 2 and rest[0].token_type == TokenType.DASH:
+        return SetOption(name, "-" + rest[1].text)
+    if len(rest) != 1:
+        raise ParseError(f"SET dpsql.{name} takes one value, e.g. SET dpsql.{name} = 0.5")
+    token = rest[0]
+    if token.token_type == TokenType.DEFAULT or token.text.upper() == "DEFAULT":
+        return SetOption(name, None)
+    if token.token_type not in (TokenType.NUMBER, TokenType.STRING, TokenType.VAR):
+        raise ParseError(f"SET dpsql.{name} takes a number or a quoted string")
+    return SetOption(name, token.text)
+
+
+def parse_statement(text: str) -> Statement:
+    """Parse exactly one statement, raising ``ParseError`` or ``UnsupportedQueryError``."""
+    if not isinstance(text, str):
+        raise ParseError("the query must be a string")
+    if len(text) > MAX_QUERY_LENGTH:
+        raise ParseError(f"the query is longer than {MAX_QUERY_LENGTH} characters")
+    tokens = _tokens(text)
+    if not tokens:
+        raise ParseError("empty query")
+    head = tokens[0].text.upper()
+    # The tokenizer reads RESET, SHOW and EXPLAIN as commands whose argument is the raw rest of
+    # the text; tokenize that rest again as SQL.
+    rest_text = text[tokens[0].end + 1 :]
+    if head == "SET":
+        return _parse_set(tokens[1:])
+    if head in ("RESET", "SHOW"):
+        name, rest = _option_name(_tokens(rest_text), head)
+        if rest:
+            raise ParseError(f"{head} takes one setting name")
+        return SetOption(name, None) if head == "RESET" else ShowOption(name)
+    if head == "EXPLAIN":
+        return Explain(parse_select(rest_text))
+    return Query(parse_select(text))
+
+
+def parse_select(text: str) -> exp.Select:
+    """Parse text that must be a single SELECT statement."""
+    try:
+        statements = sqlglot.parse(text, read=DIALECT)
+    except GlotParseError as exc:
+        detail = exc.errors[0] if exc.errors else {}
+        raise ParseError(
+            f"syntax error: {detail.get('description', 'invalid SQL')}",
+            detail.get("line"),
+            detail.get("col"),
+        ) from None
+    except TokenError as exc:
+        raise ParseError(f"cannot read the SQL text: {_first_line(str(exc))}") from None
+    statements = [s for s in statements if s is not None]
+    if len(statements) != 1:
+        raise ParseError("send exactly one statement at a time")
+    statement = statements[0]
+    if not isinstance(statement, _STATEMENTS):
+        raise ParseError("syntax error: expected a SELECT statement")
+    if not isinstance(statement, exp.Select):
+        raise UnsupportedQueryError(
+            f"{statement_kind(statement)} statements are not supported: dpsql answers SELECT "
+            "queries (and SET/SHOW/RESET dpsql.* and EXPLAIN)"
+        )
+    return statement
+
+
+def statement_kind(node: exp.Expression) -> str:
+    """A user-facing name for the kind of a top-level statement."""
+    if isinstance(node, exp.Command):
+        return str(node.this).upper()
+    if isinstance(node, exp.Union):
+        return "UNION"
+    if isinstance(node, exp.Except):
+        return "EXCEPT"
+    if isinstance(node, exp.Intersect):
+        return "INTERSECT"
+    return node.key.upper()

@@ -1,0 +1,252 @@
+"""The bounded query: contribution bounding by per-unit pre-aggregation inside the engine.
+
+The steps of DESIGN.md section 3, each a CTE:
+
+1. ``_rows``: the table's rows after WHERE, with the unit, the group keys and the raw values;
+   every row-level expression wrapped in ``TRY`` and casts made ``TRY_CAST``, so no data value
+   can make the query fail. Rows whose public key lies outside its domain are dropped here, so
+   they never use up a unit's group budget.
+2. ``_vals``: values rounded to their grid and clamped to the grid-aligned bounds, as integers.
+3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums.
+4. ``_kept``: at most L0 groups per unit, ranked by a salted hash of (unit, keys), which depends
+   only on the unit's own rows.
+5. ``_capped``: ``n' = min(n, C)``; sums scaled to ``n'·S/n`` and clamped to ``[n'·lo, n'·hi]``.
+6. the cross-unit aggregate per group; with a public domain, every key of the domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+import sqlglot
+from sqlglot import exp
+
+from dpsql.sql.analyze import Analysis, GroupKey
+from dpsql.sql.grid import Grid
+from dpsql.sql.params import literal_for
+from dpsql.sql.parse import DIALECT
+
+MeasurementKind = Literal["rows", "count", "sum", "centred", "units"]
+_FLOATS = {"float", "double", "real"}
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """A distinct row-level expression that is counted, and summed on ``grid`` if given."""
+
+    expr: exp.Expression
+    grid: Grid | None
+
+
+@dataclass(frozen=True)
+class MeasurementSpec:
+    """What one output column of the bounded query measures (see ``measurement_sql``)."""
+
+    kind: MeasurementKind
+    value: int | None = None
+
+
+@dataclass(frozen=True)
+class Bounding:
+    """The public numbers the bounded query enforces."""
+
+    max_groups: int | None  # L0 for the ranking; None when no ranking is needed
+    max_rows: int  # C
+    salt: int
+    values: tuple[ValueSpec, ...]
+    measurements: tuple[MeasurementSpec, ...]
+
+
+def _sql(node: exp.Expression) -> str:
+    return node.sql(dialect=DIALECT)
+
+
+def total(node: exp.Expression) -> exp.Expression:
+    """A row-level expression that cannot raise: casts become TRY_CAST, the whole is TRY(...).
+
+    DuckDB raises on failed casts, integer overflow and ``//`` or ``%`` by zero; inside TRY such
+    a row yields NULL, so whether the query fails never depends on the data (DESIGN.md 5).
+    """
+    node = node.copy()
+    for cast in list(node.find_all(exp.Cast)):
+        if not isinstance(cast, exp.TryCast):
+            cast.replace(exp.TryCast(this=cast.this, to=cast.to))
+    return exp.Try(this=node)
+
+
+def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
+    """Clamp each bounded numeric column inside an aggregate argument to its declared bounds."""
+
+    def clamp(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Column):
+            return node
+        spec = analysis.spec.columns.get(node.name)
+        if spec is None or spec.bounds is None:
+            return node
+        lo, hi = spec.bounds
+        inner = exp.cast(node.copy(), exp.DataType.Type.DOUBLE)
+        clamped: exp.Expression = exp.Least(
+            this=exp.Greatest(this=inner, expressions=[_number(lo)], ignore_nulls=True),
+            expressions=[_number(hi)],
+            ignore_nulls=True,
+        )
+        if analysis.columns[node.name].lower() in _FLOATS:
+            # NaN counts as NULL (DuckDB orders NaN above +inf, so a clamp would map it to hi).
+            clamped = exp.If(this=exp.IsNan(this=node.copy()), true=exp.Null(), false=clamped)
+        return exp.Paren(this=clamped)
+
+    return expr.transform(clamp)
+
+
+def _number(value: Fraction | int) -> exp.Expression:
+    value = Fraction(value)
+    if value.denominator == 1:
+        return exp.Literal.number(value.numerator)
+    # Bounds are read from decimal text, so most are finite decimals; others become a ratio.
+    return exp.Div(
+        this=exp.cast(exp.Literal.number(value.numerator), exp.DataType.Type.DOUBLE),
+        expression=exp.Literal.number(value.denominator),
+    )
+
+
+def _grid_units(raw: str, grid: Grid) -> str:
+    """SQL for a raw DOUBLE value on its grid: round(x/g), clamped to [lower, upper]."""
+    step = grid.step
+    scaled = f"{raw} * {step.denominator}" if step <= 1 else f"{raw} / {step.numerator}"
+    clamped = f"LEAST(GREATEST({scaled}, {grid.lower}), {grid.upper})"
+    return f"CASE WHEN isnan({raw}) THEN NULL ELSE CAST(ROUND({clamped}) AS BIGINT) END"
+
+
+def _domain_filter(key: GroupKey, name: str) -> str | None:
+    if key.domain is not None:
+        values = [v for v in key.domain if v is not None]
+        parts = []
+        if values:
+            parts.append(f"{name} IN ({', '.join(_literal(v) for v in values)})")
+        if None in key.domain:
+            parts.append(f"{name} IS NULL")
+        return "(" + " OR ".join(parts) + ")"
+    if key.domain_table is not None:
+        table, column = key.domain_table
+        return f'{name} IN (SELECT "{column}" FROM "{table}")'
+    return None
+
+
+def _literal(value: object) -> str:
+    return _sql(literal_for(value, 0))
+
+
+def _domain_relation(keys: tuple[GroupKey, ...]) -> str:
+    parts = []
+    for i, key in enumerate(keys):
+        if key.domain is not None:
+            rows = ", ".join(f"({_literal(v)})" for v in key.domain)
+            parts.append(f"(VALUES {rows}) AS _d{i}(_k{i})")
+        else:
+            assert key.domain_table is not None
+            table, column = key.domain_table
+            parts.append(f'(SELECT DISTINCT "{column}" AS _k{i} FROM "{table}") AS _d{i}')
+    return " CROSS JOIN ".join(parts)
+
+
+def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
+    """The cross-unit aggregate of one measurement, over ``_capped``."""
+    if spec.kind == "rows":
+        return "SUM(_c)"
+    if spec.kind == "units":
+        return "COUNT(*)"
+    assert spec.value is not None
+    i = spec.value
+    if spec.kind == "count":
+        return f"SUM(_c{i})"
+    if spec.kind == "sum":
+        return f"SUM(_t{i})"
+    grid = bounding.values[i].grid
+    assert grid is not None
+    # Centred sum in units of g/2: each row contributes 2·x - (lower + upper).
+    return f"SUM(2 * _t{i} - _c{i} * CAST({grid.centre_units} AS HUGEINT))"
+
+
+def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
+    """The bounded SQL for ``analysis``: one row per group, one column per measurement."""
+    keys = [f"_k{i}" for i in range(len(analysis.keys))]
+    key_list = "".join(f"{k}, " for k in keys)
+    raw = [
+        f"{_sql(total(exp.cast(_clamp_columns(v.expr, analysis), exp.DataType.Type.DOUBLE)))}"
+        if v.grid is not None
+        else _sql(total(v.expr))
+        for v in bounding.values
+    ]
+    filters = [f"{_sql(total(analysis.where))} IS TRUE"] if analysis.where is not None else []
+    filters += [
+        f for i, key in enumerate(analysis.keys) if (f := _domain_filter(key, _sql(total(key.expr))))
+    ]
+    rows_select = ", ".join(
+        [f'"{analysis.unit}" AS _u']
+        + [f"{_sql(total(k.expr))} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]
+        + [f"{expr} AS _x{i}" for i, expr in enumerate(raw)]
+    )
+    where = f" WHERE {' AND '.join(filters)}" if filters else ""
+    vals = ", ".join(
+        ["_u"]
+        + keys
+        + [
+            f"{_grid_units(f'_x{i}', v.grid)} AS _v{i}" if v.grid is not None else f"_x{i} AS _v{i}"
+            for i, v in enumerate(bounding.values)
+        ]
+    )
+    per_unit = ", ".join(
+        ["_u", *keys, "COUNT(*) AS _n"]
+        + [f"COUNT(_v{i}) AS _n{i}" for i in range(len(bounding.values))]
+        + [f"SUM(_v{i}) AS _s{i}" for i, v in enumerate(bounding.values) if v.grid is not None]
+    )
+    group_units = ", ".join(["_u", *keys])
+    if bounding.max_groups is not None and keys:
+        order = ", ".join(["_u", *keys, str(bounding.salt)])
+        kept = (
+            "SELECT * FROM _units QUALIFY ROW_NUMBER() OVER "
+            f"(PARTITION BY _u ORDER BY hash({order})) <= {bounding.max_groups}"
+        )
+    else:
+        kept = "SELECT * FROM _units"
+    c = bounding.max_rows
+    capped = ", ".join(
+        [*keys, f"LEAST(_n, {c}) AS _c"]
+        + [f"LEAST(_n{i}, {c}) AS _c{i}" for i in range(len(bounding.values))]
+        + [
+            f"CASE WHEN _n{i} <= {c} THEN CAST(_s{i} AS HUGEINT) ELSE CAST(LEAST(GREATEST("
+            f"ROUND(CAST(_s{i} AS DOUBLE) * {c} / _n{i}), {c * v.grid.lower}), "
+            f"{c * v.grid.upper}) AS HUGEINT) END AS _t{i}"
+            for i, v in enumerate(bounding.values)
+            if v.grid is not None
+        ]
+    )
+    measures = ", ".join(
+        f"{measurement_sql(m, bounding)} AS _m{j}" for j, m in enumerate(bounding.measurements)
+    )
+    final = f"SELECT {key_list}{measures} FROM _capped"
+    if keys:
+        final += f" GROUP BY {', '.join(keys)}"
+    if keys and all(k.public for k in analysis.keys):
+        on = " AND ".join(f"_d._k{i} IS NOT DISTINCT FROM _agg._k{i}" for i in range(len(keys)))
+        filled = ", ".join(
+            [f"_d._k{i} AS _k{i}" for i in range(len(keys))]
+            + [f"COALESCE(_agg._m{j}, 0) AS _m{j}" for j in range(len(bounding.measurements))]
+        )
+        final = (
+            f"SELECT {filled} FROM (SELECT * FROM {_domain_relation(analysis.keys)}) AS _d "
+            f"LEFT JOIN ({final}) AS _agg ON {on}"
+        )
+    text = (
+        f'WITH _rows AS (SELECT {rows_select} FROM "{analysis.table}"{where}), '
+        f"_vals AS (SELECT {vals} FROM _rows), "
+        f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
+        f"_kept AS ({kept}), "
+        f"_capped AS (SELECT {capped} FROM _kept) "
+        f"{final}"
+    )
+    parsed = sqlglot.parse_one(text, read=DIALECT)
+    assert isinstance(parsed, exp.Select)
+    return parsed

@@ -1,0 +1,157 @@
+"""Allow-list validation of a SELECT's AST: every node type and function must be known.
+
+Anything not on the list is rejected with ``UnsupportedQueryError`` naming the construct, before
+any analysis: unknown functions may read files (``read_csv``), touch settings or raise on data.
+The row-level functions here are total in DuckDB or made total by the rewrite (``TRY``), so
+whether a query errors never depends on the data.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.errors import UnsupportedQueryError
+
+# Structure of a single-table SELECT.
+_STRUCTURE: tuple[type[exp.Expression], ...] = (
+    exp.Select,
+    exp.From,
+    exp.Table,
+    exp.TableAlias,
+    exp.Where,
+    exp.Group,
+    exp.Having,
+    exp.Order,
+    exp.Ordered,
+    exp.Limit,
+    exp.Offset,
+    exp.Column,
+    exp.Identifier,
+    exp.Alias,
+    exp.Star,
+    exp.Paren,
+    exp.DataType,
+    exp.DataTypeParam,
+)
+# Literals and operators.
+_OPERATORS: tuple[type[exp.Expression], ...] = (
+    exp.Literal,
+    exp.Null,
+    exp.Boolean,
+    exp.Neg,
+    exp.Not,
+    exp.And,
+    exp.Or,
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.Is,
+    exp.In,
+    exp.Between,
+    exp.Like,
+    exp.ILike,
+    exp.Add,
+    exp.Sub,
+    exp.Mul,
+    exp.Div,
+    exp.IntDiv,
+    exp.Mod,
+    exp.DPipe,
+    exp.Case,
+    exp.If,
+    exp.Cast,
+    exp.TryCast,
+)
+# Row-level functions: total in DuckDB, or wrapped in TRY by the rewrite.
+_FUNCTIONS: tuple[type[exp.Expression], ...] = (
+    exp.Coalesce,
+    exp.Nullif,
+    exp.Abs,
+    exp.Round,
+    exp.Floor,
+    exp.Ceil,
+    exp.Sign,
+    exp.Trunc,
+    exp.Least,
+    exp.Greatest,
+    exp.Ln,
+    exp.Log,
+    exp.Sqrt,
+    exp.Exp,
+    exp.Pow,
+    exp.IsNan,
+    exp.IsInf,
+    exp.Lower,
+    exp.Upper,
+    exp.Length,
+    exp.Substring,
+    exp.Trim,
+    exp.Concat,
+    exp.StartsWith,
+    exp.Contains,
+    exp.Year,
+    exp.Month,
+    exp.Day,
+    exp.DayOfWeek,
+    exp.Extract,
+    exp.Var,
+)
+# Aggregates answered with noise.
+AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg)
+_DISTINCT = (exp.Distinct,)
+
+ALLOWED: tuple[type[exp.Expression], ...] = (
+    _STRUCTURE + _OPERATORS + _FUNCTIONS + AGGREGATES + _DISTINCT
+)
+
+# Why some common constructs are refused, in words a user can act on.
+_REASONS: dict[type[exp.Expression], str] = {
+    exp.Join: "JOIN is not supported yet",
+    exp.With: "WITH (common table expressions) is not supported yet",
+    exp.Subquery: "subqueries are not supported yet",
+    exp.Window: "window functions are not supported: they release row-level values",
+    exp.Median: "MEDIAN is not supported yet (quantiles need the exponential mechanism)",
+    exp.PercentileCont: "quantiles are not supported yet",
+    exp.Min: "MIN is not supported yet (an extreme quantile)",
+    exp.Max: "MAX is not supported yet (an extreme quantile)",
+    exp.Stddev: "STDDEV is not supported yet",
+    exp.Variance: "VARIANCE is not supported yet",
+    exp.VariancePop: "VAR_POP is not supported yet",
+    exp.Rand: "random() is not supported: the only randomness is dpsql's noise",
+    exp.Filter: "aggregate FILTER clauses are not supported; use a CASE inside the aggregate",
+    exp.Anonymous: "this function is not on dpsql's allow-list",
+    exp.Placeholder: "a parameter marker was left unbound",
+}
+
+
+def describe(node: exp.Expression) -> str:
+    """A user-facing name of an AST node: the SQL keyword or function name."""
+    if isinstance(node, exp.Anonymous):
+        return f"function {str(node.this).upper()}()"
+    if isinstance(node, exp.Func):
+        return f"function {node.sql_name()}()"
+    return node.key.upper()
+
+
+def validate(select: exp.Select) -> None:
+    """Raise ``UnsupportedQueryError`` at the first node that is not on the allow-list."""
+    for node in select.walk():
+        if isinstance(node, ALLOWED):
+            continue
+        reason = next((r for t, r in _REASONS.items() if isinstance(node, t)), None)
+        name = describe(node)
+        if reason is None:
+            reason = f"{name} is not supported"
+        elif isinstance(node, exp.Anonymous):
+            reason = f"{name}: {reason}"
+        raise UnsupportedQueryError(reason)
+    if select.args.get("distinct"):
+        raise UnsupportedQueryError("SELECT DISTINCT is not supported; use GROUP BY")
+    for table in select.find_all(exp.Table):
+        if table.args.get("db") or table.args.get("catalog"):
+            raise UnsupportedQueryError("qualified table names (schema.table) are not supported")
+        if not isinstance(table.this, exp.Identifier):
+            raise UnsupportedQueryError("table functions are not supported in FROM")
