@@ -98,7 +98,7 @@ def _exact(value: Any) -> Fraction:
 Exact = Annotated[
     Fraction,
     BeforeValidator(_exact),
-    PlainSerializer(lambda f: str(f), return_type=str),
+    PlainSerializer(str, return_type=str),
 ]
 PublicValue = str | int | float | bool | dt.date | dt.datetime | None
 

@@ -67,7 +67,7 @@ def _positive_int(value: object, name: str) -> int:
     if isinstance(value, bool):
         raise ParameterError(f"{name} must be a positive integer")
     try:
-        number = Fraction(str(value).strip()) if isinstance(value, str) else Fraction(value)  # type: ignore[arg-type]
+        number = Fraction(str(value).strip())
     except (TypeError, ValueError, ZeroDivisionError):
         raise ParameterError(f"{name} must be a positive integer") from None
     if number.denominator != 1 or not 1 <= number <= MAX_CONTRIBUTION_BOUND:
@@ -129,7 +129,6 @@ class Session:
     def settings(self, overrides: Mapping[str, object] | None = None) -> dict[str, object]:
         """The effective settings: policy defaults, then SET values, then ``overrides``."""
         budget = self.policy.budget
-        table = next((t for t in self.policy.tables.values() if t.is_private), None)
         merged: dict[str, object] = {
             "epsilon": budget.query_epsilon,
             "delta": budget.query_delta,
@@ -137,7 +136,6 @@ class Session:
             "max_rows_per_unit_per_group": None,
             "confidence": DEFAULT_CONFIDENCE,
         }
-        del table
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
             if value is not None:
@@ -146,15 +144,16 @@ class Session:
 
     def _options(self, settings: Mapping[str, object], table: str) -> QueryOptions:
         spec = self.policy.tables[table]
+        epsilon, delta = settings["epsilon"], settings["delta"]
         groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
         rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
-        return QueryOptions(
-            epsilon=Fraction(settings["epsilon"]),  # type: ignore[arg-type]
-            delta=Fraction(settings["delta"]),  # type: ignore[arg-type]
-            max_groups_per_unit=int(groups) if groups is not None else None,  # type: ignore[call-overload]
-            max_rows_per_unit_per_group=int(rows) if rows is not None else None,  # type: ignore[call-overload]
-            confidence=float(settings["confidence"]),  # type: ignore[arg-type]
-        )
+        confidence = settings["confidence"]
+        # check_setting normalised every value; these asserts only narrow the types.
+        assert isinstance(epsilon, Fraction) and isinstance(delta, Fraction)
+        assert groups is None or isinstance(groups, int)
+        assert rows is None or isinstance(rows, int)
+        assert isinstance(confidence, float)
+        return QueryOptions(epsilon, delta, groups, rows, confidence)
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
@@ -164,7 +163,9 @@ class Session:
             return self._plan(statement.select, params, options)
         raise ParameterError("only a SELECT query can be planned")
 
-    def _plan(self, select: Any, params: Sequence[object] | None, options: Mapping[str, object]) -> Plan:
+    def _plan(
+        self, select: Any, params: Sequence[object] | None, options: Mapping[str, object]
+    ) -> Plan:
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
@@ -172,14 +173,18 @@ class Session:
         bound = bind_parameters(select, params)
         validate(bound)
         analysis = analyze(bound, self.policy, self.engine.catalog)
-        plan = plan_query(analysis, self._options(settings, analysis.table), self.policy, self._salt)
+        plan = plan_query(
+            analysis, self._options(settings, analysis.table), self.policy, self._salt
+        )
         # Bind the bounded SQL in the engine now: a query it cannot type-check is rejected
         # here, before the charge, on the schema alone.
         self.engine.check(plan.bounded.sql(dialect=DIALECT))
         return plan
 
     # -- execution -------------------------------------------------------------------------------
-    def execute(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Result:
+    def execute(
+        self, sql: str, params: Sequence[object] | None = None, **options: object
+    ) -> Result:
         """Run one statement. Raises a ``DpsqlError``; a rejected query is never charged."""
         statement = parse_statement(sql)
         if isinstance(statement, SetOption):
@@ -197,7 +202,7 @@ class Session:
         return self._answer(plan)
 
     def _answer(self, plan: Plan) -> Result:
-        canonical = plan.analysis_sql if hasattr(plan, "analysis_sql") else plan.bounded_sql
+        canonical = plan.query
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
         # Charge first (durably, in a later module): nothing runs unless the budget admits it.
         charge = self.filter.charge(plan.event, canonical, self.analyst)
@@ -227,7 +232,9 @@ class Session:
             rows = tuple((k, _show_value(settings[k])) for k in SETTINGS)
             return Result(("name", "setting"), ("VARCHAR", "VARCHAR"), rows)
         if name not in settings:
-            raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}, budget, all")
+            raise ParameterError(
+                f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}, budget, all"
+            )
         return Result((name,), ("VARCHAR",), ((_show_value(settings[name]),),))
 
     def budget(self) -> BudgetReport:

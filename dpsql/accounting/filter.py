@@ -93,9 +93,7 @@ class BasicFilter:
         return self._fits(eps, delta, event)
 
     def _fits(self, eps: Fraction, delta: Fraction, event: Composite) -> bool:
-        return (
-            eps + event.epsilon <= self.epsilon_total and delta + event.delta <= self.delta_total
-        )
+        return eps + event.epsilon <= self.epsilon_total and delta + event.delta <= self.delta_total
 
     def charge(self, event: Composite, query: str, analyst: str | None) -> Charge:
         """Record the charge, or raise ``BudgetExceededError`` and record nothing."""

@@ -38,7 +38,10 @@ class DuckDBEngine:
 
     def __init__(self, policy: Policy):
         self._lock = threading.Lock()
-        config = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+        config: dict[str, str | bool | int | float | list[str]] = {
+            "autoload_known_extensions": False,
+            "autoinstall_known_extensions": False,
+        }
         try:
             if policy.data.database is not None:
                 path = policy.resolve(policy.data.database)
@@ -56,15 +59,12 @@ class DuckDBEngine:
             self._con.execute("SET enable_external_access = false")
             for name, path in files.items():
                 reader = "read_parquet" if path.suffix.lower() == ".parquet" else "read_csv"
-                self._con.execute(
-                    f"CREATE TEMP VIEW {_quote(name)} AS SELECT * FROM {reader}({_string(str(path))})"
-                )
+                source = f"{reader}({_string(str(path))})"
+                self._con.execute(f"CREATE TEMP VIEW {_quote(name)} AS SELECT * FROM {source}")
             self._con.execute("SET lock_configuration = true")
             self.catalog = self._read_catalog()
         except duckdb.Error as exc:
-            raise PolicyError(
-                f"cannot open the policy's data ({type(exc).__name__})"
-            ) from None
+            raise PolicyError(f"cannot open the policy's data ({type(exc).__name__})") from None
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from dpsql import errors
 from dpsql.accounting.filter import BudgetReport
-from dpsql.policy import Policy
+from dpsql.policy import Policy, load_policy
 from dpsql.session import Result, Session
 
 apilevel = "2.0"
@@ -44,7 +44,7 @@ threadsafety = 1  # threads may share the module, not connections
 paramstyle = "qmark"
 
 
-class Warning(Exception):  # noqa: A001 - the name is fixed by PEP 249
+class Warning(Exception):
     """PEP 249 Warning (dpsql raises none)."""
 
 
@@ -356,7 +356,5 @@ def connect(
     ``analyst`` is self-declared in process; only the server authenticates it.
     """
     if isinstance(policy, Mapping):
-        from dpsql.policy import load_policy
-
         policy = load_policy(dict(policy))
     return Connection(Session(policy, analyst=analyst))

@@ -24,9 +24,9 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
+from dpsql.errors import EngineError
 from dpsql.noise.samplers import discrete_laplace, discrete_laplace_half_width
 from dpsql.plan.planner import Estimate, Plan
-from dpsql.errors import EngineError
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.rewrite import total
 
@@ -108,14 +108,18 @@ def _estimates(
 def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
     a = plan.analysis
     # TRY: an expression over noisy values (say, a division by a noisy zero) must not fail.
-    select = [f'{_sql(total(o.expr))} AS "{o.name.replace(chr(34), chr(34) * 2)}"' for o in a.outputs]
+    select = [
+        f'{_sql(total(o.expr))} AS "{o.name.replace(chr(34), chr(34) * 2)}"' for o in a.outputs
+    ]
     select += [f"_a{i}_hw" if i is not None else "NULL" for i in hw_columns]
     sql = f"SELECT {', '.join(select)} FROM _noisy"
     if a.having is not None:
         sql += f" WHERE {_sql(total(a.having))} IS TRUE"
     # Released rows are sorted by key before any LIMIT: a hash aggregate's order would
     # otherwise depend on the data (DESIGN.md section 5).
-    order = [o.sql(DIALECT) for o in a.order] + [f"_k{i} ASC NULLS LAST" for i in range(len(a.keys))]
+    order = [o.sql(DIALECT) for o in a.order] + [
+        f"_k{i} ASC NULLS LAST" for i in range(len(a.keys))
+    ]
     if order:
         sql += " ORDER BY " + ", ".join(order)
     if a.limit is not None:

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 from dpsql.errors import BoundsError
 
+
 def laplace_tail_log(scale: Fraction, k: int, ctx: decimal.Context) -> decimal.Decimal:
     """ln P(Z >= k) for the discrete Laplace with ``scale``: ln(q^k / (1 + q)), q = e^(-1/t)."""
     t = decimal.Decimal(scale.numerator) / decimal.Decimal(scale.denominator)

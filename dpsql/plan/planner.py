@@ -87,6 +87,7 @@ class Plan:
     max_groups: int
     max_rows: int
     options: QueryOptions
+    query: str  # the parameter-bound query text the plan answers
 
     @property
     def epsilon(self) -> Fraction:
@@ -176,11 +177,14 @@ def _estimates(analysis: Analysis, builder: _Builder) -> list[Estimate]:
         elif agg.kind == "count":
             assert agg.arg is not None
             v = builder.value(agg.arg, None)
-            estimates.append(Estimate(agg.kind, (builder.measure(MeasurementSpec("count", v)),), None))
+            estimates.append(
+                Estimate(agg.kind, (builder.measure(MeasurementSpec("count", v)),), None)
+            )
         else:
             assert agg.arg is not None and agg.bounds is not None
             grid = value_grid(agg.bounds)
             v = builder.value(agg.arg, grid)
+            parts: tuple[int, ...]
             if agg.kind == "sum":
                 parts = (builder.measure(MeasurementSpec("sum", v)),)
             else:
@@ -237,7 +241,9 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
     return grid.step if spec.kind == "sum" else grid.step / 2
 
 
-def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, salt: int) -> Plan:
+def plan_query(
+    analysis: Analysis, options: QueryOptions, policy: Policy, salt: int, query: str = ""
+) -> Plan:
     """Plan ``analysis``; raises ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
     l0, c = _group_bounds(analysis, options)
     builder = _Builder()
@@ -257,8 +263,14 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, salt: 
         sensitivity = _sensitivity(spec, builder.values, l0, c)
         # Equal split of epsilon: scale_j = Δ_j / (ε/k), so Σ Δ_j/scale_j = ε exactly.
         scale = Fraction(sensitivity) * k / options.epsilon
-        label = _label(spec, builder.values, builder.values[spec.value].grid if spec.value is not None else None)
-        measurements.append(Measurement(spec, label, sensitivity, _unit(spec, builder.values), scale))
+        label = _label(
+            spec,
+            builder.values,
+            builder.values[spec.value].grid if spec.value is not None else None,
+        )
+        measurements.append(
+            Measurement(spec, label, sensitivity, _unit(spec, builder.values), scale)
+        )
     selection = None
     for j, m in enumerate(measurements):
         if private_keys and j == selection_index:
@@ -291,4 +303,5 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, salt: 
         max_groups=l0,
         max_rows=c,
         options=options,
+        query=query,
     )

@@ -170,9 +170,13 @@ class _Analyzer:
                 if not 1 <= position <= len(items):
                     raise UnsupportedQueryError(f"GROUP BY position {position} is out of range")
                 target = items[position - 1].unalias()
-            elif isinstance(node, exp.Column) and not node.table and node.name.lower() in aliases:
-                if node.name.lower() not in self.columns:
-                    target = aliases[node.name.lower()]
+            elif (
+                isinstance(node, exp.Column)
+                and not node.table
+                and node.name.lower() in aliases
+                and node.name.lower() not in self.columns
+            ):
+                target = aliases[node.name.lower()]
             expr = self.row_level(target, "GROUP BY")
             if any(c.name == self.unit for c in expr.find_all(exp.Column)):
                 raise SchemaError("GROUP BY the privacy unit column is not allowed")
@@ -255,7 +259,6 @@ class _Analyzer:
     # -- outputs -----------------------------------------------------------------------------
     def post_expression(self, node: exp.Expression, where: str) -> exp.Expression:
         """Rewrite an output, HAVING or ORDER BY expression onto ``_a{i}`` and ``_k{j}``."""
-        node = node.copy()
         keys = {k.expr.sql("duckdb"): i for i, k in enumerate(self.keys)}
 
         def swap(n: exp.Expression) -> exp.Expression:
@@ -270,7 +273,8 @@ class _Analyzer:
                     return key_ref(keys[resolved.sql("duckdb")])
             return n
 
-        rewritten = _transform_top_down(node, swap)
+        # transform is top-down and does not descend into a node it replaced.
+        rewritten = node.transform(swap)
         for column in rewritten.find_all(exp.Column):
             if not column.name.startswith(("_a", "_k")) or column.table:
                 raise SchemaError(
@@ -327,24 +331,6 @@ class _Analyzer:
             result.append(exp.Ordered(this=expr, desc=ordered.args.get("desc"),
                                       nulls_first=ordered.args.get("nulls_first")))  # fmt: skip
         return tuple(result)
-
-
-def _transform_top_down(
-    node: exp.Expression, fn: object
-) -> exp.Expression:  # pragma: no cover - thin wrapper
-    assert callable(fn)
-    replaced = fn(node)
-    if replaced is not node:
-        return replaced  # type: ignore[no-any-return]
-    for key, value in list(node.args.items()):
-        if isinstance(value, exp.Expression):
-            node.set(key, _transform_top_down(value, fn))
-        elif isinstance(value, list):
-            node.set(
-                key,
-                [_transform_top_down(v, fn) if isinstance(v, exp.Expression) else v for v in value],
-            )
-    return node
 
 
 def _output_name(node: exp.Expression, index: int) -> str:

@@ -188,7 +188,9 @@ def _branches(node: exp.Expression, column: ColumnBounds) -> Interval:
     else:
         values = [branch.args.get("true") for branch in node.args.get("ifs") or []]
         values.append(node.args.get("default"))
-    parts = [interval_of(v, column) for v in values if v is not None and not isinstance(v, exp.Null)]
+    parts = [
+        interval_of(v, column) for v in values if v is not None and not isinstance(v, exp.Null)
+    ]
     if not parts:
         return Interval(Fraction(0), Fraction(0), True)
     return _hull(parts)

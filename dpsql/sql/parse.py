@@ -13,7 +13,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError as GlotParseError
 from sqlglot.errors import TokenError
-from sqlglot.tokens import Token, TokenType
+from sqlglot.tokenizer_core import Token, TokenType
 
 from dpsql.errors import ParseError, UnsupportedQueryError
 
@@ -22,9 +22,30 @@ DIALECT = "duckdb"
 _STATEMENTS: tuple[type[exp.Expression], ...] = tuple(
     getattr(exp, name)
     for name in (
-        "Query", "Command", "DML", "DDL", "Set", "Pragma", "Use", "Describe", "Copy",
-        "Attach", "Detach", "Install", "Transaction", "Commit", "Rollback", "Summarize",
-        "Load", "Insert", "Update", "Delete", "Merge", "Create", "Drop", "Alter",
+        "Query",
+        "Command",
+        "DML",
+        "DDL",
+        "Set",
+        "Pragma",
+        "Use",
+        "Describe",
+        "Copy",
+        "Attach",
+        "Detach",
+        "Install",
+        "Transaction",
+        "Commit",
+        "Rollback",
+        "Summarize",
+        "Load",
+        "Insert",
+        "Update",
+        "Delete",
+        "Merge",
+        "Create",
+        "Drop",
+        "Alter",
     )
     if hasattr(exp, name)
 )
@@ -65,7 +86,9 @@ Statement = Query | Explain | SetOption | ShowOption
 
 def _tokens(text: str) -> list[Token]:
     try:
-        return [t for t in sqlglot.tokenize(text, read=DIALECT) if t.token_type != TokenType.SEMICOLON]
+        return [
+            t for t in sqlglot.tokenize(text, read=DIALECT) if t.token_type != TokenType.SEMICOLON
+        ]
     except TokenError as exc:
         raise ParseError(f"cannot read the SQL text: {_first_line(str(exc))}") from None
 

@@ -181,7 +181,9 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     ]
     filters = [f"{_sql(total(analysis.where))} IS TRUE"] if analysis.where is not None else []
     filters += [
-        f for i, key in enumerate(analysis.keys) if (f := _domain_filter(key, _sql(total(key.expr))))
+        f
+        for i, key in enumerate(analysis.keys)
+        if (f := _domain_filter(key, _sql(total(key.expr))))
     ]
     rows_select = ", ".join(
         [f'"{analysis.unit}" AS _u']

@@ -139,6 +139,7 @@ def describe(node: exp.Expression) -> str:
 def validate(select: exp.Select) -> None:
     """Raise ``UnsupportedQueryError`` at the first node that is not on the allow-list."""
     for node in select.walk():
+        assert isinstance(node, exp.Expression)
         if isinstance(node, ALLOWED):
             continue
         reason = next((r for t, r in _REASONS.items() if isinstance(node, t)), None)
