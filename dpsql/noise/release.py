@@ -15,6 +15,7 @@ from the estimate to the ends of the ratio's range over the box (clamped to the 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,6 +24,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import numpy.typing as npt
+from sqlglot import exp
 
 from dpsql.errors import EngineError
 from dpsql.noise.samplers import discrete_laplace, discrete_laplace_half_width
@@ -46,6 +48,16 @@ class Release:
     rows: tuple[tuple[Any, ...], ...]
     accuracy: tuple[tuple[float | None, ...], ...]
     confidence: float
+
+
+@functools.cache
+def _scratch() -> duckdb.DuckDBPyConnection:
+    """One empty in-memory database for post-processing; each release uses its own cursor.
+
+    Opening a DuckDB database costs ~17 ms; a cursor on an open one, under 1 ms. It holds no
+    private data: only the noisy values registered by each cursor, dropped when it closes.
+    """
+    return duckdb.connect(":memory:")
 
 
 def _noisy(totals: list[int], scale: Fraction) -> list[int]:
@@ -117,9 +129,12 @@ def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
         sql += f" WHERE {_sql(total(a.having))} IS TRUE"
     # Released rows are sorted by key before any LIMIT: a hash aggregate's order would
     # otherwise depend on the data (DESIGN.md section 5).
-    order = [o.sql(DIALECT) for o in a.order] + [
-        f"_k{i} ASC NULLS LAST" for i in range(len(a.keys))
-    ]
+    order = [
+        exp.Ordered(
+            this=total(o.this), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first")
+        ).sql(DIALECT)
+        for o in a.order
+    ] + [f"_k{i} ASC NULLS LAST" for i in range(len(a.keys))]
     if order:
         sql += " ORDER BY " + ", ".join(order)
     if a.limit is not None:
@@ -156,7 +171,7 @@ def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
         table[f"_a{i}"] = value
         table[f"_a{i}_hw"] = width
     hw_columns = _bare_aggregate(plan)
-    scratch = duckdb.connect(":memory:")
+    scratch = _scratch().cursor()
     try:
         scratch.register("_noisy", table)
         cursor = scratch.execute(_post_sql(plan, hw_columns))

@@ -9,7 +9,8 @@ The steps of DESIGN.md section 3, each a CTE:
 2. ``_vals``: values rounded to their grid and clamped to the grid-aligned bounds, as integers.
 3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums.
 4. ``_kept``: at most L0 groups per unit, ranked by a salted hash of (unit, keys), which depends
-   only on the unit's own rows.
+   only on the unit's own rows; units with at most L0 groups (``_multi`` lists the others)
+   skip the ranking window.
 5. ``_capped``: ``n' = min(n, C)``; sums scaled to ``n'·S/n`` and clamped to ``[n'·lo, n'·hi]``.
 6. the cross-unit aggregate per group; with a public domain, every key of the domain.
 """
@@ -205,11 +206,17 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         + [f"SUM(_v{i}) AS _s{i}" for i, v in enumerate(bounding.values) if v.grid is not None]
     )
     group_units = ", ".join(["_u", *keys])
+    ctes = ""
     if bounding.max_groups is not None and keys:
+        # Only units with more than L0 groups need the (expensive) ranking window; the others
+        # keep all their groups, which is what the ranking would keep too.
+        l0 = bounding.max_groups
         order = ", ".join(["_u", *keys, str(bounding.salt)])
+        ctes = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
         kept = (
-            "SELECT * FROM _units QUALIFY ROW_NUMBER() OVER "
-            f"(PARTITION BY _u ORDER BY hash({order})) <= {bounding.max_groups}"
+            "SELECT * FROM _units ANTI JOIN _multi USING (_u) UNION ALL "
+            "SELECT * FROM (SELECT * FROM _units SEMI JOIN _multi USING (_u)) QUALIFY "
+            f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
         )
     else:
         kept = "SELECT * FROM _units"
@@ -245,7 +252,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         f'WITH _rows AS (SELECT {rows_select} FROM "{analysis.table}"{where}), '
         f"_vals AS (SELECT {vals} FROM _rows), "
         f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
-        f"_kept AS ({kept}), "
+        f"{ctes}_kept AS ({kept}), "
         f"_capped AS (SELECT {capped} FROM _kept) "
         f"{final}"
     )
