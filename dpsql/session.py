@@ -21,7 +21,7 @@ from typing import Any
 from dpsql.accounting.filter import BasicFilter, BudgetReport, Charge
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.errors import EntropyError, ParameterError
-from dpsql.noise.release import release
+from dpsql.noise.release import check_post_processing, release
 from dpsql.plan.planner import Plan, QueryOptions, plan_query
 from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
@@ -176,9 +176,10 @@ class Session:
         plan = plan_query(
             analysis, self._options(settings, analysis.table), self.policy, self._salt
         )
-        # Bind the bounded SQL in the engine now: a query it cannot type-check is rejected
-        # here, before the charge, on the schema alone.
-        self.engine.check(plan.bounded.sql(dialect=DIALECT))
+        # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
+        # rejected here, before the charge, on the schema alone.
+        types = self.engine.check(plan.bounded.sql(dialect=DIALECT))
+        check_post_processing(plan, types[: len(analysis.keys)])
         return plan
 
     # -- execution -------------------------------------------------------------------------------

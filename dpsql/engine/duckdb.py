@@ -75,21 +75,22 @@ class DuckDBEngine:
             catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
         return catalog
 
-    def check(self, sql: str) -> None:
-        """Bind and optimize ``sql`` without reading data (EXPLAIN); reject if it does not bind.
+    def check(self, sql: str) -> list[str]:
+        """Bind ``sql`` without reading data (DESCRIBE) and return its column types.
 
         Binding reads no rows, so this decision depends on the query and schema only; it runs
         before the charge, so a query the engine cannot even plan costs nothing.
         """
         with self._lock:
             try:
-                self._con.execute("EXPLAIN " + sql).fetchall()
+                rows = self._con.execute("DESCRIBE " + sql).fetchall()
             except duckdb.Error as exc:
                 log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
                 raise UnsupportedQueryError(
                     "the engine cannot type-check this query (e.g. a function applied to a "
                     "column of the wrong type)"
                 ) from None
+        return [str(row[1]) for row in rows]
 
     def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run generated SQL; any engine failure becomes a generic ``EngineError``."""

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlglot import exp
 
-from dpsql.errors import EngineError
+from dpsql.errors import EngineError, UnsupportedQueryError
 from dpsql.noise.samplers import discrete_laplace, discrete_laplace_half_width
 from dpsql.plan.planner import Estimate, Plan
 from dpsql.sql.parse import DIALECT
@@ -142,6 +142,30 @@ def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
     if a.offset is not None:
         sql += f" OFFSET {a.offset}"
     return sql
+
+
+def check_post_processing(plan: Plan, key_types: list[str]) -> None:
+    """Bind the post-processing SQL over an empty table of the right types, before the charge.
+
+    A query whose outputs, HAVING or ORDER BY cannot be typed (say, UPPER of a count) is then
+    rejected for free instead of failing after its charge.
+    """
+    columns = [f"CAST(NULL AS {t}) AS _k{i}" for i, t in enumerate(key_types)]
+    for i, est in enumerate(plan.estimates):
+        exact = est.kind != "avg" and plan.measurements[est.measurements[0]].unit == 1
+        columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
+        columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")
+    sql = _post_sql(plan, _bare_aggregate(plan))
+    empty = f"(SELECT {', '.join(columns)} WHERE false) AS _noisy"
+    cursor = _scratch().cursor()
+    try:
+        cursor.execute("DESCRIBE " + sql.replace("FROM _noisy", f"FROM {empty}", 1)).fetchall()
+    except duckdb.Error:
+        raise UnsupportedQueryError(
+            "an output, HAVING or ORDER BY expression cannot be typed over the aggregates"
+        ) from None
+    finally:
+        cursor.close()
 
 
 def _bare_aggregate(plan: Plan) -> list[int | None]:

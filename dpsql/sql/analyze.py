@@ -92,12 +92,19 @@ class Analysis:
         return bool(self.keys)
 
 
+_REF = "dpsql_ref"
+
+
 def key_ref(index: int) -> exp.Column:
-    return exp.column(f"_k{index}")
+    ref = exp.column(f"_k{index}")
+    ref.meta[_REF] = True  # marks references dpsql made; a user cannot write one
+    return ref
 
 
 def aggregate_ref(index: int) -> exp.Column:
-    return exp.column(f"_a{index}")
+    ref = exp.column(f"_a{index}")
+    ref.meta[_REF] = True
+    return ref
 
 
 class _Analyzer:
@@ -276,7 +283,7 @@ class _Analyzer:
         # transform is top-down and does not descend into a node it replaced.
         rewritten = node.transform(swap)
         for column in rewritten.find_all(exp.Column):
-            if not column.name.startswith(("_a", "_k")) or column.table:
+            if not column.meta.get(_REF):
                 raise SchemaError(
                     f"column {column.name} in {where} must be in GROUP BY or inside an aggregate"
                 )
