@@ -31,6 +31,7 @@ from dpsql.sql.parse import DIALECT
 
 MeasurementKind = Literal["rows", "count", "sum", "centred", "units"]
 _FLOATS = {"float", "double", "real"}
+_INTEGERS = {"tinyint", "smallint", "integer", "bigint", "utinyint", "usmallint", "uinteger"}
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,35 @@ def _sql(node: exp.Expression) -> str:
     return node.sql(dialect=DIALECT)
 
 
-def total(node: exp.Expression) -> exp.Expression:
-    """A row-level expression that cannot raise: casts become TRY_CAST, the whole is TRY(...).
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
 
-    DuckDB raises on failed casts, integer overflow and ``//`` or ``%`` by zero; inside TRY such
-    a row yields NULL, so whether the query fails never depends on the data (DESIGN.md 5).
+
+def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -> exp.Expression:
+    """A row-level expression that cannot raise, wrapped in TRY(...) as a last resort.
+
+    DuckDB raises on failed casts, integer overflow and ``//`` or ``%`` by zero (DESIGN.md
+    section 5), so: casts become TRY_CAST; divisors of ``//`` and ``%`` become NULLIF(d, 0);
+    integer columns under arithmetic are widened to HUGEINT, where sums and products of two
+    64-bit values cannot overflow. What can still raise (longer products of huge integers) is
+    caught by TRY and yields NULL. TRY re-evaluates a failing batch row by row, so making the
+    expression total first also keeps the query's time from depending on such rows.
     """
-    node = node.copy()
-    for cast in list(node.find_all(exp.Cast)):
-        if not isinstance(cast, exp.TryCast):
-            cast.replace(exp.TryCast(this=cast.this, to=cast.to))
-    return exp.Try(this=node)
+
+    def fix(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
+            return exp.TryCast(this=n.this, to=n.to)
+        if isinstance(n, exp.IntDiv | exp.Mod):
+            divisor = exp.Nullif(this=n.expression, expression=exp.Literal.number(0))
+            return n.__class__(this=n.this, expression=divisor)
+        if (
+            isinstance(n, exp.Column)
+            and n.name in integer_columns
+            and isinstance(n.parent, _ARITHMETIC)
+        ):
+            return exp.cast(n.copy(), exp.DataType.Type.INT128)
+        return n
+
+    return exp.Try(this=node.transform(fix))
 
 
 def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
@@ -173,22 +192,25 @@ def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
 def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     """The bounded SQL for ``analysis``: one row per group, one column per measurement."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
+    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in _INTEGERS)
+
+    def total_sql(node: exp.Expression) -> str:
+        return _sql(total(node, ints))
+
     key_list = "".join(f"{k}, " for k in keys)
     raw = [
-        f"{_sql(total(exp.cast(_clamp_columns(v.expr, analysis), exp.DataType.Type.DOUBLE)))}"
+        total_sql(exp.cast(_clamp_columns(v.expr, analysis), exp.DataType.Type.DOUBLE))
         if v.grid is not None
-        else _sql(total(v.expr))
+        else total_sql(v.expr)
         for v in bounding.values
     ]
-    filters = [f"{_sql(total(analysis.where))} IS TRUE"] if analysis.where is not None else []
+    filters = [f"{total_sql(analysis.where)} IS TRUE"] if analysis.where is not None else []
     filters += [
-        f
-        for i, key in enumerate(analysis.keys)
-        if (f := _domain_filter(key, _sql(total(key.expr))))
+        f for i, key in enumerate(analysis.keys) if (f := _domain_filter(key, total_sql(key.expr)))
     ]
     rows_select = ", ".join(
         [f'"{analysis.unit}" AS _u']
-        + [f"{_sql(total(k.expr))} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]
+        + [f"{total_sql(k.expr)} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]
         + [f"{expr} AS _x{i}" for i, expr in enumerate(raw)]
     )
     where = f" WHERE {' AND '.join(filters)}" if filters else ""
