@@ -378,7 +378,7 @@ def _limit(select: exp.Select, name: str) -> int | None:
     clause = select.args.get(name)
     if clause is None:
         return None
-    value = clause.expression if name == "limit" else clause.this
+    value = clause.expression
     if not (isinstance(value, exp.Literal) and not value.is_string and str(value.this).isdigit()):
         raise UnsupportedQueryError(f"{name.upper()} must be a non-negative integer literal")
     return int(value.this)

@@ -165,6 +165,8 @@ def parse_select(text: str) -> exp.Select:
         ) from None
     except TokenError as exc:
         raise ParseError(f"cannot read the SQL text: {_first_line(str(exc))}") from None
+    except RecursionError:
+        raise ParseError("the query is nested too deeply") from None
     statements = [s for s in statements if s is not None]
     if len(statements) != 1:
         raise ParseError("send exactly one statement at a time")

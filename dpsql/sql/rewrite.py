@@ -24,6 +24,7 @@ from typing import Literal
 import sqlglot
 from sqlglot import exp
 
+from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.analyze import Analysis, GroupKey
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
@@ -112,10 +113,12 @@ def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
             expressions=[_number(hi)],
             ignore_nulls=True,
         )
+        # NULL stays NULL (GREATEST ignores NULL, so the clamp alone would give the lower
+        # bound); NaN counts as NULL (DuckDB orders NaN above +inf: the clamp would give hi).
+        missing: exp.Expression = exp.Is(this=node.copy(), expression=exp.Null())
         if analysis.columns[node.name].lower() in _FLOATS:
-            # NaN counts as NULL (DuckDB orders NaN above +inf, so a clamp would map it to hi).
-            clamped = exp.If(this=exp.IsNan(this=node.copy()), true=exp.Null(), false=clamped)
-        return exp.Paren(this=clamped)
+            missing = exp.Or(this=missing, expression=exp.IsNan(this=node.copy()))
+        return exp.Paren(this=exp.If(this=missing, true=exp.Null(), false=clamped))
 
     return expr.transform(clamp)
 
@@ -136,7 +139,19 @@ def _grid_units(raw: str, grid: Grid) -> str:
     step = grid.step
     scaled = f"{raw} * {step.denominator}" if step <= 1 else f"{raw} / {step.numerator}"
     clamped = f"LEAST(GREATEST({scaled}, {grid.lower}), {grid.upper})"
-    return f"CASE WHEN isnan({raw}) THEN NULL ELSE CAST(ROUND({clamped}) AS BIGINT) END"
+    # NULL must stay NULL (DuckDB's GREATEST ignores NULL, so a clamp would turn it into the
+    # lower bound) and NaN counts as NULL (DuckDB orders NaN above +inf: it would become hi).
+    return (
+        f"CASE WHEN {raw} IS NULL OR isnan({raw}) THEN NULL "
+        f"ELSE CAST(ROUND({clamped}) AS BIGINT) END"
+    )
+
+
+def _counted(raw: str, expr: exp.Expression, analysis: Analysis) -> str:
+    """A counted-only value: NaN counts as NULL here too, as it does where values are summed."""
+    if isinstance(expr, exp.Column) and analysis.columns[expr.name].lower() in _FLOATS:
+        return f"CASE WHEN isnan({raw}) THEN NULL ELSE {raw} END"
+    return raw
 
 
 def _domain_filter(key: GroupKey, name: str) -> str | None:
@@ -218,14 +233,20 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         ["_u"]
         + keys
         + [
-            f"{_grid_units(f'_x{i}', v.grid)} AS _v{i}" if v.grid is not None else f"_x{i} AS _v{i}"
+            f"{_grid_units(f'_x{i}', v.grid)} AS _v{i}"
+            if v.grid is not None
+            else f"{_counted(f'_x{i}', v.expr, analysis)} AS _v{i}"
             for i, v in enumerate(bounding.values)
         ]
     )
     per_unit = ", ".join(
         ["_u", *keys, "COUNT(*) AS _n"]
         + [f"COUNT(_v{i}) AS _n{i}" for i in range(len(bounding.values))]
-        + [f"SUM(_v{i}) AS _s{i}" for i, v in enumerate(bounding.values) if v.grid is not None]
+        + [
+            f"COALESCE(SUM(_v{i}), 0) AS _s{i}"
+            for i, v in enumerate(bounding.values)
+            if v.grid is not None
+        ]
     )
     group_units = ", ".join(["_u", *keys])
     ctes = ""
@@ -278,6 +299,9 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         f"_capped AS (SELECT {capped} FROM _kept) "
         f"{final}"
     )
-    parsed = sqlglot.parse_one(text, read=DIALECT)
+    try:
+        parsed = sqlglot.parse_one(text, read=DIALECT)
+    except RecursionError:
+        raise UnsupportedQueryError("the query is nested too deeply") from None
     assert isinstance(parsed, exp.Select)
     return parsed

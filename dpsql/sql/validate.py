@@ -136,8 +136,26 @@ def describe(node: exp.Expression) -> str:
     return node.key.upper()
 
 
+# Expressions nested deeper than this are refused: the bounded query nests them further, and
+# sqlglot's recursive generator and parser must handle the result.
+MAX_DEPTH = 32
+
+
+def _depth(node: exp.Expression) -> int:
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in current.iter_expressions())
+    return deepest
+
+
 def validate(select: exp.Select) -> None:
     """Raise ``UnsupportedQueryError`` at the first node that is not on the allow-list."""
+    if _depth(select) > MAX_DEPTH:
+        raise UnsupportedQueryError(
+            f"the query nests expressions more than {MAX_DEPTH} levels deep"
+        )
     for node in select.walk():
         assert isinstance(node, exp.Expression)
         if isinstance(node, ALLOWED):

@@ -1,0 +1,142 @@
+"""dpsql demo: differentially private answers over the example `visits` data (`make demo`).
+
+Every answer is a noisy aggregate, printed with the half-width of its noise interval at the
+session's confidence (95% unless `SET dpsql.confidence`). Each query is charged to the data set's
+budget before it runs; the last query asks for more epsilon than remains and is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# Run from a source checkout: this checkout's dpsql comes first, installed or not.
+sys.path.insert(0, str(HERE.parent))
+
+import dpsql  # noqa: E402
+
+POLICY = HERE / "policy.toml"
+
+QUERIES: tuple[tuple[str, str], ...] = (
+    (
+        "Visits and average spend per region (public keys: the policy lists the regions)",
+        "SELECT region, COUNT(*) AS visits, AVG(spend) AS avg_spend "
+        "FROM visits GROUP BY region ORDER BY region",
+    ),
+    (
+        "Visits per age bucket (public keys: the CASE literals)",
+        "SELECT CASE WHEN age < 30 THEN 'under 30' WHEN age < 50 THEN '30-49' "
+        "ELSE '50 and over' END AS age_bucket, COUNT(*) AS visits "
+        "FROM visits GROUP BY age_bucket",
+    ),
+    (
+        "Distinct users, and their total spend in the east",
+        "SELECT COUNT(DISTINCT user_id) AS users, SUM(spend) AS spend FROM visits WHERE region = ?",
+    ),
+    (
+        "Visits per age decade (private keys: released by partition selection, costs delta)",
+        "SELECT age // 10 * 10 AS decade, COUNT(*) AS visits FROM visits GROUP BY age // 10 * 10",
+    ),
+)
+PARAMETERS: dict[int, tuple[object, ...]] = {2: ("east",)}
+
+
+def _number(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "NULL" if value is None else str(value)
+
+
+def _cell(value: object, half_width: float | None) -> str:
+    if half_width is None:
+        return _number(value)
+    width = int(half_width) if float(half_width).is_integer() else half_width
+    return f"{_number(value)} ± {_number(width)}"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """An aligned text table: text columns left-aligned, numbers right-aligned."""
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    numeric = [
+        all(r[i][:1].isdigit() or r[i][:1] == "-" for r in rows) for i in range(len(columns))
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(cells, widths, numeric, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(columns), rule, *(line(r) for r in rows)])
+
+
+def run(cursor: dpsql.Cursor, title: str, sql: str, params: Sequence[object] | None) -> None:
+    cursor.execute(sql, params)
+    result = cursor.result
+    assert result is not None and result.charge is not None
+    columns = [d[0] for d in cursor.description or ()]
+    rows = [
+        [_cell(v, hw) for v, hw in zip(row, accuracy, strict=True)]
+        for row, accuracy in zip(cursor.fetchall(), cursor.accuracy, strict=True)
+    ]
+    cost = f"epsilon {float(result.charge.epsilon):g}, delta {float(result.charge.delta):g}"
+    print(f"\n## {title}\n   {sql}" + (f"   -- parameters {tuple(params)}" if params else ""))
+    print(f"   cost: {cost}; ± is the {cursor.confidence:.0%} noise half-width\n")
+    print(table(columns, rows) if rows else "(no group passed partition selection)")
+
+
+def explain(cursor: dpsql.Cursor, sql: str) -> None:
+    cursor.execute("EXPLAIN " + sql)
+    lines = [row[0] for row in cursor.fetchall()]
+    shown = lines[: lines.index("bounded SQL:")] if "bounded SQL:" in lines else lines
+    print(f"\n## EXPLAIN {sql}\n   (plans only: nothing runs, nothing is charged)\n")
+    print("\n".join("   " + line for line in shown))
+    print(f"   ... and {len(lines) - len(shown)} lines of bounded SQL")
+
+
+def main() -> None:
+    print(f"dpsql {dpsql.__version__} demo; policy {POLICY.relative_to(HERE.parent)}")
+    with dpsql.connect(POLICY) as conn:
+        cursor = conn.cursor()
+        for index, (title, sql) in enumerate(QUERIES):
+            run(cursor, title, sql, PARAMETERS.get(index))
+        explain(cursor, QUERIES[0][1])
+
+        report = conn.budget()
+        print(f"\n## Budget of data set {report.dataset} ({report.accountant} composition)\n")
+        print(
+            table(
+                ["", "total", "spent", "left"],
+                [
+                    [name, f"{float(total):g}", f"{float(spent):g}", f"{float(total - spent):g}"]
+                    for name, total, spent in (
+                        ("epsilon", report.epsilon_total, report.epsilon_spent),
+                        ("delta", report.delta_total, report.delta_spent),
+                    )
+                ],
+            )
+        )
+        print(
+            f"\n{report.queries} queries charged. This budget lives in memory: it resets when the"
+        )
+        print("process ends (a durable ledger is coming). In-process use trusts the analyst not to")
+        print("open the data file directly.")
+
+        too_much = report.epsilon_remaining + Fraction(1, 2)
+        print(f"\n## A query asking for epsilon {float(too_much):g}, more than is left")
+        try:
+            cursor.execute("SELECT COUNT(*) FROM visits", epsilon=too_much)
+        except dpsql.BudgetExceededError as exc:
+            print(f"   refused ({type(exc).__name__}): {exc}")
+        after = conn.budget()
+        print(f"   spent after the refusal: epsilon {float(after.epsilon_spent):g} (unchanged)")
+
+
+if __name__ == "__main__":
+    main()
