@@ -1,0 +1,130 @@
+"""Shared fixtures. Other test files may rely on exactly what is documented here.
+
+``tiny_policy`` (function-scoped fixture) is a factory::
+
+    policy = tiny_policy(rows, max_groups=2, max_rows=10, columns=None, schema=None,
+                         budget=None)
+
+It writes ``rows`` (a list of tuples, in ``schema`` order) to a fresh Parquet file in the
+test's ``tmp_path`` and returns a ``dpsql.policy.Policy`` with one private table ``visits``
+(privacy unit ``user_id``, ``max_groups_per_unit`` = ``max_groups``,
+``max_rows_per_unit_per_group`` = ``max_rows``). Defaults:
+
+- ``schema`` = ``TINY_SCHEMA``: user_id BIGINT, region VARCHAR, age INTEGER, spend DOUBLE
+  (the columns of ``examples/data/visits.parquet`` without ``day``);
+- ``columns`` = ``TINY_COLUMNS``: age in [18, 90], spend in [0, 200], region with public values
+  ``TINY_REGIONS`` ("central", "east", "north", "south", "west"); a ``columns`` dict replaces
+  it entirely (values are the policy's column specs, e.g. ``{"lower": "-0.3", ...}``);
+- ``budget`` = ``TINY_BUDGET``: epsilon 10, delta 1e-6, query_epsilon 1, query_delta 1e-8
+  (written as decimal text, so each is an exact rational); a dict given is merged over it.
+
+Each call writes a new file, so one test may build several policies.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dpsql.policy import Policy, load_policy
+
+TINY_SCHEMA: tuple[tuple[str, str], ...] = (
+    ("user_id", "BIGINT"),
+    ("region", "VARCHAR"),
+    ("age", "INTEGER"),
+    ("spend", "DOUBLE"),
+)
+TINY_REGIONS = ("central", "east", "north", "south", "west")
+TINY_COLUMNS: dict[str, dict[str, Any]] = {
+    "age": {"lower": 18, "upper": 90},
+    "spend": {"lower": 0, "upper": 200},
+    "region": {"public_values": list(TINY_REGIONS)},
+}
+TINY_BUDGET: dict[str, Any] = {
+    "epsilon": "10",
+    "delta": "0.000001",
+    "query_epsilon": "1",
+    "query_delta": "0.00000001",
+}
+
+TinyPolicy = Callable[..., Policy]
+
+
+_ARROW_TYPES = {
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "SMALLINT": pa.int16(),
+    "DOUBLE": pa.float64(),
+    "REAL": pa.float32(),
+    "VARCHAR": pa.string(),
+    "BOOLEAN": pa.bool_(),
+    "DATE": pa.date32(),
+}
+
+
+def write_parquet(
+    path: Path, rows: Sequence[tuple[Any, ...]], schema: Sequence[tuple[str, str]]
+) -> None:
+    """Write ``rows`` with column names and DuckDB types ``schema`` to a Parquet file."""
+    if all(dtype.upper() in _ARROW_TYPES for _, dtype in schema):
+        columns = {
+            name: pa.array([r[i] for r in rows], type=_ARROW_TYPES[dtype.upper()])
+            for i, (name, dtype) in enumerate(schema)
+        }
+        pq.write_table(pa.table(columns), path)
+        return
+    con = duckdb.connect(":memory:")  # other types: slower, but any DuckDB type works
+    try:
+        columns_sql = ", ".join(f'"{name}" {dtype}' for name, dtype in schema)
+        con.execute(f"CREATE TABLE t ({columns_sql})")
+        if rows:
+            marks = ", ".join("?" for _ in schema)
+            con.executemany(f"INSERT INTO t VALUES ({marks})", [list(r) for r in rows])
+        con.execute(f"COPY t TO '{path}' (FORMAT PARQUET)")
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def tiny_policy(tmp_path: Path) -> TinyPolicy:
+    counter = itertools.count()
+
+    def make(
+        rows: Sequence[tuple[Any, ...]],
+        *,
+        max_groups: int = 2,
+        max_rows: int = 10,
+        columns: Mapping[str, Mapping[str, Any]] | None = None,
+        schema: Sequence[tuple[str, str]] | None = None,
+        budget: Mapping[str, Any] | None = None,
+    ) -> Policy:
+        path = tmp_path / f"visits_{next(counter)}.parquet"
+        write_parquet(path, rows, schema or TINY_SCHEMA)
+        return load_policy(
+            {
+                "dataset": {"id": "tiny", "data_version": "1"},
+                "data": {"tables": {"visits": str(path)}},
+                "budget": {**TINY_BUDGET, **(budget or {})},
+                "tables": {
+                    "visits": {
+                        "privacy_unit": "user_id",
+                        "max_groups_per_unit": max_groups,
+                        "max_rows_per_unit_per_group": max_rows,
+                        "columns": {
+                            k: dict(v)
+                            for k, v in (TINY_COLUMNS if columns is None else columns).items()
+                        },
+                    }
+                },
+            },
+            base_dir=tmp_path,
+        )
+
+    return make

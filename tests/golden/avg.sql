@@ -1,0 +1,1 @@
+SELECT AVG(spend) AS mean FROM visits

@@ -1,0 +1,1 @@
+SELECT region, AVG(age) AS mean_age FROM visits GROUP BY region

@@ -1,0 +1,31 @@
+WITH _rows AS (
+  SELECT
+    "user_id" AS _u,
+    TRY("spend") AS _x0
+  FROM "visits"
+), _vals AS (
+  SELECT
+    _u,
+    CASE WHEN ISNAN(_x0) THEN NULL ELSE _x0 END AS _v0
+  FROM _rows
+), _units AS (
+  SELECT
+    _u,
+    COUNT(*) AS _n,
+    COUNT(_v0) AS _n0
+  FROM _vals
+  GROUP BY
+    _u
+), _kept AS (
+  SELECT
+    *
+  FROM _units
+), _capped AS (
+  SELECT
+    LEAST(_n, 10) AS _c,
+    LEAST(_n0, 10) AS _c0
+  FROM _kept
+)
+SELECT
+  SUM(_c0) AS _m0
+FROM _capped

@@ -1,0 +1,1 @@
+SELECT COUNT(spend) AS n FROM visits

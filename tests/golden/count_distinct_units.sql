@@ -1,0 +1,1 @@
+SELECT COUNT(DISTINCT user_id) AS users FROM visits

@@ -1,0 +1,1 @@
+SELECT region, SUM(spend) AS total FROM visits GROUP BY region

@@ -1,0 +1,107 @@
+WITH _rows AS (
+  SELECT
+    "user_id" AS _u,
+    TRY("region") AS _k0,
+    TRY(
+      TRY_CAST((
+        CASE
+          WHEN "spend" IS NULL OR ISNAN("spend")
+          THEN NULL
+          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
+        END
+      ) AS DOUBLE)
+    ) AS _x0
+  FROM "visits"
+  WHERE
+    (
+      TRY("region") IN ('central', 'east', 'north', 'south', 'west')
+    )
+), _vals AS (
+  SELECT
+    _u,
+    _k0,
+    CASE
+      WHEN _x0 IS NULL OR ISNAN(_x0)
+      THEN NULL
+      ELSE CAST(ROUND(LEAST(GREATEST(_x0 * 8192, 0), 1638400)) AS BIGINT)
+    END AS _v0
+  FROM _rows
+), _units AS (
+  SELECT
+    _u,
+    _k0,
+    COUNT(*) AS _n,
+    COUNT(_v0) AS _n0,
+    COALESCE(SUM(_v0), 0) AS _s0
+  FROM _vals
+  GROUP BY
+    _u,
+    _k0
+), _multi AS (
+  SELECT
+    _u
+  FROM _units
+  GROUP BY
+    _u
+  HAVING
+    COUNT(*) > 2
+), _kept AS (
+  SELECT
+    *
+  FROM _units
+  ANTI JOIN _multi
+    USING (_u)
+  UNION ALL
+  SELECT
+    *
+  FROM (
+    SELECT
+      *
+    FROM _units
+    SEMI JOIN _multi
+      USING (_u)
+  )
+  QUALIFY
+    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, 7)) <= 2
+), _capped AS (
+  SELECT
+    _k0,
+    LEAST(_n, 10) AS _c,
+    LEAST(_n0, 10) AS _c0,
+    CASE
+      WHEN _n0 <= 10
+      THEN CAST(_s0 AS INT128)
+      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 0), 16384000) AS INT128)
+    END AS _t0
+  FROM _kept
+)
+SELECT
+  _d._k0 AS _k0,
+  COALESCE(_agg._m0, 0) AS _m0,
+  COALESCE(_agg._m1, 0) AS _m1,
+  COALESCE(_agg._m2, 0) AS _m2,
+  COALESCE(_agg._m3, 0) AS _m3,
+  COALESCE(_agg._m4, 0) AS _m4
+FROM (
+  SELECT
+    *
+  FROM (VALUES
+    ('central'),
+    ('east'),
+    ('north'),
+    ('south'),
+    ('west')) AS _d0(_k0)
+) AS _d
+LEFT JOIN (
+  SELECT
+    _k0,
+    SUM(_c) AS _m0,
+    SUM(_c0) AS _m1,
+    SUM(_t0) AS _m2,
+    SUM(2 * _t0 - _c0 * CAST(1638400 AS INT128)) AS _m3,
+    COUNT(*) AS _m4
+  FROM _capped
+  GROUP BY
+    _k0
+) AS _agg
+  ON _d._k0 IS NOT DISTINCT FROM _agg._k0

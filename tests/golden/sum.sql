@@ -1,0 +1,1 @@
+SELECT SUM(spend) AS total FROM visits

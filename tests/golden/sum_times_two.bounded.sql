@@ -1,0 +1,49 @@
+WITH _rows AS (
+  SELECT
+    "user_id" AS _u,
+    TRY(
+      TRY_CAST((
+        CASE
+          WHEN "spend" IS NULL OR ISNAN("spend")
+          THEN NULL
+          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
+        END
+      ) * 2 AS DOUBLE)
+    ) AS _x0
+  FROM "visits"
+), _vals AS (
+  SELECT
+    _u,
+    CASE
+      WHEN _x0 IS NULL OR ISNAN(_x0)
+      THEN NULL
+      ELSE CAST(ROUND(LEAST(GREATEST(_x0 * 4096, 0), 1638400)) AS BIGINT)
+    END AS _v0
+  FROM _rows
+), _units AS (
+  SELECT
+    _u,
+    COUNT(*) AS _n,
+    COUNT(_v0) AS _n0,
+    COALESCE(SUM(_v0), 0) AS _s0
+  FROM _vals
+  GROUP BY
+    _u
+), _kept AS (
+  SELECT
+    *
+  FROM _units
+), _capped AS (
+  SELECT
+    LEAST(_n, 10) AS _c,
+    LEAST(_n0, 10) AS _c0,
+    CASE
+      WHEN _n0 <= 10
+      THEN CAST(_s0 AS INT128)
+      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 0), 16384000) AS INT128)
+    END AS _t0
+  FROM _kept
+)
+SELECT
+  SUM(_t0) AS _m0
+FROM _capped

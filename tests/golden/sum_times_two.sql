@@ -1,0 +1,1 @@
+SELECT SUM(spend * 2) AS doubled FROM visits
