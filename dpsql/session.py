@@ -33,7 +33,7 @@ from dpsql.policy import (
 )
 from dpsql.sql.analyze import analyze
 from dpsql.sql.params import bind_parameters
-from dpsql.sql.parse import DIALECT, Explain, Query, SetOption, ShowOption, parse_statement
+from dpsql.sql.parse import Explain, Query, SetOption, ShowOption, parse_statement
 from dpsql.sql.validate import validate
 
 log = logging.getLogger("dpsql")
@@ -178,7 +178,7 @@ class Session:
         )
         # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
         # rejected here, before the charge, on the schema alone.
-        types = self.engine.check(plan.bounded.sql(dialect=DIALECT))
+        types = self.engine.check(plan.engine_sql)
         check_post_processing(plan, types[: len(analysis.keys)])
         return plan
 
@@ -211,7 +211,7 @@ class Session:
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, plan.epsilon, plan.delta, self.analyst,
         )  # fmt: skip
-        _, rows = self.engine.run(plan.bounded.sql(dialect=DIALECT))
+        _, rows = self.engine.run(plan.engine_sql)
         released = release(plan, rows)
         log.info("released query %s: %d row(s)", digest, len(released.rows))
         return Result(

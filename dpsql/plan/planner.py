@@ -88,6 +88,7 @@ class Plan:
     max_rows: int
     options: QueryOptions
     query: str  # the parameter-bound query text the plan answers
+    engine_sql: str = ""  # the bounded query as the engine runs it (generated once)
 
     @property
     def epsilon(self) -> Fraction:
@@ -293,9 +294,10 @@ def plan_query(
         values=tuple(builder.values),
         measurements=tuple(builder.specs),
     )
+    bounded = bounded_query(analysis, bounding)
     return Plan(
         analysis=analysis,
-        bounded=bounded_query(analysis, bounding),
+        bounded=bounded,
         measurements=tuple(measurements),
         estimates=tuple(estimates),
         selection=selection,
@@ -304,4 +306,5 @@ def plan_query(
         max_rows=c,
         options=options,
         query=query,
+        engine_sql=bounded.sql(dialect=DIALECT),
     )

@@ -17,6 +17,7 @@ The steps of DESIGN.md section 3, each a CTE:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -94,7 +95,12 @@ def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -
             return exp.cast(n.copy(), exp.DataType.Type.INT128)
         return n
 
-    return exp.Try(this=node.transform(fix))
+    fixed = node.transform(fix)
+    # A column or a literal cannot fail: TRY around it only costs time (20% of the CPU of a
+    # grouped query at 10M rows when every key and value was wrapped).
+    if isinstance(fixed, exp.Column | exp.Literal | exp.Null | exp.Boolean):
+        return fixed
+    return exp.Try(this=fixed)
 
 
 def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
@@ -121,6 +127,23 @@ def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
         return exp.Paren(this=exp.If(this=missing, true=exp.Null(), false=clamped))
 
     return expr.transform(clamp)
+
+
+def _summed_value(
+    expr: exp.Expression, analysis: Analysis, total_sql: Callable[[exp.Expression], str]
+) -> str:
+    """The raw DOUBLE of a summed value, before its grid clamp.
+
+    A bare column needs no clamp of its own: the grid clamp enforces the same bounds (rounded
+    out to the grid), and the NULL and NaN checks are there too. Inside a compound expression
+    each bounded column is clamped first, so that the expression sees clamped inputs.
+    """
+    if isinstance(expr, exp.Column):
+        column = expr.sql(dialect=DIALECT)
+        if analysis.columns[expr.name].lower() in _FLOATS:
+            return column
+        return f"CAST({column} AS DOUBLE)"
+    return total_sql(exp.cast(_clamp_columns(expr, analysis), exp.DataType.Type.DOUBLE))
 
 
 def _number(value: Fraction | int) -> exp.Expression:
@@ -214,9 +237,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
 
     key_list = "".join(f"{k}, " for k in keys)
     raw = [
-        total_sql(exp.cast(_clamp_columns(v.expr, analysis), exp.DataType.Type.DOUBLE))
-        if v.grid is not None
-        else total_sql(v.expr)
+        total_sql(v.expr) if v.grid is None else _summed_value(v.expr, analysis, total_sql)
         for v in bounding.values
     ]
     filters = [f"{total_sql(analysis.where)} IS TRUE"] if analysis.where is not None else []

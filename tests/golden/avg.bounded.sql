@@ -1,15 +1,7 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY(
-      TRY_CAST((
-        CASE
-          WHEN "spend" IS NULL OR ISNAN("spend")
-          THEN NULL
-          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
-        END
-      ) AS DOUBLE)
-    ) AS _x0
+    "spend" AS _x0
   FROM "visits"
 ), _vals AS (
   SELECT

@@ -1,20 +1,12 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY("region") AS _k0,
-    TRY(
-      TRY_CAST((
-        CASE
-          WHEN "age" IS NULL
-          THEN NULL
-          ELSE LEAST(GREATEST(CAST("age" AS DOUBLE), 18), 90)
-        END
-      ) AS DOUBLE)
-    ) AS _x0
+    "region" AS _k0,
+    CAST("age" AS DOUBLE) AS _x0
   FROM "visits"
   WHERE
     (
-      TRY("region") IN ('central', 'east', 'north', 'south', 'west')
+      "region" IN ('central', 'east', 'north', 'south', 'west')
     )
 ), _vals AS (
   SELECT

@@ -2,15 +2,7 @@ WITH _rows AS (
   SELECT
     "user_id" AS _u,
     TRY(CASE WHEN "age" < 30 THEN 'young' WHEN "age" < 60 THEN 'middle' ELSE 'old' END) AS _k0,
-    TRY(
-      TRY_CAST((
-        CASE
-          WHEN "spend" IS NULL OR ISNAN("spend")
-          THEN NULL
-          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
-        END
-      ) AS DOUBLE)
-    ) AS _x0
+    "spend" AS _x0
   FROM "visits"
   WHERE
     (

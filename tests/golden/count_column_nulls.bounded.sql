@@ -1,7 +1,7 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY("spend") AS _x0
+    "spend" AS _x0
   FROM "visits"
 ), _vals AS (
   SELECT

@@ -1,7 +1,7 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY("region") AS _k0,
+    "region" AS _k0,
     TRY(
       TRY_CAST(LEAST(
         GREATEST(
@@ -20,7 +20,7 @@ WITH _rows AS (
   FROM "visits"
   WHERE
     (
-      TRY("region") IN ('central', 'east', 'north', 'south', 'west')
+      "region" IN ('central', 'east', 'north', 'south', 'west')
     )
 ), _vals AS (
   SELECT

@@ -1,16 +1,8 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY("age") AS _k0,
-    TRY(
-      TRY_CAST((
-        CASE
-          WHEN "spend" IS NULL OR ISNAN("spend")
-          THEN NULL
-          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
-        END
-      ) AS DOUBLE)
-    ) AS _x0
+    "age" AS _k0,
+    "spend" AS _x0
   FROM "visits"
 ), _vals AS (
   SELECT

@@ -1,20 +1,12 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY("region") AS _k0,
-    TRY(
-      TRY_CAST((
-        CASE
-          WHEN "spend" IS NULL OR ISNAN("spend")
-          THEN NULL
-          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
-        END
-      ) AS DOUBLE)
-    ) AS _x0
+    "region" AS _k0,
+    "spend" AS _x0
   FROM "visits"
   WHERE
     (
-      TRY("region") IN ('central', 'east', 'north', 'south', 'west')
+      "region" IN ('central', 'east', 'north', 'south', 'west')
     )
 ), _vals AS (
   SELECT

@@ -1,15 +1,7 @@
 WITH _rows AS (
   SELECT
     "user_id" AS _u,
-    TRY(
-      TRY_CAST((
-        CASE
-          WHEN "spend" IS NULL OR ISNAN("spend")
-          THEN NULL
-          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
-        END
-      ) AS DOUBLE)
-    ) AS _x0
+    "spend" AS _x0
   FROM "visits"
   WHERE
     TRY("spend" * 2 > 20 AND CAST("age" AS INT128) + 1 >= 30) IS TRUE
