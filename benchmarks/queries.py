@@ -183,7 +183,7 @@ def _ranked(b: Bounds) -> str:
     """
     return (
         f"), per_unit AS (SELECT * FROM grouped QUALIFY row_number() OVER (PARTITION BY "
-        f"user_id ORDER BY hash(user_id, region, {b.salt})) <= {b.l0}"
+        f"user_id ORDER BY hash(user_id, region, CAST({b.salt} AS BIGINT))) <= {b.l0}"
     )
 
 

@@ -73,7 +73,7 @@ def bench_size(path: Path, n_rows: int, repeats: int) -> list[dict[str, Any]]:
     session = Session(load_policy(policy_dict(path)))
     raw = duckdb.connect(":memory:")
     raw.execute(f"CREATE VIEW visits AS SELECT * FROM read_parquet('{path}')")
-    bounds = Bounds(salt=session._salt)
+    bounds = Bounds(salt=session.engine.salt)
     results = []
     for q in QUERIES:
         plan = session.plan(q.sql)

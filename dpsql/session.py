@@ -33,7 +33,7 @@ from dpsql.policy import (
 )
 from dpsql.sql.analyze import analyze
 from dpsql.sql.params import bind_parameters
-from dpsql.sql.parse import Explain, Query, SetOption, ShowOption, parse_statement
+from dpsql.sql.parse import DIALECT, Explain, Query, SetOption, ShowOption, parse_statement
 from dpsql.sql.validate import validate
 
 log = logging.getLogger("dpsql")
@@ -104,16 +104,16 @@ class Session:
     def __init__(self, policy: Policy | str | Path, analyst: str | None = None):
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.analyst = analyst
-        self.engine = DuckDBEngine(self.policy)
-        budget = self.policy.budget
-        self.filter = BasicFilter(self.policy.dataset.id, budget.epsilon, budget.delta)
-        self._settings: dict[str, object] = {}
         try:
             # Salt of the keyed hash that picks a unit's groups; any value is private (the
             # choice depends only on the unit's own rows), secrecy only stops prediction.
-            self._salt = secrets.randbits(62)
+            salt = secrets.randbits(62)
         except Exception:
             raise EntropyError("secure randomness is unavailable") from None
+        self.engine = DuckDBEngine(self.policy, salt)
+        budget = self.policy.budget
+        self.filter = BasicFilter(self.policy.dataset.id, budget.epsilon, budget.delta)
+        self._settings: dict[str, object] = {}
 
     # -- settings ------------------------------------------------------------------------------
     def set_option(self, name: str, value: object) -> None:
@@ -173,9 +173,8 @@ class Session:
         bound = bind_parameters(select, params)
         validate(bound)
         analysis = analyze(bound, self.policy, self.engine.catalog)
-        plan = plan_query(
-            analysis, self._options(settings, analysis.table), self.policy, self._salt
-        )
+        options_ = self._options(settings, analysis.table)
+        plan = plan_query(analysis, options_, self.policy, query=bound.sql(dialect=DIALECT))
         # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
         # rejected here, before the charge, on the schema alone.
         types = self.engine.check(plan.engine_sql)

@@ -48,7 +48,7 @@ def bench_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _compare(session: Session, query: object, salt: int | None = None) -> None:
     plan = session.plan(query.sql)  # type: ignore[attr-defined]
     assert tuple(m.spec.kind for m in plan.measurements) == query.kinds  # type: ignore[attr-defined]
-    bounds = Q.Bounds(salt=session._salt if salt is None else salt)
+    bounds = Q.Bounds(salt=session.engine.salt if salt is None else salt)
     for estimate in plan.estimates:
         assert estimate.grid is None or estimate.grid.step == bounds.step
     _, ours = session.engine.run(plan.bounded_sql)
@@ -92,7 +92,7 @@ def test_ranking_uses_the_salt(bench_data: Path, salt: int) -> None:
     """Small and large salts (INTEGER vs BIGINT literals) rank the same in both SQLs."""
     session = _session(bench_data)
     try:
-        session._salt = salt
+        session.engine.salt = salt
         for query in Q.QUERIES:
             _compare(session, query, salt)
     finally:

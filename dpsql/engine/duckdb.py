@@ -21,6 +21,7 @@ import duckdb
 
 from dpsql.errors import EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
+from dpsql.sql.rewrite import SALT_PARAMETER
 
 log = logging.getLogger("dpsql")
 
@@ -36,8 +37,10 @@ def _string(text: str) -> str:
 class DuckDBEngine:
     """One locked-down DuckDB connection over the policy's data; thread-safe by a lock."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, salt: int):
         self._lock = threading.Lock()
+        # The secret salt of the keyed hash that picks a unit's groups, bound as $salt.
+        self.salt = salt
         config: dict[str, str | bool | int | float | list[str]] = {
             "autoload_known_extensions": False,
             "autoinstall_known_extensions": False,
@@ -83,7 +86,7 @@ class DuckDBEngine:
         """
         with self._lock:
             try:
-                rows = self._con.execute("DESCRIBE " + sql).fetchall()
+                rows = self._con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
             except duckdb.Error as exc:
                 log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
                 raise UnsupportedQueryError(
@@ -92,11 +95,14 @@ class DuckDBEngine:
                 ) from None
         return [str(row[1]) for row in rows]
 
+    def _parameters(self, sql: str) -> dict[str, int] | None:
+        return {SALT_PARAMETER: self.salt} if f"${SALT_PARAMETER}" in sql else None
+
     def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run generated SQL; any engine failure becomes a generic ``EngineError``."""
         with self._lock:
             try:
-                cursor = self._con.execute(sql)
+                cursor = self._con.execute(sql, self._parameters(sql))
                 names = [d[0] for d in cursor.description or []]
                 return names, cursor.fetchall()
             except duckdb.Error as exc:

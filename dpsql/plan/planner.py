@@ -242,9 +242,7 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
     return grid.step if spec.kind == "sum" else grid.step / 2
 
 
-def plan_query(
-    analysis: Analysis, options: QueryOptions, policy: Policy, salt: int, query: str = ""
-) -> Plan:
+def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query: str = "") -> Plan:
     """Plan ``analysis``; raises ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
     l0, c = _group_bounds(analysis, options)
     builder = _Builder()
@@ -290,7 +288,6 @@ def plan_query(
     bounding = Bounding(
         max_groups=l0 if analysis.keys else None,
         max_rows=c,
-        salt=salt,
         values=tuple(builder.values),
         measurements=tuple(builder.specs),
     )

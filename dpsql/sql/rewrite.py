@@ -31,6 +31,7 @@ from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
 
+SALT_PARAMETER = "salt"
 MeasurementKind = Literal["rows", "count", "sum", "centred", "units"]
 _FLOATS = {"float", "double", "real"}
 _INTEGERS = {"tinyint", "smallint", "integer", "bigint", "utinyint", "usmallint", "uinteger"}
@@ -58,7 +59,6 @@ class Bounding:
 
     max_groups: int | None  # L0 for the ranking; None when no ranking is needed
     max_rows: int  # C
-    salt: int
     values: tuple[ValueSpec, ...]
     measurements: tuple[MeasurementSpec, ...]
 
@@ -275,7 +275,9 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         # Only units with more than L0 groups need the (expensive) ranking window; the others
         # keep all their groups, which is what the ranking would keep too.
         l0 = bounding.max_groups
-        order = ", ".join(["_u", *keys, str(bounding.salt)])
+        # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
+        # never hold it (DESIGN.md section 3, step 4: a secret salt).
+        order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
         ctes = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
         kept = (
             "SELECT * FROM _units ANTI JOIN _multi USING (_u) UNION ALL "

@@ -54,7 +54,7 @@ WITH _rows AS (
       USING (_u)
   )
   QUALIFY
-    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, 7)) <= 2
+    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, CAST($salt AS BIGINT))) <= 2
 ), _capped AS (
   SELECT
     _k0,
