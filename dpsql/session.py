@@ -13,7 +13,7 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,6 @@ class Result:
     plan: Plan | None = None
     charge: Charge | None = None
     message: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _positive_int(value: object, name: str) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -115,11 +114,3 @@ class DuckDBEngine:
     def close(self) -> None:
         with self._lock:
             self._con.close()
-
-
-def data_files(policy: Policy) -> list[Path]:
-    """The files a policy exposes (for documentation and tests)."""
-    files = [policy.resolve(p) for p in policy.data.tables.values()]
-    if policy.data.database is not None:
-        files.append(policy.resolve(policy.data.database))
-    return files
