@@ -1,13 +1,21 @@
 """Privacy events: what was sampled, with the parameters its guarantee follows from.
 
-An event names the mechanism actually sampled (DESIGN.md section 1), so that any accountant can
-recompute its loss later. Each event knows its own pure-DP / approximate-DP cost under basic
-composition; the accountants of later modules read the same fields.
+An event names the mechanism actually sampled (DESIGN.md section 1), so that every accountant
+can recompute its loss from it later: a discrete Laplace is not a continuous one, and a discrete
+Gaussian is not a continuous Gaussian (Canonne, Kamath, Steinke 2020). Events are frozen,
+hashable values; ``label`` is a description only and takes no part in equality, so a history can
+be grouped into (event, multiplicity) pairs.
+
+Neighbouring data sets differ in one privacy unit (add/remove); every sensitivity below is for
+that relation, in the integer units of the measurement.
+
+Basic-composition cost (``epsilon``, ``delta``) is given by each event; the other accountants'
+curves live in ``dpsql.accounting.curves``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 
@@ -15,18 +23,141 @@ from fractions import Fraction
 class DiscreteLaplace:
     """Discrete Laplace noise with ``scale`` on an integer query of L1 ``sensitivity``.
 
-    epsilon = sensitivity / scale (Ghosh, Roughgarden, Sundararajan 2009; Canonne, Kamath,
-    Steinke 2020, section 2): the pmf ratio of shifted discrete Laplace distributions is at most
-    exp(|shift| / scale).
+    Pure DP with epsilon = sensitivity / scale (Ghosh, Roughgarden, Sundararajan 2009; Canonne,
+    Kamath, Steinke 2020, section 2): shifted pmfs differ by at most exp(|shift| / scale).
     """
 
     scale: Fraction
     sensitivity: Fraction
-    label: str = ""
+    label: str = field(default="", compare=False)
 
     @property
     def epsilon(self) -> Fraction:
         return self.sensitivity / self.scale
+
+    @property
+    def delta(self) -> Fraction:
+        return Fraction(0)
+
+
+@dataclass(frozen=True)
+class Laplace:
+    """Continuous Laplace noise (reference and tests only: dpsql never samples it)."""
+
+    scale: Fraction
+    sensitivity: Fraction
+    label: str = field(default="", compare=False)
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.sensitivity / self.scale
+
+    @property
+    def delta(self) -> Fraction:
+        return Fraction(0)
+
+
+@dataclass(frozen=True)
+class DiscreteGaussian:
+    """Discrete Gaussian noise N_Z(0, sigma2) on an integer query of L2 ``sensitivity``.
+
+    rho-zCDP with rho = sensitivity^2 / (2 sigma2), exactly, for any integer shift (Canonne,
+    Kamath, Steinke 2020, Theorem 14). Its (epsilon, delta) curve is its own (Theorem 7), not
+    the continuous Gaussian's. ``epsilon``/``delta`` here are its basic-composition cost as
+    charged: the (epsilon, delta) pair it was calibrated to, if any (``target``).
+    """
+
+    sigma2: Fraction
+    sensitivity: Fraction
+    target_epsilon: Fraction = Fraction(0)
+    target_delta: Fraction = Fraction(0)
+    label: str = field(default="", compare=False)
+
+    @property
+    def rho(self) -> Fraction:
+        return self.sensitivity**2 / (2 * self.sigma2)
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.target_epsilon
+
+    @property
+    def delta(self) -> Fraction:
+        return self.target_delta
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    """Continuous Gaussian noise N(0, sigma^2) with L2 ``sensitivity`` (reference and tests).
+
+    Exactly mu-GDP with mu = sensitivity / sigma (Dong, Roth, Su 2019).
+    """
+
+    sigma: float
+    sensitivity: float
+    target_epsilon: Fraction = Fraction(0)
+    target_delta: Fraction = Fraction(0)
+    label: str = field(default="", compare=False)
+
+    @property
+    def mu(self) -> float:
+        return self.sensitivity / self.sigma
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.target_epsilon
+
+    @property
+    def delta(self) -> Fraction:
+        return self.target_delta
+
+
+@dataclass(frozen=True)
+class PureDP:
+    """Any epsilon-DP mechanism."""
+
+    epsilon: Fraction
+    label: str = field(default="", compare=False)
+
+    @property
+    def delta(self) -> Fraction:
+        return Fraction(0)
+
+
+@dataclass(frozen=True)
+class ApproxDP:
+    """Any (epsilon, delta)-DP mechanism."""
+
+    epsilon: Fraction
+    delta: Fraction
+    label: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class ZCDP:
+    """Approximate zCDP: rho-zCDP except with probability ``delta_zcdp`` (Bun, Steinke 2016)."""
+
+    rho: Fraction
+    delta_zcdp: Fraction = Fraction(0)
+    target_epsilon: Fraction = Fraction(0)
+    label: str = field(default="", compare=False)
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.target_epsilon
+
+    @property
+    def delta(self) -> Fraction:
+        return self.delta_zcdp
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """The exponential mechanism with a utility of sensitivity 1: epsilon-DP and, having
+    bounded range, epsilon^2/8-zCDP (Cesar, Rogers 2021)."""
+
+    epsilon: Fraction
+    label: str = field(default="", compare=False)
 
     @property
     def delta(self) -> Fraction:
@@ -40,13 +171,15 @@ class LaplacePartitionSelection:
     (epsilon, delta)-DP with epsilon = sensitivity / scale (sensitivity = L0, the groups one unit
     may touch) and delta the tail mass of the groups that only one unit creates
     (DESIGN.md section 4; Korolova et al. 2009, Wilson et al. 2020 with the discrete tail).
+    The released counts of the groups that exist on both sides are a discrete Laplace with this
+    scale and sensitivity, so apart from ``delta`` it is that mechanism.
     """
 
     scale: Fraction
     sensitivity: Fraction
     threshold: int
     delta_bound: Fraction
-    label: str = "partition selection"
+    label: str = field(default="partition selection", compare=False)
 
     @property
     def epsilon(self) -> Fraction:
@@ -57,7 +190,17 @@ class LaplacePartitionSelection:
         return self.delta_bound
 
 
-Event = DiscreteLaplace | LaplacePartitionSelection
+Event = (
+    DiscreteLaplace
+    | Laplace
+    | DiscreteGaussian
+    | Gaussian
+    | PureDP
+    | ApproxDP
+    | ZCDP
+    | Exponential
+    | LaplacePartitionSelection
+)
 
 
 @dataclass(frozen=True)
@@ -75,16 +218,31 @@ class Composite:
         return sum((e.delta for e in self.events), Fraction(0))
 
     def describe(self) -> list[str]:
-        lines = []
-        for e in self.events:
-            if isinstance(e, DiscreteLaplace):
-                lines.append(
-                    f"DiscreteLaplace(scale={e.scale}, L1={e.sensitivity}) {e.label}: "
-                    f"epsilon={e.epsilon}"
-                )
-            else:
-                lines.append(
-                    f"LaplacePartitionSelection(scale={e.scale}, L1={e.sensitivity}, "
-                    f"threshold={e.threshold}): epsilon={e.epsilon}, delta={e.delta}"
-                )
-        return lines
+        return [describe(e) for e in self.events]
+
+
+def describe(event: Event) -> str:
+    """One line naming the mechanism and its parameters."""
+    suffix = f" {event.label}" if event.label else ""
+    if isinstance(event, DiscreteLaplace | Laplace):
+        name = type(event).__name__
+        return f"{name}(scale={event.scale}, L1={event.sensitivity}){suffix}"
+    if isinstance(event, DiscreteGaussian):
+        return f"DiscreteGaussian(sigma^2={event.sigma2}, L2={event.sensitivity}){suffix}"
+    if isinstance(event, Gaussian):
+        return f"Gaussian(sigma={event.sigma}, L2={event.sensitivity}){suffix}"
+    if isinstance(event, LaplacePartitionSelection):
+        return (
+            f"LaplacePartitionSelection(scale={event.scale}, L1={event.sensitivity}, "
+            f"threshold={event.threshold}, delta={event.delta_bound}){suffix}"
+        )
+    if isinstance(event, ZCDP):
+        return f"zCDP(rho={event.rho}, delta={event.delta_zcdp}){suffix}"
+    if isinstance(event, ApproxDP):
+        return f"ApproxDP(epsilon={event.epsilon}, delta={event.delta}){suffix}"
+    return f"{type(event).__name__}(epsilon={event.epsilon}){suffix}"
+
+
+def flatten(history: list[Composite] | tuple[Composite, ...]) -> list[Event]:
+    """The events of a history of queries, in order (sequential composition)."""
+    return [e for c in history for e in c.events]

@@ -1,0 +1,54 @@
+"""What every accountant provides: odometer figures for a history, and (if valid) a filter.
+
+A *history* is the sequence of events released so far, each query's ``Composite`` flattened
+(``events.flatten``). Accountants are stateless functions of the history, so a report can be
+recomputed from the ledger at any time; the ones that need speed keep caches keyed by the
+history's (event, multiplicity) groups.
+
+- ``epsilon(history, delta)``: the smallest epsilon this accountant proves for the history at
+  ``delta`` (an odometer figure). ``math.inf`` if it cannot bound it.
+- ``delta(history, epsilon)``: the smallest delta it proves at ``epsilon``.
+- ``fixed_in_advance``: True when the figure only holds if every event's parameters were fixed
+  before the first query (KOV optimal composition, the natural PLD composition outside a totally
+  ordered family): such figures are labelled "as if fixed in advance" and never decide.
+
+A *filter* decides admission under fully adaptive choice of each query's parameters: it admits
+``new`` after ``history`` only if the guarantee of the whole (its cap) still holds whatever the
+analyst chose adaptively (Rogers, Roth, Ullman, Vadhan 2016; Whitehouse, Ramdas, Rogers, Wu 2023;
+Feldman, Zrnic 2021; Smith, Thakurta 2022).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Protocol
+
+from dpsql.accounting.events import Event
+
+
+class Accountant(Protocol):
+    """Odometer figures for a history under one composition theorem."""
+
+    name: str
+    fixed_in_advance: bool
+
+    def epsilon(self, history: Sequence[Event], delta: float) -> float: ...
+
+    def delta(self, history: Sequence[Event], epsilon: float) -> float: ...
+
+
+class Filter(Protocol):
+    """An admission rule with a cap (epsilon, delta), valid under adaptive composition."""
+
+    name: str
+    epsilon_cap: Fraction
+    delta_cap: Fraction
+
+    def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool: ...
+
+
+def grouped(history: Sequence[Event]) -> list[tuple[Event, int]]:
+    """The history as (event, multiplicity) pairs, in order of first appearance."""
+    return list(Counter(history).items())
