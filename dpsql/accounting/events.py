@@ -59,12 +59,14 @@ class Laplace:
 
 @dataclass(frozen=True)
 class DiscreteGaussian:
-    """Discrete Gaussian noise N_Z(0, sigma2) on an integer query of L2 ``sensitivity``.
+    """Discrete Gaussian noise N_Z(0, sigma2) on each of ``dimensions`` integer coordinates,
+    where one unit shifts each coordinate by at most ``sensitivity`` (so L2 <= sqrt(dimensions)
+    times it; ``dimensions`` is L0, the groups one unit may touch).
 
-    rho-zCDP with rho = sensitivity^2 / (2 sigma2), exactly, for any integer shift (Canonne,
-    Kamath, Steinke 2020, Theorem 14). Its (epsilon, delta) curve is its own (Theorem 7), not
-    the continuous Gaussian's. ``epsilon``/``delta`` here are its basic-composition cost as
-    charged: the (epsilon, delta) pair it was calibrated to, if any (``target``).
+    rho-zCDP with rho = dimensions * sensitivity^2 / (2 sigma2), exactly, for any integer shift
+    (Canonne, Kamath, Steinke 2020, Theorem 14 and zCDP composition over coordinates). With one
+    coordinate its (epsilon, delta) curve is its own (Theorem 7), not the continuous Gaussian's.
+    ``target_epsilon``/``target_delta``: the (epsilon, delta) it was calibrated to, if alone.
     """
 
     sigma2: Fraction
@@ -72,10 +74,11 @@ class DiscreteGaussian:
     target_epsilon: Fraction = Fraction(0)
     target_delta: Fraction = Fraction(0)
     label: str = field(default="", compare=False)
+    dimensions: int = 1
 
     @property
     def rho(self) -> Fraction:
-        return self.sensitivity**2 / (2 * self.sigma2)
+        return self.dimensions * self.sensitivity**2 / (2 * self.sigma2)
 
     @property
     def epsilon(self) -> Fraction:
@@ -205,16 +208,30 @@ Event = (
 
 @dataclass(frozen=True)
 class Composite:
-    """The events of one query, released together: they compose sequentially."""
+    """The events of one query, released together: they compose sequentially.
+
+    ``certified`` is the query's (epsilon, delta) when the planner calibrated several events
+    jointly (discrete Gaussians through their summed rho and the CKS conversion): the whole is
+    (epsilon, delta)-DP although no split of it over the parts is. Basic composition charges
+    that pair; without it, the sum of the parts' costs.
+    """
 
     events: tuple[Event, ...]
+    certified: tuple[Fraction, Fraction] | None = None
+    # (table, column, value): the query touched only units whose enforced value of a
+    # constant-per-unit column is ``value``; queries of different cells compose in parallel.
+    cell: tuple[str, str, object] | None = None
 
     @property
     def epsilon(self) -> Fraction:
+        if self.certified is not None:
+            return self.certified[0]
         return sum((e.epsilon for e in self.events), Fraction(0))
 
     @property
     def delta(self) -> Fraction:
+        if self.certified is not None:
+            return self.certified[1]
         return sum((e.delta for e in self.events), Fraction(0))
 
     def describe(self) -> list[str]:
@@ -228,7 +245,10 @@ def describe(event: Event) -> str:
         name = type(event).__name__
         return f"{name}(scale={event.scale}, L1={event.sensitivity}){suffix}"
     if isinstance(event, DiscreteGaussian):
-        return f"DiscreteGaussian(sigma^2={event.sigma2}, L2={event.sensitivity}){suffix}"
+        return (
+            f"DiscreteGaussian(sigma^2={event.sigma2}, shift<={event.sensitivity} on "
+            f"{event.dimensions} coordinate(s), rho={event.rho}){suffix}"
+        )
     if isinstance(event, Gaussian):
         return f"Gaussian(sigma={event.sigma}, L2={event.sensitivity}){suffix}"
     if isinstance(event, LaplacePartitionSelection):

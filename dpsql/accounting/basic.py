@@ -1,0 +1,113 @@
+"""Basic (sequential) composition in exact rational arithmetic.
+
+The epsilons and deltas of all events add (Dwork, McSherry, Nissim, Smith 2006; Dwork, Roth 2014,
+Theorem 3.16). As a filter, a cap on both sums is valid when every query's parameters are chosen
+adaptively from earlier answers (Rogers, Roth, Ullman, Vadhan 2016, "Privacy Odometers and
+Filters", Theorem 3.5 / the basic filter). Sums are Fractions, so 100 charges of epsilon 1/100
+fill a budget of 1 exactly (parse epsilons from decimal text: ``Fraction(0.01)`` > 1/100).
+
+Each event's (epsilon, delta) pair comes from ``basic_cost``: the pair an event states, except
+that a Gaussian-type event (continuous or discrete Gaussian, zCDP) is charged at its target
+epsilon with delta = max(target delta, the mechanism's own delta at that epsilon), so a missing
+or wrong calibration never makes its cost smaller than its curve gives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+from functools import lru_cache
+
+from dpsql.accounting.conversions import (
+    discrete_gaussian_delta,
+    frac_down,
+    frac_up,
+    gdp_delta,
+    zcdp_to_delta,
+)
+from dpsql.accounting.curves import GroupCache, gdp_mu
+from dpsql.accounting.events import ZCDP, DiscreteGaussian, Event, Gaussian
+
+__all__ = ["BasicAccountant", "BasicFilter", "basic_cost", "basic_totals"]
+
+
+@lru_cache(maxsize=4096)
+def basic_cost(event: Event) -> tuple[Fraction, Fraction]:
+    """The (epsilon, delta)-DP pair of one event, as exact rationals."""
+    if not isinstance(event, Gaussian | DiscreteGaussian | ZCDP):
+        return event.epsilon, event.delta
+    eps = event.target_epsilon
+    eps_float = frac_down(eps)  # a smaller epsilon only raises the curve's delta: safe
+    if isinstance(event, Gaussian):
+        mu = gdp_mu(event)
+        assert mu is not None
+        curve = gdp_delta(mu, eps_float)  # exact mu-GDP profile (Dong, Roth, Su 2019)
+    elif isinstance(event, DiscreteGaussian) and event.dimensions == 1:
+        # Its own curve (Canonne, Kamath, Steinke 2020, Theorem 7), at the lowest variance
+        # float; a non-integer sensitivity goes up to the next integer shift.
+        sigma2 = frac_down(event.sigma2)
+        curve = discrete_gaussian_delta(sigma2, math.ceil(event.sensitivity), eps_float)
+    elif isinstance(event, DiscreteGaussian):
+        # Several coordinates: no one-dimensional curve applies; its exact rho and the CKS
+        # conversion (Corollary 13) do (DESIGN.md section 3).
+        curve = zcdp_to_delta(frac_up(event.rho), eps_float)
+    else:
+        # Approximate zCDP: the conversion's delta plus the additive delta (Bun, Steinke 2016).
+        curve = zcdp_to_delta(frac_up(event.rho), eps_float) + frac_up(event.delta_zcdp)
+    delta = max(event.delta, Fraction(min(1.0, curve)))
+    return eps, min(delta, Fraction(1))
+
+
+def basic_totals(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fraction]:
+    """(sum of epsilons, sum of deltas), exactly, over (event, multiplicity) groups."""
+    eps, delta = Fraction(0), Fraction(0)
+    for event, count in groups:
+        e, d = basic_cost(event)
+        eps += count * e
+        delta += count * d
+    return eps, delta
+
+
+def _decimal(x: float) -> Fraction:
+    """A float argument read as the decimal it prints as (``1e-7`` means 1/10^7, not the float
+    just below it): the figure asked for is the one the caller wrote."""
+    return Fraction(repr(float(x)))
+
+
+class BasicAccountant:
+    """Odometer by basic composition: (sum eps, sum delta). Valid adaptively."""
+
+    name = "basic"
+    fixed_in_advance = False
+
+    def __init__(self) -> None:
+        self._groups = GroupCache()
+
+    def epsilon(self, history: Sequence[Event], delta: float) -> float:
+        """Sum of epsilons if the deltas sum to at most ``delta``; ``math.inf`` otherwise."""
+        eps, total_delta = basic_totals(self._groups(history))
+        return frac_up(eps) if total_delta <= _decimal(delta) else math.inf
+
+    def delta(self, history: Sequence[Event], epsilon: float) -> float:
+        """Sum of deltas if the epsilons sum to at most ``epsilon``; ``math.inf`` otherwise."""
+        eps, total_delta = basic_totals(self._groups(history))
+        return min(1.0, frac_up(total_delta)) if eps <= _decimal(epsilon) else math.inf
+
+
+class BasicFilter:
+    """Admits while both sums stay within (epsilon_cap, delta_cap): valid adaptively
+    (Rogers, Roth, Ullman, Vadhan 2016)."""
+
+    name = "basic"
+
+    def __init__(self, epsilon_cap: Fraction, delta_cap: Fraction = Fraction(0)):
+        if epsilon_cap < 0 or not 0 <= delta_cap <= 1:
+            raise ValueError("caps must satisfy epsilon >= 0 and 0 <= delta <= 1")
+        self.epsilon_cap = Fraction(epsilon_cap)
+        self.delta_cap = Fraction(delta_cap)
+        self._groups = GroupCache()
+
+    def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
+        eps, delta = basic_totals(self._groups(history, new))
+        return eps <= self.epsilon_cap and delta <= self.delta_cap

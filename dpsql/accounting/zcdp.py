@@ -1,0 +1,112 @@
+"""Zero-concentrated DP (Bun, Steinke 2016): rho adds, with the CKS conversion to (epsilon, delta).
+
+Every event is delta-approximately rho-zCDP (``curves.zcdp``); rhos and deltas add under
+composition (Bun, Steinke 2016, Lemma 2.3 and Lemma 8.3), and the sum converts to
+(epsilon, delta' + sum delta) by the Canonne-Kamath-Steinke conversion (CKS 2020, Corollary 13)
+at delta'. All sums are exact rationals.
+
+Filter: admitting while sum rho <= rho_cap and sum delta <= approx_delta_cap, both fixed before
+the first query, is valid under fully adaptive choice of each query's rho (Feldman, Zrnic 2021,
+the Renyi filter at every order at once; Whitehouse, Ramdas, Rogers, Wu 2023, approximate zCDP
+filter). A cap given as (epsilon_cap, delta_cap) becomes the largest rho_cap whose conversion at
+delta_cap - approx_delta_cap is at most epsilon_cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+
+from dpsql.accounting.conversions import frac_down, frac_up, zcdp_to_delta, zcdp_to_dp
+from dpsql.accounting.curves import GroupCache, zcdp
+from dpsql.accounting.events import Event
+
+__all__ = ["ZcdpAccountant", "ZcdpFilter", "composed_zcdp", "rho_for"]
+
+_RHO_STEPS = 200
+
+
+def composed_zcdp(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fraction]:
+    """(sum rho, sum delta), exactly, of a history given as (event, multiplicity) groups."""
+    rho, delta = Fraction(0), Fraction(0)
+    for event, count in groups:
+        r, d = zcdp(event)
+        rho += count * r
+        delta += count * d
+    return rho, delta
+
+
+class ZcdpAccountant:
+    """Odometer: CKS conversion of the summed rho; valid adaptively (it is also a filter)."""
+
+    name = "zcdp"
+    fixed_in_advance = False
+
+    def __init__(self) -> None:
+        self._groups = GroupCache()
+
+    def epsilon(self, history: Sequence[Event], delta: float) -> float:
+        rho, approx_delta = composed_zcdp(self._groups(history))
+        share = frac_down(Fraction(delta) - approx_delta)
+        if share <= 0:
+            return 0.0 if rho == 0 and approx_delta <= Fraction(delta) else math.inf
+        return zcdp_to_dp(frac_up(rho), share)
+
+    def delta(self, history: Sequence[Event], epsilon: float) -> float:
+        rho, approx_delta = composed_zcdp(self._groups(history))
+        converted = zcdp_to_delta(frac_up(rho), epsilon)
+        return min(1.0, frac_up(Fraction(converted) + approx_delta))
+
+
+def rho_for(epsilon: float, delta: float) -> float:
+    """The largest rho (to bisection precision, never above) with zcdp_to_dp(rho, delta) <=
+    epsilon: the zCDP budget that implies (epsilon, delta)-DP (CKS 2020, Corollary 13)."""
+    lo, hi = 0.0, max(1.0, epsilon)
+    while zcdp_to_dp(hi, delta) <= epsilon:
+        lo, hi = hi, 2 * hi
+    for _ in range(_RHO_STEPS):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if zcdp_to_dp(mid, delta) <= epsilon else (lo, mid)
+    return lo
+
+
+class ZcdpFilter:
+    """zCDP filter: admits while sum rho <= rho_cap and sum delta <= approx_delta_cap.
+
+    Give either (epsilon_cap, delta_cap), from which rho_cap is derived, or ``rho_cap`` with the
+    delta_cap at which the guarantee is stated (epsilon_cap is then its CKS conversion, rounded
+    up). delta_cap must exceed approx_delta_cap: the difference is the conversion's delta.
+    """
+
+    name = "zcdp"
+
+    def __init__(
+        self,
+        epsilon_cap: Fraction | None = None,
+        delta_cap: Fraction = Fraction(0),
+        *,
+        rho_cap: Fraction | None = None,
+        approx_delta_cap: Fraction = Fraction(0),
+    ):
+        if (epsilon_cap is None) == (rho_cap is None):
+            raise ValueError("give exactly one of epsilon_cap and rho_cap")
+        if not 0 <= approx_delta_cap < delta_cap < 1:
+            raise ValueError("need 0 <= approx_delta_cap < delta_cap < 1")
+        self.delta_cap = Fraction(delta_cap)
+        self.approx_delta_cap = Fraction(approx_delta_cap)
+        share = frac_down(self.delta_cap - self.approx_delta_cap)
+        if rho_cap is not None:
+            self.rho_cap = Fraction(rho_cap)
+            self.epsilon_cap = Fraction(zcdp_to_dp(frac_up(self.rho_cap), share))
+        else:
+            assert epsilon_cap is not None
+            self.epsilon_cap = Fraction(epsilon_cap)
+            self.rho_cap = Fraction(rho_for(frac_down(self.epsilon_cap), share))
+        self._groups = GroupCache()
+
+    def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
+        rho, delta = composed_zcdp(self._groups(history, new))
+        return rho <= self.rho_cap and delta <= self.approx_delta_cap
