@@ -1,0 +1,221 @@
+"""Optimal composition (Kairouz-Oh-Viswanath), exact or approximated (Murtagh-Vadhan).
+
+An odometer figure only: the optimal composition theorem holds for mechanisms chosen adaptively
+but with their privacy parameters fixed before the first query (Kairouz, Oh, Viswanath 2015;
+Rogers, Roth, Ullman, Vadhan 2016 show that adaptive parameters break it), so
+``fixed_in_advance = True`` and it never decides admission.
+
+* **Homogeneous** k x epsilon-DP (KOV 2015, Theorem 3.3; Murtagh, Vadhan 2016, Theorem 1.5):
+  the optimal delta at epsilon_total is the hockey-stick divergence of k-fold randomized response,
+      delta = sum_{l=0}^{k} C(k, l) max(0, e^{(k-l) eps} - e^{eps_total + l eps}) / (1 + e^eps)^k,
+  which at epsilon_total = (k - 2i) eps is KOV's delta_i. Each event's own delta_i enters as
+  1 - (1 - delta')prod(1 - delta_i) <= delta' + sum delta_i (KOV Theorem 3.3; MV Lemma 3.3).
+* **Heterogeneous** (exact is #P-complete, MV 2016 Theorem 1.6): Murtagh and Vadhan's algorithm
+  (section 5) rounds every eps_i UP to a multiple of a grid eta and computes the distribution of
+  the composed randomized-response privacy loss by dynamic programming on that grid. Rounding up
+  only enlarges the class of mechanisms, so the figure is never below the optimum; rounding DOWN
+  gives a figure never above it, and the gap of the two is the stated additive error of each
+  answer (``Bracket.error``: a certified bracket rather than MV's a-priori eta). When every eps_i
+  is a multiple of one rational grid small enough (the gcd of the fractions), the rounding is
+  exact and so is the figure.
+
+Probabilities are computed in log space; binomial tails below ``TAIL`` are moved to an infinite
+loss (pessimistic); deltas are rounded up by ``1 + ROUND_UP`` and epsilons found by bisection
+keep the side whose delta meets the target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import gammaln
+
+from dpsql.accounting.advanced import ROUND_UP, approx_dp
+from dpsql.accounting.base import grouped
+from dpsql.accounting.events import Event
+from dpsql.errors import ParameterError
+
+__all__ = ["Bracket", "OptimalAccountant", "kov_delta", "kov_epsilon", "murtagh_vadhan"]
+
+TAIL = 1e-30
+"""Binomial mass dropped per group (moved to an infinite privacy loss: pessimistic)."""
+
+MAX_GRID_POINTS = 200_000
+"""Largest support (in grid steps of one side) of the dynamic program."""
+
+_Floats = npt.NDArray[np.float64]
+
+
+def _hockey_stick(losses: _Floats, probs: _Floats, inf_mass: float, epsilon: float) -> float:
+    """delta(epsilon) = P(L = inf) + E[(1 - e^{epsilon - L})_+] for a discrete loss L."""
+    above = losses > epsilon
+    value = inf_mass + float(np.dot(probs[above], -np.expm1(epsilon - losses[above])))
+    return min(1.0, value * (1 + ROUND_UP))
+
+
+def _binomial(m: int, epsilon: float) -> tuple[npt.NDArray[np.int64], _Floats, float]:
+    """Randomized response with ``epsilon``, m times: the number j of 'minus' outcomes, its pmf
+    (tails below TAIL dropped), and the dropped mass."""
+    j = np.arange(m + 1, dtype=np.int64)
+    log_p = -math.log1p(math.exp(-epsilon))  # P(loss = +epsilon) = e^eps / (1 + e^eps)
+    log_q = -math.log1p(math.exp(epsilon))
+    log_pmf = gammaln(m + 1) - gammaln(j + 1) - gammaln(m - j + 1) + (m - j) * log_p + j * log_q
+    pmf = np.exp(log_pmf)
+    keep = log_pmf > math.log(TAIL)
+    return j[keep], pmf[keep], float(pmf[~keep].sum())
+
+
+def kov_delta(epsilon: float, k: int, epsilon_total: float) -> float:
+    """KOV 2015 Theorem 3.3: the optimal delta of k-fold epsilon-DP composition at epsilon_total."""
+    if k < 0 or epsilon < 0:
+        raise ParameterError("kov_delta needs k >= 0 and epsilon >= 0")
+    if k == 0 or epsilon == 0:
+        return 0.0
+    j, pmf, dropped = _binomial(k, epsilon)
+    losses = np.asarray((k - 2 * j) * epsilon, dtype=np.float64)
+    return _hockey_stick(losses, pmf, dropped, epsilon_total)
+
+
+def _smallest_epsilon(delta_at: Callable[[float], float], delta: float, upper: float) -> float:
+    """Smallest epsilon in [0, upper] (to 1e-12 relative) with delta_at(epsilon) <= delta."""
+    if delta_at(0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, upper
+    if delta_at(hi) > delta:
+        return math.inf
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if delta_at(mid) <= delta else (mid, hi)
+    return hi
+
+
+def kov_epsilon(epsilon: float, k: int, delta: float) -> float:
+    """The smallest epsilon_total with kov_delta(epsilon, k, epsilon_total) <= delta."""
+    return _smallest_epsilon(lambda e: kov_delta(epsilon, k, e), delta, k * epsilon * (1 + 1e-9))
+
+
+@dataclass(frozen=True)
+class _Loss:
+    """A privacy-loss distribution on the grid: loss (lowest + i) * grid with prob probs[i]."""
+
+    grid: float
+    lowest: int
+    probs: _Floats
+    inf_mass: float
+
+    def delta(self, epsilon: float) -> float:
+        losses = np.asarray((self.lowest + np.arange(len(self.probs))) * self.grid, np.float64)
+        return _hockey_stick(losses, self.probs, self.inf_mass, epsilon)
+
+
+def _compose_rr(groups: Sequence[tuple[int, int]], grid: float) -> _Loss:
+    """Dynamic program of MV 2016 section 5: compose randomized responses of eps = a * grid,
+    m times each, for (a, m) in ``groups``."""
+    acc, lowest, dropped = np.ones(1), 0, 0.0
+    for a, m in groups:
+        j, pmf, tail = _binomial(m, a * grid)
+        dropped += tail
+        shifts = 2 * a * (m - j)  # loss (m - 2j) a = -m a + shift
+        out = np.zeros(len(acc) + 2 * a * m)
+        for shift, weight in zip(shifts.tolist(), pmf.tolist(), strict=True):
+            out[shift : shift + len(acc)] += weight * acc
+        acc, lowest = out, lowest - a * m
+        nonzero = np.flatnonzero(acc)
+        acc, lowest = acc[nonzero[0] : nonzero[-1] + 1], lowest + int(nonzero[0])
+    return _Loss(grid, lowest, acc, min(1.0, dropped))
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """An MV figure: ``epsilon`` (never below the optimum) and ``lower`` (never above it)."""
+
+    epsilon: float
+    lower: float
+
+    @property
+    def error(self) -> float:
+        return self.epsilon - self.lower
+
+
+def _grid(groups: Sequence[tuple[Fraction, int]]) -> Fraction:
+    """The gcd of the epsilons if it is coarse enough, else sum / MAX_GRID_POINTS."""
+    common = Fraction(0)
+    for e, _ in groups:
+        common = Fraction(
+            math.gcd(common.numerator * e.denominator, e.numerator * common.denominator),
+            common.denominator * e.denominator,
+        )
+    total = sum((e * m for e, m in groups), Fraction(0))
+    if common > 0 and total / common <= MAX_GRID_POINTS:
+        return common
+    return total / MAX_GRID_POINTS
+
+
+def murtagh_vadhan(
+    groups: Sequence[tuple[Fraction, int]], delta: float, grid: Fraction | None = None
+) -> Bracket:
+    """Optimal composition of pure eps_i-DP mechanisms (eps_i, multiplicity) at ``delta``, on
+    ``grid`` (default: the gcd of the eps_i, or sum / MAX_GRID_POINTS if that is finer)."""
+    groups = [(e, m) for e, m in groups if e > 0 and m > 0]
+    if not groups:
+        return Bracket(0.0, 0.0)
+    grid = _grid(groups) if grid is None else Fraction(grid)
+    up = [(math.ceil(e / grid), m) for e, m in groups]  # rounding up: a larger class
+    down = [(math.floor(e / grid), m) for e, m in groups]
+    upper = _compose_rr(up, float(grid))
+    lower = _compose_rr([(a, m) for a, m in down if a > 0], float(grid))
+    top = float(sum(a * m for a, m in up) * grid) * (1 + 1e-9)
+    return Bracket(
+        _smallest_epsilon(upper.delta, delta, top), _smallest_epsilon(lower.delta, delta, top)
+    )
+
+
+class OptimalAccountant:
+    """KOV optimal composition (exact if homogeneous, else MV), as if fixed in advance."""
+
+    name = "optimal"
+    fixed_in_advance = True
+
+    def _pairs(self, history: Sequence[Event]) -> tuple[list[tuple[Fraction, int]], float] | None:
+        pairs: dict[Fraction, int] = {}
+        own_delta = Fraction(0)
+        for event, count in grouped(history):
+            pair = approx_dp(event)
+            if pair is None:
+                return None
+            pairs[pair[0]] = pairs.get(pair[0], 0) + count
+            own_delta += count * pair[1]
+        return sorted(pairs.items()), float(own_delta) * (1 + ROUND_UP)
+
+    def bracket(self, history: Sequence[Event], delta: float) -> Bracket:
+        """Figure and certified lower end; exact (zero width) for homogeneous histories."""
+        found = self._pairs(history)
+        if found is None:
+            return Bracket(math.inf, math.inf)
+        pairs, own = found
+        target = delta - own  # 1 - (1 - d')prod(1 - d_i) <= d' + sum d_i
+        if target < 0:
+            return Bracket(math.inf, math.inf)
+        if len(pairs) == 1:
+            value = kov_epsilon(float(pairs[0][0]), pairs[0][1], target)
+            return Bracket(value, value)
+        return murtagh_vadhan(pairs, target)
+
+    def epsilon(self, history: Sequence[Event], delta: float) -> float:
+        return self.bracket(history, delta).epsilon
+
+    def delta(self, history: Sequence[Event], epsilon: float) -> float:
+        found = self._pairs(history)
+        if found is None:
+            return 1.0
+        pairs, own = found
+        if len(pairs) == 1:
+            return min(1.0, own + kov_delta(float(pairs[0][0]), pairs[0][1], epsilon))
+        grid = _grid(pairs)
+        loss = _compose_rr([(math.ceil(e / grid), m) for e, m in pairs], float(grid))
+        return min(1.0, own + loss.delta(epsilon))

@@ -1,0 +1,318 @@
+"""Privacy loss distributions: the tightest figure, and a filter for totally ordered families.
+
+Numerics by Google's ``dp_accounting`` (0.6): pessimistic PLDs (Meiser, Mohammadi 2018;
+Koskela, Jalko, Honkela 2020; "connect the dots", Doroshenko, Ghazi, Kamath, Kumar, Manurangsi
+2022) on a grid of ``value_discretization_interval`` (every privacy loss rounded UP to a multiple
+of it, so hockey-stick divergences are over-estimated, never under), composed by convolution
+with tails of at most 1e-15 moved to an infinite loss.
+
+How each event enters:
+
+* continuous ``Gaussian``: never discretized. Gaussians compose exactly to one Gaussian with
+  mu^2 = sum mu_i^2 (Dong, Roth, Su 2019, Corollary 3.3), and the hockey stick of that Gaussian
+  composed with the discrete PLD L of all other events is, exactly,
+      delta(eps) = P(L = inf) + sum_j P(L = l_j) delta_mu(eps - l_j),
+      delta_mu(x) = Phi(-x/mu + mu/2) - e^x Phi(-x/mu - mu/2)   (Balle, Wang 2018, Theorem 8)
+  (condition on the first output; the inner divergence is the Gaussian's at e^{eps - l_j}).
+  A Gaussian-only history is therefore exactly its mu-GDP curve.
+* ``DiscreteLaplace`` / ``DiscreteGaussian`` with sensitivity <= 1: their exact 1-D PLDs (an
+  integer shift of norm <= 1 moves one coordinate by one). With a larger sensitivity the shift
+  may be spread over coordinates, for which the 1-D PLD is not proven to dominate: a discrete
+  Laplace enters as pure epsilon-DP (randomized response dominates every epsilon-DP mechanism,
+  KOV 2015), a discrete Gaussian through its calibrated (epsilon, delta), else unbounded.
+* ``Laplace`` (reference only): the one-dimensional Laplace PLD, as dp_accounting's LaplaceDpEvent.
+* pure, exponential, approximate and partition-selection events: the dominating randomized-
+  response PLD of their (epsilon, delta), put on the grid by connect-the-dots. zCDP: unbounded.
+
+Validity. Composing full privacy profiles is valid for parameters fixed in advance, so the
+``PldAccountant`` figure is labelled ``fixed_in_advance``. As an admission rule it is valid only
+for a family of mechanisms fixed before the first query and totally ordered under composition
+(Regehr, Hu, Leeman, Manurangsi, Tholoniat, Lecuyer 2026, arXiv 2602.15815): ``PldFilter``
+takes that family up front and refuses any event outside it.
+
+Discretization (measured, 2 cores): 10,000 Laplace events of epsilon 0.01 give epsilon 4.87628
+at delta 1e-6 with interval 1e-3 against 4.87626 at 1e-4 and 1e-5, with 47k grid points instead
+of 491k (the interval sets the memory: long histories with small intervals are what exhausts
+memory; the Gaussian part here costs no grid at all). Choose the interval at most a tenth of the
+smallest per-event epsilon; each event's loss is rounded up by less than one interval.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy.special import log_ndtr
+
+from dpsql.accounting.events import (
+    ApproxDP,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Event,
+    Exponential,
+    Gaussian,
+    Laplace,
+    LaplacePartitionSelection,
+    PureDP,
+)
+from dpsql.errors import ParameterError
+
+__all__ = ["PldAccountant", "PldFilter", "gaussian_delta"]
+
+ROUND_UP = 1e-12
+"""Relative upward nudge on float parameters and results (Fractions become floats here)."""
+
+_Floats = npt.NDArray[np.float64]
+PLD = Any  # dp_accounting's PrivacyLossDistribution (untyped)
+
+
+def _hi(x: Fraction | float) -> float:
+    return float(x) * (1 + ROUND_UP)
+
+
+def gaussian_delta(epsilon: float | _Floats, mu: float) -> Any:
+    """delta(epsilon) of mu-GDP, exact (Balle, Wang 2018; Dong, Roth, Su 2019), rounded up."""
+    x = np.asarray(epsilon, dtype=np.float64)
+    first = np.exp(log_ndtr(-x / mu + mu / 2))
+    second = np.exp(x + log_ndtr(-x / mu - mu / 2))
+    return np.clip((first - second) * (1 + 1e-9), 0.0, 1.0)
+
+
+def event_pld(event: Event, interval: float) -> PLD | None:
+    """A pessimistic PLD dominating ``event`` (not for Gaussian, composed in closed form)."""
+    if isinstance(event, DiscreteLaplace) and event.sensitivity <= 1:
+        return pld_lib.from_discrete_laplace_mechanism(
+            _hi(1 / event.scale), 1, value_discretization_interval=interval, use_connect_dots=True
+        )
+    if isinstance(event, DiscreteGaussian) and event.sensitivity <= 1:
+        sigma = math.sqrt(float(event.sigma2)) * (1 - ROUND_UP)
+        return pld_lib.from_discrete_gaussian_mechanism(
+            sigma, 1, value_discretization_interval=interval, use_connect_dots=True
+        )
+    if isinstance(event, Laplace):
+        scale = float(event.scale) * (1 - ROUND_UP)
+        return pld_lib.from_laplace_mechanism(
+            scale, _hi(event.sensitivity), value_discretization_interval=interval
+        )
+    pair = _pair(event)
+    if pair is None:
+        return None
+    return randomized_response_pld(_hi(pair[0]), min(1.0, _hi(pair[1])), interval)
+
+
+def randomized_response_pld(epsilon: float, delta: float, interval: float) -> PLD:
+    """The PLD of the pair that dominates every (epsilon, delta)-DP mechanism (KOV 2015, Theorem
+    2.4): loss +-epsilon, and delta at infinity, put on the grid by "connect the dots".
+
+    Each loss l between grid points g <= l <= g' is split into masses at g and g' with the same
+    total under both distributions (P mass p, Q mass p e^-l): merging the two grid outcomes back
+    gives the original pair, so the grid pair dominates it (post-processing) at every epsilon
+    (Doroshenko et al. 2022). Rounding l up to g' instead (``from_privacy_parameters``) adds up
+    to one interval to the mean loss per event, which k events accumulate.
+    """
+    upper = (1 - delta) / (1 + math.exp(-epsilon))
+    masses: dict[int, float] = {}
+    for loss, prob in ((epsilon, upper), (-epsilon, (1 - delta) - upper)):
+        lo = math.floor(loss / interval)
+        g_lo, g_hi = lo * interval, (lo + 1) * interval
+        if g_lo > loss:  # float division may land one step high
+            lo, g_lo, g_hi = lo - 1, g_lo - interval, g_lo
+        # p_hi e^-g_hi + p_lo e^-g_lo = p e^-l  and  p_hi + p_lo = p
+        share = (math.exp(-loss) - math.exp(-g_lo)) / (math.exp(-g_hi) - math.exp(-g_lo))
+        share = min(1.0, max(0.0, share))
+        masses[lo + 1] = masses.get(lo + 1, 0.0) + prob * share
+        masses[lo] = masses.get(lo, 0.0) + prob * (1 - share)
+    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+        masses, delta, interval, pessimistic_estimate=True
+    )
+
+
+def _pair(event: Event) -> tuple[Fraction, Fraction] | None:
+    """The (epsilon, delta) that an event enters with when no exact PLD applies."""
+    if isinstance(event, DiscreteLaplace | PureDP | Exponential):
+        return event.epsilon, Fraction(0)
+    if isinstance(event, ApproxDP | LaplacePartitionSelection):
+        return event.epsilon, event.delta
+    if isinstance(event, DiscreteGaussian) and event.target_delta > 0 < event.target_epsilon:
+        return event.target_epsilon, event.target_delta
+    return None  # zCDP, Gaussians without a calibrated pair: no (epsilon, delta) to enter with
+
+
+def _arrays(pmf: Any) -> tuple[_Floats, _Floats, float]:
+    """Losses, probabilities and infinite mass of a dp_accounting PMF (dense or sparse)."""
+    step = pmf._discretization  # private: dp_accounting 0.6 has no array accessor
+    if isinstance(pmf, pld_pmf.DensePLDPmf):
+        losses = (pmf._lower_loss + np.arange(len(pmf._probs))) * step
+        return losses, np.asarray(pmf._probs, dtype=np.float64), float(pmf._infinity_mass)
+    keys = sorted(pmf._loss_probs)
+    probs = np.array([pmf._loss_probs[k] for k in keys], dtype=np.float64)
+    return np.array(keys, dtype=np.float64) * step, probs, float(pmf._infinity_mass)
+
+
+@dataclass(frozen=True)
+class _State:
+    """The composed loss of a history prefix: non-Gaussian PLD, sum of mu^2, or unbounded."""
+
+    events: tuple[Event, ...]
+    rest: PLD | None
+    mu2: Fraction
+    unbounded: bool
+
+    def delta(self, epsilon: float) -> float:
+        if self.unbounded:
+            return 1.0
+        mu = math.sqrt(_hi(self.mu2)) if self.mu2 > 0 else 0.0
+        if self.rest is None:
+            return float(gaussian_delta(epsilon, mu)) if mu > 0 else 0.0 if epsilon >= 0 else 1.0
+        if mu == 0:
+            return min(1.0, float(self.rest.get_delta_for_epsilon(epsilon)) * (1 + 1e-9))
+        worst = 0.0
+        for pmf in {id(p): p for p in (self.rest._pmf_remove, self.rest._pmf_add)}.values():
+            losses, probs, inf_mass = _arrays(pmf)
+            mixed = float(np.dot(probs, gaussian_delta(epsilon - losses, mu)))
+            worst = max(worst, inf_mass + mixed)
+        return min(1.0, worst * (1 + 1e-9))
+
+
+class PldAccountant:
+    """PLD figure for a history, composed incrementally (as if fixed in advance)."""
+
+    name = "pld"
+    fixed_in_advance = True
+
+    def __init__(self, value_discretization_interval: float = 1e-3, cached_states: int = 4):
+        if not 0 < value_discretization_interval <= 0.1:
+            raise ParameterError("the PLD discretization interval must be in (0, 0.1]")
+        self.interval = value_discretization_interval
+        self._states: list[_State] = [_State((), None, Fraction(0), False)]
+        self._plds: dict[Event, PLD | None] = {}
+        self._cached = cached_states
+        self._lock = threading.Lock()
+
+    def _pld(self, event: Event) -> PLD | None:
+        if event not in self._plds:
+            if len(self._plds) > 1024:
+                self._plds.clear()
+            self._plds[event] = event_pld(event, self.interval)
+        return self._plds[event]
+
+    def _extend(self, state: _State, new: Sequence[Event]) -> _State:
+        rest, mu2, unbounded = state.rest, state.mu2, state.unbounded
+        for event, count in Counter(new).items():
+            if isinstance(event, Gaussian):
+                mu2 += count * Fraction(event.mu) ** 2  # Dong, Roth, Su 2019, Corollary 3.3
+                continue
+            pld = self._pld(event)
+            if pld is None:
+                unbounded = True
+                continue
+            part = pld.self_compose(count) if count > 1 else pld
+            rest = part if rest is None else rest.compose(part)
+        return _State(state.events + tuple(new), rest, mu2, unbounded)
+
+    def state(self, history: Sequence[Event]) -> _State:
+        """The composed state of ``history``, from the longest cached prefix."""
+        history = tuple(history)
+        with self._lock:
+            best = max(
+                (s for s in self._states if history[: len(s.events)] == s.events),
+                key=lambda s: len(s.events),
+            )
+            if len(best.events) == len(history):
+                return best
+            state = self._extend(best, history[len(best.events) :])
+            self._states = [*self._states[-(self._cached - 1) :], state]
+            if not any(not s.events for s in self._states):
+                self._states.insert(0, _State((), None, Fraction(0), False))
+            return state
+
+    def delta(self, history: Sequence[Event], epsilon: float) -> float:
+        return self.state(history).delta(epsilon)
+
+    def epsilon(self, history: Sequence[Event], delta: float) -> float:
+        state = self.state(history)
+        if state.unbounded:
+            return math.inf
+        if state.mu2 == 0 and state.rest is not None:
+            # dp_accounting solves delta(eps) = delta exactly on the pessimistic grid
+            return float(state.rest.get_epsilon_for_delta(delta)) * (1 + 1e-9)
+        if state.delta(0.0) <= delta:
+            return 0.0
+        hi = 1.0
+        while state.delta(hi) > delta:
+            hi *= 2
+            if hi > 1e6:
+                return math.inf
+        lo = hi / 2 if hi > 1 else 0.0
+        while hi - lo > 1e-9 * hi:
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if state.delta(mid) <= delta else (mid, hi)
+        return hi
+
+
+Family = Literal["gaussian", "identical"]
+
+
+class PldFilter:
+    """The natural PLD filter, valid for a totally ordered family fixed before the first query.
+
+    ``family='gaussian'``: continuous Gaussians of any sigma (mu-GDP is totally ordered in mu);
+    ``family='identical'``: only ``mechanism``, repeated. Any other event raises
+    ``ParameterError`` (Regehr et al. 2026: outside such a family the natural filter is invalid).
+    """
+
+    name = "pld"
+
+    def __init__(
+        self,
+        epsilon_cap: Fraction,
+        delta_cap: Fraction,
+        family: Family,
+        mechanism: Event | None = None,
+        value_discretization_interval: float = 1e-3,
+    ):
+        if family not in ("gaussian", "identical"):
+            raise ParameterError("the PLD filter's family must be 'gaussian' or 'identical'")
+        if (family == "identical") != (mechanism is not None):
+            raise ParameterError("family 'identical' needs its mechanism, and only it")
+        self.epsilon_cap, self.delta_cap = Fraction(epsilon_cap), Fraction(delta_cap)
+        self.family, self.mechanism = family, mechanism
+        self.accountant = PldAccountant(value_discretization_interval)
+        self._verified: tuple[Event, ...] = ()
+
+    def _check_history(self, history: Sequence[Event]) -> None:
+        """Check the events of ``history`` not already checked (a prefix is checked once)."""
+        history = tuple(history)
+        done = len(self._verified)
+        if history[:done] != self._verified:
+            done = 0
+        self._check(history[done:])
+        self._verified = history
+
+    def _check(self, events: Sequence[Event]) -> None:
+        for event in events:
+            inside = (
+                isinstance(event, Gaussian)
+                if self.family == "gaussian"
+                else event == self.mechanism
+            )
+            if not inside:
+                raise ParameterError(
+                    f"the PLD filter was created for the family '{self.family}' and cannot "
+                    f"admit a {type(event).__name__} event"
+                )
+
+    def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
+        self._check_history(history)
+        self._check(new)
+        delta = self.accountant.delta([*history, *new], float(self.epsilon_cap))
+        return delta <= float(self.delta_cap)
