@@ -17,7 +17,7 @@ import tomllib
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -132,13 +132,33 @@ class DataSpec(_Frozen):
         return self
 
 
+Mechanism = Literal["laplace", "gaussian"]
+# The filters that may decide admission: each is valid under fully adaptive composition.
+FilterName = Literal["basic", "advanced", "rdp", "zcdp"]
+
+
+class ShareSpec(_Frozen):
+    """An analyst's share of the data set's budget, under the same filter."""
+
+    epsilon: Exact
+    delta: Exact = Fraction(0)
+
+
 class BudgetSpec(_Frozen):
-    """The total budget of the data set and the default per-query parameters."""
+    """The total budget of the data set, the filter that guards it, per-query defaults."""
 
     epsilon: Exact
     delta: Exact = Fraction(0)
     query_epsilon: Exact = Fraction(1, 10)
     query_delta: Exact = Fraction(0)
+    mechanism: Mechanism = "laplace"
+    accountant: FilterName = "basic"
+    advanced_delta_prime: Exact | None = None
+    rdp_order: float | None = Field(default=None, gt=1, le=1024)
+    # Under the rdp and zcdp filters: the part of delta reserved for the additive deltas of
+    # partition selection (approximate RDP / zCDP); the rest goes to the conversion.
+    selection_delta: Exact | None = None
+    analysts: dict[str, ShareSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _valid(self) -> BudgetSpec:
@@ -149,6 +169,27 @@ class BudgetSpec(_Frozen):
             check_delta(self.query_delta, "budget.query_delta")
         except ParameterError as exc:
             raise ValueError(str(exc)) from None
+        if self.mechanism == "gaussian" and (self.delta == 0 or self.query_delta == 0):
+            raise ValueError("the gaussian mechanism needs delta > 0 and query_delta > 0")
+        if self.accountant == "advanced":
+            prime = self.advanced_delta_prime
+            if prime is None or not 0 < prime < self.delta:
+                raise ValueError("the advanced filter needs 0 < advanced_delta_prime < delta")
+        elif self.advanced_delta_prime is not None:
+            raise ValueError("advanced_delta_prime is only used by accountant = 'advanced'")
+        if self.rdp_order is not None and self.accountant != "rdp":
+            raise ValueError("rdp_order is only used by accountant = 'rdp'")
+        if self.selection_delta is not None and (
+            self.accountant not in ("rdp", "zcdp") or not 0 <= self.selection_delta < self.delta
+        ):
+            raise ValueError("selection_delta needs accountant rdp or zcdp and 0 <= it < delta")
+        if self.accountant in ("rdp", "zcdp") and self.delta == 0:
+            raise ValueError(f"the {self.accountant} filter needs delta > 0")
+        for name, share in self.analysts.items():
+            if not (0 < share.epsilon <= self.epsilon and 0 <= share.delta <= self.delta):
+                raise ValueError(f"analysts.{name}: a share must lie within the total budget")
+            if self.accountant in ("rdp", "zcdp") and share.delta == 0:
+                raise ValueError(f"analysts.{name}: the {self.accountant} filter needs delta > 0")
         return self
 
 
@@ -192,6 +233,10 @@ class TableSpec(_Frozen):
     max_groups_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
     max_rows_per_unit_per_group: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
     columns: dict[str, ColumnSpec] = Field(default_factory=dict)
+    # Columns with one value per unit (e.g. a home region): queries filtered to different values
+    # touch disjoint units and compose in parallel. Enforced, not trusted: each unit keeps the
+    # rows of one value, chosen by keyed hash, in every query that relies on it.
+    constant_per_unit: tuple[str, ...] = ()
 
     @field_validator("columns")
     @classmethod
@@ -204,12 +249,24 @@ class TableSpec(_Frozen):
     def _lower_unit(cls, unit: str | None) -> str | None:
         return unit.lower() if unit is not None else None
 
+    @field_validator("constant_per_unit")
+    @classmethod
+    def _lower_constant(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not _IDENTIFIER.match(name):
+                raise ValueError(f"{name!r} is not a plain SQL identifier")
+        return tuple(name.lower() for name in names)
+
     @model_validator(mode="after")
     def _valid(self) -> TableSpec:
         if self.public == (self.privacy_unit is not None):
             raise ValueError("a table is either public = true or has a privacy_unit")
         if self.public and (self.max_groups_per_unit or self.max_rows_per_unit_per_group):
             raise ValueError("a public table has no contribution bounds")
+        if self.public and self.constant_per_unit:
+            raise ValueError("a public table has no privacy unit to be constant for")
+        if self.privacy_unit in self.constant_per_unit:
+            raise ValueError("constant_per_unit lists other columns than the privacy unit")
         return self
 
     @property

@@ -18,7 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql.accounting.filter import BasicFilter, BudgetReport, Charge
+from dpsql.accounting.filter import BudgetReport, Charge, budget_for
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.errors import EntropyError, ParameterError
 from dpsql.noise.release import check_post_processing, release
@@ -44,7 +44,11 @@ SETTINGS = (
     "max_groups_per_unit",
     "max_rows_per_unit_per_group",
     "confidence",
+    "mechanism",
+    "rho",
 )
+# A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
+MAX_QUERY_RHO = Fraction(10)
 DEFAULT_CONFIDENCE = 0.95
 
 
@@ -94,6 +98,13 @@ def check_setting(name: str, value: object) -> object:
         return _positive_int(value, name)
     if name == "confidence":
         return _confidence(value)
+    if name == "mechanism":
+        mechanism = str(value).strip().lower()
+        if mechanism not in ("laplace", "gaussian"):
+            raise ParameterError("mechanism must be 'laplace' or 'gaussian'")
+        return mechanism
+    if name == "rho":
+        return check_epsilon(value, "rho", MAX_QUERY_RHO)
     raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}")
 
 
@@ -111,7 +122,7 @@ class Session:
             raise EntropyError("secure randomness is unavailable") from None
         self.engine = DuckDBEngine(self.policy, salt)
         budget = self.policy.budget
-        self.filter = BasicFilter(self.policy.dataset.id, budget.epsilon, budget.delta)
+        self.filter = budget_for(self.policy.dataset.id, budget)
         self._settings: dict[str, object] = {}
 
     # -- settings ------------------------------------------------------------------------------
@@ -134,6 +145,8 @@ class Session:
             "max_groups_per_unit": None,
             "max_rows_per_unit_per_group": None,
             "confidence": DEFAULT_CONFIDENCE,
+            "mechanism": budget.mechanism,
+            "rho": None,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -146,13 +159,19 @@ class Session:
         epsilon, delta = settings["epsilon"], settings["delta"]
         groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
         rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
-        confidence = settings["confidence"]
+        confidence, mechanism, rho = settings["confidence"], settings["mechanism"], settings["rho"]
         # check_setting normalised every value; these asserts only narrow the types.
         assert isinstance(epsilon, Fraction) and isinstance(delta, Fraction)
         assert groups is None or isinstance(groups, int)
         assert rows is None or isinstance(rows, int)
         assert isinstance(confidence, float)
-        return QueryOptions(epsilon, delta, groups, rows, confidence)
+        assert mechanism in ("laplace", "gaussian")
+        assert rho is None or isinstance(rho, Fraction)
+        if mechanism == "gaussian" and delta == 0:
+            raise ParameterError("the gaussian mechanism needs delta > 0; SET dpsql.delta")
+        if rho is not None and mechanism != "gaussian":
+            raise ParameterError("rho sets the noise of the gaussian mechanism only")
+        return QueryOptions(epsilon, delta, groups, rows, confidence, mechanism, rho)
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:

@@ -7,10 +7,11 @@ DuckDB that holds only noisy values and released keys, never the private rows.
 
 Accuracy: each output that is a bare aggregate gets the half-width of a confidence interval
 that covers the noise only (not the bias of clamping and contribution bounds), computed from
-the discrete distribution actually sampled. Counts and sums: the exact discrete Laplace
-quantile. AVG: the box [sum ± k1] x [count ± k2], each at confidence sqrt(c), which covers
-both independent noises with probability at least c; the half-width is the larger distance
-from the estimate to the ends of the ratio's range over the box (clamped to the bounds).
+the discrete distribution actually sampled. Counts and sums: the exact discrete Laplace or
+discrete Gaussian quantile. AVG: the box [sum ± k1] x [count ± k2], each at confidence
+sqrt(c), which covers both independent noises with probability at least c; the half-width is
+the larger distance from the estimate to the ends of the ratio's range over the box (clamped to
+the bounds).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import duckdb
@@ -27,8 +27,13 @@ import numpy.typing as npt
 from sqlglot import exp
 
 from dpsql.errors import EngineError, UnsupportedQueryError
-from dpsql.noise.samplers import discrete_laplace, discrete_laplace_half_width
-from dpsql.plan.planner import Estimate, Plan
+from dpsql.noise.samplers import (
+    discrete_gaussian,
+    discrete_gaussian_half_width,
+    discrete_laplace,
+    discrete_laplace_half_width,
+)
+from dpsql.plan.planner import Estimate, Measurement, Plan
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.rewrite import total
 
@@ -60,9 +65,22 @@ def _scratch() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(":memory:")
 
 
-def _noisy(totals: list[int], scale: Fraction) -> list[int]:
-    noise = discrete_laplace(scale, len(totals))
+def _noisy(totals: list[int], m: Measurement) -> list[int]:
+    if m.scale is not None:
+        noise = discrete_laplace(m.scale, len(totals))
+    else:
+        assert m.sigma2 is not None
+        noise = discrete_gaussian(m.sigma2, len(totals))
     return [int(t) + int(z) for t, z in zip(totals, noise, strict=True)]
+
+
+def half_width(m: Measurement, confidence: float) -> int:
+    """The noise half-width of one measurement, in its integer units, from the exact discrete
+    distribution sampled: the smallest k with P(|Z| <= k) >= confidence."""
+    if m.scale is not None:
+        return discrete_laplace_half_width(m.scale, confidence)
+    assert m.sigma2 is not None
+    return discrete_gaussian_half_width(m.sigma2, confidence)
 
 
 def _avg(
@@ -78,8 +96,8 @@ def _avg(
     n = np.asarray(noisy[i_count], dtype=np.float64)
     value = np.clip(centre + s * half / np.maximum(n, 1.0), lo, hi)
     joint = math.sqrt(confidence)
-    k_s = discrete_laplace_half_width(plan.measurements[i_sum].scale, joint)
-    k_n = discrete_laplace_half_width(plan.measurements[i_count].scale, joint)
+    k_s = half_width(plan.measurements[i_sum], joint)
+    k_n = half_width(plan.measurements[i_count], joint)
     n_lo = np.maximum(n - k_n, 1.0)
     n_hi = np.maximum(n + k_n, 1.0)
     s_lo, s_hi = s - k_s, s + k_s
@@ -107,7 +125,7 @@ def _estimates(
             values.append(value)
             widths.append(width)
             continue
-        k = discrete_laplace_half_width(m.scale, confidence)
+        k = half_width(m, confidence)
         raw = noisy[est.measurements[0]]
         if m.unit == 1:
             values.append(np.array(raw, dtype=object))
@@ -182,7 +200,7 @@ def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
     n_keys = len(plan.analysis.keys)
     keys = [[row[i] for row in rows] for i in range(n_keys)]
     totals = [[int(row[n_keys + j] or 0) for row in rows] for j in range(len(plan.measurements))]
-    noisy = [_noisy(t, m.scale) for t, m in zip(totals, plan.measurements, strict=True)]
+    noisy = [_noisy(t, m) for t, m in zip(totals, plan.measurements, strict=True)]
     if plan.selection is not None:
         units = noisy[plan.selection.measurement]
         keep = [j for j, u in enumerate(units) if u >= plan.selection.threshold]

@@ -14,15 +14,22 @@ scale = sensitivity / epsilon_j, so the charged epsilon is exactly the query's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from sqlglot import exp
 
-from dpsql.accounting.events import Composite, DiscreteLaplace, Event, LaplacePartitionSelection
+from dpsql.accounting.events import (
+    Composite,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Event,
+    LaplacePartitionSelection,
+)
 from dpsql.errors import BoundsError, InternalError, ParameterError
+from dpsql.plan import calibration
 from dpsql.plan.mechanisms import partition_threshold
-from dpsql.policy import Policy
+from dpsql.policy import Mechanism, Policy
 from dpsql.sql.analyze import AggregateKind, Analysis
 from dpsql.sql.grid import Grid, value_grid
 from dpsql.sql.parse import DIALECT
@@ -41,21 +48,43 @@ class QueryOptions:
     max_groups_per_unit: int | None
     max_rows_per_unit_per_group: int | None
     confidence: float = 0.95
+    mechanism: Mechanism = "laplace"
+    rho: Fraction | None = None  # with the gaussian: the query's rho instead of (epsilon, delta)
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """One noisy measurement: an integer total per group plus discrete Laplace noise."""
+    """One noisy measurement: an integer total per group plus discrete noise.
+
+    One unit moves at most ``groups`` groups' totals (L0, or 1 without GROUP BY), each by at most
+    ``per_group`` integer units: L1 = groups·per_group, L2 = sqrt(groups)·per_group.
+    Exactly one of ``scale`` (discrete Laplace) and ``sigma2`` (discrete Gaussian) is set.
+    """
 
     spec: MeasurementSpec
     label: str
-    sensitivity: int  # L1, in integer units
+    per_group: int
+    groups: int
     unit: Fraction  # the value of one integer unit (1 for counts, g or g/2 for sums)
-    scale: Fraction  # discrete Laplace scale, in integer units
+    scale: Fraction | None = None
+    sigma2: Fraction | None = None
+
+    @property
+    def sensitivity(self) -> int:
+        """L1 sensitivity in integer units."""
+        return self.groups * self.per_group
 
     @property
     def epsilon(self) -> Fraction:
+        """The pure epsilon of a discrete Laplace measurement."""
+        assert self.scale is not None
         return self.sensitivity / self.scale
+
+    @property
+    def rho(self) -> Fraction:
+        """The zCDP rho of a discrete Gaussian measurement."""
+        assert self.sigma2 is not None
+        return self.groups * self.per_group**2 / (2 * self.sigma2)
 
 
 @dataclass(frozen=True)
@@ -117,17 +146,13 @@ class Plan:
             ),
         ]
         for m in self.measurements:
-            lines.append(
-                f"measurement {m.label}: L1 sensitivity {m.sensitivity * m.unit} "
-                f"(= {m.sensitivity} units of {m.unit}), DiscreteLaplace scale "
-                f"{m.scale * m.unit} (= {m.scale} units), epsilon {m.epsilon}"
-            )
+            lines.append(_explain_measurement(m))
         if self.selection is not None:
             lines.append(
                 f"partition selection: release a group iff its noisy distinct-unit count >= "
                 f"{self.selection.threshold}; delta {self.selection.delta}"
             )
-        lines.append(f"cost: epsilon {self.epsilon}, delta {self.delta} (basic composition)")
+        lines.append(f"cost: epsilon {self.epsilon}, delta {self.delta}")
         lines.append("bounded SQL:")
         lines.extend("  " + line for line in self.bounded_sql.splitlines())
         return lines
@@ -222,15 +247,31 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
     return max_groups, max_rows
 
 
-def _sensitivity(spec: MeasurementSpec, values: list[ValueSpec], l0: int, c: int) -> int:
+def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
+    """How far one unit can move one group's total, in integer units (DESIGN.md section 3)."""
     if spec.kind == "units":
-        return l0
+        return 1
     if spec.kind in ("rows", "count"):
-        return l0 * c
+        return c
     assert spec.value is not None
     grid = values[spec.value].grid
     assert grid is not None
-    return l0 * c * (grid.magnitude if spec.kind == "sum" else grid.width)
+    return c * (grid.magnitude if spec.kind == "sum" else grid.width)
+
+
+def _explain_measurement(m: Measurement) -> str:
+    head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
+    if m.scale is not None:
+        return (
+            f"{head}; L1 sensitivity {m.sensitivity * m.unit} (= {m.sensitivity} units of "
+            f"{m.unit}); DiscreteLaplace scale {m.scale * m.unit} (= {m.scale} units), "
+            f"epsilon {m.epsilon}"
+        )
+    assert m.sigma2 is not None
+    return (
+        f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
+        f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {m.rho}"
+    )
 
 
 def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
@@ -240,6 +281,88 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
     grid = values[spec.value].grid
     assert grid is not None
     return grid.step if spec.kind == "sum" else grid.step / 2
+
+
+Calibrated = tuple[list[Measurement], list[Event], "tuple[Fraction, Fraction] | None"]
+
+
+def _measurement(builder: _Builder, spec: MeasurementSpec, l0: int, c: int) -> Measurement:
+    grid = builder.values[spec.value].grid if spec.value is not None else None
+    label = _label(spec, builder.values, grid)
+    return Measurement(
+        spec, label, _per_group(spec, builder.values, c), l0, _unit(spec, builder.values)
+    )
+
+
+def _laplace(
+    builder: _Builder, l0: int, c: int, options: QueryOptions, selection: int | None
+) -> Calibrated:
+    """Discrete Laplace on every measurement, epsilon split equally (sequential composition):
+    scale_j = k·L1_j/epsilon, so Σ L1_j/scale_j = epsilon exactly."""
+    k = len(builder.specs)
+    measurements: list[Measurement] = []
+    events: list[Event] = []
+    for spec in builder.specs:
+        base = _measurement(builder, spec, l0, c)
+        scale = Fraction(base.sensitivity) * k / options.epsilon
+        measurements.append(replace(base, scale=scale))
+        events.append(DiscreteLaplace(scale, Fraction(base.sensitivity), base.label))
+    return measurements, events, None
+
+
+def _gaussian(
+    builder: _Builder, l0: int, c: int, options: QueryOptions, selection: int | None
+) -> Calibrated:
+    """Discrete Gaussians on the measurements; partition selection stays a discrete Laplace.
+
+    With selection, it takes epsilon/k and half of delta, the Gaussians the rest: the query is
+    the sequential composition of the two parts, so its (epsilon, delta) is the sum.
+    """
+    k = len(builder.specs)
+    eps_sel = options.epsilon / k if selection is not None else Fraction(0)
+    delta_sel = options.delta / 2 if selection is not None else Fraction(0)
+    eps_g, delta_g = options.epsilon - eps_sel, options.delta - delta_sel
+    gaussian = [j for j in range(k) if j != selection]
+    base = [_measurement(builder, spec, l0, c) for spec in builder.specs]
+    if options.rho is not None:
+        rho = options.rho
+        eps_g = calibration.epsilon_for(rho, delta_g)
+    elif len(gaussian) == 1 and base[gaussian[0]].groups == 1:
+        only = base[gaussian[0]]
+        sigma2 = calibration.single_sigma2(only.per_group, eps_g, delta_g)
+        rho = Fraction(only.per_group**2) / (2 * sigma2)
+    else:
+        rho = calibration.rho_for(eps_g, delta_g)
+    measurements: list[Measurement] = []
+    events: list[Event] = []
+    for j, m in enumerate(base):
+        if j == selection:
+            scale = Fraction(m.sensitivity) / eps_sel
+            measurements.append(replace(m, scale=scale))
+            events.append(DiscreteLaplace(scale, Fraction(m.sensitivity), m.label))
+        else:
+            # rho split equally: Σ rho_j = rho exactly (zCDP composition, Bun-Steinke 2016).
+            sigma2 = calibration.sigma2_for(m.per_group, m.groups, rho / len(gaussian))
+            measurements.append(replace(m, sigma2=sigma2))
+            events.append(
+                DiscreteGaussian(sigma2, Fraction(m.per_group), label=m.label, dimensions=m.groups)
+            )
+    return measurements, events, (eps_sel + eps_g, delta_sel + delta_g)
+
+
+def _check_loss(event: Composite, options: QueryOptions, private_keys: bool) -> None:
+    """Recompute the loss from the event and compare with what the query asked for: a mismatch
+    is a planner bug, and nothing may be charged or released on a wrong figure."""
+    if options.mechanism == "laplace":
+        expected = (options.epsilon, options.delta if private_keys else Fraction(0))
+        if (event.epsilon, event.delta) != expected:
+            raise InternalError("the planned privacy loss does not match the query's parameters")
+        return
+    gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
+    if options.rho is not None and sum(e.rho for e in gaussians) != options.rho:
+        raise InternalError("the planned rho does not match the query's rho")
+    if options.rho is None and (event.epsilon, event.delta) != (options.epsilon, options.delta):
+        raise InternalError("the planned privacy loss does not match the query's parameters")
 
 
 def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query: str = "") -> Plan:
@@ -255,36 +378,25 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
                 "needs delta > 0; declare public_values for the key or SET dpsql.delta"
             )
         selection_index = builder.measure(MeasurementSpec("units"))
-    k = len(builder.specs)
-    measurements = []
-    events: list[Event] = []
-    for spec in builder.specs:
-        sensitivity = _sensitivity(spec, builder.values, l0, c)
-        # Equal split of epsilon: scale_j = Δ_j / (ε/k), so Σ Δ_j/scale_j = ε exactly.
-        scale = Fraction(sensitivity) * k / options.epsilon
-        label = _label(
-            spec,
-            builder.values,
-            builder.values[spec.value].grid if spec.value is not None else None,
-        )
-        measurements.append(
-            Measurement(spec, label, sensitivity, _unit(spec, builder.values), scale)
-        )
+    selection_at = selection_index if private_keys else None
+    if options.mechanism == "gaussian":
+        measurements, events, certified = _gaussian(builder, l0, c, options, selection_at)
+    else:
+        measurements, events, certified = _laplace(builder, l0, c, options, selection_at)
     selection = None
-    for j, m in enumerate(measurements):
-        if private_keys and j == selection_index:
-            threshold = partition_threshold(m.scale, l0, options.delta)
-            selection = Selection(j, threshold, options.delta)
-            events.append(LaplacePartitionSelection(m.scale, Fraction(m.sensitivity), threshold,
-                                                    options.delta, m.label))  # fmt: skip
-        else:
-            events.append(DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label))
-    event = Composite(tuple(events))
-    # Recompute the loss from the event and compare with what the query asked for: a mismatch
-    # is a planner bug, and nothing may be charged or released on a wrong figure.
-    expected_delta = options.delta if private_keys else Fraction(0)
-    if event.epsilon != options.epsilon or event.delta != expected_delta:
-        raise InternalError("the planned privacy loss does not match the query's parameters")
+    if selection_at is not None:
+        m = measurements[selection_at]
+        assert m.scale is not None
+        # The threshold takes the selection's share of delta (all of it with the Laplace).
+        share = options.delta if options.mechanism == "laplace" else options.delta / 2
+        threshold = partition_threshold(m.scale, l0, share)
+        selection = Selection(selection_at, threshold, share)
+        events[selection_at] = LaplacePartitionSelection(
+            m.scale, Fraction(m.sensitivity), threshold, share, m.label
+        )
+    cell = (analysis.table, *analysis.cell) if analysis.cell is not None else None
+    event = Composite(tuple(events), certified, cell)
+    _check_loss(event, options, private_keys)
     bounding = Bounding(
         max_groups=l0 if analysis.keys else None,
         max_rows=c,
