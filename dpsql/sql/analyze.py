@@ -86,6 +86,9 @@ class Analysis:
     order: tuple[exp.Ordered, ...]
     limit: int | None
     offset: int | None
+    # (column, value) when WHERE requires a constant-per-unit column to equal one literal: the
+    # query then touches only the units whose (enforced) value is that one.
+    cell: tuple[str, str | Fraction | bool] | None = None
 
     @property
     def grouped(self) -> bool:
@@ -117,8 +120,9 @@ class _Analyzer:
         assert self.spec.privacy_unit is not None
         self.columns = catalog[self.table]
         self.unit = self.spec.privacy_unit.lower()
-        if self.unit not in self.columns:
-            raise SchemaError(f"the privacy unit column of table {self.table} does not exist")
+        for name in (self.unit, *self.spec.constant_per_unit):
+            if name not in self.columns:
+                raise SchemaError(f"column {name} named by the policy of {self.table} is missing")
         self.aggregates: list[Aggregate] = []
         self.keys: list[GroupKey] = []
         bounds = {n: c.bounds for n, c in self.spec.columns.items() if c.bounds}
@@ -374,6 +378,34 @@ def _number(text: str) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
+def _cell(
+    where: exp.Expression | None, spec: TableSpec, columns: Mapping[str, str]
+) -> tuple[str, str | Fraction | bool] | None:
+    """The partition cell a WHERE pins, read from the AST: a top-level conjunct
+    ``column = literal`` on a constant-per-unit column, with the literal of the column's own
+    kind (a string for text, a number for numbers), so that equal values are one cell."""
+    if where is None or not spec.constant_per_unit:
+        return None
+    conjuncts = list(where.flatten()) if isinstance(where, exp.And) else [where]
+    for conjunct in conjuncts:
+        if not isinstance(conjunct, exp.EQ):
+            continue
+        for column, literal in (
+            (conjunct.this, conjunct.expression),
+            (conjunct.expression, conjunct.this),
+        ):
+            if not (isinstance(column, exp.Column) and column.name in spec.constant_per_unit):
+                continue
+            ctype = columns[column.name].lower()
+            if isinstance(literal, exp.Literal) and literal.is_string and ctype == "varchar":
+                return (column.name, str(literal.this))
+            if isinstance(literal, exp.Literal) and not literal.is_string and ctype in _NUMERIC:
+                return (column.name, Fraction(str(literal.this)))
+            if isinstance(literal, exp.Boolean) and ctype == "boolean":
+                return (column.name, bool(literal.this))
+    return None
+
+
 def _limit(select: exp.Select, name: str) -> int | None:
     clause = select.args.get(name)
     if clause is None:
@@ -408,4 +440,5 @@ def analyze(select: exp.Select, policy: Policy, catalog: Catalog) -> Analysis:
         order=order,
         limit=_limit(select, "limit"),
         offset=_limit(select, "offset"),
+        cell=_cell(where_expr, analyzer.spec, analyzer.columns),
     )

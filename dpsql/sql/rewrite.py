@@ -209,6 +209,31 @@ def _domain_relation(keys: tuple[GroupKey, ...]) -> str:
     return " CROSS JOIN ".join(parts)
 
 
+def _enforced_cell(analysis: Analysis) -> str:
+    """For a query pinned to one value of a constant-per-unit column: each unit's one value,
+    chosen by keyed hash among all its rows before any filter, so it depends only on the unit's
+    own rows. Rows with another value are dropped (DESIGN.md section 4): every unit then lies in
+    one cell whatever the data say, which parallel composition across cells relies on."""
+    if analysis.cell is None:
+        return ""
+    column, unit = f'"{analysis.cell[0]}"', f'"{analysis.unit}"'
+    order = f"hash({unit}, {column}, CAST(${SALT_PARAMETER} AS BIGINT))"
+    return (
+        f"_chosen AS (SELECT {unit} AS _cu, arg_min({column}, {order}) AS _cv "
+        f'FROM "{analysis.table}" GROUP BY {unit}), '
+    )
+
+
+def _cell_join(analysis: Analysis) -> str:
+    if analysis.cell is None:
+        return ""
+    column, unit = f'"{analysis.cell[0]}"', f'"{analysis.unit}"'
+    return (
+        f' SEMI JOIN _chosen ON "{analysis.table}".{unit} = _chosen._cu '
+        f'AND "{analysis.table}".{column} = _chosen._cv'
+    )
+
+
 def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
     """The cross-unit aggregate of one measurement, over ``_capped``."""
     if spec.kind == "rows":
@@ -315,7 +340,8 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
             f"LEFT JOIN ({final}) AS _agg ON {on}"
         )
     text = (
-        f'WITH _rows AS (SELECT {rows_select} FROM "{analysis.table}"{where}), '
+        f"WITH {_enforced_cell(analysis)}"
+        f'_rows AS (SELECT {rows_select} FROM "{analysis.table}"{_cell_join(analysis)}{where}), '
         f"_vals AS (SELECT {vals} FROM _rows), "
         f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
         f"{ctes}_kept AS ({kept}), "
