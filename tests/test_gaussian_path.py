@@ -94,3 +94,13 @@ def test_the_laplace_stays_the_default_and_gaussian_needs_delta(session: Session
         session.plan("SELECT COUNT(*) FROM visits", rho=0.01)  # rho without the Gaussian
     with pytest.raises(ParameterError):
         session.plan("SELECT COUNT(*) FROM visits", mechanism="cauchy")
+
+
+def test_gaussian_mode_with_only_the_selection_count_falls_back_to_the_laplace(
+    session: Session,
+) -> None:
+    plan = session.plan("SELECT age, COUNT(DISTINCT user_id) FROM visits GROUP BY age", **GAUSS)
+    (event,) = plan.event.events
+    assert isinstance(event, LaplacePartitionSelection)
+    # The whole query is the selection: all of epsilon and all of delta.
+    assert (event.epsilon, event.delta) == (Fraction(1, 2), Fraction(1, 10**7))

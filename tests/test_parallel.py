@@ -12,7 +12,11 @@ from typing import Any
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from dpsql.accounting.events import Composite, DiscreteLaplace
+from dpsql.accounting.filter import Budget
 from dpsql.errors import BudgetExceededError
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Session
@@ -118,3 +122,36 @@ def test_the_rewrite_keeps_each_unit_in_one_cell_on_data_that_break_the_declarat
     # The violating units (every 10th) are each in exactly one of the two cells.
     violating = set(range(10, 301, 10))
     assert violating <= units["north"] | units["south"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([None, "north", "south", "east"]), st.integers(1, 20)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_parallel_charges_the_worst_cell_never_less_than_any_part(
+    queries: list[tuple[str | None, int]],
+) -> None:
+    budget = Budget("p", Fraction(10**6), Fraction(0))
+    for cell, tenths in queries:
+        event = DiscreteLaplace(Fraction(10), Fraction(tenths))  # epsilon = tenths / 10
+        where = ("visits", "home", cell) if cell is not None else None
+        budget.charge(Composite((event,), cell=where), "q", None)
+    spent = budget.report().epsilon_spent
+    unpinned = sum(Fraction(t, 10) for c, t in queries if c is None)
+    cells = {c for c, _ in queries if c is not None}
+    worst = max(
+        [unpinned]
+        + [unpinned + sum(Fraction(t, 10) for c, t in queries if c == cell) for cell in cells]
+    )
+    assert spent == worst
+    assert spent >= max(Fraction(t, 10) for _, t in queries)
+    # Without cells (an undeclared column), the same queries cost their sum.
+    assert spent <= sum(Fraction(t, 10) for _, t in queries)
+    undeclared = Budget("u", Fraction(10**6), Fraction(0))
+    for _, tenths in queries:
+        undeclared.charge(Composite((DiscreteLaplace(Fraction(10), Fraction(tenths)),)), "q", None)
+    assert undeclared.report().epsilon_spent == sum(Fraction(t, 10) for _, t in queries)

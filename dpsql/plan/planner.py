@@ -379,6 +379,9 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
             )
         selection_index = builder.measure(MeasurementSpec("units"))
     selection_at = selection_index if private_keys else None
+    if options.mechanism == "gaussian" and len(builder.specs) == (selection_at is not None):
+        # Only the selection's count is measured, and it is always a discrete Laplace.
+        options = replace(options, mechanism="laplace", rho=None)
     if options.mechanism == "gaussian":
         measurements, events, certified = _gaussian(builder, l0, c, options, selection_at)
     else:
