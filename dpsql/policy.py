@@ -147,8 +147,11 @@ class ShareSpec(_Frozen):
 class BudgetSpec(_Frozen):
     """The total budget of the data set, the filter that guards it, per-query defaults."""
 
-    epsilon: Exact
+    epsilon: Exact | None = None
     delta: Exact = Fraction(0)
+    # A zCDP budget instead of epsilon (with accountant = "zcdp"): the filter caps the summed
+    # rho, and the epsilon it certifies at delta is the report's total.
+    rho: Exact | None = None
     query_epsilon: Exact = Fraction(1, 10)
     query_delta: Exact = Fraction(0)
     mechanism: Mechanism = "laplace"
@@ -162,8 +165,15 @@ class BudgetSpec(_Frozen):
 
     @model_validator(mode="after")
     def _valid(self) -> BudgetSpec:
+        if (self.epsilon is None) == (self.rho is None):
+            raise ValueError("give budget.epsilon, or budget.rho with accountant = 'zcdp'")
+        if self.rho is not None and self.accountant != "zcdp":
+            raise ValueError("budget.rho needs accountant = 'zcdp'")
         try:
-            check_epsilon(self.epsilon, "budget.epsilon", MAX_TOTAL_EPSILON)
+            if self.epsilon is not None:
+                check_epsilon(self.epsilon, "budget.epsilon", MAX_TOTAL_EPSILON)
+            if self.rho is not None:
+                check_epsilon(self.rho, "budget.rho", MAX_TOTAL_EPSILON)
             check_epsilon(self.query_epsilon, "budget.query_epsilon", MAX_QUERY_EPSILON)
             check_delta(self.delta, "budget.delta")
             check_delta(self.query_delta, "budget.query_delta")
@@ -186,7 +196,8 @@ class BudgetSpec(_Frozen):
         if self.accountant in ("rdp", "zcdp") and self.delta == 0:
             raise ValueError(f"the {self.accountant} filter needs delta > 0")
         for name, share in self.analysts.items():
-            if not (0 < share.epsilon <= self.epsilon and 0 <= share.delta <= self.delta):
+            within = self.epsilon is None or share.epsilon <= self.epsilon
+            if not (share.epsilon > 0 and within and 0 <= share.delta <= self.delta):
                 raise ValueError(f"analysts.{name}: a share must lie within the total budget")
             if self.accountant in ("rdp", "zcdp") and share.delta == 0:
                 raise ValueError(f"analysts.{name}: the {self.accountant} filter needs delta > 0")

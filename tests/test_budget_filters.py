@@ -120,3 +120,17 @@ def test_policy_rejects_filters_without_what_they_need(tiny_policy: TinyPolicy) 
     ):
         with pytest.raises(PolicyError):
             load_policy({**base, "budget": budget})
+
+
+def test_a_rho_budget_caps_the_summed_rho(tiny_policy: TinyPolicy) -> None:
+    policy = tiny_policy(
+        ROWS, budget={"epsilon": None, "rho": "0.01", "accountant": "zcdp", "delta": "1e-6"}
+    )
+    session = Session(policy)
+    admitted = _fill(session, mechanism="gaussian", rho="0.001", delta="1e-8")
+    # Ten queries of rho 1/1000 fill a rho budget of 1/100 exactly (exact rationals).
+    assert admitted == 10
+    events = flatten([c.event for c in session.filter.charges])
+    assert sum(e.rho for e in events if isinstance(e, DiscreteGaussian)) == Fraction(1, 100)
+    report = session.budget()
+    assert report.accountant == "zcdp" and report.epsilon_total > 0

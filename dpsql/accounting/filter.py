@@ -273,19 +273,25 @@ class Budget:
         )
 
 
-def _decider(spec: BudgetSpec, epsilon: Fraction, delta: Fraction) -> Filter | None:
-    """The filter the policy names, for a cap (epsilon, delta); None is basic composition."""
+def _decider(
+    spec: BudgetSpec, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None = None
+) -> Filter | None:
+    """The filter the policy names, for a cap (epsilon, delta) or (rho, delta); None is basic
+    composition."""
     if spec.accountant == "advanced":
-        assert spec.advanced_delta_prime is not None  # validated with the policy
+        assert spec.advanced_delta_prime is not None and epsilon is not None  # policy-validated
         return AdvancedFilter(epsilon, delta, spec.advanced_delta_prime)
     # The part of delta reserved for partition selection's additive deltas, as a fraction of
     # the total (half by default), applied alike to the data set's cap and to analyst shares.
     part = spec.selection_delta / spec.delta if spec.selection_delta is not None else Fraction(1, 2)
     selection = delta * part
     if spec.accountant == "rdp":
+        assert epsilon is not None
         orders = (spec.rdp_order,) if spec.rdp_order is not None else DEFAULT_ORDERS
         return RdpFilter(epsilon, delta, orders, approx_delta_cap=selection)
     if spec.accountant == "zcdp":
+        if rho is not None:
+            return ZcdpFilter(delta_cap=delta, rho_cap=rho, approx_delta_cap=selection)
         return ZcdpFilter(epsilon, delta, approx_delta_cap=selection)
     return None
 
@@ -308,11 +314,15 @@ def budget_for(dataset: str, spec: BudgetSpec) -> Budget:
     for name, share in spec.analysts.items():
         rule = _decider(spec, share.epsilon, share.delta)
         shares[name] = rule if rule is not None else (share.epsilon, share.delta)
+    decider = _decider(spec, spec.epsilon, spec.delta, spec.rho)
+    # With a rho budget the epsilon total is the one the zCDP filter certifies at delta.
+    epsilon = spec.epsilon if spec.epsilon is not None else getattr(decider, "epsilon_cap", None)
+    assert epsilon is not None
     return Budget(
         dataset,
-        spec.epsilon,
+        epsilon,
         spec.delta,
-        decider=_decider(spec, spec.epsilon, spec.delta),
+        decider=decider,
         shares=shares,
         accountants=odometers(),
     )
