@@ -7,6 +7,7 @@ budget before it runs; the last query asks for more epsilon than remains and is 
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from fractions import Fraction
@@ -40,8 +41,13 @@ QUERIES: tuple[tuple[str, str], ...] = (
         "Visits per age decade (private keys: released by partition selection, costs delta)",
         "SELECT age // 10 * 10 AS decade, COUNT(*) AS visits FROM visits GROUP BY age // 10 * 10",
     ),
+    (
+        "Visits and total spend per region with the discrete Gaussian (mechanism='gaussian')",
+        "SELECT region, COUNT(*) AS visits, SUM(spend) AS spend FROM visits GROUP BY region",
+    ),
 )
 PARAMETERS: dict[int, tuple[object, ...]] = {2: ("east",)}
+OPTIONS: dict[int, dict[str, object]] = {4: {"mechanism": "gaussian", "delta": "1e-7"}}
 
 
 def _number(value: object) -> str:
@@ -76,8 +82,14 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(columns), rule, *(line(r) for r in rows)])
 
 
-def run(cursor: dpsql.Cursor, title: str, sql: str, params: Sequence[object] | None) -> None:
-    cursor.execute(sql, params)
+def run(
+    cursor: dpsql.Cursor,
+    title: str,
+    sql: str,
+    params: Sequence[object] | None,
+    options: dict[str, object],
+) -> None:
+    cursor.execute(sql, params, **options)
     result = cursor.result
     assert result is not None and result.charge is not None
     columns = [d[0] for d in cursor.description or ()]
@@ -105,7 +117,7 @@ def main() -> None:
     with dpsql.connect(POLICY) as conn:
         cursor = conn.cursor()
         for index, (title, sql) in enumerate(QUERIES):
-            run(cursor, title, sql, PARAMETERS.get(index))
+            run(cursor, title, sql, PARAMETERS.get(index), OPTIONS.get(index, {}))
         explain(cursor, QUERIES[0][1])
 
         report = conn.budget()
@@ -119,6 +131,20 @@ def main() -> None:
                         ("epsilon", report.epsilon_total, report.epsilon_spent),
                         ("delta", report.delta_total, report.delta_spent),
                     )
+                ],
+            )
+        )
+        print("\nThe same history read by every accountant (epsilon at the budget's delta):\n")
+        print(
+            table(
+                ["accountant", "epsilon", "status"],
+                [
+                    [
+                        f.accountant,
+                        f"{f.epsilon:.4g}" if math.isfinite(f.epsilon) else "n/a",
+                        f.note,
+                    ]
+                    for f in report.figures
                 ],
             )
         )
