@@ -46,9 +46,12 @@ SETTINGS = (
     "confidence",
     "mechanism",
     "rho",
+    "sigma",
 )
 # A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
 MAX_QUERY_RHO = Fraction(10)
+# sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
+MAX_NOISE_MULTIPLIER = Fraction(10**6)
 DEFAULT_CONFIDENCE = 0.95
 
 
@@ -105,6 +108,8 @@ def check_setting(name: str, value: object) -> object:
         return mechanism
     if name == "rho":
         return check_epsilon(value, "rho", MAX_QUERY_RHO)
+    if name == "sigma":
+        return check_epsilon(value, "sigma", MAX_NOISE_MULTIPLIER)
     raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}")
 
 
@@ -147,6 +152,7 @@ class Session:
             "confidence": DEFAULT_CONFIDENCE,
             "mechanism": budget.mechanism,
             "rho": None,
+            "sigma": None,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -159,7 +165,8 @@ class Session:
         epsilon, delta = settings["epsilon"], settings["delta"]
         groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
         rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
-        confidence, mechanism, rho = settings["confidence"], settings["mechanism"], settings["rho"]
+        confidence, mechanism = settings["confidence"], settings["mechanism"]
+        rho, sigma = settings["rho"], settings["sigma"]
         # check_setting normalised every value; these asserts only narrow the types.
         assert isinstance(epsilon, Fraction) and isinstance(delta, Fraction)
         assert groups is None or isinstance(groups, int)
@@ -167,11 +174,14 @@ class Session:
         assert isinstance(confidence, float)
         assert mechanism in ("laplace", "gaussian")
         assert rho is None or isinstance(rho, Fraction)
+        assert sigma is None or isinstance(sigma, Fraction)
         if mechanism == "gaussian" and delta == 0:
             raise ParameterError("the gaussian mechanism needs delta > 0; SET dpsql.delta")
-        if rho is not None and mechanism != "gaussian":
-            raise ParameterError("rho sets the noise of the gaussian mechanism only")
-        return QueryOptions(epsilon, delta, groups, rows, confidence, mechanism, rho)
+        if (rho is not None or sigma is not None) and mechanism != "gaussian":
+            raise ParameterError("rho and sigma set the noise of the gaussian mechanism only")
+        if rho is not None and sigma is not None:
+            raise ParameterError("give rho or sigma, not both")
+        return QueryOptions(epsilon, delta, groups, rows, confidence, mechanism, rho, sigma)
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:

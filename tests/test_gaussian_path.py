@@ -104,3 +104,25 @@ def test_gaussian_mode_with_only_the_selection_count_falls_back_to_the_laplace(
     assert isinstance(event, LaplacePartitionSelection)
     # The whole query is the selection: all of epsilon and all of delta.
     assert (event.epsilon, event.delta) == (Fraction(1, 2), Fraction(1, 10**7))
+
+
+def test_a_noise_multiplier_sets_each_measurement_to_one_over_two_sigma_squared(
+    session: Session,
+) -> None:
+    plan = session.plan(
+        "SELECT region, COUNT(*), SUM(spend) FROM visits GROUP BY region",
+        mechanism="gaussian",
+        delta="1e-7",
+        sigma=4,
+    )
+    rhos = [e.rho for e in plan.event.events if isinstance(e, DiscreteGaussian)]
+    assert rhos == [Fraction(1, 32), Fraction(1, 32)]
+    for m in plan.measurements:
+        # sigma_j = 4 x L2_j, L2_j^2 = L0 x per-group^2.
+        assert m.sigma2 == 16 * m.groups * m.per_group**2
+    assert plan.event.certified is not None
+    assert float(plan.event.certified[0]) >= zcdp_to_dp(1 / 16, 1e-7)
+    with pytest.raises(ParameterError):
+        session.plan(
+            "SELECT COUNT(*) FROM visits", mechanism="gaussian", delta=1e-7, sigma=4, rho=1
+        )

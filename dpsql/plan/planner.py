@@ -50,6 +50,9 @@ class QueryOptions:
     confidence: float = 0.95
     mechanism: Mechanism = "laplace"
     rho: Fraction | None = None  # with the gaussian: the query's rho instead of (epsilon, delta)
+    sigma: Fraction | None = (
+        None  # or a noise multiplier: rho is then 1/(2 sigma^2) per measurement
+    )
 
 
 @dataclass(frozen=True)
@@ -324,7 +327,11 @@ def _gaussian(
     eps_g, delta_g = options.epsilon - eps_sel, options.delta - delta_sel
     gaussian = [j for j in range(k) if j != selection]
     base = [_measurement(builder, spec, l0, c) for spec in builder.specs]
-    if options.rho is not None:
+    if options.sigma is not None:
+        # A noise multiplier: sigma_j = sigma * L2_j, so each measurement is 1/(2 sigma^2)-zCDP.
+        rho = len(gaussian) / (2 * options.sigma**2)
+        eps_g = calibration.epsilon_for(rho, delta_g)
+    elif options.rho is not None:
         rho = options.rho
         eps_g = calibration.epsilon_for(rho, delta_g)
     elif len(gaussian) == 1 and base[gaussian[0]].groups == 1:
@@ -359,6 +366,10 @@ def _check_loss(event: Composite, options: QueryOptions, private_keys: bool) -> 
             raise InternalError("the planned privacy loss does not match the query's parameters")
         return
     gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
+    if options.sigma is not None:
+        if any(e.rho != 1 / (2 * options.sigma**2) for e in gaussians):
+            raise InternalError("the planned rho does not match the query's noise multiplier")
+        return
     if options.rho is not None and sum(e.rho for e in gaussians) != options.rho:
         raise InternalError("the planned rho does not match the query's rho")
     if options.rho is None and (event.epsilon, event.delta) != (options.epsilon, options.delta):
@@ -381,7 +392,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     selection_at = selection_index if private_keys else None
     if options.mechanism == "gaussian" and len(builder.specs) == (selection_at is not None):
         # Only the selection's count is measured, and it is always a discrete Laplace.
-        options = replace(options, mechanism="laplace", rho=None)
+        options = replace(options, mechanism="laplace", rho=None, sigma=None)
     if options.mechanism == "gaussian":
         measurements, events, certified = _gaussian(builder, l0, c, options, selection_at)
     else:
