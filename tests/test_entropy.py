@@ -21,7 +21,7 @@ import pytest
 
 from dpsql import errors
 from dpsql.interfaces import dbapi
-from dpsql.noise import samplers
+from dpsql.noise import bits, gaussian, laplace, samplers
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Session
 
@@ -224,6 +224,8 @@ def _seedlike(fn: Callable[..., Any]) -> list[str]:
         Session.set_option,
         samplers.discrete_laplace,
         samplers.discrete_laplace_half_width,
+        samplers.discrete_gaussian,
+        samplers.discrete_gaussian_half_width,
         samplers.uniform_integers,
         load_policy,
     ],
@@ -234,7 +236,7 @@ def test_no_api_accepts_a_seed(fn: Callable[..., Any]) -> None:
 
 
 def test_no_seed_in_module_state() -> None:
-    for module in (samplers,):
+    for module in (samplers, bits, laplace, gaussian):
         names = [n for n in vars(module) if any(w in n.lower() for w in ("seed", "rng"))]
         assert names == []
 

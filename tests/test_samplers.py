@@ -1,20 +1,24 @@
-"""Unit tests for dpsql.noise.samplers: fail closed, validation, exact helpers, bit source."""
+"""Unit tests for the exact discrete Laplace (dpsql.noise.laplace, re-exported by
+dpsql.noise.samplers) and the bit source in dpsql.noise.bits: fail closed, validation, exact
+helpers."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import math
 from collections.abc import Callable, Iterator
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from types import ModuleType
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from dpsql.errors import EntropyError, ParameterError
-from dpsql.noise import samplers
+from dpsql.noise import bits, gaussian, laplace, samplers
 from dpsql.noise.samplers import (
     MAX_SCALE,
     discrete_laplace,
@@ -47,11 +51,12 @@ class CounterBits:
 
 @pytest.fixture
 def counter_bits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], CounterBits]]:
-    """Replace ``_random_bytes`` by a fresh counter stream each time the factory is called."""
+    """Replace ``bits._random_bytes``, the one place all bits come from, by a fresh counter
+    stream each time the factory is called."""
 
     def install() -> CounterBits:
         source = CounterBits()
-        monkeypatch.setattr(samplers, "_random_bytes", source)
+        monkeypatch.setattr(bits, "_random_bytes", source)
         return source
 
     yield install
@@ -92,7 +97,7 @@ def test_short_read_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_random_bytes_reads_os_urandom_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.urandom", lambda n: bytes(range(n)))
-    assert samplers._random_bytes(4) == b"\x00\x01\x02\x03"
+    assert bits._random_bytes(4) == b"\x00\x01\x02\x03"
 
 
 def test_sampler_consumes_only_random_bytes(
@@ -112,6 +117,77 @@ def test_sampler_consumes_only_random_bytes(
     np.testing.assert_array_equal(u, v)
     assert first.bytes == second.bytes > 0
     assert len(set(a.tolist())) > 10  # the stream really drove the sampler
+
+
+def test_one_bit_source_feeds_both_samplers(
+    counter_bits: Callable[[], CounterBits], no_urandom: None
+) -> None:
+    # With os.urandom broken, every draw must come from the patched bits._random_bytes: both
+    # samplers (and their big-integer paths) are fed from that one place.
+    source = counter_bits()
+    draws: list[Callable[[], object]] = [
+        lambda: samplers.discrete_laplace(Fraction(7, 2), 50),
+        lambda: samplers.discrete_laplace(Fraction(3 * 10**20 + 1, 10**20), 5),
+        lambda: samplers.discrete_gaussian(Fraction(10), 50),
+        lambda: samplers.discrete_gaussian(Fraction(3 * 10**20 + 1, 3 * 10**20), 5),
+        lambda: samplers.uniform_integers(10**30, 5),
+    ]
+    for draw in draws:
+        before = source.bytes
+        draw()
+        assert source.bytes > before
+
+
+def _identifiers(module: ModuleType) -> set[str]:
+    """Every name, attribute and imported module a module's code mentions (not its docstrings)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+    return found
+
+
+def test_bits_is_the_only_randomness() -> None:
+    # The split keeps one source: only bits.py may touch os.urandom, and only its uniform
+    # draws call _random_bytes (so patching bits._random_bytes reaches every sampler).
+    entropy = {"os", "urandom", "_random_bytes", "random", "secrets", "default_rng"}
+    for module in (laplace, gaussian, samplers):
+        assert not _identifiers(module) & entropy, module.__name__
+    assert {"os", "urandom", "_random_bytes"} <= _identifiers(bits)
+    assert not _identifiers(bits) & {"random", "secrets", "default_rng"}
+    callers = {
+        node.name
+        for node in ast.walk(ast.parse(inspect.getsource(bits)))
+        if isinstance(node, ast.FunctionDef) and "_random_bytes(" in ast.unparse(node)
+    }
+    assert callers == {"_random_bytes", "_uniform_python", "_uniform_fast"}
+
+
+def test_public_face_re_exports_the_implementations() -> None:
+    assert sorted(samplers.__all__) == [
+        "MAX_SCALE",
+        "MAX_SIGMA2",
+        "discrete_gaussian",
+        "discrete_gaussian_half_width",
+        "discrete_gaussian_pmf",
+        "discrete_gaussian_tail",
+        "discrete_laplace",
+        "discrete_laplace_half_width",
+        "discrete_laplace_pmf",
+        "discrete_laplace_tail",
+        "uniform_integers",
+    ]
+    for home in (bits, laplace, gaussian):
+        for name in home.__all__:
+            assert getattr(samplers, name) is getattr(home, name), name
+    assert sorted(bits.__all__ + laplace.__all__ + gaussian.__all__) == sorted(samplers.__all__)
+    assert samplers.MAX_SCALE == 2**56 and samplers.MAX_SIGMA2 == 2**110
 
 
 def test_no_seed_or_generator_parameter() -> None:
@@ -293,7 +369,7 @@ def test_big_integer_continuations_distribution(monkeypatch: pytest.MonkeyPatch)
     batch must still have the exact distribution. alpha = 1e-6.
     """
     calls = {"bernoulli": 0, "magnitude": 0}
-    bernoulli, to_int64 = samplers._bernoulli_exp_python, samplers._to_int64
+    bernoulli, to_int64 = bits._bernoulli_exp_python, laplace._to_int64
 
     def counted_bernoulli(a: int, b: int, k: int = 1) -> bool:
         calls["bernoulli"] += 1
@@ -303,9 +379,9 @@ def test_big_integer_continuations_distribution(monkeypatch: pytest.MonkeyPatch)
         calls["magnitude"] += 1
         return to_int64(value)
 
-    monkeypatch.setattr(samplers, "_FAST_LIMIT", 16)
-    monkeypatch.setattr(samplers, "_bernoulli_exp_python", counted_bernoulli)
-    monkeypatch.setattr(samplers, "_to_int64", counted_to_int64)
+    monkeypatch.setattr(bits, "_FAST_LIMIT", 16)
+    monkeypatch.setattr(bits, "_bernoulli_exp_python", counted_bernoulli)
+    monkeypatch.setattr(laplace, "_to_int64", counted_to_int64)
     scale = Fraction(7, 6)
     sample = discrete_laplace(scale, 100_000)
     assert calls["bernoulli"] > 100 and calls["magnitude"] > 1000  # both continuations ran

@@ -1,5 +1,6 @@
-"""Unit tests for the exact discrete Gaussian in dpsql.noise.samplers: fail closed, validation,
-the exact distribution helpers against independent high-precision sums, and the bit source."""
+"""Unit tests for the exact discrete Gaussian in dpsql.noise.gaussian (re-exported by
+dpsql.noise.samplers): fail closed, validation, the exact distribution helpers against
+independent high-precision sums, and the bit source."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from scipy import stats
 
 from dpsql.errors import EntropyError, ParameterError
-from dpsql.noise import samplers
+from dpsql.noise import bits, gaussian
 from dpsql.noise.samplers import (
     MAX_SIGMA2,
     discrete_gaussian,
@@ -55,7 +56,7 @@ class CounterBits:
 def counter_bits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], CounterBits]]:
     def install() -> CounterBits:
         source = CounterBits()
-        monkeypatch.setattr(samplers, "_random_bytes", source)
+        monkeypatch.setattr(bits, "_random_bytes", source)
         return source
 
     yield install
@@ -136,9 +137,9 @@ def test_size_zero_consumes_no_randomness(no_urandom: None) -> None:
 def test_sampling_path_has_no_float_arithmetic() -> None:
     """The sampling functions never construct a float or call float math (CKS 2020: exactness
     is the point; Mironov 2012 shows what floats leak)."""
-    functions = [samplers._bernoulli_exp_rational_python, samplers._bernoulli_exp_whole_fast]
-    functions += [samplers._gaussian_accept_fast, samplers._gaussian_accept_python]
-    functions += [samplers._gaussian_round, samplers.discrete_gaussian]
+    functions = [bits._bernoulli_exp_rational_python, bits._bernoulli_exp_whole_fast]
+    functions += [gaussian._gaussian_accept_fast, gaussian._gaussian_accept_python]
+    functions += [gaussian._gaussian_round, gaussian.discrete_gaussian]
     for function in functions:
         code = inspect.getsource(function).split('"""')[-1]  # the body after the docstring
         for forbidden in ("float", "math.exp", "math.sqrt", "np.exp", "np.sqrt", " / "):
@@ -245,10 +246,10 @@ def test_euler_maclaurin_agrees_with_direct_sum(monkeypatch: pytest.MonkeyPatch)
     for sigma2 in (Fraction(10**6), Fraction(4 * 10**6, 3)):
         sigma = math.sqrt(sigma2)
         for m in (1, int(sigma / 2), int(sigma), int(3 * sigma), int(6 * sigma), int(9 * sigma)):
-            monkeypatch.setattr(samplers, "_EM_FROM", 10**9)
-            direct = samplers._upper_sum(sigma2, m)
-            monkeypatch.setattr(samplers, "_EM_FROM", 0)
-            euler_maclaurin = samplers._upper_sum(sigma2, m)
+            monkeypatch.setattr(gaussian, "_EM_FROM", 10**9)
+            direct = gaussian._upper_sum(sigma2, m)
+            monkeypatch.setattr(gaussian, "_EM_FROM", 0)
+            euler_maclaurin = gaussian._upper_sum(sigma2, m)
             assert euler_maclaurin == pytest.approx(direct, rel=1e-13)
 
 
@@ -322,7 +323,7 @@ def test_big_integer_continuations_distribution(monkeypatch: pytest.MonkeyPatch)
     Python. Both mixed batches must have the exact distribution. alpha = 1e-6.
     """
     calls = {"acceptance": 0, "bernoulli": 0}
-    acceptance, bernoulli = samplers._bernoulli_exp_rational_python, samplers._bernoulli_exp_python
+    acceptance, bernoulli = bits._bernoulli_exp_rational_python, bits._bernoulli_exp_python
 
     def counted_acceptance(num: int, den: int) -> bool:
         calls["acceptance"] += 1
@@ -332,9 +333,10 @@ def test_big_integer_continuations_distribution(monkeypatch: pytest.MonkeyPatch)
         calls["bernoulli"] += 1
         return bernoulli(a, b, k)
 
-    monkeypatch.setattr(samplers, "_FAST_LIMIT", 16)
-    monkeypatch.setattr(samplers, "_bernoulli_exp_rational_python", counted_acceptance)
-    monkeypatch.setattr(samplers, "_bernoulli_exp_python", counted_bernoulli)
+    monkeypatch.setattr(bits, "_FAST_LIMIT", 16)
+    # patched where it is looked up: gaussian.py imports the acceptance draw from bits.py
+    monkeypatch.setattr(gaussian, "_bernoulli_exp_rational_python", counted_acceptance)
+    monkeypatch.setattr(bits, "_bernoulli_exp_python", counted_bernoulli)
     sample = discrete_gaussian(Fraction(1), 100_000)
     assert calls["acceptance"] > 1000 and calls["bernoulli"] > 1000  # both continuations ran
     assert _gof_pvalue(sample, Fraction(1), 3) > ALPHA
