@@ -35,16 +35,18 @@ def test_one_measurement_is_calibrated_on_its_own_exact_curve(session: Session) 
     assert isinstance(event, DiscreteGaussian) and event.dimensions == 1
 
 
-def test_several_measurements_share_one_rho_exactly(session: Session) -> None:
+def test_several_measurements_share_one_rho(session: Session) -> None:
     plan = session.plan("SELECT region, COUNT(*), AVG(spend) FROM visits GROUP BY region", **GAUSS)
     events = plan.event.events
     assert all(isinstance(e, DiscreteGaussian) for e in events) and len(events) == 3
     rhos = [e.rho for e in events if isinstance(e, DiscreteGaussian)]
-    assert len(set(rhos)) == 1  # an equal split
+    # An equal split, each variance then rounded up to an integer (a little less rho, never more).
+    assert max(rhos) / min(rhos) < 1 + Fraction(1, 1000)
+    assert all(m.sigma2 is not None and m.sigma2.denominator == 1 for m in plan.measurements)
     total = sum(rhos, Fraction(0))
     # The summed rho converts to at most the query's epsilon (CKS Cor. 13), and not much less.
     assert zcdp_to_dp(float(total), 1e-7) <= 0.5
-    assert zcdp_to_dp(float(total) * 1.001, 1e-7) > 0.5
+    assert zcdp_to_dp(float(total) * 1.002, 1e-7) > 0.5
     # L0 = 2 coordinates per unit (region has 3 public keys, L0 = 2 in the policy).
     assert {e.dimensions for e in events if isinstance(e, DiscreteGaussian)} == {2}
     for e, m in zip(events, plan.measurements, strict=True):

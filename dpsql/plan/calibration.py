@@ -5,8 +5,9 @@ delta(epsilon) (Canonne, Kamath, Steinke 2020, Theorem 7): the continuous curve 
 for it (FACTS: at sigma 1, delta 1e-9 it needs epsilon 6.32, not 6.17). Anything else goes
 through zCDP: the query's total rho is the largest whose CKS conversion (Corollary 13) gives
 (epsilon, delta); it is split equally across the measurements, and rho_j = d_j·Δ_j²/(2σ_j²)
-holds exactly for any integer shift (Theorem 14), so Σ rho_j is exactly the total. Never the
-one-dimensional continuous curve at the joint L2 (DESIGN.md section 3).
+holds exactly for any integer shift (Theorem 14), so Σ rho_j is at most the total (variances
+are rounded up to short rationals for the sampler). Never the one-dimensional continuous curve
+at the joint L2 (DESIGN.md section 3).
 
 Every rounding goes the safe way: rho down, variances up, each checked after rounding.
 """
@@ -72,7 +73,7 @@ def single_sigma2(sensitivity: int, epsilon: Fraction, delta: Fraction) -> Fract
     The zCDP route's variance is always valid and bounds the search from above; the exact curve
     then lowers it (by bisection to a relative 1e-4) when the variance is small enough to sum.
     """
-    upper = sigma2_for(sensitivity, 1, rho_for(epsilon, delta))
+    upper = sigma2_for(sensitivity, 1, rho_for(epsilon, delta))  # already short
     if upper > EXACT_CURVE_MAX_SIGMA2:
         return upper
     eps, dlt = float(epsilon), float(delta) * (1 - _SLACK)
@@ -86,7 +87,7 @@ def single_sigma2(sensitivity: int, epsilon: Fraction, delta: Fraction) -> Fract
     while hi / lo > 1 + 1e-4:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    sigma2 = min(_round(hi, up=True), upper)
+    sigma2 = min(short(_round(hi, up=True)), upper)
     if not fits(float(sigma2)):
         raise InternalError("the rounded variance does not meet the query's (epsilon, delta)")
     return sigma2
@@ -94,5 +95,18 @@ def single_sigma2(sensitivity: int, epsilon: Fraction, delta: Fraction) -> Fract
 
 def sigma2_for(sensitivity: int, dimensions: int, rho: Fraction) -> Fraction:
     """The variance that makes a shift of ``sensitivity`` on ``dimensions`` coordinates
-    exactly rho-zCDP: d·Δ²/(2·rho)."""
-    return Fraction(dimensions * sensitivity**2) / (2 * rho)
+    rho-zCDP: d·Δ²/(2·rho), rounded up to a short rational (see ``short``)."""
+    return short(Fraction(dimensions * sensitivity**2) / (2 * rho))
+
+
+def short(sigma2: Fraction) -> Fraction:
+    """``sigma2`` rounded up to an integer when it is at least 1 (a relative increase of at
+    most 1/sigma2), else to a rational with _BITS significant bits.
+
+    More noise than asked, never less; and the exact sampler runs its vectorized integer path
+    only when sigma2's numerator and denominator are small (CKS Algorithm 3 computes with
+    them): a 40-bit denominator made releases 6-9x slower.
+    """
+    if sigma2 >= 1:
+        return Fraction(math.ceil(sigma2))
+    return max(sigma2, _round(float(sigma2), up=True))

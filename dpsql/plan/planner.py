@@ -348,7 +348,8 @@ def _gaussian(
             measurements.append(replace(m, scale=scale))
             events.append(DiscreteLaplace(scale, Fraction(m.sensitivity), m.label))
         else:
-            # rho split equally: Σ rho_j = rho exactly (zCDP composition, Bun-Steinke 2016).
+            # rho split equally: Σ rho_j <= rho (zCDP composition, Bun-Steinke 2016); equal
+            # but for the rounding up of each variance.
             sigma2 = calibration.sigma2_for(m.per_group, m.groups, rho / len(gaussian))
             measurements.append(replace(m, sigma2=sigma2))
             events.append(
@@ -366,12 +367,13 @@ def _check_loss(event: Composite, options: QueryOptions, private_keys: bool) -> 
             raise InternalError("the planned privacy loss does not match the query's parameters")
         return
     gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
+    # Variances are rounded up (more noise), so the planned rho may only fall short of the ask.
     if options.sigma is not None:
-        if any(e.rho != 1 / (2 * options.sigma**2) for e in gaussians):
-            raise InternalError("the planned rho does not match the query's noise multiplier")
+        if any(e.rho > 1 / (2 * options.sigma**2) for e in gaussians):
+            raise InternalError("the planned rho exceeds the query's noise multiplier")
         return
-    if options.rho is not None and sum(e.rho for e in gaussians) != options.rho:
-        raise InternalError("the planned rho does not match the query's rho")
+    if options.rho is not None and sum(e.rho for e in gaussians) > options.rho:
+        raise InternalError("the planned rho exceeds the query's rho")
     if options.rho is None and (event.epsilon, event.delta) != (options.epsilon, options.delta):
         raise InternalError("the planned privacy loss does not match the query's parameters")
 
