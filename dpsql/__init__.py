@@ -40,9 +40,9 @@ from dpsql.interfaces.dbapi import (
     threadsafety,
 )
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Result, Session
+from dpsql.session import VERSION, Result, Session
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "BINARY",

@@ -285,6 +285,13 @@ class TableSpec(_Frozen):
         return self.privacy_unit is not None
 
 
+class LedgerSpec(_Frozen):
+    """Where the durable ledger lives (created by ``dpsql init``) and its anchor."""
+
+    path: Path
+    anchor: Path | None = None  # default: beside the ledger, named <path>.anchor
+
+
 class Policy(_Frozen):
     """The whole policy. ``base_dir`` resolves relative data paths (it is not part of it)."""
 
@@ -292,6 +299,7 @@ class Policy(_Frozen):
     data: DataSpec
     budget: BudgetSpec
     tables: dict[str, TableSpec]
+    ledger: LedgerSpec | None = None  # without it the budget lives in memory
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("tables")

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql.accounting.filter import BudgetReport, Charge, budget_for
+from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.errors import EntropyError, ParameterError
+from dpsql.errors import EntropyError, LedgerError, ParameterError, PolicyError
 from dpsql.noise.release import check_post_processing, release
 from dpsql.plan.planner import Plan, QueryOptions, plan_query
 from dpsql.policy import (
@@ -37,6 +36,7 @@ from dpsql.sql.parse import DIALECT, Explain, Query, SetOption, ShowOption, pars
 from dpsql.sql.validate import validate
 
 log = logging.getLogger("dpsql")
+VERSION = "0.1.0"
 
 SETTINGS = (
     "epsilon",
@@ -120,14 +120,18 @@ class Session:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.analyst = analyst
         try:
-            # Salt of the keyed hash that picks a unit's groups; any value is private (the
-            # choice depends only on the unit's own rows), secrecy only stops prediction.
-            salt = secrets.randbits(62)
+            store = open_store(self.policy)
+        except (LedgerError, PolicyError):
+            raise
         except Exception:
             raise EntropyError("secure randomness is unavailable") from None
-        self.engine = DuckDBEngine(self.policy, salt)
-        budget = self.policy.budget
-        self.filter = budget_for(self.policy.dataset.id, budget)
+        if store.identity.get("dataset", self.policy.dataset.id) != self.policy.dataset.id:
+            raise LedgerError("the ledger belongs to another data set than the policy names")
+        # Salt of the keyed hash that picks a unit's groups, kept with the ledger so every
+        # session bounds the same rows; any value is private (the choice depends only on the
+        # unit's own rows), secrecy only stops prediction.
+        self.engine = DuckDBEngine(self.policy, int(store.identity["salt"]))
+        self.filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
         self._settings: dict[str, object] = {}
 
     # -- settings ------------------------------------------------------------------------------
@@ -233,7 +237,7 @@ class Session:
         canonical = plan.query
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
         # Charge first (durably, in a later module): nothing runs unless the budget admits it.
-        charge = self.filter.charge(plan.event, canonical, self.analyst)
+        charge = self.filter.charge(plan.event, canonical, self.analyst, self._details(plan))
         log.info(
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, plan.epsilon, plan.delta, self.analyst,
@@ -250,6 +254,16 @@ class Session:
             plan=plan,
             charge=charge,
         )
+
+    def _details(self, plan: Plan) -> dict[str, object]:
+        """What the ledger keeps beside a charge, so that a report can be reproduced later."""
+        return {
+            "plan": [line for line in plan.explain() if not line.startswith("  ")],
+            "bounded_sql": plan.engine_sql,
+            "policy_version": self.policy.version,
+            "data_version": self.policy.dataset.data_version,
+            "dpsql_version": VERSION,
+        }
 
     def _show(self, name: str) -> Result:
         if name == "budget":

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dpsql.accounting.events import Composite, DiscreteLaplace
 from dpsql.accounting.filter import Budget
 from dpsql.errors import BudgetExceededError
-from dpsql.policy import Policy, load_policy
+from dpsql.policy import BudgetSpec, Policy, load_policy
 from dpsql.session import Session
 
 QUERY = "SELECT COUNT(*) FROM visits WHERE home = '{home}' AND spend >= 0"
@@ -135,7 +135,7 @@ def test_the_rewrite_keeps_each_unit_in_one_cell_on_data_that_break_the_declarat
 def test_parallel_charges_the_worst_cell_never_less_than_any_part(
     queries: list[tuple[str | None, int]],
 ) -> None:
-    budget = Budget("p", Fraction(10**6), Fraction(0))
+    budget = Budget("p", BudgetSpec(epsilon=Fraction(10**4)))
     for cell, tenths in queries:
         event = DiscreteLaplace(Fraction(10), Fraction(tenths))  # epsilon = tenths / 10
         where = ("visits", "home", cell) if cell is not None else None
@@ -151,7 +151,7 @@ def test_parallel_charges_the_worst_cell_never_less_than_any_part(
     assert spent >= max(Fraction(t, 10) for _, t in queries)
     # Without cells (an undeclared column), the same queries cost their sum.
     assert spent <= sum(Fraction(t, 10) for _, t in queries)
-    undeclared = Budget("u", Fraction(10**6), Fraction(0))
+    undeclared = Budget("u", BudgetSpec(epsilon=Fraction(10**4)))
     for _, tenths in queries:
         undeclared.charge(Composite((DiscreteLaplace(Fraction(10), Fraction(tenths)),)), "q", None)
     assert undeclared.report().epsilon_spent == sum(Fraction(t, 10) for _, t in queries)

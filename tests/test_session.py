@@ -23,7 +23,7 @@ def test_each_fresh_answer_is_one_charge_naming_the_bound_query(session: Session
         "SELECT region, COUNT(*) FROM visits WHERE age > ? GROUP BY region", (30,), epsilon=0.25
     )
     (charge,) = session.filter.charges
-    assert charge is result.charge
+    assert charge == result.charge
     # The record names the parameter-bound query (so a later report can say what was answered)
     # and the event actually planned, whose loss is exactly the query's epsilon.
     assert charge.query == "SELECT region, COUNT(*) FROM visits WHERE age > 30 GROUP BY region"

@@ -266,3 +266,66 @@ def describe(event: Event) -> str:
 def flatten(history: list[Composite] | tuple[Composite, ...]) -> list[Event]:
     """The events of a history of queries, in order (sequential composition)."""
     return [e for c in history for e in c.events]
+
+
+_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        DiscreteLaplace,
+        Laplace,
+        DiscreteGaussian,
+        Gaussian,
+        PureDP,
+        ApproxDP,
+        ZCDP,
+        Exponential,
+        LaplacePartitionSelection,
+    )
+}
+
+
+def _plain(value: object) -> object:
+    """Exact JSON for a field: Fractions as their text, so nothing is rounded in the ledger."""
+    if isinstance(value, Fraction):
+        return {"fraction": str(value)}
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    return value
+
+
+def _exact(value: object) -> object:
+    if isinstance(value, dict) and "fraction" in value:
+        return Fraction(str(value["fraction"]))
+    if isinstance(value, dict) and "float" in value:
+        return float(str(value["float"]))
+    return value
+
+
+def composite_to_json(composite: Composite) -> dict[str, object]:
+    """A JSON-ready, exact description of a query's events (what the ledger stores)."""
+    return {
+        "events": [
+            {"type": type(e).__name__, **{k: _plain(v) for k, v in vars(e).items()}}
+            for e in composite.events
+        ],
+        "certified": [_plain(x) for x in composite.certified] if composite.certified else None,
+        "cell": list(composite.cell) if composite.cell is not None else None,
+    }
+
+
+def composite_from_json(data: dict[str, object]) -> Composite:
+    """The inverse of ``composite_to_json``; raises ``ValueError`` on anything unknown."""
+    events = []
+    for item in data["events"]:  # type: ignore[attr-defined]
+        fields = {k: _exact(v) for k, v in dict(item).items() if k != "type"}
+        cls = _TYPES.get(str(item["type"]))
+        if cls is None:
+            raise ValueError(f"unknown event type {item['type']!r}")
+        events.append(cls(**fields))
+    certified = data.get("certified")
+    cell = data.get("cell")
+    return Composite(
+        tuple(events),
+        tuple(_exact(x) for x in certified) if certified else None,  # type: ignore[arg-type, attr-defined]
+        tuple(cell) if cell else None,  # type: ignore[arg-type]
+    )

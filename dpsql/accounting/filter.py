@@ -13,11 +13,13 @@ This budget lives in memory: it resets when the process ends, until the durable 
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from dpsql.accounting.advanced import AdvancedAccountant, AdvancedFilter
 from dpsql.accounting.base import Accountant, Filter
@@ -27,15 +29,18 @@ from dpsql.accounting.events import (
     Composite,
     Event,
     LaplacePartitionSelection,
+    composite_from_json,
+    composite_to_json,
     flatten,
 )
 from dpsql.accounting.gdp import GdpAccountant
+from dpsql.accounting.ledger import Ledger, Record
 from dpsql.accounting.optimal import OptimalAccountant
 from dpsql.accounting.pld import PldAccountant
 from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
 from dpsql.errors import BudgetExceededError
-from dpsql.policy import BudgetSpec
+from dpsql.policy import BudgetSpec, Policy
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Charge:
     analyst: str | None
     query: str
     event: Composite
+    seq: int = 0  # its record in the ledger
 
     @property
     def epsilon(self) -> Fraction:
@@ -133,34 +139,117 @@ def _basic_fits(
     return epsilon <= cap[0] and delta <= cap[1]
 
 
+@dataclass(frozen=True)
+class _State:
+    """What the ledger says now: the charges and the caps (policy plus administration)."""
+
+    charges: tuple[Charge, ...]
+    epsilon: Fraction
+    delta: Fraction
+    shares: dict[str, tuple[Fraction, Fraction]]
+
+
+class MemoryLedger:
+    """The ledger's interface, in memory: nothing survives the process (no ``dpsql init``)."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._records: list[Record] = []
+        self._lock = threading.Lock()
+        # The salt of the keyed hash that picks a unit's groups (see Ledger.create).
+        self.identity = {"salt": str(secrets.randbits(62))}
+
+    def append(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        analyst: str | None = None,
+        decide: Callable[[list[Record]], None] | None = None,
+    ) -> Record:
+        with self._lock:
+            if decide is not None:
+                decide(list(self._records))
+            seq = len(self._records) + 1
+            record = Record(seq, time.time(), kind, analyst, dict(payload), "", "")
+            self._records.append(record)
+            return record
+
+    def records(self) -> list[Record]:
+        with self._lock:
+            return list(self._records)
+
+
+Store = Ledger | MemoryLedger
+
+
 class Budget:
-    """Check-and-charge under one filter, atomic across threads; optional analyst shares."""
+    """Check-and-charge under the policy's filter, atomic across threads and (with a durable
+    ledger) processes; analyst shares; budget administration; the odometer report.
+
+    Every decision is taken inside the ledger's transaction on the records committed so far, so
+    its inputs are public (earlier charges, the policy, top-ups and allocations), never data.
+    """
 
     def __init__(
         self,
         dataset: str,
-        epsilon: Fraction,
-        delta: Fraction,
-        *,
-        decider: Filter | None = None,
-        shares: dict[str, Filter | tuple[Fraction, Fraction]] | None = None,
+        spec: BudgetSpec,
+        store: Store | None = None,
         accountants: Sequence[Accountant] = (),
     ):
         self.dataset = dataset
-        self.epsilon_total = epsilon
-        self.delta_total = delta
-        self._decider = decider  # None: basic composition over queries
-        self._shares = shares or {}
+        self.spec = spec
+        self.store: Store = store if store is not None else MemoryLedger()
         self._accountants = tuple(accountants)
-        self._charges: list[Charge] = []
+        self._parsed: dict[int, Composite] = {}
+        self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter | None] = {}
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
-        return self._decider.name if self._decider is not None else "basic"
+        return self.spec.accountant
+
+    def _decider(
+        self, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None
+    ) -> Filter | None:
+        key = (epsilon, delta, rho)
+        with self._lock:
+            if key not in self._deciders:  # building a filter may solve for its cap: keep it
+                self._deciders[key] = _decider(self.spec, epsilon, delta, rho)
+            return self._deciders[key]
+
+    def _state(self, records: Sequence[Record]) -> _State:
+        spec = self.spec
+        charges, epsilon, delta = [], _epsilon_total(self, spec), spec.delta
+        shares = {n: (a.epsilon, a.delta) for n, a in spec.analysts.items()}
+        for r in records:
+            if r.kind == "charge":
+                event = self._parsed.get(r.seq)
+                if event is None:
+                    event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
+                charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
+            elif r.kind == "budget_add":
+                epsilon += Fraction(str(r.payload["epsilon"]))
+                delta += Fraction(str(r.payload["delta"]))
+            elif r.kind == "allocate":
+                share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
+                shares[str(r.payload["analyst"])] = share
+        return _State(tuple(charges), epsilon, delta, shares)
+
+    def _rule(
+        self, cap: tuple[Fraction, Fraction], total: bool
+    ) -> Filter | tuple[Fraction, Fraction]:
+        """The filter for a cap; a tuple stands for basic composition with that cap."""
+        rho = self.spec.rho if total and cap[0] == _epsilon_total(self, self.spec) else None
+        decider = self._decider(None if rho is not None else cap[0], cap[1], rho)
+        return decider if decider is not None else cap
 
     def _admits(
-        self, rule: Filter | tuple[Fraction, Fraction] | None, history: list[Charge], new: Composite
+        self,
+        rule: Filter | tuple[Fraction, Fraction],
+        history: Sequence[Charge],
+        new: Composite,
     ) -> bool:
         """Whether ``rule`` admits ``new`` in every view of the history it belongs to.
 
@@ -174,9 +263,7 @@ class Budget:
         targets = [new.cell] if new.cell is not None else [None, *cells]
         for cell in targets:
             view = [c for c in composites if c.cell is None or c.cell == cell]
-            if rule is None:
-                fits = _basic_fits(view, new, (self.epsilon_total, self.delta_total))
-            elif isinstance(rule, tuple):
+            if isinstance(rule, tuple):
                 fits = _basic_fits(view, new, rule)
             else:
                 fits = rule.admits(events_for(rule.name, view), events_for(rule.name, [new]))
@@ -184,91 +271,112 @@ class Budget:
                 return False
         return True
 
-    def charge(self, event: Composite, query: str, analyst: str | None) -> Charge:
-        """Record the charge, or raise ``BudgetExceededError`` and record nothing.
+    def _decide(self, event: Composite, analyst: str | None, records: Sequence[Record]) -> None:
+        state = self._state(records)
+        if not self._admits(self._rule((state.epsilon, state.delta), True), state.charges, event):
+            raise BudgetExceededError(
+                f"this query (epsilon {event.epsilon}, delta {event.delta}) would take the data "
+                f"set over its budget under the {self.name} filter; nothing was charged"
+            )
+        if state.shares and (analyst is None or analyst not in state.shares):
+            # With shares declared, only the analysts they name may spend anything.
+            raise BudgetExceededError(
+                "the budget is shared among named analysts only, and this connection's analyst "
+                "has no share; nothing was charged"
+            )
+        if analyst is not None and analyst in state.shares:
+            own = [c for c in state.charges if c.analyst == analyst]
+            if not self._admits(self._rule(state.shares[analyst], False), own, event):
+                raise BudgetExceededError(
+                    f"this query would take analyst {analyst} over their share of the budget; "
+                    "nothing was charged"
+                )
 
-        Decided from public information only: the event and the earlier charges.
-        """
-        with self._lock:
-            if not self._admits(self._decider, self._charges, event):
-                raise BudgetExceededError(
-                    f"this query (epsilon {event.epsilon}, delta {event.delta}) would take the "
-                    f"data set over its budget under the {self.name} filter; nothing was charged"
-                )
-            if self._shares and (analyst is None or analyst not in self._shares):
-                # With shares declared, only the analysts they name may spend anything.
-                raise BudgetExceededError(
-                    "the policy gives budget shares to named analysts only, and this "
-                    "connection's analyst has none; nothing was charged"
-                )
-            if analyst is not None and analyst in self._shares:
-                own = [c for c in self._charges if c.analyst == analyst]
-                if not self._admits(self._shares[analyst], own, event):
-                    raise BudgetExceededError(
-                        f"this query would take analyst {analyst} over their share of the "
-                        "budget; nothing was charged"
-                    )
-            record = Charge(time.time(), analyst, query, event)
-            self._charges.append(record)
-            return record
+    def charge(
+        self,
+        event: Composite,
+        query: str,
+        analyst: str | None,
+        details: Mapping[str, Any] | None = None,
+    ) -> Charge:
+        """Decide and record the charge in one ledger transaction, or raise
+        ``BudgetExceededError`` and record nothing."""
+        payload = {
+            "query": query,
+            "event": composite_to_json(event),
+            "epsilon": str(event.epsilon),
+            "delta": str(event.delta),
+            "accountant": self.name,
+            **(details or {}),
+        }
+        record = self.store.append(
+            "charge", payload, analyst, lambda records: self._decide(event, analyst, records)
+        )
+        self._parsed[record.seq] = event
+        return Charge(record.time, analyst, query, event, record.seq)
+
+    def add(self, epsilon: Fraction, delta: Fraction, by: str, why: str) -> Record:
+        """A top-up of the data set's budget, recorded with who did it and why."""
+        payload = {"epsilon": str(epsilon), "delta": str(delta), "by": by, "why": why}
+        return self.store.append("budget_add", payload, None)
+
+    def allocate(
+        self, analyst: str, epsilon: Fraction, delta: Fraction, by: str, why: str
+    ) -> Record:
+        """Set an analyst's share (replacing the policy's or an earlier one), recorded."""
+        payload = {"analyst": analyst, "epsilon": str(epsilon), "delta": str(delta), "by": by,
+                   "why": why}  # fmt: skip
+        return self.store.append("allocate", payload, None)
 
     @property
     def charges(self) -> tuple[Charge, ...]:
-        with self._lock:
-            return tuple(self._charges)
+        return self._state(self.store.records()).charges
 
-    def views(self) -> list[list[Composite]]:
+    def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
         """The histories a unit can be exposed to: the unpinned queries plus one cell's (or
         the unpinned ones alone when no query was pinned). The guarantee is the worst view."""
-        composites = [c.event for c in self.charges]
+        composites = [c.event for c in (charges if charges is not None else self.charges)]
         cells = {c.cell for c in composites if c.cell is not None}
         if not cells:
             return [composites]
         return [[c for c in composites if c.cell is None or c.cell == cell] for cell in cells]
 
     def report(self) -> BudgetReport:
-        charges = self.charges
-        views = self.views()
+        state = self._state(self.store.records())
+        views = self.views(state.charges)
         eps = max(sum((c.epsilon for c in v), Fraction(0)) for v in views)
         delta = max(sum((c.delta for c in v), Fraction(0)) for v in views)
         figures = [
             Figure("basic", float(eps), "decides" if self.name == "basic" else "valid adaptively")
         ]
+        decider = self._rule((state.epsilon, state.delta), True)
         for accountant in self._accountants:
             note = "as if fixed in advance" if accountant.fixed_in_advance else "valid adaptively"
             if accountant.name == self.name:
-                note = "decides" + (
-                    "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
-                )
+                suffix = "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
+                note = "decides" + suffix
             readings = [
-                accountant.epsilon(events_for(accountant.name, v), float(self.delta_total))
-                if v
-                else 0.0
+                accountant.epsilon(events_for(accountant.name, v), float(state.delta)) if v else 0.0
                 for v in views
             ]
             figures.append(Figure(accountant.name, max(readings), note))
             if accountant.name == self.name:
                 # The deciding filter's own bound where it has one, else its family's reading;
                 # Fraction(repr) keeps the rounded-up float exactly.
-                bound = getattr(self._decider, "bound", None)
+                bound = getattr(decider, "bound", None)
                 if bound is not None:
                     readings = [float(bound(events_for(self.name, v))) for v in views]
                 eps = Fraction(repr(max(readings)))
-                delta = max(
-                    sum(
-                        (e.delta for c in v for e in c.events if not hasattr(e, "rho")), Fraction(0)
-                    )
-                    for v in views
-                )
+                delta = max(_additive_delta(v) for v in views)
         return BudgetReport(
             self.dataset,
             self.name,
-            self.epsilon_total,
-            self.delta_total,
+            state.epsilon,
+            state.delta,
             eps,
             delta,
-            len(charges),
-            False,
+            len(state.charges),
+            self.store.durable,
             tuple(figures),
         )
 
@@ -296,6 +404,15 @@ def _decider(
     return None
 
 
+def _epsilon_total(budget: Budget, spec: BudgetSpec) -> Fraction:
+    """The policy's epsilon, or with a rho budget the epsilon the zCDP filter certifies."""
+    if spec.epsilon is not None:
+        return spec.epsilon
+    decider = budget._decider(None, spec.delta, spec.rho)
+    assert isinstance(decider, ZcdpFilter)  # a rho budget goes with the zcdp filter
+    return Fraction(decider.epsilon_cap)
+
+
 def odometers() -> list[Accountant]:
     """Every accountant's reading of a history, for the report (basic is the report's own)."""
     return [
@@ -308,21 +425,15 @@ def odometers() -> list[Accountant]:
     ]
 
 
-def budget_for(dataset: str, spec: BudgetSpec) -> Budget:
-    """The budget a policy declares: its deciding filter, analyst shares, odometers."""
-    shares: dict[str, Filter | tuple[Fraction, Fraction]] = {}
-    for name, share in spec.analysts.items():
-        rule = _decider(spec, share.epsilon, share.delta)
-        shares[name] = rule if rule is not None else (share.epsilon, share.delta)
-    decider = _decider(spec, spec.epsilon, spec.delta, spec.rho)
-    # With a rho budget the epsilon total is the one the zCDP filter certifies at delta.
-    epsilon = spec.epsilon if spec.epsilon is not None else getattr(decider, "epsilon_cap", None)
-    assert epsilon is not None
-    return Budget(
-        dataset,
-        epsilon,
-        spec.delta,
-        decider=decider,
-        shares=shares,
-        accountants=odometers(),
-    )
+def budget_for(dataset: str, spec: BudgetSpec, store: Store | None = None) -> Budget:
+    """The budget a policy declares, over a durable ledger or in memory."""
+    return Budget(dataset, spec, store, odometers())
+
+
+def open_store(policy: Policy) -> Store:
+    """The policy's ledger, verified (fail closed), or a memory one when it names none."""
+    if policy.ledger is None:
+        return MemoryLedger()
+    path = policy.resolve(policy.ledger.path)
+    anchor = policy.resolve(policy.ledger.anchor) if policy.ledger.anchor is not None else None
+    return Ledger(path, anchor)

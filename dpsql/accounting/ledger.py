@@ -1,0 +1,311 @@
+"""The durable ledger: an append-only, hash-chained, anchored record of every privacy decision.
+
+SQLite in WAL mode with ``synchronous=FULL``: a commit is on disk when it returns, several
+processes may share the file, and a transaction is atomic. Every record (a charge, a release, a
+cache re-serve, a budget top-up or allocation) carries the SHA-256 of its canonical JSON and of
+the record before it, so editing or dropping any record breaks the chain.
+
+The chain alone cannot notice a truncated tail, an older copy put back, or a deleted file: the
+head of the chain is therefore also written *outside* the ledger, to an anchor file (by default
+beside it; put it on storage the ledger's writers cannot roll back). Opening the ledger checks
+the whole chain against the anchor and fails closed on any mismatch.
+
+Threat model: this detects accidental corruption and tampering by anyone who can change the
+ledger file but not also rewrite the anchor consistently (recomputing a valid chain needs no
+secret, so an attacker who controls both files can forge both). It never resets the budget: a
+missing, truncated, corrupted or tampered ledger stops all answering with ``LedgerError``.
+
+Check-and-charge is one ``BEGIN IMMEDIATE`` transaction: the caller's decision runs on the
+records committed so far by every process, so concurrent clients can never together overspend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsql.errors import BudgetExceededError, LedgerError
+
+FORMAT = 1
+GENESIS = "0" * 64
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    analyst TEXT,
+    payload TEXT NOT NULL,
+    prev TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One ledger record; ``payload`` is plain JSON data."""
+
+    seq: int
+    time: float
+    kind: str
+    analyst: str | None
+    payload: Mapping[str, Any]
+    prev: str
+    hash: str
+
+
+def canonical(data: Any) -> str:
+    """The canonical JSON of ``data``: sorted keys, no spaces, exact."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def record_hash(prev: str, fields: tuple[int, float, str, str | None, str]) -> str:
+    """SHA-256 of the previous hash and the record's (seq, time, kind, analyst, payload)."""
+    seq, when, kind, analyst, payload = fields
+    body = canonical([prev, seq, repr(when), kind, analyst, payload])
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def anchor_path(path: Path) -> Path:
+    return path.with_name(path.name + ".anchor")
+
+
+class Ledger:
+    """A ledger file and its anchor. Thread-safe; safe across processes."""
+
+    durable = True
+
+    def __init__(self, path: Path, anchor: Path | None = None):
+        self.path = Path(path)
+        self.anchor = Path(anchor) if anchor is not None else anchor_path(self.path)
+        self._lock = threading.Lock()
+        self._cache: list[Record] = []
+        self.identity = self._open()  # verifies the whole chain against the anchor
+
+    # -- creation and opening -------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: Path, dataset: str, anchor: Path | None = None) -> Ledger:
+        """``dpsql init``: a new ledger for ``dataset``; refuses to overwrite anything."""
+        path, anchor = Path(path), Path(anchor) if anchor is not None else anchor_path(Path(path))
+        if path.exists() or anchor.exists():
+            raise LedgerError(f"refusing to create a ledger over an existing file: {path}")
+        identity = {
+            "ledger_id": secrets.token_hex(16),
+            "dataset": dataset,
+            "format": str(FORMAT),
+            "created": repr(time.time()),
+            # The secret salt of the keyed hash that picks a unit's groups, shared by every
+            # session of the data set so that cached and fresh answers bound the same rows.
+            "salt": str(secrets.randbits(62)),
+        }
+        con = _connect(path)
+        try:
+            con.executescript(_SCHEMA)
+            with con:
+                con.executemany("INSERT INTO meta VALUES (?, ?)", list(identity.items()))
+        finally:
+            con.close()
+        _write_anchor(anchor, {"ledger_id": identity["ledger_id"], "seq": 0, "head": GENESIS})
+        return cls(path, anchor)
+
+    def _open(self) -> dict[str, str]:
+        if not self.anchor.exists():
+            raise LedgerError(f"the ledger's anchor is missing: {self.anchor}; run dpsql init")
+        if not self.path.exists():
+            raise LedgerError("the ledger file is missing while its anchor exists: fail closed")
+        try:
+            con = _connect(self.path)
+            identity = dict(con.execute("SELECT key, value FROM meta").fetchall())
+            con.close()
+        except sqlite3.Error:
+            raise LedgerError("the ledger file cannot be read: fail closed") from None
+        anchor = _read_anchor(self.anchor)
+        if identity.get("ledger_id") != anchor.get("ledger_id"):
+            raise LedgerError("the ledger does not match its anchor (another ledger's file?)")
+        self._cache = self._load()
+        self._check(self._cache, anchor)
+        return identity
+
+    # -- verification ---------------------------------------------------------------------------
+    def _load(self, after: list[Record] | None = None) -> list[Record]:
+        """The records, each hash recomputed; raises LedgerError on the first broken link.
+
+        With ``after`` (records already verified), only the newer ones are read, and the last
+        known one is re-read to be sure it is still there unchanged.
+        """
+        known = after or []
+        start = len(known)
+        try:
+            con = _connect(self.path)
+            rows = con.execute(
+                "SELECT * FROM records WHERE seq >= ? ORDER BY seq", (max(start, 1),)
+            ).fetchall()
+            con.close()
+        except sqlite3.Error:
+            raise LedgerError("the ledger file cannot be read: fail closed") from None
+        if start:
+            if not rows or rows[0][0] != start or rows[0][6] != known[-1].hash:
+                raise LedgerError("the ledger's history changed under a running session")
+            rows = rows[1:]
+        records, prev = list(known), known[-1].hash if known else GENESIS
+        for expected, (seq, when, kind, analyst, payload, link, digest) in enumerate(
+            rows, start + 1
+        ):
+            if seq != expected or link != prev:
+                raise LedgerError(f"the ledger's chain is broken at record {expected}")
+            if record_hash(prev, (seq, when, kind, analyst, payload)) != digest:
+                raise LedgerError(f"ledger record {seq} was altered")
+            records.append(Record(seq, when, kind, analyst, json.loads(payload), link, digest))
+            prev = digest
+        return records
+
+    @staticmethod
+    def _check(records: list[Record], anchor: Mapping[str, Any]) -> None:
+        seq = int(anchor.get("seq", -1))
+        if seq > len(records):
+            raise LedgerError("the ledger is shorter than its anchor: records were removed")
+        head = records[seq - 1].hash if seq > 0 else GENESIS
+        if head != anchor.get("head"):
+            raise LedgerError("the ledger's history differs from its anchor: fail closed")
+
+    def verify(self) -> int:
+        """Check the whole chain against the anchor; returns the number of records."""
+        records = self._load()
+        self._check(records, _read_anchor(self.anchor))
+        return len(records)
+
+    # -- reading and appending ------------------------------------------------------------------
+    def records(self) -> list[Record]:
+        with self._lock:
+            return list(self._refresh())
+
+    def _refresh(self) -> list[Record]:
+        """The records, reading only those appended (by any process) since the last call."""
+        self._cache = self._load(self._cache)
+        return self._cache
+
+    def append(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        analyst: str | None = None,
+        decide: Callable[[list[Record]], None] | None = None,
+    ) -> Record:
+        """Append one record in one immediate transaction.
+
+        ``decide`` sees every record committed so far (by any process) and may raise, e.g.
+        ``BudgetExceededError``: then nothing is written. A failed write raises ``LedgerError``
+        and nothing is released.
+        """
+        body = canonical(dict(payload))
+        with self._lock, _file_lock(self.path):
+            try:
+                con = _connect(self.path)
+            except sqlite3.Error:
+                raise LedgerError("the ledger cannot be opened for writing") from None
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                records = self._refresh()
+                anchor = _read_anchor(self.anchor)
+                self._check(records, anchor)
+                if decide is not None:
+                    decide(records)
+                seq = len(records) + 1
+                prev = records[-1].hash if records else GENESIS
+                when = time.time()
+                digest = record_hash(prev, (seq, when, kind, analyst, body))
+                con.execute(
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (seq, when, kind, analyst, body, prev, digest),
+                )
+                con.execute("COMMIT")
+            except BudgetExceededError:
+                con.execute("ROLLBACK")
+                raise
+            except sqlite3.Error:
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
+                raise LedgerError(
+                    "the ledger could not record this; nothing was released"
+                ) from None
+            finally:
+                con.close()
+            record = Record(seq, when, kind, analyst, json.loads(body), prev, digest)
+            self._cache.append(record)
+            # After the commit: a crash here leaves the anchor behind the ledger, which is
+            # consistent (the chain extends the anchored head) and is caught up next time.
+            _write_anchor(self.anchor, {"ledger_id": self.identity["ledger_id"], "seq": seq,
+                                        "head": digest})  # fmt: skip
+            return record
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        for r in self.records():
+            yield {
+                "seq": r.seq,
+                "time": r.time,
+                "kind": r.kind,
+                "analyst": r.analyst,
+                "payload": r.payload,
+                "prev": r.prev,
+                "hash": r.hash,
+            }
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(str(path), timeout=60, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=FULL")
+    return con
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Serialize writers across processes (SQLite's lock covers the file, this the anchor)."""
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _read_anchor(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise LedgerError("the ledger's anchor cannot be read: fail closed") from None
+    if not isinstance(data, dict):
+        raise LedgerError("the ledger's anchor is malformed: fail closed")
+    return data
+
+
+def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomically replace the anchor: write, fsync, rename, fsync the folder."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(canonical(dict(data)))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError:
+        raise LedgerError("the ledger's anchor could not be written") from None
