@@ -17,10 +17,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from dpsql import cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.errors import EntropyError, LedgerError, ParameterError, PolicyError
-from dpsql.noise.release import check_post_processing, release
+from dpsql.errors import LedgerError, ParameterError
+from dpsql.noise.release import Release, check_post_processing, measure, publish
 from dpsql.plan.planner import Plan, QueryOptions, plan_query
 from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
@@ -47,6 +48,7 @@ SETTINGS = (
     "mechanism",
     "rho",
     "sigma",
+    "fresh",
 )
 # A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
 MAX_QUERY_RHO = Fraction(10)
@@ -67,6 +69,7 @@ class Result:
     plan: Plan | None = None
     charge: Charge | None = None
     message: str = ""
+    cached_from: int | None = None  # the ledger record of the release served again, if any
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -79,6 +82,17 @@ def _positive_int(value: object, name: str) -> int:
     if number.denominator != 1 or not 1 <= number <= MAX_CONTRIBUTION_BOUND:
         raise ParameterError(f"{name} must be an integer from 1 to {MAX_CONTRIBUTION_BOUND}")
     return int(number)
+
+
+def _boolean(value: object, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "on", "1", "yes"):
+        return True
+    if text in ("false", "off", "0", "no"):
+        return False
+    raise ParameterError(f"{name} must be true or false")
 
 
 def _confidence(value: object) -> float:
@@ -110,6 +124,8 @@ def check_setting(name: str, value: object) -> object:
         return check_epsilon(value, "rho", MAX_QUERY_RHO)
     if name == "sigma":
         return check_epsilon(value, "sigma", MAX_NOISE_MULTIPLIER)
+    if name == "fresh":
+        return _boolean(value, name)
     raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}")
 
 
@@ -119,12 +135,7 @@ class Session:
     def __init__(self, policy: Policy | str | Path, analyst: str | None = None):
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.analyst = analyst
-        try:
-            store = open_store(self.policy)
-        except (LedgerError, PolicyError):
-            raise
-        except Exception:
-            raise EntropyError("secure randomness is unavailable") from None
+        store = open_store(self.policy)
         if store.identity.get("dataset", self.policy.dataset.id) != self.policy.dataset.id:
             raise LedgerError("the ledger belongs to another data set than the policy names")
         # Salt of the keyed hash that picks a unit's groups, kept with the ledger so every
@@ -132,6 +143,7 @@ class Session:
         # unit's own rows), secrecy only stops prediction.
         self.engine = DuckDBEngine(self.policy, int(store.identity["salt"]))
         self.filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
+        self.cache = cache.ReleaseCache(store)
         self._settings: dict[str, object] = {}
 
     # -- settings ------------------------------------------------------------------------------
@@ -157,6 +169,7 @@ class Session:
             "mechanism": budget.mechanism,
             "rho": None,
             "sigma": None,
+            "fresh": False,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -231,20 +244,37 @@ class Session:
             lines = plan.explain()
             return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
         plan = self._plan(statement.select, params, options)
-        return self._answer(plan)
+        # A fresh answer (not one served from the cache) is charged like any other.
+        return self._answer(plan, bool(self.settings(options)["fresh"]))
 
-    def _answer(self, plan: Plan) -> Result:
+    def _answer(self, plan: Plan, fresh: bool) -> Result:
         canonical = plan.query
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
-        # Charge first (durably, in a later module): nothing runs unless the budget admits it.
+        k = cache.keys(plan, self.policy)
+        hit = None if fresh else self.cache.lookup(plan, k)
+        if hit is not None:
+            # Serving a released answer again is post-processing: recorded, never charged.
+            self.filter.store.append(
+                "reserve", {"query": canonical, "release": hit.release_seq}, self.analyst
+            )
+            log.info("served query %s from release %d", digest, hit.release_seq)
+            return self._result(plan, publish(plan, hit.noisy), None, hit.release_seq)
+        # Charge first: nothing runs unless the budget admits it, and the charge is durable
+        # before the engine starts (a crash after it loses budget, never privacy).
         charge = self.filter.charge(plan.event, canonical, self.analyst, self._details(plan))
         log.info(
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, plan.epsilon, plan.delta, self.analyst,
         )  # fmt: skip
         _, rows = self.engine.run(plan.engine_sql)
-        released = release(plan, rows)
+        noisy = measure(plan, rows)
+        self.cache.record(plan, k, noisy, charge.seq, canonical)
+        released = publish(plan, noisy)
         log.info("released query %s: %d row(s)", digest, len(released.rows))
+        return self._result(plan, released, charge, None)
+
+    @staticmethod
+    def _result(plan: Plan, released: Release, charge: Charge | None, cached: int | None) -> Result:
         return Result(
             columns=released.columns,
             types=released.types,
@@ -253,6 +283,7 @@ class Session:
             confidence=released.confidence,
             plan=plan,
             charge=charge,
+            cached_from=cached,
         )
 
     def _details(self, plan: Plan) -> dict[str, object]:

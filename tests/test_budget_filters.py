@@ -24,9 +24,10 @@ def _session(tiny_policy: TinyPolicy, analyst: str | None = None, **budget: Any)
 
 
 def _fill(session: Session, limit: int = 5000, **options: Any) -> int:
+    """Repeat QUERY, each time afresh (a repeat would otherwise be served from the cache)."""
     for n in range(limit):
         try:
-            session.execute(QUERY, **options)
+            session.execute(QUERY, fresh=True, **options)
         except BudgetExceededError:
             return n
     return limit
@@ -57,7 +58,7 @@ def test_a_refused_query_is_not_charged_under_any_filter(tiny_policy: TinyPolicy
         _fill(session, epsilon="0.3")
         before = session.filter.charges
         with pytest.raises(BudgetExceededError):
-            session.execute(QUERY, epsilon="0.3")
+            session.execute(QUERY, epsilon="0.3", fresh=True)
         assert session.filter.charges == before
 
 
@@ -74,7 +75,7 @@ def test_advanced_filter_with_its_fixed_delta_prime(tiny_policy: TinyPolicy) -> 
 def test_the_report_reads_the_history_under_every_accountant(tiny_policy: TinyPolicy) -> None:
     session = _session(tiny_policy, accountant="rdp")
     for _ in range(5):
-        session.execute(QUERY, epsilon="0.1")
+        session.execute(QUERY, epsilon="0.1", fresh=True)
     report = session.budget()
     notes = {f.accountant: f.note for f in report.figures}
     assert notes["rdp"] == "decides"

@@ -435,7 +435,7 @@ def test_budget_exceeded_is_an_operational_error(data: Path) -> None:
         cursor = connection.cursor()
         cursor.execute("SELECT COUNT(*) FROM visits")
         with pytest.raises(dbapi.BudgetExceededError) as info:
-            cursor.execute("SELECT COUNT(*) FROM visits")
+            cursor.execute("SELECT COUNT(*) FROM visits", fresh=True)
         assert isinstance(info.value, dbapi.OperationalError)
         assert isinstance(info.value, errors.BudgetExceededError)
         assert spent(connection) == 1

@@ -39,7 +39,7 @@ from dpsql.accounting.optimal import OptimalAccountant
 from dpsql.accounting.pld import PldAccountant
 from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
-from dpsql.errors import BudgetExceededError
+from dpsql.errors import BudgetExceededError, EntropyError
 from dpsql.policy import BudgetSpec, Policy
 
 
@@ -158,7 +158,10 @@ class MemoryLedger:
         self._records: list[Record] = []
         self._lock = threading.Lock()
         # The salt of the keyed hash that picks a unit's groups (see Ledger.create).
-        self.identity = {"salt": str(secrets.randbits(62))}
+        try:
+            self.identity = {"salt": str(secrets.randbits(62))}
+        except Exception:
+            raise EntropyError("secure randomness is unavailable") from None
 
     def append(
         self,

@@ -195,8 +195,20 @@ def _bare_aggregate(plan: Plan) -> list[int | None]:
     return result
 
 
-def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
-    """Add noise to the bounded totals and post-process; the charge was committed before."""
+@dataclass(frozen=True)
+class Noisy:
+    """The released noisy measurements: group keys (one tuple per column) and, per measurement,
+    the noisy integer total of each released group. This is what a cache keeps: everything
+    after it is post-processing. ``derived`` lists the estimates computed from other
+    measurements than their own (their half-width is not known)."""
+
+    keys: tuple[tuple[Any, ...], ...]
+    totals: tuple[tuple[int, ...], ...]
+    derived: frozenset[int] = frozenset()
+
+
+def measure(plan: Plan, rows: list[tuple[Any, ...]]) -> Noisy:
+    """Add noise to the bounded totals, then keep the groups partition selection releases."""
     n_keys = len(plan.analysis.keys)
     keys = [[row[i] for row in rows] for i in range(n_keys)]
     totals = [[int(row[n_keys + j] or 0) for row in rows] for j in range(len(plan.measurements))]
@@ -206,9 +218,23 @@ def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
         keep = [j for j, u in enumerate(units) if u >= plan.selection.threshold]
         keys = [[col[j] for j in keep] for col in keys]
         noisy = [[col[j] for j in keep] for col in noisy]
+    return Noisy(tuple(tuple(c) for c in keys), tuple(tuple(c) for c in noisy))
+
+
+def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
+    """Add noise to the bounded totals and post-process; the charge was committed before."""
+    return publish(plan, measure(plan, rows))
+
+
+def publish(plan: Plan, noisy: Noisy) -> Release:
+    """Post-processing only: estimates, accuracy, outputs, HAVING, ORDER BY, LIMIT."""
     confidence = plan.options.confidence
-    values, widths = _estimates(plan, noisy, confidence)
-    table: dict[str, Any] = {f"_k{i}": np.array(col, dtype=object) for i, col in enumerate(keys)}
+    values, widths = _estimates(plan, [list(c) for c in noisy.totals], confidence)
+    for i in noisy.derived:
+        widths[i] = np.full(len(noisy.keys[0]) if noisy.keys else 1, np.nan)
+    table: dict[str, Any] = {
+        f"_k{i}": np.array(col, dtype=object) for i, col in enumerate(noisy.keys)
+    }
     for i, (value, width) in enumerate(zip(values, widths, strict=True)):
         table[f"_a{i}"] = value
         table[f"_a{i}_hw"] = width
@@ -228,6 +254,13 @@ def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
         columns=tuple(o.name for o in plan.analysis.outputs),
         types=tuple(str(d[1]) for d in description[:n_out]),
         rows=tuple(tuple(r[:n_out]) for r in out),
-        accuracy=tuple(tuple(r[n_out:]) for r in out),
+        accuracy=tuple(tuple(_width(w) for w in r[n_out:]) for r in out),
         confidence=confidence,
     )
+
+
+def _width(value: Any) -> float | None:
+    """NaN marks an unknown half-width (a derived estimate); it is reported as None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)

@@ -1,0 +1,228 @@
+"""The release cache: a released answer served again is post-processing and costs nothing.
+
+What is cached is a fresh release's *noisy measurements* (keys and noisy integer totals), in
+the ledger, so a hit survives restarts and is recorded there like everything else. Each hit
+re-runs only the post-processing, so textual variants of a query (case, whitespace, aliases,
+the order of AND/OR terms, a parameter inlined or bound) and its ORDER BY / LIMIT / HAVING /
+output-expression variants are answered from the same release.
+
+The key is the *measurement core*: the data set, the policy's version and the data version the
+owner declares (never a fingerprint of the data: whether a query is charged must not reveal
+that the data changed), the table, the canonical WHERE, the group keys, the contribution
+bounds, a pinned cell, the privacy parameters, and every measurement with its noise. A query
+whose measurements are all in one release of the same core (same bounded rows: same bounds,
+filter, salt and NULL handling, and the same released groups) is served from it; AVG(x) may be
+derived from a released SUM(x) and COUNT(x) of that core (its half-width is then unknown).
+Releases are shared by every analyst of the data set: a released answer is public to whoever
+may query it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from dpsql.accounting.filter import Store
+from dpsql.accounting.ledger import canonical
+from dpsql.noise.release import Noisy
+from dpsql.plan.planner import Measurement, Plan
+from dpsql.policy import Policy
+from dpsql.sql.canonical import canonical_sql
+from dpsql.sql.parse import DIALECT
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The two keys of a plan: its exact measurement set, and its measurement core."""
+
+    exact: str
+    core: str
+    measurements: tuple[dict[str, Any], ...]
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(canonical(data).encode()).hexdigest()
+
+
+def _values(plan: Plan) -> dict[int, tuple[str, list[Any] | None]]:
+    """Each measured value's canonical SQL and grid (None when it is only counted)."""
+    out: dict[int, tuple[str, list[Any] | None]] = {}
+    for agg, est in zip(plan.analysis.aggregates, plan.estimates, strict=True):
+        index = plan.measurements[est.measurements[0]].spec.value
+        if agg.arg is None or index is None:
+            continue
+        grid = [str(est.grid.step), est.grid.lower, est.grid.upper] if est.grid else None
+        known = out.get(index)
+        out[index] = (canonical_sql(agg.arg), grid or (known[1] if known else None))
+    return out
+
+
+def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) -> dict[str, Any]:
+    """A measurement's identity: what is measured, on which grid, with which noise."""
+    value, grid = (
+        values.get(m.spec.value, (None, None)) if m.spec.value is not None else (None, None)
+    )
+    return {
+        "kind": m.spec.kind,
+        "value": value,
+        "grid": grid,
+        "groups": m.groups,
+        "per_group": m.per_group,
+        "scale": str(m.scale) if m.scale is not None else None,
+        "sigma2": str(m.sigma2) if m.sigma2 is not None else None,
+    }
+
+
+def keys(plan: Plan, policy: Policy) -> Keys:
+    """The cache keys of a plan (a pure function of public inputs)."""
+    a, o = plan.analysis, plan.options
+    core = {
+        "dataset": policy.dataset.id,
+        "policy": policy.version,
+        "data": policy.dataset.data_version,
+        "table": a.table,
+        "where": canonical_sql(a.where),
+        "keys": [
+            [k.expr.sql(dialect=DIALECT), list(map(str, k.domain or ())), k.domain_table]
+            for k in a.keys
+        ],
+        "l0": plan.max_groups,
+        "c": plan.max_rows,
+        "cell": [str(x) for x in a.cell] if a.cell is not None else None,
+        "params": [str(o.epsilon), str(o.delta), o.mechanism, str(o.rho), str(o.sigma)],
+        "selection": plan.selection.threshold if plan.selection is not None else None,
+    }
+    values = _values(plan)
+    measurements = tuple(describe(m, values) for m in plan.measurements)
+    return Keys(_digest([core, list(measurements)]), _digest(core), measurements)
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dt.datetime):
+        return {"datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"date": value.isoformat()}
+    if isinstance(value, Decimal):
+        return {"decimal": str(value)}
+    raise TypeError("a key value of this type is not cached")
+
+
+def _typed(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "datetime" in value:
+            return dt.datetime.fromisoformat(value["datetime"])
+        if "date" in value:
+            return dt.date.fromisoformat(value["date"])
+        if "decimal" in value:
+            return Decimal(value["decimal"])
+    return value
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A cached release that answers a plan, and the ledger record it came from."""
+
+    noisy: Noisy
+    release_seq: int
+
+
+class ReleaseCache:
+    """The releases recorded in the ledger, indexed by key; refreshed from the ledger."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._seen = 0
+        self._exact: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._cores: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self._lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        for record in self.store.records()[self._seen :]:
+            if record.kind == "release":
+                payload = dict(record.payload)
+                self._exact[str(payload["key"])] = (record.seq, payload)
+                self._cores.setdefault(str(payload["core"]), []).append((record.seq, payload))
+            self._seen = max(self._seen, record.seq)
+
+    def lookup(self, plan: Plan, k: Keys) -> Hit | None:
+        """The cached release answering ``plan`` exactly, or one it can be derived from."""
+        with self._lock:
+            self._refresh()
+            found = self._exact.get(k.exact)
+            if found is not None:
+                return Hit(_noisy(found[1]), found[0])
+            for seq, payload in reversed(self._cores.get(k.core, [])):
+                derived = _derive(plan, k, payload)
+                if derived is not None:
+                    return Hit(derived, seq)
+        return None
+
+    def record(self, plan: Plan, k: Keys, noisy: Noisy, charge_seq: int, query: str) -> None:
+        """Store a fresh release (after its charge); a key value that cannot be stored exactly
+        leaves the release uncached, never wrong."""
+        try:
+            groups = [[_plain(v) for v in column] for column in noisy.keys]
+        except TypeError:
+            return
+        payload = {
+            "key": k.exact,
+            "core": k.core,
+            "charge": charge_seq,
+            "query": query,
+            "measurements": list(k.measurements),
+            "keys": groups,
+            "totals": [list(t) for t in noisy.totals],
+        }
+        self.store.append("release", payload)
+
+
+def _noisy(payload: dict[str, Any]) -> Noisy:
+    return Noisy(
+        tuple(tuple(_typed(v) for v in column) for column in payload["keys"]),
+        tuple(tuple(int(v) for v in column) for column in payload["totals"]),
+    )
+
+
+def _derive(plan: Plan, k: Keys, payload: dict[str, Any]) -> Noisy | None:
+    """The plan's measurements from a release of the same core: each one found as it is, or a
+    centred sum rebuilt from a released SUM and COUNT of the same value (AVG = SUM / COUNT)."""
+    cached = [dict(m) for m in payload["measurements"]]
+    stored = _noisy(payload)
+    totals: list[tuple[int, ...]] = []
+    derived: set[int] = set()
+    for j, want in enumerate(k.measurements):
+        if want in cached:
+            totals.append(stored.totals[cached.index(want)])
+            continue
+        rebuilt = _centred_from_sum(want, cached, stored.totals)
+        if rebuilt is None:
+            return None
+        totals.append(rebuilt)
+        derived |= {i for i, e in enumerate(plan.estimates) if j in e.measurements}
+    return Noisy(stored.keys, tuple(totals), frozenset(derived))
+
+
+def _centred_from_sum(
+    want: dict[str, Any], cached: Sequence[dict[str, Any]], totals: Sequence[tuple[int, ...]]
+) -> tuple[int, ...] | None:
+    if want["kind"] != "centred" or want["grid"] is None:
+        return None
+    same = [
+        i for i, m in enumerate(cached) if m["value"] == want["value"] and m["grid"] == want["grid"]
+    ]
+    sums = [i for i in same if cached[i]["kind"] == "sum"]
+    counts = [i for i in same if cached[i]["kind"] == "count"]
+    if not sums or not counts:
+        return None
+    centre = int(want["grid"][1]) + int(want["grid"][2])  # lower + upper, in units of g/2
+    # Σ(2x - M) = 2·Σx - n·M, computed on the noisy values: post-processing.
+    return tuple(
+        2 * s - n * centre for s, n in zip(totals[sums[0]], totals[counts[0]], strict=True)
+    )

@@ -1,0 +1,153 @@
+"""The release cache: textual variants hit, other parameters miss, hits cost nothing and are
+recorded, derived answers only from the same bounded rows, and it survives restarts."""
+
+from __future__ import annotations
+
+import doctest
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TinyPolicy
+
+from dpsql.accounting.ledger import Ledger
+from dpsql.policy import LedgerSpec, Policy
+from dpsql.session import Session
+from dpsql.sql import canonical
+
+ROWS = [(u, ["east", "west", "north"][u % 3], 20 + u % 50, float(u % 90)) for u in range(1, 400)]
+BASE = (
+    "SELECT region, COUNT(*) AS n, AVG(spend) AS a FROM visits "
+    "WHERE age >= 30 AND spend > 1 GROUP BY region"
+)
+TAIL = " FROM visits WHERE age >= 30 AND spend > 1 GROUP BY region"
+
+
+def _durable(tiny_policy: TinyPolicy, tmp_path: Path, **changes: Any) -> Policy:
+    policy = tiny_policy(ROWS)
+    ledger = tmp_path / "ledger.sqlite"
+    if not ledger.exists():
+        Ledger.create(ledger, policy.dataset.id)
+    update: dict[str, Any] = {"ledger": LedgerSpec(path=ledger)}
+    if "data_version" in changes:
+        update["dataset"] = policy.dataset.model_copy(
+            update={"data_version": changes["data_version"]}
+        )
+    return policy.model_copy(update=update)
+
+
+@pytest.fixture
+def session(tiny_policy: TinyPolicy, tmp_path: Path) -> Session:
+    return Session(_durable(tiny_policy, tmp_path))
+
+
+def _charges(session: Session) -> int:
+    return len(session.filter.charges)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "select REGION, count(*) as n, avg(SPEND) as a from VISITS "
+        "where age >= 30 and spend > 1 group by region",
+        "SELECT  region ,COUNT(*)   AS visits, AVG(spend) AS mean\nFROM visits\n"
+        "WHERE age >= 30 AND spend > 1 GROUP BY region",
+        "SELECT region, COUNT(*) AS n, AVG(spend) AS a FROM visits "
+        "WHERE spend > 1 AND age >= 30 GROUP BY region",
+        "SELECT region, COUNT(*) AS n, AVG(spend) AS a" + TAIL + " ORDER BY n DESC LIMIT 2",
+        "SELECT region, AVG(spend) * 2" + TAIL + " HAVING COUNT(*) > 5",
+    ],
+)
+def test_textual_and_post_processing_variants_hit(session: Session, variant: str) -> None:
+    first = session.execute(BASE)
+    again = session.execute(variant)
+    assert first.charge is not None and again.charge is None
+    assert again.cached_from is not None
+    assert _charges(session) == 1
+    reserves = [r for r in session.filter.store.records() if r.kind == "reserve"]
+    assert len(reserves) == 1 and reserves[0].payload["release"] == again.cached_from
+
+
+def test_a_hit_returns_the_stored_release_exactly(session: Session) -> None:
+    first = session.execute(BASE)
+    assert session.execute(BASE).rows == first.rows
+    assert session.execute(BASE).accuracy == first.accuracy
+
+
+def test_a_parameter_bound_or_inlined_hits(session: Session) -> None:
+    session.execute(BASE.replace(">= 30", ">= ?"), (30,))
+    assert session.execute(BASE).charge is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"epsilon": "0.7"},
+        {"delta": "1e-9", "mechanism": "gaussian"},
+        {"max_rows_per_unit_per_group": 3},
+        {"max_groups_per_unit": 1},
+    ],
+)
+def test_other_parameters_miss(session: Session, options: dict[str, Any]) -> None:
+    session.execute(BASE)
+    assert session.execute(BASE, **options).charge is not None
+    assert _charges(session) == 2
+
+
+def test_another_filter_misses(session: Session) -> None:
+    session.execute(BASE)
+    assert session.execute(BASE.replace(">= 30", ">= 31")).charge is not None
+
+
+def test_a_new_declared_data_version_misses(tiny_policy: TinyPolicy, tmp_path: Path) -> None:
+    policy = _durable(tiny_policy, tmp_path)
+    Session(policy).execute(BASE)
+    assert Session(policy).execute(BASE).charge is None  # control: the same version hits
+    dataset = policy.dataset.model_copy(update={"data_version": "2"})
+    refreshed = Session(policy.model_copy(update={"dataset": dataset}))
+    assert refreshed.execute(BASE).charge is not None
+    # The budget belongs to the data set, not its version: both charges are on it.
+    assert len(refreshed.filter.charges) == 2
+
+
+def test_a_fresh_answer_is_charged_and_then_served(session: Session) -> None:
+    session.execute(BASE)
+    fresh = session.execute(BASE, fresh=True)
+    assert fresh.charge is not None and _charges(session) == 2
+    # The newest release answers from now on.
+    served = session.execute(BASE)
+    assert served.charge is None and served.rows == fresh.rows
+
+
+def test_the_cache_survives_restarts(tiny_policy: TinyPolicy, tmp_path: Path) -> None:
+    policy = _durable(tiny_policy, tmp_path)
+    first = Session(policy).execute(BASE)
+    later = Session(policy).execute(BASE)  # a new session over the same ledger
+    assert later.charge is None and later.rows == first.rows
+
+
+def test_avg_is_derived_from_a_released_sum_and_count(session: Session) -> None:
+    session.execute("SELECT region, SUM(spend), COUNT(spend) FROM visits GROUP BY region")
+    derived = session.execute("SELECT region, AVG(spend) FROM visits GROUP BY region")
+    assert derived.charge is None and derived.cached_from is not None
+    assert all(acc[1] is None for acc in derived.accuracy)  # not a sampled distribution
+    released = {r[0]: (r[1], r[2]) for r in session.execute(
+        "SELECT region, SUM(spend), COUNT(spend) FROM visits GROUP BY region").rows}  # fmt: skip
+    for region, avg in derived.rows:
+        total, count = released[region]
+        assert avg == pytest.approx(min(max(total / max(count, 1), 0), 200))
+
+
+def test_derived_answers_are_refused_when_rows_or_bounds_differ(session: Session) -> None:
+    session.execute("SELECT region, SUM(spend), COUNT(spend) FROM visits GROUP BY region")
+    other_rows = session.execute(
+        "SELECT region, AVG(spend) FROM visits WHERE age > 40 GROUP BY region"
+    )
+    other_bounds = session.execute(
+        "SELECT region, AVG(spend) FROM visits GROUP BY region", max_rows_per_unit_per_group=2
+    )
+    assert other_rows.charge is not None and other_bounds.charge is not None
+
+
+def test_canonical_doctests() -> None:
+    assert doctest.testmod(canonical).failed == 0
