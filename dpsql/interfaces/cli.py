@@ -1,0 +1,402 @@
+"""The ``dpsql`` command: one click group over the policy, its ledger and its budget.
+
+Options that name the deployment are backed by environment variables (``--policy`` /
+``DPSQL_POLICY``, ``--analyst`` / ``DPSQL_ANALYST``), so a shell profile can set them once.
+Privacy parameters are read by custom parameter types as exact rationals from their decimal
+text (``0.1`` is exactly 1/10), so a bad epsilon is a usage error before anything is opened.
+
+Errors map to exit codes in one table, ``EXIT_CODES`` (documented in ``docs/cli.md`` and in
+``dpsql --help``). An error prints one line to stderr: the dpsql message, which names the
+construct and never a data value, and never a traceback. An unexpected exception is a dpsql
+bug: only its class name is printed (its message might quote data), with exit code 70.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from dpsql.accounting.filter import Budget, budget_for
+from dpsql.accounting.ledger import GENESIS, Ledger
+from dpsql.errors import (
+    BudgetExceededError,
+    DpsqlError,
+    EngineError,
+    EntropyError,
+    InternalError,
+    LedgerError,
+    ParameterError,
+    PolicyError,
+    QueryError,
+)
+from dpsql.interfaces.report import build_report, render_json, render_markdown
+from dpsql.policy import MAX_TOTAL_EPSILON, Policy, check_delta, check_epsilon, load_policy
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # click's own code for usage errors; also bad option values
+EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a dpsql bug
+# The one table: the first class in an error's MRO found here gives its code.
+EXIT_CODES: dict[type[DpsqlError], int] = {
+    QueryError: 3,
+    BudgetExceededError: 4,
+    EngineError: 5,
+    LedgerError: 6,
+    PolicyError: 7,
+    EntropyError: 8,
+    InternalError: EXIT_INTERNAL,
+}
+_MEANINGS = {
+    EXIT_OK: "success",
+    EXIT_USAGE: "usage error: unknown command or option, bad option value",
+    3: "query rejected (QueryError); nothing was charged",
+    4: "budget exceeded (BudgetExceededError); nothing was charged",
+    5: "engine error (EngineError); the charge stays",
+    6: "ledger failure or tampering (LedgerError); nothing was released",
+    7: "policy invalid or unreadable (PolicyError)",
+    8: "secure randomness unavailable (EntropyError)",
+    EXIT_INTERNAL: "internal error: a dpsql bug (InternalError or any unexpected exception)",
+}
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code of an error under ``EXIT_CODES`` (70 for anything unexpected)."""
+    for cls in type(error).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return EXIT_INTERNAL
+
+
+def _epilog() -> str:
+    lines = ["\b", "Exit codes:"]
+    lines += [f"  {code:>2}  {meaning}" for code, meaning in sorted(_MEANINGS.items())]
+    return "\n".join(lines)
+
+
+def fail(ctx: click.Context, message: str, code: int) -> NoReturn:
+    """One line on stderr, then exit with ``code``."""
+    click.echo("Error: " + " ".join(message.split()), err=True)
+    ctx.exit(code)
+
+
+# -- parameter types --------------------------------------------------------------------------
+if TYPE_CHECKING:  # ParamType is generic from click 8.2 on; the project allows click 8.1
+    _FractionParam = click.ParamType[Fraction]
+    _TextParam = click.ParamType[str]
+else:
+    _FractionParam = _TextParam = click.ParamType
+
+
+class EpsilonType(_FractionParam):
+    """A positive epsilon, exact from its decimal text, at most the total-budget cap."""
+
+    name = "epsilon"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Fraction:
+        if isinstance(value, Fraction):
+            return value
+        try:
+            return check_epsilon(value, param.name if param else "epsilon", MAX_TOTAL_EPSILON)
+        except ParameterError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DeltaType(_FractionParam):
+    """A delta in [0, 1), exact from its decimal text."""
+
+    name = "delta"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Fraction:
+        if isinstance(value, Fraction):
+            return value
+        try:
+            return check_delta(value, param.name if param else "delta")
+        except ParameterError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class NonEmpty(_TextParam):
+    """A name or reason: one line of text, not blank."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = " ".join(str(value).split())
+        if not text:
+            self.fail("must not be blank", param, ctx)
+        return text
+
+
+EPSILON, DELTA, TEXT = EpsilonType(), DeltaType(), NonEmpty()
+
+
+# -- the group and its context ----------------------------------------------------------------
+@dataclass
+class Config:
+    """The group's options; the policy is loaded only by the command that needs it."""
+
+    policy_path: Path | None
+    analyst: str | None
+
+    def policy(self) -> Policy:
+        if self.policy_path is None:
+            raise click.UsageError("give --policy or set DPSQL_POLICY")
+        policy = load_policy(self.policy_path)
+        if policy.ledger is None:
+            raise PolicyError("the policy has no [ledger] section; the dpsql command needs one")
+        return policy
+
+    def actor(self, by: str | None) -> str:
+        """Who does an owner action: ``--by``, else the group's ``--analyst``."""
+        name = by if by is not None else self.analyst
+        if name is None or not name.strip():
+            raise click.UsageError("give --by (or --analyst / DPSQL_ANALYST)")
+        return " ".join(name.split())
+
+
+class DpsqlGroup(click.Group):
+    """Maps every error raised by a command to its exit code and one line on stderr."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except DpsqlError as exc:
+            fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+        except Exception as exc:
+            # Only the class name: the message of an unexpected error may quote data.
+            message = f"internal error ({type(exc).__name__}); please report this dpsql bug"
+            fail(ctx, message, EXIT_INTERNAL)
+
+
+@click.group(cls=DpsqlGroup, epilog=_epilog(), context_settings={"max_content_width": 100})
+@click.option(
+    "--policy",
+    "policy_path",
+    envvar="DPSQL_POLICY",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="The policy TOML file (its [ledger] section names the ledger).",
+)
+@click.option(
+    "--analyst",
+    envvar="DPSQL_ANALYST",
+    show_envvar=True,
+    help="Who is acting (self-declared): the default of the owner commands' --by.",
+)
+@click.version_option(package_name="dpsql")
+@click.pass_context
+def cli(ctx: click.Context, policy_path: Path | None, analyst: str | None) -> None:
+    """dpsql: differentially private SQL over a policy, its ledger and its budget."""
+    ctx.obj = Config(policy_path, analyst)
+
+
+pass_config = click.make_pass_decorator(Config)
+
+
+def _paths(policy: Policy) -> tuple[Path, Path | None]:
+    assert policy.ledger is not None  # Config.policy checked it
+    anchor = policy.resolve(policy.ledger.anchor) if policy.ledger.anchor is not None else None
+    return policy.resolve(policy.ledger.path), anchor
+
+
+def _open(policy: Policy) -> Ledger:
+    """The policy's ledger, verified against its anchor and checked to be this data set's."""
+    ledger = Ledger(*_paths(policy))
+    if ledger.identity.get("dataset") != policy.dataset.id:
+        raise LedgerError("the ledger belongs to another data set than the policy names")
+    return ledger
+
+
+def _budget(policy: Policy) -> Budget:
+    return budget_for(policy.dataset.id, policy.budget, _open(policy))
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError:
+        raise click.BadParameter(f"cannot write {output}", param_hint="'--output'") from None
+
+
+# -- commands ---------------------------------------------------------------------------------
+@cli.command()
+@pass_config
+def init(config: Config) -> None:
+    """Create the ledger named by the policy's [ledger] section (refuses to overwrite)."""
+    policy = config.policy()
+    path, anchor = _paths(policy)
+    ledger = Ledger.create(path, policy.dataset.id, anchor)
+    click.echo(f"created ledger {ledger.identity['ledger_id']} for data set {policy.dataset.id}")
+    click.echo(f"ledger: {ledger.path}")
+    click.echo(f"anchor: {ledger.anchor}")
+
+
+@cli.group()
+def ledger() -> None:
+    """Verify or export the ledger."""
+
+
+@ledger.command()
+@pass_config
+def verify(config: Config) -> None:
+    """Verify the whole chain against the anchor; print the record count and the head."""
+    opened = _open(config.policy())
+    records = opened.records()
+    count = opened.verify()
+    head = records[-1].hash if records else GENESIS
+    click.echo(f"ledger {opened.identity['ledger_id']} ({opened.identity['dataset']}): ok")
+    click.echo(f"records: {count}")
+    click.echo(f"head: {head}")
+
+
+@ledger.command()
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "json"]),
+    default="jsonl",
+    show_default=True,
+    help="One record per line, or one JSON document with the ledger's identity.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file instead of standard output.",
+)
+@pass_config
+def export(config: Config, fmt: str, output: Path | None) -> None:
+    """Every record with its chain (seq, time, kind, analyst, payload, prev, hash)."""
+    opened = _open(config.policy())
+    records = list(opened.export())
+    if fmt == "jsonl":
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+    else:
+        # The salt of the group-selection hash stays private: it is not part of the history.
+        identity = {k: v for k, v in opened.identity.items() if k != "salt"}
+        text = json.dumps({"ledger": identity, "records": records}, indent=2) + "\n"
+    _write(text, output)
+
+
+@cli.group()
+def budget() -> None:
+    """Owner commands: top up the budget, set analysts' shares (recorded in the ledger)."""
+
+
+@budget.command()
+@click.option("--epsilon", type=EPSILON, required=True, help="Epsilon to add to the total.")
+@click.option("--delta", type=DELTA, required=True, help="Delta to add to the total (may be 0).")
+@click.option("--by", type=TEXT, help="Who grants the top-up (default: --analyst).")
+@click.option("--why", type=TEXT, required=True, help="Why (kept in the ledger).")
+@pass_config
+def add(config: Config, epsilon: Fraction, delta: Fraction, by: str | None, why: str) -> None:
+    """Top up the data set's budget (Budget.add)."""
+    by = config.actor(by)
+    policy = config.policy()
+    owned = _budget(policy)
+    before = owned.report()
+    if before.epsilon_total + epsilon > MAX_TOTAL_EPSILON:
+        raise click.BadParameter(
+            f"the total epsilon would exceed {MAX_TOTAL_EPSILON}", param_hint="'--epsilon'"
+        )
+    if before.delta_total + delta >= 1:
+        raise click.BadParameter("the total delta would reach 1", param_hint="'--delta'")
+    record = owned.add(epsilon, delta, by, why)
+    after = owned.report()
+    click.echo(
+        f"record {record.seq}: budget of {policy.dataset.id} is now epsilon "
+        f"{after.epsilon_total}, delta {after.delta_total}"
+    )
+
+
+@budget.command()
+@click.argument("analyst", type=TEXT)
+@click.option("--epsilon", type=EPSILON, required=True, help="The analyst's epsilon share.")
+@click.option("--delta", type=DELTA, default="0", show_default=True, help="Their delta share.")
+@click.option("--by", type=TEXT, help="Who sets the share (default: --analyst).")
+@click.option("--why", type=TEXT, required=True, help="Why (kept in the ledger).")
+@pass_config
+def allocate(
+    config: Config, *, analyst: str, epsilon: Fraction, delta: Fraction, by: str | None, why: str
+) -> None:
+    """Set ANALYST's share of the budget (Budget.allocate), replacing any earlier one."""
+    by = config.actor(by)
+    policy = config.policy()
+    owned = _budget(policy)
+    total = owned.report()
+    if epsilon > total.epsilon_total or delta > total.delta_total:
+        raise click.BadParameter(
+            "a share must lie within the total budget", param_hint="'--epsilon' / '--delta'"
+        )
+    if policy.budget.accountant in ("rdp", "zcdp") and delta == 0:
+        raise click.BadParameter(
+            f"the {policy.budget.accountant} filter needs a delta share > 0",
+            param_hint="'--delta'",
+        )
+    record = owned.allocate(analyst, epsilon, delta, by, why)
+    click.echo(f"record {record.seq}: {analyst} may spend epsilon {epsilon}, delta {delta}")
+
+
+@cli.command()
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["markdown", "json"]),
+    default="markdown",
+    show_default=True,
+    help="Markdown for people, JSON for programs (exact numbers as strings).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file instead of standard output.",
+)
+@pass_config
+def report(config: Config, fmt: str, output: Path | None) -> None:
+    """The privacy contract of the data set: budget, adjacency, bounds, accountants, schedule."""
+    policy = config.policy()
+    data = build_report(policy, _budget(policy))
+    _write(render_json(data) if fmt == "json" else render_markdown(data), output)
+
+
+def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``group`` with its full name, the group first (for the docs test)."""
+    yield prefix, group
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from walk(command, f"{prefix} {name}")
+        else:
+            yield f"{prefix} {name}", command
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The console script: ``dpsql``."""
+    # Exceptions in click itself (before a command runs) still must not print a traceback.
+    try:
+        cli.main(args=argv, prog_name="dpsql", standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception as exc:  # pragma: no cover - click's own failures
+        click.echo(f"Error: internal error ({type(exc).__name__})", err=True)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(EXIT_OK)  # pragma: no cover - cli.main exits in standalone mode
+
+
+__all__ = ["EXIT_CODES", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "cli", "exit_code", "main"]
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])
