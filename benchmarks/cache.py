@@ -1,0 +1,71 @@
+"""Cache-hit latency beside a fresh answer of the same query, with a durable ledger.
+
+    python benchmarks/cache.py [--repeats 15]
+
+On the example data (examples/data/visits.parquet): each query is answered once, then timed
+afresh (``fresh=True``: plan, charge in the ledger, engine, noise, release record) and served
+again from the cache (plan, lookup, re-serve record, post-processing), interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import tomllib
+from decimal import Decimal
+from pathlib import Path
+
+from dpsql.accounting.ledger import Ledger
+from dpsql.policy import load_policy
+from dpsql.session import Session
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = {
+    "count_by_region": "SELECT region, COUNT(*) FROM visits GROUP BY region",
+    "avg_by_region": "SELECT region, AVG(spend) FROM visits WHERE age >= 30 GROUP BY region",
+    "private_keys": "SELECT age // 10 AS decade, COUNT(*) FROM visits GROUP BY 1",
+    "total": "SELECT COUNT(*), SUM(spend) FROM visits",
+}
+
+
+def session(folder: Path) -> Session:
+    raw = tomllib.loads((ROOT / "examples" / "policy.toml").read_text(), parse_float=Decimal)
+    raw["data"]["tables"]["visits"] = str(ROOT / "examples" / "data" / "visits.parquet")
+    raw["budget"]["epsilon"] = "10000"
+    raw["budget"]["delta"] = "0.5"
+    raw["ledger"] = {"path": str(folder / "ledger.sqlite")}
+    policy = load_policy(raw, base_dir=folder)
+    Ledger.create(folder / "ledger.sqlite", policy.dataset.id)
+    return Session(policy)
+
+
+def timed(run: Session, sql: str, fresh: bool) -> float:
+    start = time.perf_counter()
+    result = run.execute(sql, fresh=fresh)
+    elapsed = (time.perf_counter() - start) * 1000
+    assert (result.charge is not None) == fresh
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        run = session(Path(folder))
+        print(f"{'query':<16} | {'fresh ms':>9} | {'cache hit ms':>12} | {'hit/fresh':>9}")
+        print("-" * 56)
+        for name, sql in QUERIES.items():
+            run.execute(sql)
+            fresh, hit = [], []
+            for _ in range(args.repeats):
+                fresh.append(timed(run, sql, True))
+                hit.append(timed(run, sql, False))
+            f, h = statistics.median(fresh), statistics.median(hit)
+            print(f"{name:<16} | {f:>9.1f} | {h:>12.1f} | {h / f:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
