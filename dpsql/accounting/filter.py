@@ -131,22 +131,34 @@ def _additive_delta(view: Sequence[Composite]) -> Fraction:
     return sum((e.delta for c in view for e in c.events if isinstance(e, additive)), Fraction(0))
 
 
-def _basic_fits(
-    history: Sequence[Composite], new: Composite, cap: tuple[Fraction, Fraction]
-) -> bool:
-    epsilon = sum((c.epsilon for c in history), Fraction(0)) + new.epsilon
-    delta = sum((c.delta for c in history), Fraction(0)) + new.delta
-    return epsilon <= cap[0] and delta <= cap[1]
+Sums = dict[tuple[str, object], tuple[Fraction, Fraction]]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _State:
-    """What the ledger says now: the charges and the caps (policy plus administration)."""
+    """What the ledger says, folded incrementally: the charges, the caps (policy plus
+    administration), and running basic-composition sums per (who, cell), where who is "*" for
+    the data set or an analyst's name, and cell None for the unpinned queries."""
 
-    charges: tuple[Charge, ...]
+    charges: list[Charge]
     epsilon: Fraction
     delta: Fraction
     shares: dict[str, tuple[Fraction, Fraction]]
+    sums: Sums
+    seen: int = 0
+
+    def total(self, who: str, cell: object) -> tuple[Fraction, Fraction]:
+        """The basic-composition sums of the view of ``cell`` (None: unpinned only)."""
+        base = self.sums.get((who, None), (Fraction(0), Fraction(0)))
+        if cell is None:
+            return base
+        own = self.sums.get((who, cell), (Fraction(0), Fraction(0)))
+        return base[0] + own[0], base[1] + own[1]
+
+
+def _add(sums: Sums, key: tuple[str, object], event: Composite) -> None:
+    eps, delta = sums.get(key, (Fraction(0), Fraction(0)))
+    sums[key] = (eps + event.epsilon, delta + event.delta)
 
 
 class MemoryLedger:
@@ -206,8 +218,9 @@ class Budget:
         self.store: Store = store if store is not None else MemoryLedger()
         self._accountants = tuple(accountants)
         self._parsed: dict[int, Composite] = {}
+        self._folded: _State | None = None
         self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter | None] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _state builds deciders under it
 
     @property
     def name(self) -> str:
@@ -223,22 +236,38 @@ class Budget:
             return self._deciders[key]
 
     def _state(self, records: Sequence[Record]) -> _State:
-        spec = self.spec
-        charges, epsilon, delta = [], _epsilon_total(self, spec), spec.delta
-        shares = {n: (a.epsilon, a.delta) for n, a in spec.analysts.items()}
-        for r in records:
-            if r.kind == "charge":
-                event = self._parsed.get(r.seq)
-                if event is None:
-                    event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
-                charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
-            elif r.kind == "budget_add":
-                epsilon += Fraction(str(r.payload["epsilon"]))
-                delta += Fraction(str(r.payload["delta"]))
-            elif r.kind == "allocate":
-                share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
-                shares[str(r.payload["analyst"])] = share
-        return _State(tuple(charges), epsilon, delta, shares)
+        """The ledger folded into a state, reading only the records since the last call (the
+        store guarantees that earlier records never change under a session)."""
+        with self._lock:
+            state = self._folded
+            if state is None or len(records) < state.seen:
+                spec = self.spec
+                shares = {n: (a.epsilon, a.delta) for n, a in spec.analysts.items()}
+                state = _State([], _epsilon_total(self, spec), spec.delta, shares, {})
+            for r in records[state.seen :]:
+                self._fold(state, r)
+            state.seen = len(records)
+            self._folded = state
+            return _State(
+                list(state.charges), state.epsilon, state.delta, dict(state.shares),
+                dict(state.sums), state.seen,
+            )  # fmt: skip
+
+    def _fold(self, state: _State, r: Record) -> None:
+        if r.kind == "charge":
+            event = self._parsed.get(r.seq)
+            if event is None:
+                event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
+            state.charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
+            _add(state.sums, ("*", event.cell), event)
+            if r.analyst is not None:
+                _add(state.sums, (r.analyst, event.cell), event)
+        elif r.kind == "budget_add":
+            state.epsilon += Fraction(str(r.payload["epsilon"]))
+            state.delta += Fraction(str(r.payload["delta"]))
+        elif r.kind == "allocate":
+            share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
+            state.shares[str(r.payload["analyst"])] = share
 
     def _rule(
         self, cap: tuple[Fraction, Fraction], total: bool
@@ -251,24 +280,27 @@ class Budget:
     def _admits(
         self,
         rule: Filter | tuple[Fraction, Fraction],
-        history: Sequence[Charge],
+        state: _State,
+        who: str,
         new: Composite,
     ) -> bool:
-        """Whether ``rule`` admits ``new`` in every view of the history it belongs to.
+        """Whether ``rule`` admits ``new`` in every view of ``who``'s history it belongs to.
 
         Parallel composition (McSherry 2009): queries pinned to different cells of a
         constant-per-unit column touch disjoint units, so a unit's loss is that of the
         unpinned queries plus its own cell's. A pinned query must fit its cell's view; an
         unpinned one, every view.
         """
-        composites = [c.event for c in history]
-        cells = {c.cell for c in composites if c.cell is not None}
+        mine = state.charges if who == "*" else [c for c in state.charges if c.analyst == who]
+        cells = {key[1] for key in state.sums if key[0] == who and key[1] is not None}
         targets = [new.cell] if new.cell is not None else [None, *cells]
         for cell in targets:
-            view = [c for c in composites if c.cell is None or c.cell == cell]
             if isinstance(rule, tuple):
-                fits = _basic_fits(view, new, rule)
+                # Basic composition from the running sums: no pass over the history.
+                eps, delta = state.total(who, cell)
+                fits = eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
             else:
+                view = [c.event for c in mine if c.event.cell is None or c.event.cell == cell]
                 fits = rule.admits(events_for(rule.name, view), events_for(rule.name, [new]))
             if not fits:
                 return False
@@ -276,7 +308,7 @@ class Budget:
 
     def _decide(self, event: Composite, analyst: str | None, records: Sequence[Record]) -> None:
         state = self._state(records)
-        if not self._admits(self._rule((state.epsilon, state.delta), True), state.charges, event):
+        if not self._admits(self._rule((state.epsilon, state.delta), True), state, "*", event):
             raise BudgetExceededError(
                 f"this query (epsilon {event.epsilon}, delta {event.delta}) would take the data "
                 f"set over its budget under the {self.name} filter; nothing was charged"
@@ -288,8 +320,8 @@ class Budget:
                 "has no share; nothing was charged"
             )
         if analyst is not None and analyst in state.shares:
-            own = [c for c in state.charges if c.analyst == analyst]
-            if not self._admits(self._rule(state.shares[analyst], False), own, event):
+            rule = self._rule(state.shares[analyst], False)
+            if not self._admits(rule, state, analyst, event):
                 raise BudgetExceededError(
                     f"this query would take analyst {analyst} over their share of the budget; "
                     "nothing was charged"
@@ -333,7 +365,7 @@ class Budget:
 
     @property
     def charges(self) -> tuple[Charge, ...]:
-        return self._state(self.store.records()).charges
+        return tuple(self._state(self.store.records()).charges)
 
     def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
         """The histories a unit can be exposed to: the unpinned queries plus one cell's (or

@@ -117,7 +117,7 @@ class Ledger:
                 con.executemany("INSERT INTO meta VALUES (?, ?)", list(identity.items()))
         finally:
             con.close()
-        _write_anchor(anchor, {"ledger_id": identity["ledger_id"], "seq": 0, "head": GENESIS})
+        _write_anchor(anchor, _anchor(identity, 0, GENESIS))
         return cls(path, anchor)
 
     def _open(self) -> dict[str, str]:
@@ -134,6 +134,9 @@ class Ledger:
         anchor = _read_anchor(self.anchor)
         if identity.get("ledger_id") != anchor.get("ledger_id"):
             raise LedgerError("the ledger does not match its anchor (another ledger's file?)")
+        # The identity (data set, secret salt) is outside the chain; the anchor holds its digest.
+        if _identity_digest(identity) != anchor.get("identity"):
+            raise LedgerError("the ledger's identity differs from its anchor: fail closed")
         self._cache = self._load()
         self._check(self._cache, anchor)
         return identity
@@ -217,7 +220,13 @@ class Ledger:
                 raise LedgerError("the ledger cannot be opened for writing") from None
             try:
                 con.execute("BEGIN IMMEDIATE")
-                records = self._refresh()
+                # Before writing, the whole chain is verified again (not only the records
+                # appended since): an edit or a drop further back, made while this session
+                # runs, must stop it too rather than have new charges chained onto it.
+                records = self._load()
+                if records[: len(self._cache)] != self._cache:
+                    raise LedgerError("the ledger's history changed under a running session")
+                self._cache = records
                 anchor = _read_anchor(self.anchor)
                 self._check(records, anchor)
                 if decide is not None:
@@ -246,8 +255,7 @@ class Ledger:
             self._cache.append(record)
             # After the commit: a crash here leaves the anchor behind the ledger, which is
             # consistent (the chain extends the anchored head) and is caught up next time.
-            _write_anchor(self.anchor, {"ledger_id": self.identity["ledger_id"], "seq": seq,
-                                        "head": digest})  # fmt: skip
+            _write_anchor(self.anchor, _anchor(self.identity, seq, digest))
             return record
 
     def export(self) -> Iterator[dict[str, Any]]:
@@ -261,6 +269,20 @@ class Ledger:
                 "prev": r.prev,
                 "hash": r.hash,
             }
+
+
+def _identity_digest(identity: Mapping[str, str]) -> str:
+    return hashlib.sha256(canonical(dict(identity)).encode()).hexdigest()
+
+
+def _anchor(identity: Mapping[str, str], seq: int, head: str) -> dict[str, Any]:
+    """The anchor: which ledger, the digest of its identity, and the head of its chain."""
+    return {
+        "ledger_id": identity["ledger_id"],
+        "identity": _identity_digest(identity),
+        "seq": seq,
+        "head": head,
+    }
 
 
 def _connect(path: Path) -> sqlite3.Connection:
