@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dpsql.accounting import conversions
+from dpsql.accounting import conversions, zcdp
 from dpsql.errors import InternalError
 
 # Rationals with this many significant bits keep exact arithmetic cheap; the rounding they
@@ -38,19 +38,10 @@ def _round(x: float, up: bool) -> Fraction:
 
 
 def rho_for(epsilon: Fraction, delta: Fraction) -> Fraction:
-    """The largest rho (rounded down) with conversions.zcdp_to_dp(rho, delta) <= epsilon.
-
-    The search starts from the rho of the simple bound epsilon = rho + 2 sqrt(rho ln(1/delta))
-    (Bun-Steinke 2016, Prop. 1.3), which the CKS conversion never exceeds, so it always fits.
-    """
+    """The largest rho (rounded down to a short rational) whose CKS conversion gives at most
+    (epsilon, delta), checked after rounding."""
     eps, dlt = float(epsilon) * (1 - _SLACK), float(delta)
-    log_inv = math.log(1 / dlt)
-    lo = (math.sqrt(log_inv + eps) - math.sqrt(log_inv)) ** 2 * (1 - _SLACK)
-    hi = eps  # rho-zCDP gives epsilon >= rho, so rho <= epsilon
-    while hi - lo > lo * 1e-9:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if conversions.zcdp_to_dp(mid, dlt) <= eps else (lo, mid)
-    rho = _round(lo, up=False)
+    rho = _round(zcdp.rho_for(eps, dlt), up=False)
     if rho <= 0 or conversions.zcdp_to_dp(float(rho), dlt) > eps:
         raise InternalError("no positive rho fits the query's (epsilon, delta)")
     return rho
