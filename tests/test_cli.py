@@ -9,6 +9,7 @@ owner commands whose records change what later queries may spend.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -418,3 +419,15 @@ def test_report_under_a_zcdp_rho_budget(tmp_path: Path) -> None:
     assert (charge["epsilon"], charge["delta"]) == ("0.25", "0.00000001")
     markdown = run(path, "report").stdout
     assert "| epsilon | ≈ 5.36" in markdown and "rho = 0.5" in markdown
+
+
+def test_report_as_a_self_contained_html_page(policy: Path) -> None:
+    ask(policy, "SELECT COUNT(*) FROM visits", epsilon=0.5)
+    result = run(policy, "report", "--format", "html")
+    assert result.exit_code == 0, result.stderr
+    page = result.stdout
+    assert page.lstrip().lower().startswith("<!doctype html")
+    assert "<svg" in page  # the budget chart, inline
+    # Nothing is loaded from outside (XML namespace URIs in the SVG are names, not loads).
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "SELECT COUNT(*) FROM visits" in page

@@ -36,6 +36,9 @@ from dpsql.errors import (
     PolicyError,
     QueryError,
 )
+from dpsql.interfaces.budget_view import demo_command, show_command, whatif_command
+from dpsql.interfaces.charts import history_curves
+from dpsql.interfaces.html_report import render_html
 from dpsql.interfaces.report import build_report, render_json, render_markdown
 from dpsql.policy import MAX_TOTAL_EPSILON, Policy, check_delta, check_epsilon, load_policy
 
@@ -294,7 +297,7 @@ def export(config: Config, fmt: str, output: Path | None) -> None:
 
 @cli.group()
 def budget() -> None:
-    """Owner commands: top up the budget, set analysts' shares (recorded in the ledger)."""
+    """The budget: show it, ask what-if, and (owners) top it up or set analysts' shares."""
 
 
 @budget.command()
@@ -355,10 +358,11 @@ def allocate(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["markdown", "json"]),
+    type=click.Choice(["markdown", "json", "html"]),
     default="markdown",
     show_default=True,
-    help="Markdown for people, JSON for programs (exact numbers as strings).",
+    help="Markdown for people, JSON for programs (exact numbers as strings), or a "
+    "self-contained HTML page with the budget chart.",
 )
 @click.option(
     "--output",
@@ -369,8 +373,18 @@ def allocate(
 def report(config: Config, fmt: str, output: Path | None) -> None:
     """The privacy contract of the data set: budget, adjacency, bounds, accountants, schedule."""
     policy = config.policy()
-    data = build_report(policy, _budget(policy))
-    _write(render_json(data) if fmt == "json" else render_markdown(data), output)
+    owned = _budget(policy)
+    data = build_report(policy, owned)
+    if fmt == "html":
+        text = render_html(data, history_curves(owned))
+    else:
+        text = render_json(data) if fmt == "json" else render_markdown(data)
+    _write(text, output)
+
+
+budget.add_command(show_command)  # dpsql budget show
+budget.add_command(whatif_command)  # dpsql budget what-if
+cli.add_command(demo_command)  # dpsql demo
 
 
 def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:
