@@ -387,6 +387,18 @@ budget.add_command(whatif_command)  # dpsql budget what-if
 cli.add_command(demo_command)  # dpsql demo
 
 
+def _register_shell() -> None:
+    # The shell uses this module's exit codes and group context, so it is imported once they
+    # exist rather than at the top (which would be a circular import).
+    from dpsql.interfaces.shell import shell_command  # noqa: PLC0415
+
+    cli.add_command(shell_command)  # dpsql shell
+
+
+if __name__ != "__main__":  # run as a script, the imported module below registers it
+    _register_shell()
+
+
 def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:
     """Every command under ``group`` with its full name, the group first (for the docs test)."""
     yield prefix, group
@@ -413,4 +425,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
 __all__ = ["EXIT_CODES", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "cli", "exit_code", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
-    main(sys.argv[1:])
+    from dpsql.interfaces.cli import main as imported_main  # the module, with the shell
+
+    imported_main(sys.argv[1:])
