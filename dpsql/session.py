@@ -32,6 +32,7 @@ from dpsql.policy import (
     load_policy,
 )
 from dpsql.sql.analyze import analyze
+from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import DIALECT, Explain, Query, SetOption, ShowOption, parse_statement
 from dpsql.sql.validate import validate
@@ -205,19 +206,26 @@ class Session:
         """Plan a SELECT without running or charging anything (what EXPLAIN shows)."""
         statement = parse_statement(sql)
         if isinstance(statement, Explain | Query):
-            return self._plan(statement.select, params, options)
+            return self._plan(statement.select, params, options, statement.options)
         raise ParameterError("only a SELECT query can be planned")
 
     def _plan(
-        self, select: Any, params: Sequence[object] | None, options: Mapping[str, object]
+        self,
+        select: Any,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        inline: Mapping[str, object] = EMPTY,
     ) -> Plan:
+        """``inline``: the statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, under the
+        call's keyword ``options`` (a keyword option given wins), over SET values."""
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
-        settings = self.settings(options)
+        settings = self.settings(merge_options(inline, options))
         bound = bind_parameters(select, params)
         validate(bound)
         analysis = analyze(bound, self.policy, self.engine.catalog)
+        check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.table)
         plan = plan_query(analysis, options_, self.policy, query=bound.sql(dialect=DIALECT))
         # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
@@ -240,10 +248,10 @@ class Session:
         if isinstance(statement, ShowOption):
             return self._show(statement.name)
         if isinstance(statement, Explain):
-            plan = self._plan(statement.select, params, options)
+            plan = self._plan(statement.select, params, options, statement.options)
             lines = plan.explain()
             return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
-        plan = self._plan(statement.select, params, options)
+        plan = self._plan(statement.select, params, options, statement.options)
         # A fresh answer (not one served from the cache) is charged like any other.
         return self._answer(plan, bool(self.settings(options)["fresh"]))
 

@@ -387,16 +387,19 @@ budget.add_command(whatif_command)  # dpsql budget what-if
 cli.add_command(demo_command)  # dpsql demo
 
 
-def _register_shell() -> None:
-    # The shell uses this module's exit codes and group context, so it is imported once they
-    # exist rather than at the top (which would be a circular import).
+def _register_interfaces() -> None:
+    # The shell and the batch commands use this module's exit codes and group context, so they
+    # are imported once those exist rather than at the top (which would be circular).
+    from dpsql.interfaces.batch import explain_command, run_command  # noqa: PLC0415
     from dpsql.interfaces.shell import shell_command  # noqa: PLC0415
 
     cli.add_command(shell_command)  # dpsql shell
+    cli.add_command(run_command, "run")  # dpsql run FILE.sql
+    cli.add_command(explain_command, "explain")  # dpsql explain "SQL"
 
 
 if __name__ != "__main__":  # run as a script, the imported module below registers it
-    _register_shell()
+    _register_interfaces()
 
 
 def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:

@@ -7,7 +7,8 @@ must parse as a single ``SELECT``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import sqlglot
 from sqlglot import exp
@@ -16,6 +17,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import Token, TokenType
 
 from dpsql.errors import ParseError, UnsupportedQueryError
+from dpsql.sql.options import OptionsDialect, pop_options
 
 DIALECT = "duckdb"
 # Node types that are whole statements; anything else at the top is a syntax error.
@@ -54,9 +56,10 @@ MAX_QUERY_LENGTH = 100_000
 
 @dataclass(frozen=True)
 class Query:
-    """A SELECT statement to answer."""
+    """A SELECT statement to answer; ``options`` are its ``WITH DIFFERENTIAL_PRIVACY`` ones."""
 
     select: exp.Select
+    options: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Explain:
     """``EXPLAIN <select>``: plan only; nothing runs and nothing is charged."""
 
     select: exp.Select
+    options: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -148,14 +152,15 @@ def parse_statement(text: str) -> Statement:
             raise ParseError(f"{head} takes one setting name")
         return SetOption(name, None) if head == "RESET" else ShowOption(name)
     if head == "EXPLAIN":
-        return Explain(parse_select(rest_text))
-    return Query(parse_select(text))
+        return Explain(*pop_options(parse_select(rest_text)))
+    return Query(*pop_options(parse_select(text)))
 
 
 def parse_select(text: str) -> exp.Select:
-    """Parse text that must be a single SELECT statement."""
+    """Parse text that must be a single SELECT statement (BigQuery's ``WITH
+    DIFFERENTIAL_PRIVACY OPTIONS(...)`` clause stays on it: see ``dpsql.sql.options``)."""
     try:
-        statements = sqlglot.parse(text, read=DIALECT)
+        statements = sqlglot.parse(text, read=OptionsDialect)
     except GlotParseError as exc:
         detail = exc.errors[0] if exc.errors else {}
         raise ParseError(

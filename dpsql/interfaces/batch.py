@@ -1,0 +1,461 @@
+"""``dpsql run FILE.sql`` and ``dpsql explain SQL``: a file of statements, planned as a whole.
+
+``run`` splits the file on the semicolons of sqlglot's token stream (so a ``;`` inside a string
+or a comment splits nothing), then plans every statement before anything runs: each query's
+privacy event, applying the file's ``SET``s in order, and whether the release cache would serve
+it for free. The whole file is admitted by the budget's own filter on a copy of the ledger's
+records, statement by statement, in order: what that copy refuses does not fit. A file that does
+not fit is refused as a whole (exit 4, nothing charged) unless ``--partial`` runs what fits.
+
+Both commands are click command objects (``run_command``, ``explain_command``) that take the
+``dpsql`` group's ``Config``; every failure is one line on stderr with its code from
+``cli.EXIT_CODES``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import click
+import duckdb
+import sqlglot
+from rich.console import Console
+from rich.progress import Progress
+from sqlglot.errors import TokenError
+from sqlglot.tokenizer_core import TokenType
+
+from dpsql import cache
+from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
+from dpsql.errors import BudgetExceededError, DpsqlError, ParseError
+from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
+from dpsql.interfaces.report import exact
+from dpsql.plan.planner import Plan
+from dpsql.session import Result, Session
+from dpsql.sql.parse import DIALECT, Explain, SetOption, ShowOption, parse_statement
+
+FORMATS = ("csv", "json", "parquet")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One statement of a file: its position (1-based) and line, and its text."""
+
+    number: int
+    line: int
+    text: str
+
+
+def split_statements(text: str) -> list[Piece]:
+    """The statements of ``text``, split on the tokenizer's semicolons (never on one inside a
+    string or a comment); empty statements are dropped."""
+    try:
+        tokens = sqlglot.tokenize(text, read=DIALECT)
+    except TokenError as exc:
+        raise ParseError(f"cannot read the SQL file: {str(exc).splitlines()[0]}") from None
+    pieces: list[Piece] = []
+    start: int | None = None  # offset of the current statement's first token
+    line = 1
+    for token in [*tokens, None]:
+        if token is None or token.token_type == TokenType.SEMICOLON:
+            if start is not None:
+                end = token.start if token is not None else len(text)
+                pieces.append(Piece(len(pieces) + 1, line, text[start:end].strip()))
+            start = None
+        elif start is None:
+            start, line = token.start, token.line
+    return pieces
+
+
+@dataclass(frozen=True)
+class Step:
+    """A planned statement: its kind, its plan (queries), where its answer comes from."""
+
+    piece: Piece
+    kind: str  # "set", "show", "explain" or "query"
+    plan: Plan | None = None
+    source: str = "free"  # "free", "charge", "cache" or "refused"
+    note: str = ""
+
+    @property
+    def charged(self) -> bool:
+        return self.source == "charge"
+
+
+def _kind(piece: Piece) -> str:
+    statement = parse_statement(piece.text)
+    if isinstance(statement, SetOption):
+        return "set"
+    if isinstance(statement, ShowOption):
+        return "show"
+    return "explain" if isinstance(statement, Explain) else "query"
+
+
+def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
+    """Plan every statement in order, admitting the charges on a copy of the budget; nothing
+    is charged and the session's settings are left as they were (a fresh session's)."""
+    copy = MemoryLedger()
+    for record in session.filter.store.records():
+        copy.append(record.kind, record.payload, record.analyst)
+    trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
+    planned: dict[str, int] = {}  # exact cache key -> the statement that will release it
+    steps: list[Step] = []
+    applied: set[str] = set()
+    try:
+        for piece in pieces:
+            try:
+                steps.append(_plan_one(session, piece, trial, planned, applied))
+            except DpsqlError as exc:
+                raise type(exc)(f"statement {piece.number} (line {piece.line}): {exc}") from None
+    finally:
+        for name in applied:
+            session.set_option(name, None)
+    return steps
+
+
+def _plan_one(
+    session: Session, piece: Piece, trial: Budget, planned: dict[str, int], applied: set[str]
+) -> Step:
+    kind = _kind(piece)
+    if kind == "set":
+        statement = parse_statement(piece.text)
+        assert isinstance(statement, SetOption)
+        session.set_option(statement.name, statement.value)
+        applied.add(statement.name)
+        return Step(piece, kind)
+    if kind != "query":
+        if kind == "explain":
+            session.plan(piece.text)  # a bad EXPLAIN refuses the file like a bad query
+        return Step(piece, kind)
+    plan = session.plan(piece.text)
+    keys = cache.keys(plan, session.policy)
+    if not session.settings()["fresh"]:
+        hit = session.cache.lookup(plan, keys)
+        if hit is not None:
+            return Step(piece, kind, plan, "cache", f"release {hit.release_seq}")
+        if keys.exact in planned:
+            return Step(piece, kind, plan, "cache", f"statement {planned[keys.exact]}")
+    try:
+        trial.charge(plan.event, plan.query, session.analyst)
+    except BudgetExceededError:
+        return Step(piece, kind, plan, "refused", "does not fit")
+    planned[keys.exact] = piece.number
+    return Step(piece, kind, plan, "charge")
+
+
+def _one_line(text: str, width: int = 60) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def _totals(steps: Sequence[Step], source: str) -> tuple[Fraction, Fraction]:
+    chosen = [s.plan for s in steps if s.source == source and s.plan is not None]
+    return sum((p.epsilon for p in chosen), Fraction(0)), sum(
+        (p.delta for p in chosen), Fraction(0)
+    )
+
+
+def plan_lines(session: Session, name: str, steps: Sequence[Step]) -> list[str]:
+    """The cost plan of a file, as printed by ``dpsql run`` before anything runs."""
+    lines = [f"plan of {name}: {len(steps)} statement(s)"]
+    lines.append(f"{'#':>3}  {'line':>4}  {'kind':<7}  {'epsilon':<10}  {'delta':<12}  source")
+    for s in steps:
+        cost = (exact(s.plan.epsilon), exact(s.plan.delta)) if s.plan else ("-", "-")
+        source = s.source + (f" ({s.note})" if s.note else "")
+        lines.append(
+            f"{s.piece.number:>3}  {s.piece.line:>4}  {s.kind:<7}  {cost[0]!s:<10}  "
+            f"{cost[1]!s:<12}  "
+            f"{source:<26}  {_one_line(s.piece.text)}"
+        )
+    eps, delta = _totals(steps, "charge")
+    report = session.budget()
+    refused = [s.piece.number for s in steps if s.source == "refused"]
+    lines.append(
+        f"to charge (basic composition, the sum): epsilon {exact(eps)}, delta {exact(delta)}"
+    )
+    lines.append(
+        f"remaining under the {report.accountant} filter: epsilon "
+        f"{exact(report.epsilon_remaining)}, delta {exact(report.delta_remaining)}"
+    )
+    if refused:
+        listed = ", ".join(map(str, refused))
+        lines.append(f"fits: no: the {report.accountant} filter refuses statement(s) {listed}")
+    else:
+        lines.append(f"fits: yes (every charge admitted by the {report.accountant} filter)")
+    return lines
+
+
+# -- results ----------------------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+
+
+def _document(step: Step, result: Result) -> dict[str, Any]:
+    return {
+        "statement": step.piece.number,
+        "line": step.piece.line,
+        "sql": step.piece.text,
+        "columns": list(result.columns),
+        "types": list(result.types),
+        "rows": [[_plain(v) for v in row] for row in result.rows],
+        "accuracy": [list(row) for row in result.accuracy],
+        "confidence": result.confidence,
+        "epsilon": exact(result.charge.epsilon) if result.charge else "0",
+        "delta": exact(result.charge.delta) if result.charge else "0",
+        "cached_from": result.cached_from,
+    }
+
+
+def _long_rows(done: Sequence[tuple[Step, Result]]) -> Iterator[tuple[Any, ...]]:
+    """One row per released cell: the combined CSV and Parquet layout."""
+    for step, result in done:
+        for i, row in enumerate(result.rows):
+            accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+            for j, value in enumerate(row):
+                half = accuracy[j] if j < len(accuracy) else None
+                text = None if value is None else str(_plain(value))
+                yield step.piece.number, i + 1, result.columns[j], text, half
+
+
+LONG = (("statement", "INTEGER"), ("row", "INTEGER"), ("column", "VARCHAR"),
+        ("value", "VARCHAR"), ("accuracy", "DOUBLE"))  # fmt: skip
+
+
+def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([_plain(v) for v in row] for row in rows)
+    return out.getvalue()
+
+
+def _parquet(path: Path, schema: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> None:
+    """Write with DuckDB (pyarrow is a development dependency only)."""
+    names: list[str] = []
+    for name, _ in schema:  # duplicate output names (two COUNT(*)) need distinct columns
+        unique, n = name, 1
+        while unique in names:
+            n, unique = n + 1, f"{name}_{n + 1}"
+        names.append(unique)
+    columns = ", ".join(
+        '"' + n.replace('"', '""') + '" ' + t for n, (_, t) in zip(names, schema, strict=True)
+    )
+    with duckdb.connect() as con:
+        con.execute(f"CREATE TABLE result ({columns})")
+        if rows:
+            marks = ", ".join("?" * len(schema))
+            con.executemany(f"INSERT INTO result VALUES ({marks})", [list(r) for r in rows])
+        target = str(path).replace("'", "''")
+        con.execute(f"COPY result TO '{target}' (FORMAT PARQUET)")
+
+
+def write_results(
+    done: Sequence[tuple[Step, Result]], folder: Path, fmt: str, combined: bool, width: int
+) -> list[Path]:
+    """Write each result (``01.csv``, ...) or all of them (``results.csv``); return the files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if combined:
+        path = folder / f"results.{fmt}"
+        if fmt == "json":
+            docs = [_document(s, r) for s, r in done]
+            path.write_text(json.dumps(docs, indent=2) + "\n", encoding="utf-8")
+        elif fmt == "csv":
+            path.write_text(_csv([n for n, _ in LONG], _long_rows(done)), encoding="utf-8")
+        else:
+            _parquet(path, LONG, list(_long_rows(done)))
+        return [path]
+    paths = []
+    for step, result in done:
+        path = folder / f"{step.piece.number:0{width}d}.{fmt}"
+        if fmt == "json":
+            path.write_text(json.dumps(_document(step, result), indent=2) + "\n", encoding="utf-8")
+        elif fmt == "csv":
+            path.write_text(_csv(result.columns, result.rows), encoding="utf-8")
+        else:
+            schema = list(zip(result.columns, result.types, strict=True))
+            _parquet(path, schema, result.rows)
+        paths.append(path)
+    return paths
+
+
+def _text_table(result: Result) -> list[str]:
+    """An aligned table; a noisy value shows its accuracy half-width (``± a``)."""
+    cells = []
+    for i, row in enumerate(result.rows):
+        accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+        cells.append([
+            str(v) + (f" ± {accuracy[j]:.4g}" if j < len(accuracy) and accuracy[j] is not None
+                      else "")
+            for j, v in enumerate(row)
+        ])  # fmt: skip
+    widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return [line.rstrip() for line in lines]
+
+
+# -- the commands -----------------------------------------------------------------------------
+def _execute(
+    session: Session, steps: Sequence[Step], partial: bool, progress: Progress
+) -> tuple[list[tuple[Step, Result]], list[Step]]:
+    """Run the steps in order; returns the results that are tables and the skipped steps."""
+    done: list[tuple[Step, Result]] = []
+    skipped: list[Step] = []
+    task = progress.add_task("running", total=len(steps))
+    for step in steps:
+        if step.source == "refused":  # only reached with --partial
+            skipped.append(step)
+        else:
+            try:
+                result = session.execute(step.piece.text)
+            except BudgetExceededError:
+                # Another session spent the budget since the plan: the same rule applies.
+                if not partial:
+                    raise
+                skipped.append(step)
+            else:
+                if step.kind != "set":
+                    done.append((step, result))
+        progress.advance(task)
+    return done, skipped
+
+
+def _summary(session: Session, done: Sequence[tuple[Step, Result]], skipped: list[Step]) -> str:
+    charged = [r.charge for _, r in done if r.charge is not None]
+    cached = sum(1 for _, r in done if r.cached_from is not None)
+    eps = sum((c.epsilon for c in charged), Fraction(0))
+    delta = sum((c.delta for c in charged), Fraction(0))
+    text = (
+        f"ran {len(done)} statement(s) with results: {len(charged)} charged (epsilon "
+        f"{exact(eps)}, delta {exact(delta)}), {cached} from the cache"
+    )
+    if skipped:
+        text += f"; skipped {', '.join(str(s.piece.number) for s in skipped)} (over the budget)"
+    return text + f"\nbudget: {session.budget()}"
+
+
+@click.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--plan", "plan_only", is_flag=True, help="Print the cost plan and stop.")
+@click.option("--partial", is_flag=True, help="If the file does not fit, run what fits.")
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write results to files in this folder instead of printing them.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="csv",
+    show_default=True,
+    help="File format of the results written to --output.",
+)
+@click.option("--combined", is_flag=True, help="One results file instead of one per statement.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no printed plan.")
+@pass_config
+@click.pass_context
+def run_command(
+    ctx: click.Context,
+    config: Config,
+    *,
+    file: Path,
+    plan_only: bool,
+    partial: bool,
+    output: Path | None,
+    fmt: str,
+    combined: bool,
+    quiet: bool,
+) -> None:
+    """Run the statements of FILE in order, after planning the cost of the whole file."""
+    if output is None and (fmt != "csv" or combined):
+        raise click.UsageError("--format and --combined need --output")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise click.BadParameter(f"cannot read {file}", param_hint="'FILE'") from None
+    try:
+        session = Session(config.policy(), config.analyst)
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    try:
+        _run(ctx, session, file.name, text, plan_only=plan_only, partial=partial,
+             output=output, fmt=fmt, combined=combined, quiet=quiet)  # fmt: skip
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    finally:
+        session.close()
+
+
+def _run(
+    ctx: click.Context,
+    session: Session,
+    name: str,
+    text: str,
+    *,
+    plan_only: bool,
+    partial: bool,
+    output: Path | None,
+    fmt: str,
+    combined: bool,
+    quiet: bool,
+) -> None:
+    steps = plan_file(session, split_statements(text))
+    if not quiet or plan_only:
+        click.echo("\n".join(plan_lines(session, name, steps)))
+    if plan_only:
+        return
+    refused = [s for s in steps if s.source == "refused"]
+    if refused and not partial:
+        eps, delta = _totals(steps, "charge")
+        more_eps, more_delta = _totals(steps, "refused")
+        raise BudgetExceededError(
+            f"{name} needs epsilon {exact(eps + more_eps)}, delta {exact(delta + more_delta)} "
+            f"and {len(refused)} statement(s) do not fit the remaining budget; nothing was run "
+            "or charged (--partial runs what fits)"
+        )
+    show = sys.stderr.isatty() and not quiet
+    with Progress(console=Console(stderr=True), transient=True, disable=not show) as progress:
+        done, skipped = _execute(session, steps, partial, progress)
+    if output is not None:
+        width = max(2, len(str(len(steps))))
+        for path in write_results(done, output, fmt, combined, width):
+            click.echo(f"wrote {path}")
+    else:
+        for step, result in done:
+            click.echo(f"\n-- statement {step.piece.number} (line {step.piece.line})")
+            click.echo("\n".join(_text_table(result)))
+    click.echo(_summary(session, done, skipped))
+
+
+@click.command("explain")
+@click.argument("sql")
+@pass_config
+@click.pass_context
+def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
+    """Print the plan of the query SQL (its mechanisms, cost and bounded SQL); nothing is
+    charged and nothing runs."""
+    try:
+        session = Session(config.policy(), config.analyst)
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    try:
+        plan = session.plan(sql)
+        click.echo("\n".join(plan.explain()))
+        hit = session.cache.lookup(plan, cache.keys(plan, session.policy))
+        if hit is not None:
+            click.echo(f"cache: served from release {hit.release_seq}; it would cost nothing")
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    finally:
+        session.close()
+
+
+__all__ = ["explain_command", "plan_file", "plan_lines", "run_command", "split_statements"]

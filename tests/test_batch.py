@@ -1,0 +1,288 @@
+"""``dpsql run FILE.sql`` and ``dpsql explain`` end to end on the example data.
+
+Each test writes a policy whose durable ``[ledger]`` lives in tmp_path, runs ``dpsql init``, and
+invokes the commands through a fresh ``DpsqlGroup`` carrying the ``dpsql`` group's own options
+(so error mapping and ``Config`` are exactly what ``dpsql`` gives them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import click
+import duckdb
+import pytest
+from click.testing import CliRunner, Result
+
+from dpsql.accounting.ledger import Ledger
+from dpsql.interfaces import cli
+from dpsql.interfaces.batch import explain_command, plan_file, run_command, split_statements
+from dpsql.interfaces.report import exact
+from dpsql.session import Session
+from dpsql.sql.options import KEYS, PRIVACY_UNIT
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "examples" / "data" / "visits.parquet"
+POLICY = """
+[dataset]
+id = "visits-batch"
+data_version = "v1"
+
+[data]
+tables = {{ visits = "{data}" }}
+
+[budget]
+epsilon = 1.0
+delta = 1e-6
+query_epsilon = 0.25
+query_delta = 1e-8
+
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 2
+max_rows_per_unit_per_group = 10
+
+[tables.visits.columns.spend]
+lower = 0
+upper = 200
+
+[tables.visits.columns.region]
+public_values = ["central", "east", "north", "south", "west"]
+
+[ledger]
+path = "visits.ledger"
+"""
+FILE = """\
+-- a comment; with a semicolon
+SET dpsql.epsilon = 0.1;
+SELECT region, COUNT(*) AS n FROM visits /* not; here */ GROUP BY region;
+SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.2) AVG(spend) AS mean
+FROM visits WHERE region <> 'a;b';
+SHOW dpsql.epsilon;
+"""
+
+
+@pytest.fixture(autouse=True)
+def _example_data() -> None:
+    if not DATA.exists():
+        pytest.skip("run `make demo` (or examples/make_data.py) to create the example data")
+
+
+GROUP = cli.DpsqlGroup(name="dpsql", callback=cli.cli.callback, params=cli.cli.params)
+GROUP.add_command(run_command)
+GROUP.add_command(explain_command)
+
+
+def invoke(policy: Path, *args: str) -> Result:
+    return CliRunner().invoke(GROUP, ["--policy", str(policy), *args])
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY.format(data=DATA), encoding="utf-8")
+    assert CliRunner().invoke(cli.cli, ["--policy", str(path), "init"]).exit_code == 0
+    return path
+
+
+def sql_file(folder: Path, text: str, name: str = "q.sql") -> Path:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def charges(policy: Path) -> list[str]:
+    """The epsilon of every charge in the ledger, in order, as decimal text."""
+    ledger = Ledger(policy.parent / "visits.ledger")
+    return [exact(Fraction(r.payload["epsilon"])) or "" for r in ledger.records()
+            if r.kind == "charge"]  # fmt: skip
+
+
+# -- splitting --------------------------------------------------------------------------------
+def test_statements_split_only_on_real_semicolons() -> None:
+    text = (
+        "-- leading; comment\n"
+        "SELECT 'a;b' AS \"x;y\" FROM t; ;\n"
+        "/* block; comment */ SET dpsql.epsilon = 0.1;\n"
+        "EXPLAIN SELECT COUNT(*) FROM t WHERE s = ';' -- tail; comment\n"
+        ";\n"
+        "SHOW dpsql.all\n"
+        "-- trailing; comment"
+    )
+    pieces = split_statements(text)
+    assert [p.number for p in pieces] == [1, 2, 3, 4]
+    assert [p.line for p in pieces] == [2, 3, 4, 6]
+    assert pieces[0].text == "SELECT 'a;b' AS \"x;y\" FROM t"
+    assert pieces[1].text == "SET dpsql.epsilon = 0.1"
+    assert pieces[2].text.startswith("EXPLAIN SELECT COUNT(*) FROM t WHERE s = ';'")
+    assert pieces[3].text.startswith("SHOW dpsql.all")
+    assert split_statements("-- nothing; here\n ; ;") == []
+
+
+# -- the plan ---------------------------------------------------------------------------------
+def test_the_plan_charges_nothing_and_its_events_are_what_is_charged(
+    policy: Path, tmp_path: Path
+) -> None:
+    path = sql_file(tmp_path, FILE)
+    shown = invoke(policy, "run", str(path), "--plan")
+    assert shown.exit_code == 0, shown.output
+    assert "to charge (basic composition, the sum): epsilon 0.3, delta 0" in shown.stdout
+    assert "fits: yes" in shown.stdout
+    assert charges(policy) == []
+    records = len(Ledger(policy.parent / "visits.ledger").records())
+
+    session = Session(policy)
+    steps = plan_file(session, split_statements(FILE))
+    planned = [s.plan.event for s in steps if s.charged and s.plan is not None]
+    assert session.settings()["epsilon"] == session.policy.budget.query_epsilon  # SET undone
+    session.close()
+    assert len(Ledger(policy.parent / "visits.ledger").records()) == records
+
+    result = invoke(policy, "run", str(path))
+    assert result.exit_code == 0, result.stderr
+    session = Session(policy)
+    assert [c.event for c in session.filter.charges] == planned
+    session.close()
+    assert charges(policy) == ["0.1", "0.2"]
+    assert "-- statement 4 (line 6)" in result.stdout and "0.1" in result.stdout
+    assert "2 charged (epsilon 0.3, delta 0)" in result.stdout
+
+    again = invoke(policy, "run", str(path), "--quiet")
+    assert again.exit_code == 0
+    assert "plan of" not in again.stdout
+    assert "0 charged (epsilon 0, delta 0), 2 from the cache" in again.stdout
+    assert charges(policy) == ["0.1", "0.2"]  # a second run costs nothing
+    replan = invoke(policy, "run", str(path), "--plan")
+    assert "cache (release" in replan.stdout and "epsilon 0, delta 0" in replan.stdout
+
+
+def test_an_identical_statement_later_in_the_file_is_planned_free(
+    policy: Path, tmp_path: Path
+) -> None:
+    query = "SELECT COUNT(*) AS n FROM visits;\n"
+    path = sql_file(tmp_path, query * 2)
+    shown = invoke(policy, "run", str(path), "--plan")
+    assert "cache (statement 1)" in shown.stdout
+    assert invoke(policy, "run", str(path)).exit_code == 0
+    assert charges(policy) == ["0.25"]
+
+
+# -- outputs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
+def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fmt: str) -> None:
+    path = sql_file(tmp_path, FILE)
+    out = tmp_path / "out"
+    result = invoke(policy, "run", str(path), "--output", str(out), "--format", fmt)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"0{n}.{fmt}" for n in (2, 3, 4)]
+    first = out / f"02.{fmt}"
+    if fmt == "csv":
+        lines = first.read_text(encoding="utf-8").splitlines()
+        assert lines[0] == "region,n" and len(lines) == 6 and lines[1].startswith("central,")
+    elif fmt == "json":
+        doc = json.loads(first.read_text(encoding="utf-8"))
+        assert doc["columns"] == ["region", "n"] and len(doc["rows"]) == 5
+        assert doc["epsilon"] == "0.1" and doc["accuracy"][0][1] > 0
+    else:
+        rows = duckdb.sql(f"SELECT * FROM '{first}'").fetchall()
+        assert len(rows) == 5 and rows[0][0] == "central"
+        assert duckdb.sql(f"SELECT * FROM '{out / '03.parquet'}'").columns == ["mean"]
+
+    combined = tmp_path / "all"
+    again = invoke(policy, "run", str(path), "--output", str(combined), "--format", fmt,
+                   "--combined")  # fmt: skip
+    assert again.exit_code == 0, again.stderr
+    assert [p.name for p in combined.iterdir()] == [f"results.{fmt}"]
+    target = combined / f"results.{fmt}"
+    if fmt == "json":
+        docs = json.loads(target.read_text(encoding="utf-8"))
+        assert [d["statement"] for d in docs] == [2, 3, 4]
+        assert docs[1]["columns"] == ["mean"] and docs[1]["cached_from"] is not None
+        assert {"statement", "columns", "rows", "accuracy"} <= set(docs[0])
+    elif fmt == "csv":
+        lines = target.read_text(encoding="utf-8").splitlines()
+        assert lines[0] == "statement,row,column,value,accuracy"
+        assert len(lines) == 1 + 10 + 1 + 1  # 5 rows x 2 columns, one mean, one setting
+    else:
+        count = duckdb.sql(f"SELECT COUNT(*) FROM '{target}'").fetchall()
+        assert count == [(12,)]
+    assert charges(policy) == ["0.1", "0.2"]
+
+
+# -- the budget -------------------------------------------------------------------------------
+TOO_BIG = "".join(
+    f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = {e}) SUM(spend) AS s{i} FROM visits;\n"
+    for i, e in enumerate(("0.4", "0.5", "0.3", "0.1"))
+)
+
+
+def test_a_file_that_does_not_fit_is_refused_as_a_whole(policy: Path, tmp_path: Path) -> None:
+    path = sql_file(tmp_path, TOO_BIG)
+    result = invoke(policy, "run", str(path))
+    assert result.exit_code == 4
+    assert "refused (does not fit)" in result.stdout
+    assert result.stderr.startswith("Error: BudgetExceededError:") and "nothing was run" in (
+        result.stderr
+    )
+    assert charges(policy) == []
+
+    partial = invoke(policy, "run", str(path), "--partial")
+    assert partial.exit_code == 0, partial.stderr
+    assert charges(policy) == ["0.4", "0.5", "0.1"]
+    assert "skipped 3 (over the budget)" in partial.stdout
+
+
+def test_a_bad_statement_refuses_the_file_before_anything_runs(
+    policy: Path, tmp_path: Path
+) -> None:
+    path = sql_file(tmp_path, "SELECT COUNT(*) FROM visits;\nSELECT user_id FROM visits;\n")
+    result = invoke(policy, "run", str(path))
+    assert result.exit_code == 3
+    assert result.stderr.startswith("Error: ") and "statement 2 (line 2)" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert charges(policy) == []
+
+
+def test_usage_errors(policy: Path, tmp_path: Path) -> None:
+    path = sql_file(tmp_path, "SELECT COUNT(*) FROM visits;")
+    assert invoke(policy, "run", str(path), "--format", "json").exit_code == 2
+    assert invoke(policy, "run", str(tmp_path / "missing.sql")).exit_code == 2
+    assert charges(policy) == []
+
+
+# -- explain ----------------------------------------------------------------------------------
+def test_explain_prints_the_plan_and_charges_nothing(policy: Path) -> None:
+    sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.2) COUNT(*) AS n FROM visits"
+    result = invoke(policy, "explain", sql)
+    assert result.exit_code == 0, result.stderr
+    assert "cost: epsilon 1/5, delta 0" in result.stdout
+    assert "bounded SQL:" in result.stdout and "cache:" not in result.stdout
+    assert charges(policy) == []
+    path = sql_file(policy.parent, sql + ";")
+    assert invoke(policy, "run", str(path), "--quiet").exit_code == 0
+    assert "cache: served from release" in invoke(policy, "explain", sql).stdout
+    bad = invoke(policy, "explain", "SELECT user_id FROM visits")
+    assert bad.exit_code == 3 and bad.stdout == ""
+
+
+# -- docs -------------------------------------------------------------------------------------
+DOC = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("command", [run_command, explain_command], ids=["run", "explain"])
+def test_every_option_is_documented_in_its_section(command: click.Command) -> None:
+    match = re.search(rf"^## `dpsql {command.name}`\s*$(.*?)(?=^## |\Z)", DOC, re.M | re.S)
+    assert match, f"no section for dpsql {command.name}"
+    for param in command.params:
+        names = param.opts if isinstance(param, click.Option) else [param.human_readable_name]
+        for name in names:
+            assert f"`{name}" in match.group(1), f"{name} is not documented"
+
+
+def test_every_options_key_is_in_the_mapping_table() -> None:
+    for key, setting in KEYS.items():
+        assert f"| `{key}`" in DOC and f"| `{setting}` |" in DOC, key
+    assert f"| `{PRIVACY_UNIT}` (BigQuery) |" in DOC
