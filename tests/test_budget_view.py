@@ -469,3 +469,10 @@ def test_the_docs_show_the_example_chart() -> None:
     check_png(ROOT / "docs" / "budget-chart.png")
     texts = svg_texts(ROOT / "docs" / "budget-chart.svg")
     assert "number of queries" in texts and {label(n) for n in CURVES} <= texts
+
+
+def test_budget_alone_shows_the_budget(policy: Path) -> None:
+    shown = CliRunner().invoke(cli.cli, ["--policy", str(policy), "budget"])
+    explicit = CliRunner().invoke(cli.cli, ["--policy", str(policy), "budget", "show"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output == explicit.output and "decides" in shown.output

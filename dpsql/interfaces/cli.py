@@ -295,9 +295,15 @@ def export(config: Config, fmt: str, output: Path | None) -> None:
     _write(text, output)
 
 
-@cli.group()
-def budget() -> None:
-    """The budget: show it, ask what-if, and (owners) top it up or set analysts' shares."""
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def budget(ctx: click.Context) -> None:
+    """The budget: show it, ask what-if, and (owners) top it up or set analysts' shares.
+
+    Without a subcommand, the same as `dpsql budget show`.
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(show_command)
 
 
 @budget.command()
