@@ -21,7 +21,13 @@ from dpsql import cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.errors import LedgerError, ParameterError
-from dpsql.noise.release import Release, check_post_processing, measure, publish
+from dpsql.noise.release import (
+    Release,
+    check_post_processing,
+    check_samplable,
+    measure,
+    publish,
+)
 from dpsql.plan.planner import Plan, QueryOptions, plan_query
 from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
@@ -230,6 +236,7 @@ class Session:
         plan = plan_query(analysis, options_, self.policy, query=bound.sql(dialect=DIALECT))
         # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
         # rejected here, before the charge, on the schema alone.
+        check_samplable(plan)
         types = self.engine.check(plan.engine_sql)
         check_post_processing(plan, types[: len(analysis.keys)])
         return plan

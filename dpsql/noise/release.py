@@ -11,7 +11,7 @@ the discrete distribution actually sampled. Counts and sums: the exact discrete 
 discrete Gaussian quantile. AVG: the box [sum ± k1] x [count ± k2], each at confidence
 sqrt(c), which covers both independent noises with probability at least c; the half-width is
 the larger distance from the estimate to the ends of the ratio's range over the box (clamped to
-the bounds).
+the bounds). VARIANCE and STDDEV (``_spread``): no interval is reported (accuracy None).
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ import numpy as np
 import numpy.typing as npt
 from sqlglot import exp
 
-from dpsql.errors import EngineError, UnsupportedQueryError
+from dpsql.errors import BoundsError, EngineError, UnsupportedQueryError
 from dpsql.noise.samplers import (
+    MAX_SCALE,
+    MAX_SIGMA2,
     discrete_gaussian,
     discrete_gaussian_half_width,
     discrete_laplace,
     discrete_laplace_half_width,
 )
 from dpsql.plan.planner import Estimate, Measurement, Plan
+from dpsql.sql.analyze import SPREAD_KINDS
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.rewrite import total
 
@@ -113,6 +116,31 @@ def _avg(
     return value, width
 
 
+def _spread(estimate: Estimate, noisy: list[list[int]]) -> FloatArray:
+    """VAR_POP, VAR_SAMP, STDDEV_POP and STDDEV_SAMP from the noisy centred sum of squares Q
+    (units of (g/2)²), centred sum S (units of g/2) and count: with N = max(count, 1),
+    var_pop = max(Q/N - (S/N)², 0) and var_samp = var_pop·N/max(N - 1, 1), clamped to the
+    largest variance a value in the bounds can have, ((hi_g - lo_g)/2)²; STDDEV is the square
+    root. Post-processing of noisy values only. The noise of the three measurements does not
+    combine into a cheap valid interval, so no accuracy is reported for these (None).
+    """
+    grid = estimate.grid
+    assert grid is not None
+    i_squares, i_sum, i_count = estimate.measurements
+    half = float(grid.step) / 2
+    q = np.asarray(noisy[i_squares], dtype=np.float64)
+    s = np.asarray(noisy[i_sum], dtype=np.float64)
+    n = np.maximum(np.asarray(noisy[i_count], dtype=np.float64), 1.0)
+    mean = s / n
+    var = np.maximum(q / n - mean * mean, 0.0) * half * half
+    if estimate.kind in ("var_samp", "stddev_samp"):
+        var = var * n / np.maximum(n - 1.0, 1.0)
+    var = np.clip(var, 0.0, (grid.width * half) ** 2)
+    if estimate.kind in ("stddev_pop", "stddev_samp"):
+        return np.sqrt(var)
+    return var
+
+
 def _estimates(
     plan: Plan, noisy: list[list[int]], confidence: float
 ) -> tuple[list[Any], list[Any]]:
@@ -124,6 +152,11 @@ def _estimates(
             value, width = _avg(est, plan, noisy, confidence)
             values.append(value)
             widths.append(width)
+            continue
+        if est.kind in SPREAD_KINDS:
+            value = _spread(est, noisy)
+            values.append(value)
+            widths.append(np.full(len(value), np.nan))  # no interval: accuracy None
             continue
         k = half_width(m, confidence)
         raw = noisy[est.measurements[0]]
@@ -162,6 +195,19 @@ def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
     return sql
 
 
+def check_samplable(plan: Plan) -> None:
+    """Refuse, before any charge, noise the exact samplers cannot draw (sensitivities that huge
+    come from extreme bounds or contribution limits, and would make useless answers)."""
+    for m in plan.measurements:
+        if (m.scale is not None and m.scale > MAX_SCALE) or (
+            m.sigma2 is not None and m.sigma2 > MAX_SIGMA2
+        ):
+            raise BoundsError(
+                f"the noise of {m.label} would be too large to sample exactly; lower the bounds "
+                "or the contribution limits"
+            )
+
+
 def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     """Bind the post-processing SQL over an empty table of the right types, before the charge.
 
@@ -170,7 +216,10 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     """
     columns = [f"CAST(NULL AS {t}) AS _k{i}" for i, t in enumerate(key_types)]
     for i, est in enumerate(plan.estimates):
-        exact = est.kind != "avg" and plan.measurements[est.measurements[0]].unit == 1
+        exact = (
+            est.kind in ("count_rows", "count", "count_units", "sum")
+            and plan.measurements[est.measurements[0]].unit == 1
+        )
         columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
         columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")
     sql = _post_sql(plan, _bare_aggregate(plan))

@@ -6,9 +6,10 @@ what EXPLAIN prints and what the accountant is asked to admit before anything ru
 Sensitivities (add/remove one unit, DESIGN.md section 3), with L0 groups per unit (1 without
 GROUP BY) and C rows per unit and group, in integer units of each measurement:
 COUNT L0·C; COUNT(DISTINCT unit) L0; SUM on grid g L0·C·max(|lo|, |hi|)/g; centred SUM
-L0·C·(hi - lo)/g in units of g/2. The query's epsilon is split equally across measurements
-(sequential composition), and each is sampled from the discrete Laplace with
-scale = sensitivity / epsilon_j, so the charged epsilon is exactly the query's.
+L0·C·(hi - lo)/g in units of g/2; centred sum of squares (VARIANCE, STDDEV) L0·C·((hi - lo)/g)²
+in units of (g/2)², that is L0·C·((hi - lo)/2)² in value units. The query's epsilon is split
+equally across measurements (sequential composition), and each is sampled from the discrete
+Laplace with scale = sensitivity / epsilon_j, so the charged epsilon is exactly the query's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dpsql.errors import BoundsError, InternalError, ParameterError
 from dpsql.plan import calibration
 from dpsql.plan.mechanisms import partition_threshold
 from dpsql.policy import Mechanism, Policy
-from dpsql.sql.analyze import AggregateKind, Analysis
+from dpsql.sql.analyze import SPREAD_KINDS, AggregateKind, Analysis
 from dpsql.sql.grid import Grid, value_grid
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.rewrite import Bounding, MeasurementSpec, ValueSpec, bounded_query
@@ -95,7 +96,9 @@ class Estimate:
     """How one aggregate of the query is computed from measurements (post-processing)."""
 
     kind: AggregateKind
-    measurements: tuple[int, ...]  # sum: (sum,); avg: (centred, count); counts: (count,)
+    # sum: (sum,); avg: (centred, count); counts: (count,);
+    # var_* and stddev_*: (centred_squares, centred, count)
+    measurements: tuple[int, ...]
     grid: Grid | None
 
 
@@ -172,6 +175,8 @@ def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) ->
     if spec.kind == "sum":
         return f"SUM({arg})"
     assert grid is not None
+    if spec.kind == "centred_squares":
+        return f"SUM(({arg} - {grid.centre})^2)"
     return f"SUM({arg} - {grid.centre})"
 
 
@@ -216,6 +221,12 @@ def _estimates(analysis: Analysis, builder: _Builder) -> list[Estimate]:
             parts: tuple[int, ...]
             if agg.kind == "sum":
                 parts = (builder.measure(MeasurementSpec("sum", v)),)
+            elif agg.kind in SPREAD_KINDS:
+                parts = (
+                    builder.measure(MeasurementSpec("centred_squares", v)),
+                    builder.measure(MeasurementSpec("centred", v)),
+                    builder.measure(MeasurementSpec("count", v)),
+                )
             else:
                 parts = (
                     builder.measure(MeasurementSpec("centred", v)),
@@ -259,6 +270,8 @@ def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
     assert spec.value is not None
     grid = values[spec.value].grid
     assert grid is not None
+    if spec.kind == "centred_squares":
+        return c * grid.width**2  # each centred row value lies in ±width units of g/2
     return c * (grid.magnitude if spec.kind == "sum" else grid.width)
 
 
@@ -283,6 +296,8 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
     assert spec.value is not None
     grid = values[spec.value].grid
     assert grid is not None
+    if spec.kind == "centred_squares":
+        return (grid.step / 2) ** 2
     return grid.step if spec.kind == "sum" else grid.step / 2
 
 

@@ -26,7 +26,20 @@ from dpsql.sql.validate import AGGREGATES
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
 
-AggregateKind = Literal["count_rows", "count", "count_units", "sum", "avg"]
+AggregateKind = Literal[
+    "count_rows", "count", "count_units", "sum", "avg",
+    "var_pop", "var_samp", "stddev_pop", "stddev_samp",
+]  # fmt: skip
+# Variances and standard deviations with DuckDB's meanings (VARIANCE = VAR_SAMP, STDDEV =
+# STDDEV_SAMP); like AVG, their argument needs finite bounds.
+_SPREAD: dict[type[exp.Expression], AggregateKind] = {
+    exp.Variance: "var_samp",
+    exp.VariancePop: "var_pop",
+    exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+}
+SPREAD_KINDS: frozenset[str] = frozenset(_SPREAD.values())
 
 _NUMERIC = {
     "tinyint", "smallint", "integer", "bigint", "hugeint", "utinyint", "usmallint",
@@ -41,7 +54,7 @@ class Aggregate:
 
     kind: AggregateKind
     arg: exp.Expression | None  # row-level argument, columns unqualified
-    bounds: Interval | None  # finite range of the argument, for SUM and AVG
+    bounds: Interval | None  # finite range of the argument, for SUM, AVG and the spreads
 
     @property
     def signature(self) -> str:
@@ -246,6 +259,7 @@ class _Analyzer:
         target = self.row_level(arg, name)
         bounds = self._bounds(target, name)
         kind: AggregateKind = "sum" if isinstance(node, exp.Sum) else "avg"
+        kind = _SPREAD.get(type(node), kind)
         return Aggregate(kind, target, bounds)
 
     def _bounds(self, target: exp.Expression, name: str) -> Interval:
@@ -344,11 +358,14 @@ class _Analyzer:
         return tuple(result)
 
 
+_NAMES = {"variancepop": "var_pop", "stddevsamp": "stddev_samp", "stddevpop": "stddev_pop"}
+
+
 def _output_name(node: exp.Expression, index: int) -> str:
     if isinstance(node, exp.Column):
         return node.name
     if isinstance(node, AGGREGATES):
-        return node.key.lower()
+        return _NAMES.get(node.key, node.key.lower())
     return f"col{index}"
 
 

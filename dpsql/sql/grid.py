@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dpsql.errors import BoundsError
+from dpsql.policy import MAX_ABS_BOUND
 from dpsql.sql.intervals import Interval
 
 # Grid resolution: 2^-20 of the clamping range. Rounding each row to the grid moves a sum by at
@@ -80,6 +81,10 @@ def value_grid(bounds: Interval) -> Grid:
     lo, hi = bounds.lower, bounds.upper
     if lo is None or hi is None:
         raise BoundsError("an aggregated value needs finite bounds")
+    if max(abs(lo), abs(hi)) > MAX_ABS_BOUND:
+        # The same limit as the policy's bounds: beyond it the grid units would not stay exact
+        # in the engine's DOUBLE, and noise in value units would overflow a float.
+        raise BoundsError("an aggregated expression's bounds exceed ±2**52; clamp it tighter")
     if lo == hi:
         # A constant: widen so that the grid has a positive range (more noise, never less).
         lo, hi = lo - 1, hi + 1

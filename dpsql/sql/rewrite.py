@@ -7,11 +7,13 @@ The steps of DESIGN.md section 3, each a CTE:
    can make the query fail. Rows whose public key lies outside its domain are dropped here, so
    they never use up a unit's group budget.
 2. ``_vals``: values rounded to their grid and clamped to the grid-aligned bounds, as integers.
-3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums.
+3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums;
+   for a variance, also the exact sum of squared centred values ``Σ(2·v - lower - upper)²``.
 4. ``_kept``: at most L0 groups per unit, ranked by a salted hash of (unit, keys), which depends
    only on the unit's own rows; units with at most L0 groups (``_multi`` lists the others)
    skip the ranking window.
-5. ``_capped``: ``n' = min(n, C)``; sums scaled to ``n'·S/n`` and clamped to ``[n'·lo, n'·hi]``.
+5. ``_capped``: ``n' = min(n, C)``; sums scaled to ``n'·S/n`` and clamped to ``[n'·lo, n'·hi]``;
+   sums of squares scaled to ``C·Q/n`` when ``n > C`` and clamped to ``[0, C·width²]``.
 6. the cross-unit aggregate per group; with a public domain, every key of the domain.
 """
 
@@ -32,7 +34,7 @@ from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
 
 SALT_PARAMETER = "salt"
-MeasurementKind = Literal["rows", "count", "sum", "centred", "units"]
+MeasurementKind = Literal["rows", "count", "sum", "centred", "centred_squares", "units"]
 _FLOATS = {"float", "double", "real"}
 _INTEGERS = {"tinyint", "smallint", "integer", "bigint", "utinyint", "usmallint", "uinteger"}
 
@@ -246,10 +248,35 @@ def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
         return f"SUM(_c{i})"
     if spec.kind == "sum":
         return f"SUM(_t{i})"
+    if spec.kind == "centred_squares":
+        # Σ(x - m)² in units of (g/2)², per unit and group already capped in _capped.
+        return f"SUM(_r{i})"
     grid = bounding.values[i].grid
     assert grid is not None
     # Centred sum in units of g/2: each row contributes 2·x - (lower + upper).
     return f"SUM(2 * _t{i} - _c{i} * CAST({grid.centre_units} AS HUGEINT))"
+
+
+def _centred(i: int, bounding: Bounding) -> str:
+    """A row's centred value ``2·v - (lower + upper)`` in units of g/2; within ±width."""
+    grid = bounding.values[i].grid
+    assert grid is not None
+    return f"2 * _v{i} - {grid.centre_units}"
+
+
+def _capped_squares(i: int, bounding: Bounding) -> str:
+    """The unit's sum of squared centred values, in units of (g/2)², within [0, C·width²].
+
+    With n <= C rows it is exact (each square is at most width²); with more, it is scaled to
+    round(Q·C/n) in exact integer arithmetic and clamped, so that one unit moves one group's
+    total by at most C·width² whatever its rows.
+    """
+    grid = bounding.values[i].grid
+    assert grid is not None
+    c = bounding.max_rows
+    cap = c * grid.width**2
+    scaled = f"CASE WHEN _n{i} <= {c} THEN _q{i} ELSE (_q{i} * {c} + _n{i} // 2) // _n{i} END"
+    return f"LEAST(GREATEST({scaled}, 0), CAST({cap} AS HUGEINT))"
 
 
 def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
@@ -261,6 +288,13 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         return _sql(total(node, ints))
 
     key_list = "".join(f"{k}, " for k in keys)
+    squared = sorted(
+        {
+            m.value
+            for m in bounding.measurements
+            if m.kind == "centred_squares" and m.value is not None
+        }
+    )
     raw = [
         total_sql(v.expr) if v.grid is None else _summed_value(v.expr, analysis, total_sql)
         for v in bounding.values
@@ -293,6 +327,11 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
             for i, v in enumerate(bounding.values)
             if v.grid is not None
         ]
+        + [
+            f"COALESCE(SUM(CAST({_centred(i, bounding)} AS HUGEINT) * "
+            f"CAST({_centred(i, bounding)} AS HUGEINT)), 0) AS _q{i}"
+            for i in squared
+        ]
     )
     group_units = ", ".join(["_u", *keys])
     ctes = ""
@@ -322,6 +361,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
             for i, v in enumerate(bounding.values)
             if v.grid is not None
         ]
+        + [f"{_capped_squares(i, bounding)} AS _r{i}" for i in squared]
     )
     measures = ", ".join(
         f"{measurement_sql(m, bounding)} AS _m{j}" for j, m in enumerate(bounding.measurements)

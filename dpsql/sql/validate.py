@@ -100,7 +100,16 @@ _FUNCTIONS: tuple[type[exp.Expression], ...] = (
     exp.Var,
 )
 # Aggregates answered with noise.
-AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg)
+AGGREGATES: tuple[type[exp.Expression], ...] = (
+    exp.Count,
+    exp.Sum,
+    exp.Avg,
+    exp.Variance,  # VARIANCE and VAR_SAMP
+    exp.VariancePop,
+    exp.Stddev,
+    exp.StddevSamp,
+    exp.StddevPop,
+)
 _DISTINCT = (exp.Distinct,)
 
 ALLOWED: tuple[type[exp.Expression], ...] = (
@@ -117,9 +126,6 @@ _REASONS: dict[type[exp.Expression], str] = {
     exp.PercentileCont: "quantiles are not supported yet",
     exp.Min: "MIN is not supported yet (an extreme quantile)",
     exp.Max: "MAX is not supported yet (an extreme quantile)",
-    exp.Stddev: "STDDEV is not supported yet",
-    exp.Variance: "VARIANCE is not supported yet",
-    exp.VariancePop: "VAR_POP is not supported yet",
     exp.Rand: "random() is not supported: the only randomness is dpsql's noise",
     exp.Filter: "aggregate FILTER clauses are not supported; use a CASE inside the aggregate",
     exp.Anonymous: "this function is not on dpsql's allow-list",
