@@ -101,6 +101,11 @@ Exact = Annotated[
     PlainSerializer(str, return_type=str),
 ]
 PublicValue = str | int | float | bool | dt.date | dt.datetime | None
+MAX_DATE_RANGE_DAYS = 36_600  # a century of days: the largest domain date_trunc('day') gets
+
+
+def _as_date(value: dt.date) -> dt.date:
+    return value.date() if isinstance(value, dt.datetime) else value
 
 
 class _Frozen(BaseModel):
@@ -211,6 +216,9 @@ class ColumnSpec(_Frozen):
     upper: Exact | None = None
     public_values: tuple[PublicValue, ...] | None = None
     public_values_from: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")
+    # For a DATE or TIMESTAMP column: the public first and last date. GROUP BY date_trunc(...)
+    # or year(...) of the column then has a public domain (DESIGN.md section 4).
+    date_range: tuple[dt.date, dt.date] | None = None
 
     @model_validator(mode="after")
     def _valid(self) -> ColumnSpec:
@@ -223,6 +231,12 @@ class ColumnSpec(_Frozen):
                 raise ValueError("bounds must be within ±2**52")
         if self.public_values is not None and self.public_values_from is not None:
             raise ValueError("give public_values or public_values_from, not both")
+        if self.date_range is not None:
+            first, last = (_as_date(d) for d in self.date_range)
+            if not first <= last:
+                raise ValueError("date_range must be [first, last] with first <= last")
+            if (last - first).days > MAX_DATE_RANGE_DAYS:
+                raise ValueError(f"date_range spans more than {MAX_DATE_RANGE_DAYS} days")
         if self.public_values is not None and len(set(self.public_values)) != len(
             self.public_values
         ):
@@ -243,6 +257,11 @@ class TableSpec(_Frozen):
     public: bool = False
     max_groups_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
     max_rows_per_unit_per_group: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
+    # R: rows one unit may contribute in total, across groups (DESIGN.md section 3); optional.
+    max_rows_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
+    # Private tables with equal unit_domain hold the same kind of unit (say, one person) under
+    # the same identifiers, so they may be joined on their unit columns.
+    unit_domain: str | None = Field(default=None, min_length=1, max_length=200)
     columns: dict[str, ColumnSpec] = Field(default_factory=dict)
     # Columns with one value per unit (e.g. a home region): queries filtered to different values
     # touch disjoint units and compose in parallel. Enforced, not trusted: each unit keeps the
@@ -272,8 +291,12 @@ class TableSpec(_Frozen):
     def _valid(self) -> TableSpec:
         if self.public == (self.privacy_unit is not None):
             raise ValueError("a table is either public = true or has a privacy_unit")
-        if self.public and (self.max_groups_per_unit or self.max_rows_per_unit_per_group):
+        if self.public and (
+            self.max_groups_per_unit or self.max_rows_per_unit_per_group or self.max_rows_per_unit
+        ):
             raise ValueError("a public table has no contribution bounds")
+        if self.public and self.unit_domain:
+            raise ValueError("a public table has no unit_domain")
         if self.public and self.constant_per_unit:
             raise ValueError("a public table has no privacy unit to be constant for")
         if self.privacy_unit in self.constant_per_unit:

@@ -33,6 +33,7 @@ from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
     MAX_QUERY_EPSILON,
     Policy,
+    TableSpec,
     check_delta,
     check_epsilon,
     load_policy,
@@ -51,6 +52,7 @@ SETTINGS = (
     "delta",
     "max_groups_per_unit",
     "max_rows_per_unit_per_group",
+    "max_rows_per_unit",
     "confidence",
     "mechanism",
     "rho",
@@ -118,7 +120,7 @@ def check_setting(name: str, value: object) -> object:
         return check_epsilon(value, "epsilon", MAX_QUERY_EPSILON)
     if name == "delta":
         return check_delta(value, "delta")
-    if name in ("max_groups_per_unit", "max_rows_per_unit_per_group"):
+    if name in ("max_groups_per_unit", "max_rows_per_unit_per_group", "max_rows_per_unit"):
         return _positive_int(value, name)
     if name == "confidence":
         return _confidence(value)
@@ -172,6 +174,7 @@ class Session:
             "delta": budget.query_delta,
             "max_groups_per_unit": None,
             "max_rows_per_unit_per_group": None,
+            "max_rows_per_unit": None,
             "confidence": DEFAULT_CONFIDENCE,
             "mechanism": budget.mechanism,
             "rho": None,
@@ -184,17 +187,18 @@ class Session:
                 merged[name] = check_setting(name, value)
         return merged
 
-    def _options(self, settings: Mapping[str, object], table: str) -> QueryOptions:
-        spec = self.policy.tables[table]
+    def _options(self, settings: Mapping[str, object], spec: TableSpec) -> QueryOptions:
         epsilon, delta = settings["epsilon"], settings["delta"]
         groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
         rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
+        total_rows = settings["max_rows_per_unit"] or spec.max_rows_per_unit
         confidence, mechanism = settings["confidence"], settings["mechanism"]
         rho, sigma = settings["rho"], settings["sigma"]
         # check_setting normalised every value; these asserts only narrow the types.
         assert isinstance(epsilon, Fraction) and isinstance(delta, Fraction)
         assert groups is None or isinstance(groups, int)
         assert rows is None or isinstance(rows, int)
+        assert total_rows is None or isinstance(total_rows, int)
         assert isinstance(confidence, float)
         assert mechanism in ("laplace", "gaussian")
         assert rho is None or isinstance(rho, Fraction)
@@ -205,7 +209,9 @@ class Session:
             raise ParameterError("rho and sigma set the noise of the gaussian mechanism only")
         if rho is not None and sigma is not None:
             raise ParameterError("give rho or sigma, not both")
-        return QueryOptions(epsilon, delta, groups, rows, confidence, mechanism, rho, sigma)
+        return QueryOptions(
+            epsilon, delta, groups, rows, confidence, mechanism, rho, sigma, total_rows
+        )
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
@@ -230,9 +236,9 @@ class Session:
         settings = self.settings(merge_options(inline, options))
         bound = bind_parameters(select, params)
         validate(bound)
-        analysis = analyze(bound, self.policy, self.engine.catalog)
+        analysis = analyze(bound, self.policy, self.engine.catalog, self.engine.describe)
         check_privacy_unit(inline, analysis.unit)
-        options_ = self._options(settings, analysis.table)
+        options_ = self._options(settings, analysis.spec)
         plan = plan_query(analysis, options_, self.policy, query=bound.sql(dialect=DIALECT))
         # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
         # rejected here, before the charge, on the schema alone.

@@ -122,11 +122,19 @@ def test_dpsql_names_and_the_privacy_unit_are_accepted(session: Session) -> None
     assert set(KEYS) >= {"epsilon", "delta", "max_groups_contributed", "sigma"}
 
 
+def test_max_rows_contributed_is_the_total_row_cap(session: Session) -> None:
+    plan = session.plan(
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(max_rows_contributed = 4) COUNT(*) FROM visits"
+    )
+    assert plan.options.max_rows_per_unit == 4
+
+
 @pytest.mark.parametrize(
     ("options", "error", "words"),
     [
         ("epsilon = 1, budget = 3", ParameterError, "budget"),
-        ("max_rows_contributed = 3", ParameterError, "max_rows_per_unit_per_group"),
+        ("max_rows_contributed = 0", ParameterError, "max_rows_per_unit"),
+        ("max_rows_contributed = 3, max_rows_per_unit = 3", ParameterError, "twice"),
         ("epsilon = 1, epsilon = 2", ParameterError, "twice"),
         ("max_groups_contributed = 1, max_groups_per_unit = 2", ParameterError, "twice"),
         ("privacy_unit_column = region", ParameterError, "privacy unit"),

@@ -94,6 +94,20 @@ class DuckDBEngine:
                 ) from None
         return [str(row[1]) for row in rows]
 
+    def describe(self, sql: str) -> list[tuple[str, str]]:
+        """The output column names and types of a SELECT, by binding it (no rows are read)."""
+        with self._lock:
+            try:
+                rows = self._con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
+            except duckdb.Error as exc:
+                log.info("engine rejected a relation at bind time: %s", type(exc).__name__)
+                raise UnsupportedQueryError(
+                    "the engine cannot type-check this join or subquery (e.g. a function "
+                    "applied to a column of the wrong type, or columns of different types "
+                    "compared)"
+                ) from None
+        return [(str(row[0]).lower(), str(row[1])) for row in rows]
+
     def _parameters(self, sql: str) -> dict[str, int] | None:
         return {SALT_PARAMETER: self.salt} if f"${SALT_PARAMETER}" in sql else None
 

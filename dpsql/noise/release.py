@@ -11,7 +11,8 @@ the discrete distribution actually sampled. Counts and sums: the exact discrete 
 discrete Gaussian quantile. AVG: the box [sum ± k1] x [count ± k2], each at confidence
 sqrt(c), which covers both independent noises with probability at least c; the half-width is
 the larger distance from the estimate to the ends of the ratio's range over the box (clamped to
-the bounds). VARIANCE and STDDEV (``_spread``): no interval is reported (accuracy None).
+the bounds). VARIANCE and STDDEV (``_spread``): the box of the three measurements, each at
+confidence c^(1/3), and the estimator's range over it by sound interval arithmetic.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy.typing as npt
 from sqlglot import exp
 
 from dpsql.errors import BoundsError, EngineError, UnsupportedQueryError
+from dpsql.noise.exponential import exponential_mechanism, quantile_scores
 from dpsql.noise.samplers import (
     MAX_SCALE,
     MAX_SIGMA2,
@@ -38,7 +40,7 @@ from dpsql.noise.samplers import (
 from dpsql.plan.planner import Estimate, Measurement, Plan
 from dpsql.sql.analyze import SPREAD_KINDS
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.rewrite import total
+from dpsql.sql.totality import total
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -75,6 +77,21 @@ def _noisy(totals: list[int], m: Measurement) -> list[int]:
         assert m.sigma2 is not None
         noise = discrete_gaussian(m.sigma2, len(totals))
     return [int(t) + int(z) for t, z in zip(totals, noise, strict=True)]
+
+
+def _quantiles(histograms: list[Any], m: Measurement) -> list[int]:
+    """Per group, the exponential mechanism over the grid candidates (Smith 2011), sampled
+    exactly (Ilvento 2020): the chosen candidate, in grid units."""
+    assert m.scale is not None and m.spec.p is not None
+    grid = m.grid
+    assert grid is not None
+    gamma = 1 / (2 * m.scale)  # weights exp(-score/(2·scale)): epsilon = sensitivity/scale
+    chosen = []
+    for histogram in histograms:
+        counts = {int(k): int(v) for k, v in (histogram or {}).items()}
+        scores = quantile_scores(counts, grid.lower, grid.upper, m.spec.p)
+        chosen.append(grid.lower + exponential_mechanism(scores, gamma))
+    return chosen
 
 
 def half_width(m: Measurement, confidence: float) -> int:
@@ -116,29 +133,95 @@ def _avg(
     return value, width
 
 
-def _spread(estimate: Estimate, noisy: list[list[int]]) -> FloatArray:
-    """VAR_POP, VAR_SAMP, STDDEV_POP and STDDEV_SAMP from the noisy centred sum of squares Q
-    (units of (g/2)²), centred sum S (units of g/2) and count: with N = max(count, 1),
-    var_pop = max(Q/N - (S/N)², 0) and var_samp = var_pop·N/max(N - 1, 1), clamped to the
-    largest variance a value in the bounds can have, ((hi_g - lo_g)/2)²; STDDEV is the square
-    root. Post-processing of noisy values only. The noise of the three measurements does not
-    combine into a cheap valid interval, so no accuracy is reported for these (None).
+# Relative widening of the variance interval's ends: the bounds and the estimator are evaluated
+# by different float operations, each within a few ulps (2**-52) of its terms; 1e-12 covers both.
+_ROUNDING = 1e-12
+
+
+def _bessel(n: FloatArray) -> FloatArray:
+    """The sample-variance factor N/max(N - 1, 1) of a count N >= 1."""
+    return n / np.maximum(n - 1.0, 1.0)
+
+
+def _moment_range(
+    q: tuple[FloatArray, FloatArray],
+    s2: tuple[FloatArray, FloatArray],
+    u: tuple[FloatArray, FloatArray],
+) -> tuple[FloatArray, FloatArray]:
+    """The range of f = Q/N - S²/N² over the box Q in ``q``, S² in ``s2`` (S² >= 0) and
+    u = 1/N in ``u`` (0 < u <= 1), each a (low, high) pair of arrays.
+
+    f = Q·u - S²·u² rises with Q and falls with S², so its minimum has (q_lo, s2_hi) and its
+    maximum (q_hi, s2_lo). In u each is a concave parabola (a·u - b·u², b >= 0): the minimum
+    is at an end of [u_lo, u_hi], the maximum at the vertex a/(2b) clipped into it. Exact over
+    the box, then widened by ``_ROUNDING`` of the terms' size for float rounding.
+    """
+    q_lo, q_hi = q
+    s2_lo, s2_hi = s2
+    u_lo, u_hi = u
+    low = np.minimum(q_lo * u_lo - s2_hi * u_lo * u_lo, q_lo * u_hi - s2_hi * u_hi * u_hi)
+    # With b = 0 the parabola is a line, highest at u_hi if a >= 0 and at u_lo otherwise.
+    line = np.where(q_hi >= 0.0, np.inf, -np.inf)
+    vertex = np.divide(q_hi, 2.0 * s2_lo, out=line, where=s2_lo > 0.0)
+    top = np.clip(vertex, u_lo, u_hi)
+    high = q_hi * top - s2_lo * top * top
+    size = np.maximum(np.abs(q_lo), np.abs(q_hi)) * u_hi + s2_hi * u_hi * u_hi
+    return low - _ROUNDING * size, high + _ROUNDING * size
+
+
+def _spread(
+    estimate: Estimate, plan: Plan, noisy: list[list[int]], confidence: float
+) -> tuple[FloatArray, FloatArray]:
+    """VAR_POP, VAR_SAMP, STDDEV_POP and STDDEV_SAMP, and their half-widths, vectorized.
+
+    The estimate, from the noisy centred sum of squares Q (units of (g/2)²), centred sum S
+    (units of g/2) and count: with N = max(count, 1), var_pop = max(Q/N - (S/N)², 0) and
+    var_samp = var_pop·N/max(N - 1, 1), clamped to the largest variance a value in the bounds
+    can have, ((hi_g - lo_g)/2)²; STDDEV is the square root. Post-processing of noisy values.
+
+    The half-width: each measurement gets its exact noise half-width at confidence c^(1/3), and
+    the interval is the estimator's range over that box (Q ± k_Q, S ± k_S, count ± k_N), by
+    sound interval arithmetic: the range of Q/N - (S/N)² (exact over the box, ``_moment_range``),
+    floored at 0, times the range of N/max(N - 1, 1) for the samples' variance, clamped like the
+    estimate, square roots of the ends for STDDEV. Like AVG's, it covers the noise only, and
+    depends on the noisy values, so it is post-processing too.
     """
     grid = estimate.grid
     assert grid is not None
     i_squares, i_sum, i_count = estimate.measurements
-    half = float(grid.step) / 2
+    samp = estimate.kind in ("var_samp", "stddev_samp")
+    top = float(grid.width) ** 2  # ((hi_g - lo_g)/2)², the largest variance, in (g/2)²
     q = np.asarray(noisy[i_squares], dtype=np.float64)
     s = np.asarray(noisy[i_sum], dtype=np.float64)
-    n = np.maximum(np.asarray(noisy[i_count], dtype=np.float64), 1.0)
-    mean = s / n
-    var = np.maximum(q / n - mean * mean, 0.0) * half * half
-    if estimate.kind in ("var_samp", "stddev_samp"):
-        var = var * n / np.maximum(n - 1.0, 1.0)
-    var = np.clip(var, 0.0, (grid.width * half) ** 2)
+    n = np.asarray(noisy[i_count], dtype=np.float64)
+    n1 = np.maximum(n, 1.0)
+    mean = s / n1
+    var = np.maximum(q / n1 - mean * mean, 0.0)
+    value = np.clip(var * _bessel(n1) if samp else var, 0.0, top)
+    # Independent noises: each within its c^(1/3) half-width, all three hold with probability
+    # >= c (one ulp up keeps the rounded cube root from falling short of it).
+    joint = math.nextafter(confidence ** (1 / 3), 1.0)
+    k_q, k_s, k_n = (float(half_width(plan.measurements[i], joint)) for i in estimate.measurements)
+    n_lo, n_hi = np.maximum(n - k_n, 1.0), np.maximum(n + k_n, 1.0)
+    a_lo, a_hi = np.abs(s - k_s), np.abs(s + k_s)
+    # The range of |S|: from 0 when the interval of S holds 0, else from its nearer end.
+    s_min = np.where(np.abs(s) <= k_s, 0.0, np.minimum(a_lo, a_hi))
+    s_max = np.maximum(a_lo, a_hi)
+    low, high = _moment_range((q - k_q, q + k_q), (s_min**2, s_max**2), (1.0 / n_hi, 1.0 / n_lo))
+    low, high = np.maximum(low, 0.0), np.maximum(high, 0.0)
+    if samp:
+        # N/(N - 1) (N/1 below 2) rises on [1, 2] and falls after: its peak 2 is at N = 2.
+        ends = (_bessel(n_lo), _bessel(n_hi))
+        low = low * np.minimum(*ends) * (1.0 - _ROUNDING)
+        high = high * np.where((n_lo <= 2.0) & (n_hi >= 2.0), 2.0, np.maximum(*ends))
+        high = high * (1.0 + _ROUNDING)
+    unit = (float(grid.step) / 2) ** 2
+    ends3 = [v * unit for v in (value, np.clip(low, 0.0, top), np.clip(high, 0.0, top))]
     if estimate.kind in ("stddev_pop", "stddev_samp"):
-        return np.sqrt(var)
-    return var
+        ends3 = [np.sqrt(v) for v in ends3]
+    value, lower, upper = ends3
+    # One ulp up: the rounded difference could leave value ± width a hair inside an end.
+    return value, np.nextafter(np.maximum(value - lower, upper - value), np.inf)
 
 
 def _estimates(
@@ -148,15 +231,21 @@ def _estimates(
     widths: list[Any] = []
     for est in plan.estimates:
         m = plan.measurements[est.measurements[0]]
+        if est.kind == "quantile":
+            # The exponential mechanism's choice is a grid point: its value, and no interval.
+            chosen = noisy[est.measurements[0]]
+            values.append(np.array([float(v * m.unit) for v in chosen], dtype=np.float64))
+            widths.append(np.full(len(chosen), np.nan))
+            continue
         if est.kind == "avg":
             value, width = _avg(est, plan, noisy, confidence)
             values.append(value)
             widths.append(width)
             continue
         if est.kind in SPREAD_KINDS:
-            value = _spread(est, noisy)
+            value, width = _spread(est, plan, noisy, confidence)
             values.append(value)
-            widths.append(np.full(len(value), np.nan))  # no interval: accuracy None
+            widths.append(width)
             continue
         k = half_width(m, confidence)
         raw = noisy[est.measurements[0]]
@@ -217,7 +306,7 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     columns = [f"CAST(NULL AS {t}) AS _k{i}" for i, t in enumerate(key_types)]
     for i, est in enumerate(plan.estimates):
         exact = (
-            est.kind in ("count_rows", "count", "count_units", "sum")
+            est.kind in ("count_rows", "count", "count_units", "count_distinct", "sum")
             and plan.measurements[est.measurements[0]].unit == 1
         )
         columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
@@ -260,8 +349,12 @@ def measure(plan: Plan, rows: list[tuple[Any, ...]]) -> Noisy:
     """Add noise to the bounded totals, then keep the groups partition selection releases."""
     n_keys = len(plan.analysis.keys)
     keys = [[row[i] for row in rows] for i in range(n_keys)]
-    totals = [[int(row[n_keys + j] or 0) for row in rows] for j in range(len(plan.measurements))]
-    noisy = [_noisy(t, m) for t, m in zip(totals, plan.measurements, strict=True)]
+    noisy = [
+        _quantiles([row[n_keys + j] for row in rows], m)
+        if m.exponential
+        else _noisy([int(row[n_keys + j] or 0) for row in rows], m)
+        for j, m in enumerate(plan.measurements)
+    ]
     if plan.selection is not None:
         units = noisy[plan.selection.measurement]
         keep = [j for j, u in enumerate(units) if u >= plan.selection.threshold]

@@ -25,16 +25,18 @@ from dpsql.accounting.events import (
     DiscreteGaussian,
     DiscreteLaplace,
     Event,
+    Exponential,
     LaplacePartitionSelection,
 )
 from dpsql.errors import BoundsError, InternalError, ParameterError
+from dpsql.noise.exponential import score_sensitivity
 from dpsql.plan import calibration
 from dpsql.plan.mechanisms import partition_threshold
 from dpsql.policy import Mechanism, Policy
 from dpsql.sql.analyze import SPREAD_KINDS, AggregateKind, Analysis
-from dpsql.sql.grid import Grid, value_grid
+from dpsql.sql.grid import Grid, quantile_grid, value_grid
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.rewrite import Bounding, MeasurementSpec, ValueSpec, bounded_query
+from dpsql.sql.rewrite import Bounding, MeasurementSpec, ValueRole, ValueSpec, bounded_query
 
 # More public keys than this would be released as one huge table of noise: refuse instead.
 MAX_PUBLIC_GROUPS = 1_000_000
@@ -54,6 +56,7 @@ class QueryOptions:
     sigma: Fraction | None = (
         None  # or a noise multiplier: rho is then 1/(2 sigma^2) per measurement
     )
+    max_rows_per_unit: int | None = None  # R: a unit's rows across all groups
 
 
 @dataclass(frozen=True)
@@ -72,11 +75,21 @@ class Measurement:
     unit: Fraction  # the value of one integer unit (1 for counts, g or g/2 for sums)
     scale: Fraction | None = None
     sigma2: Fraction | None = None
+    # With a total row cap R: R times what one row can move a total (None without R).
+    row_bound: int | None = None
+    grid: Grid | None = None  # the candidates of a quantile
 
     @property
     def sensitivity(self) -> int:
-        """L1 sensitivity in integer units."""
-        return self.groups * self.per_group
+        """L1 sensitivity in integer units: L0·(per group), and at most R·(per row) when the
+        unit's rows are capped at R in total (DESIGN.md section 3: L1 = min(L0'·C', R))."""
+        full = self.groups * self.per_group
+        return full if self.row_bound is None else min(full, self.row_bound)
+
+    @property
+    def exponential(self) -> bool:
+        """A quantile: the exponential mechanism with ``scale`` (Smith 2011)."""
+        return self.spec.kind == "quantile"
 
     @property
     def epsilon(self) -> Fraction:
@@ -96,7 +109,7 @@ class Estimate:
     """How one aggregate of the query is computed from measurements (post-processing)."""
 
     kind: AggregateKind
-    # sum: (sum,); avg: (centred, count); counts: (count,);
+    # sum: (sum,); avg: (centred, count); counts: (count,); quantile: (quantile,);
     # var_* and stddev_*: (centred_squares, centred, count)
     measurements: tuple[int, ...]
     grid: Grid | None
@@ -139,10 +152,12 @@ class Plan:
 
     def explain(self) -> list[str]:
         a = self.analysis
+        rows = self.options.max_rows_per_unit
+        source = ", ".join(a.tables) if a.base else f"{', '.join(a.tables)} (joined or derived)"
         lines = [
-            f"table {a.table}: privacy unit {a.unit}; user-level, add/remove one unit",
+            f"table {source}: privacy unit {a.unit}; user-level, add/remove one unit",
             f"bounds: L0 = {self.max_groups} group(s) per unit, C = {self.max_rows} row(s) per "
-            "unit and group",
+            "unit and group" + (f", R = {rows} row(s) per unit in total" if rows else ""),
             "keys: "
             + (
                 ", ".join(
@@ -166,6 +181,10 @@ class Plan:
 
 def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) -> str:
     arg = values[spec.value].expr.sql(DIALECT) if spec.value is not None else ""
+    if spec.kind == "quantile":
+        return f"QUANTILE({arg}, {spec.p})"
+    if spec.kind == "distinct":
+        return f"COUNT(DISTINCT {arg})"
     if spec.kind == "rows":
         return "COUNT(*)"
     if spec.kind == "units":
@@ -185,14 +204,18 @@ class _Builder:
         self.values: list[ValueSpec] = []
         self.specs: list[MeasurementSpec] = []
 
-    def value(self, expr: exp.Expression, grid: Grid | None) -> int:
+    def value(self, expr: exp.Expression, grid: Grid | None, role: ValueRole = "value") -> int:
         key = expr.sql(DIALECT)
         for i, v in enumerate(self.values):
-            if v.expr.sql(DIALECT) == key:
+            if (
+                v.expr.sql(DIALECT) == key
+                and v.role == role
+                and (role == "value" or v.grid == grid)
+            ):
                 if grid is not None and v.grid is None:
                     self.values[i] = ValueSpec(v.expr, grid)
                 return i
-        self.values.append(ValueSpec(expr, grid))
+        self.values.append(ValueSpec(expr, grid, role))
         return len(self.values) - 1
 
     def measure(self, spec: MeasurementSpec) -> int:
@@ -214,6 +237,18 @@ def _estimates(analysis: Analysis, builder: _Builder) -> list[Estimate]:
             estimates.append(
                 Estimate(agg.kind, (builder.measure(MeasurementSpec("count", v)),), None)
             )
+        elif agg.kind == "count_distinct":
+            assert agg.arg is not None
+            v = builder.value(agg.arg, None, "distinct")
+            estimates.append(
+                Estimate(agg.kind, (builder.measure(MeasurementSpec("distinct", v)),), None)
+            )
+        elif agg.kind == "quantile":
+            assert agg.arg is not None and agg.bounds is not None
+            grid = quantile_grid(agg.bounds)
+            v = builder.value(agg.arg, grid, "quantile")
+            spec = MeasurementSpec("quantile", v, agg.p)
+            estimates.append(Estimate(agg.kind, (builder.measure(spec),), grid))
         else:
             assert agg.arg is not None and agg.bounds is not None
             grid = value_grid(agg.bounds)
@@ -245,7 +280,7 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
             "policy or SET dpsql.max_rows_per_unit_per_group"
         )
     if not analysis.keys:
-        return 1, max_rows
+        return 1, min(max_rows, options.max_rows_per_unit or max_rows)
     max_groups = options.max_groups_per_unit
     if max_groups is None:
         raise BoundsError(
@@ -258,6 +293,9 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
             raise BoundsError(f"the public keys have {size} combinations; at most "
                               f"{MAX_PUBLIC_GROUPS} are released")  # fmt: skip
         max_groups = min(max_groups, size)
+    if options.max_rows_per_unit is not None:
+        # With R rows in total, a unit touches at most R groups with at most R rows each.
+        return min(max_groups, options.max_rows_per_unit), min(max_rows, options.max_rows_per_unit)
     return max_groups, max_rows
 
 
@@ -265,8 +303,11 @@ def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
     """How far one unit can move one group's total, in integer units (DESIGN.md section 3)."""
     if spec.kind == "units":
         return 1
-    if spec.kind in ("rows", "count"):
-        return c
+    if spec.kind in ("rows", "count", "distinct"):
+        return c  # C rows, or C distinct values, per unit and group
+    if spec.kind == "quantile":
+        assert spec.p is not None
+        return c * score_sensitivity(spec.p)  # C rows, each moving every score by <= this
     assert spec.value is not None
     grid = values[spec.value].grid
     assert grid is not None
@@ -276,6 +317,14 @@ def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
 
 
 def _explain_measurement(m: Measurement) -> str:
+    if m.exponential:
+        assert m.scale is not None
+        return (
+            f"measurement {m.label}: exponential mechanism over the grid candidates of each "
+            f"group; one unit moves {m.groups} group(s)' scores by <= {m.per_group}; "
+            f"score sensitivity {m.sensitivity}, weights exp(-score/(2*{m.scale})), "
+            f"epsilon {m.epsilon}"
+        )
     head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
     if m.scale is not None:
         return (
@@ -291,24 +340,35 @@ def _explain_measurement(m: Measurement) -> str:
 
 
 def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
-    if spec.kind in ("rows", "count", "units"):
+    if spec.kind in ("rows", "count", "units", "distinct"):
         return Fraction(1)
     assert spec.value is not None
     grid = values[spec.value].grid
     assert grid is not None
     if spec.kind == "centred_squares":
         return (grid.step / 2) ** 2
-    return grid.step if spec.kind == "sum" else grid.step / 2
+    return grid.step if spec.kind in ("sum", "quantile") else grid.step / 2
 
 
 Calibrated = tuple[list[Measurement], list[Event], "tuple[Fraction, Fraction] | None"]
 
 
-def _measurement(builder: _Builder, spec: MeasurementSpec, l0: int, c: int) -> Measurement:
+def _measurement(
+    builder: _Builder, spec: MeasurementSpec, l0: int, c: int, r: int | None
+) -> Measurement:
     grid = builder.values[spec.value].grid if spec.value is not None else None
     label = _label(spec, builder.values, grid)
+    per_group = _per_group(spec, builder.values, c)
+    # Every per-group bound is C times a per-row bound (units: one per group, not per row).
+    row_bound = r * (per_group // c) if r is not None and spec.kind != "units" else None
     return Measurement(
-        spec, label, _per_group(spec, builder.values, c), l0, _unit(spec, builder.values)
+        spec,
+        label,
+        per_group,
+        l0,
+        _unit(spec, builder.values),
+        row_bound=row_bound,
+        grid=grid if spec.kind == "quantile" else None,
     )
 
 
@@ -321,11 +381,21 @@ def _laplace(
     measurements: list[Measurement] = []
     events: list[Event] = []
     for spec in builder.specs:
-        base = _measurement(builder, spec, l0, c)
+        base = _measurement(builder, spec, l0, c, options.max_rows_per_unit)
         scale = Fraction(base.sensitivity) * k / options.epsilon
         measurements.append(replace(base, scale=scale))
-        events.append(DiscreteLaplace(scale, Fraction(base.sensitivity), base.label))
+        events.append(_pure_event(replace(base, scale=scale)))
     return measurements, events, None
+
+
+def _pure_event(m: Measurement) -> Event:
+    """The event of a discrete Laplace or exponential-mechanism measurement."""
+    assert m.scale is not None
+    if m.exponential:
+        # EM with weights exp(-score/(2·scale)) and score sensitivity Δ is Δ/scale-DP (McSherry
+        # and Talwar 2007); per group, with the unit's L0 groups composed (basic composition).
+        return Exponential(m.epsilon, m.label)
+    return DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label)
 
 
 def _gaussian(
@@ -337,11 +407,13 @@ def _gaussian(
     the sequential composition of the two parts, so its (epsilon, delta) is the sum.
     """
     k = len(builder.specs)
-    eps_sel = options.epsilon / k if selection is not None else Fraction(0)
+    # Partition selection and quantiles are pure-epsilon mechanisms: each takes epsilon/k.
+    pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
+    eps_sel = options.epsilon * len(pure) / k
     delta_sel = options.delta / 2 if selection is not None else Fraction(0)
     eps_g, delta_g = options.epsilon - eps_sel, options.delta - delta_sel
-    gaussian = [j for j in range(k) if j != selection]
-    base = [_measurement(builder, spec, l0, c) for spec in builder.specs]
+    gaussian = [j for j in range(k) if j not in pure]
+    base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
     if options.sigma is not None:
         # A noise multiplier: sigma_j = sigma * L2_j, so each measurement is 1/(2 sigma^2)-zCDP.
         rho = len(gaussian) / (2 * options.sigma**2)
@@ -358,10 +430,10 @@ def _gaussian(
     measurements: list[Measurement] = []
     events: list[Event] = []
     for j, m in enumerate(base):
-        if j == selection:
-            scale = Fraction(m.sensitivity) / eps_sel
+        if j in pure:
+            scale = Fraction(m.sensitivity) * len(pure) / eps_sel
             measurements.append(replace(m, scale=scale))
-            events.append(DiscreteLaplace(scale, Fraction(m.sensitivity), m.label))
+            events.append(_pure_event(replace(m, scale=scale)))
         else:
             # rho split equally: Σ rho_j <= rho (zCDP composition, Bun-Steinke 2016); equal
             # but for the rounding up of each variance.
@@ -407,8 +479,9 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
             )
         selection_index = builder.measure(MeasurementSpec("units"))
     selection_at = selection_index if private_keys else None
-    if options.mechanism == "gaussian" and len(builder.specs) == (selection_at is not None):
-        # Only the selection's count is measured, and it is always a discrete Laplace.
+    pure = sum(1 for s in builder.specs if s.kind == "quantile") + (selection_at is not None)
+    if options.mechanism == "gaussian" and len(builder.specs) == pure:
+        # Only pure-epsilon mechanisms (selection, quantiles): there is nothing to be Gaussian.
         options = replace(options, mechanism="laplace", rho=None, sigma=None)
     if options.mechanism == "gaussian":
         measurements, events, certified = _gaussian(builder, l0, c, options, selection_at)
@@ -422,6 +495,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         share = options.delta if options.mechanism == "laplace" else options.delta / 2
         threshold = partition_threshold(m.scale, l0, share)
         selection = Selection(selection_at, threshold, share)
+        # Partition selection stays a discrete Laplace (Korolova et al. 2009; DESIGN.md 4).
         events[selection_at] = LaplacePartitionSelection(
             m.scale, Fraction(m.sensitivity), threshold, share, m.label
         )
@@ -431,6 +505,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     bounding = Bounding(
         max_groups=l0 if analysis.keys else None,
         max_rows=c,
+        max_total_rows=options.max_rows_per_unit,
         values=tuple(builder.values),
         measurements=tuple(builder.specs),
     )

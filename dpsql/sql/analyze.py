@@ -11,8 +11,9 @@ post-processing over noisy values and never in the engine over private rows.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
 
@@ -20,15 +21,17 @@ from sqlglot import exp
 
 from dpsql.errors import BoundsError, SchemaError, UnsupportedQueryError
 from dpsql.policy import Policy, PublicValue, TableSpec
-from dpsql.sql.intervals import Interval, declared_bounds, interval_of
-from dpsql.sql.validate import AGGREGATES
+from dpsql.sql.intervals import Interval, interval_of
+from dpsql.sql.relations import NUMERIC, Builder, Describe, Relation, resolve_expr
+from dpsql.sql.totality import total
+from dpsql.sql.validate import AGGREGATES, QUANTILES
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
 
 AggregateKind = Literal[
-    "count_rows", "count", "count_units", "sum", "avg",
-    "var_pop", "var_samp", "stddev_pop", "stddev_samp",
+    "count_rows", "count", "count_units", "count_distinct", "sum", "avg",
+    "var_pop", "var_samp", "stddev_pop", "stddev_samp", "quantile",
 ]  # fmt: skip
 # Variances and standard deviations with DuckDB's meanings (VARIANCE = VAR_SAMP, STDDEV =
 # STDDEV_SAMP); like AVG, their argument needs finite bounds.
@@ -41,11 +44,7 @@ _SPREAD: dict[type[exp.Expression], AggregateKind] = {
 }
 SPREAD_KINDS: frozenset[str] = frozenset(_SPREAD.values())
 
-_NUMERIC = {
-    "tinyint", "smallint", "integer", "bigint", "hugeint", "utinyint", "usmallint",
-    "uinteger", "ubigint", "uhugeint", "float", "double", "real",
-}  # fmt: skip
-_INTEGER = {t for t in _NUMERIC if t not in {"float", "double", "real"}}
+_NUMERIC = NUMERIC
 
 
 @dataclass(frozen=True)
@@ -54,11 +53,13 @@ class Aggregate:
 
     kind: AggregateKind
     arg: exp.Expression | None  # row-level argument, columns unqualified
-    bounds: Interval | None  # finite range of the argument, for SUM, AVG and the spreads
+    bounds: Interval | None  # finite range of the argument, for SUM, AVG, spreads, quantiles
+    p: Fraction | None = None  # the quantile's order, in [0, 1]
 
     @property
     def signature(self) -> str:
-        return f"{self.kind}:{self.arg.sql('duckdb') if self.arg is not None else ''}"
+        arg = self.arg.sql("duckdb") if self.arg is not None else ""
+        return f"{self.kind}:{arg}:{self.p}"
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class Analysis:
     # (column, value) when WHERE requires a constant-per-unit column to equal one literal: the
     # query then touches only the units whose (enforced) value is that one.
     cell: tuple[str, str | Fraction | bool] | None = None
+    # The relation the rows come from: the table itself, or the SQL of a join or subquery.
+    source: str = ""
+    base: bool = True
+    tables: tuple[str, ...] = ()
+    # Finite bounds of the relation's columns (declared, or derived by interval arithmetic).
+    bounds: Mapping[str, tuple[Fraction, Fraction]] = field(default_factory=dict)
 
     @property
     def grouped(self) -> bool:
@@ -124,61 +131,28 @@ def aggregate_ref(index: int) -> exp.Column:
 
 
 class _Analyzer:
-    def __init__(self, select: exp.Select, policy: Policy, catalog: Catalog):
+    def __init__(
+        self, select: exp.Select, policy: Policy, catalog: Catalog, describe: Describe | None
+    ):
         self.select = select
         self.policy = policy
         self.catalog = catalog
-        self.table, self.alias = self._table()
-        self.spec = policy.tables[self.table]
-        assert self.spec.privacy_unit is not None
-        self.columns = catalog[self.table]
-        self.unit = self.spec.privacy_unit.lower()
-        for name in (self.unit, *self.spec.constant_per_unit):
-            if name not in self.columns:
-                raise SchemaError(f"column {name} named by the policy of {self.table} is missing")
+        self.relation: Relation = Builder(policy, catalog, describe, total).from_clause(select)
+        self.table = self.relation.table
+        assert self.relation.spec is not None and self.relation.unit is not None
+        self.spec = self.relation.spec
+        self.columns = {n: c.type for n, c in self.relation.columns.items()}
+        self.unit = self.relation.unit
         self.aggregates: list[Aggregate] = []
         self.keys: list[GroupKey] = []
-        bounds = {n: c.bounds for n, c in self.spec.columns.items() if c.bounds}
-        integral = {n: t.lower() in _INTEGER for n, t in self.columns.items()}
-        self.column_bounds = declared_bounds(bounds, integral)
-
-    # -- FROM ------------------------------------------------------------------------------
-    def _table(self) -> tuple[str, str | None]:
-        from_ = self.select.args.get("from_") or self.select.args.get("from")
-        if from_ is None:
-            raise UnsupportedQueryError("a query needs FROM a private table")
-        table = from_.this
-        if not isinstance(table, exp.Table):
-            raise UnsupportedQueryError("FROM must name one table")
-        name = table.name.lower()
-        spec = self.policy.tables.get(name)
-        if spec is None or name not in self.catalog:
-            raise SchemaError(f"unknown table {name}")
-        if not spec.is_private:
-            raise UnsupportedQueryError(
-                f"table {name} is public; dpsql answers queries over private tables"
-            )
-        alias = table.alias.lower() if table.alias else None
-        return name, alias
+        self.column_bounds = self.relation.bounds
 
     # -- columns -----------------------------------------------------------------------------
     def row_level(self, node: exp.Expression, where: str) -> exp.Expression:
         """A copy of a row-level expression with every column resolved and unqualified."""
         for agg in node.find_all(*AGGREGATES):
             raise UnsupportedQueryError(f"aggregate {agg.key.upper()} is not allowed in {where}")
-        # transform copies the tree and also replaces the root when it is itself a column.
-        return node.transform(lambda n: self.resolve(n) if isinstance(n, exp.Column) else n)
-
-    def resolve(self, column: exp.Column) -> exp.Column:
-        qualifier = column.table.lower() if column.table else None
-        if qualifier and qualifier not in {self.table, self.alias}:
-            raise SchemaError(f"unknown table or alias {qualifier}")
-        if isinstance(column.this, exp.Star):
-            raise UnsupportedQueryError("SELECT * is not allowed: only aggregates are released")
-        name = column.name.lower()
-        if name not in self.columns:
-            raise SchemaError(f"unknown column {name} in table {self.table}")
-        return exp.column(name, quoted=True)
+        return resolve_expr(node, self.relation, where)
 
     # -- GROUP BY --------------------------------------------------------------------------
     def group_keys(self) -> None:
@@ -209,7 +183,7 @@ class _Analyzer:
     def _key(self, expr: exp.Expression, index: int) -> GroupKey:
         name = expr.name if isinstance(expr, exp.Column) else f"_k{index}"
         if isinstance(expr, exp.Column):
-            col = self.spec.columns.get(expr.name)
+            col = self.relation.columns[expr.name].spec
             if col is not None and col.public_values is not None:
                 return GroupKey(expr, name, domain=col.public_values)
             if col is not None and col.public_values_from is not None:
@@ -221,13 +195,15 @@ class _Analyzer:
         literals = _case_literals(expr)
         if literals is not None:
             return GroupKey(expr, name, domain=literals)
+        dates = _date_domain(expr, self.relation)
+        if dates is not None:
+            return GroupKey(expr, name, domain=dates)
         return GroupKey(expr, name)
 
     # -- aggregates --------------------------------------------------------------------------
     def aggregate(self, node: exp.Expression) -> int:
-        if any(node.find_all(*AGGREGATES)) and any(
-            n is not node for n in node.find_all(*AGGREGATES)
-        ):
+        inner = node.this if isinstance(node, exp.WithinGroup) else None
+        if any(n is not node and n is not inner for n in node.find_all(*AGGREGATES)):
             raise UnsupportedQueryError("nested aggregates are not supported")
         agg = self._aggregate(node)
         for i, existing in enumerate(self.aggregates):
@@ -239,16 +215,18 @@ class _Analyzer:
     def _aggregate(self, node: exp.Expression) -> Aggregate:
         arg = node.this
         name = node.key.upper()
+        if isinstance(node, QUANTILES):
+            return self._quantile(node)
         if isinstance(arg, exp.Distinct):
             values = arg.expressions
             if not isinstance(node, exp.Count) or len(values) != 1:
                 raise UnsupportedQueryError(f"{name}(DISTINCT ...) is not supported")
             target = self.row_level(values[0], "COUNT(DISTINCT)")
-            if not (isinstance(target, exp.Column) and target.name == self.unit):
-                raise UnsupportedQueryError(
-                    "COUNT(DISTINCT column) is supported only for the privacy unit column"
-                )
-            return Aggregate("count_units", None, None)
+            if isinstance(target, exp.Column) and target.name == self.unit:
+                return Aggregate("count_units", None, None)
+            # One unit holds at most C distinct values per group after bounding (DESIGN.md
+            # section 3): COUNT(DISTINCT x) then moves by at most C per group.
+            return Aggregate("count_distinct", target, None)
         if isinstance(node, exp.Count):
             if isinstance(arg, exp.Star) or arg is None:
                 return Aggregate("count_rows", None, None)
@@ -262,13 +240,46 @@ class _Analyzer:
         kind = _SPREAD.get(type(node), kind)
         return Aggregate(kind, target, bounds)
 
+    def _quantile(self, node: exp.Expression) -> Aggregate:
+        """MEDIAN, QUANTILE_CONT/DISC(x, p), PERCENTILE_CONT/DISC(p) WITHIN GROUP (ORDER BY x),
+        MIN and MAX (the quantiles 0 and 1), answered by the exponential mechanism."""
+        name = node.key.upper()
+        if isinstance(node, exp.WithinGroup):
+            inner, order = node.this, node.expression
+            keys = order.expressions if isinstance(order, exp.Order) else []
+            if not isinstance(inner, exp.PercentileCont | exp.PercentileDisc) or len(keys) != 1:
+                raise UnsupportedQueryError("WITHIN GROUP is supported for PERCENTILE_CONT/DISC")
+            if keys[0].args.get("desc"):
+                raise UnsupportedQueryError("PERCENTILE ... WITHIN GROUP (ORDER BY x DESC) is "
+                                            "not supported; use 1 - p")  # fmt: skip
+            arg, p_node = keys[0].this, inner.this
+        elif isinstance(node, exp.Min | exp.Max | exp.Median):
+            if node.expressions:
+                raise UnsupportedQueryError(f"{name} takes one argument")
+            arg = node.this
+            p_node = exp.Literal.number({exp.Min: 0, exp.Max: 1}.get(type(node), "0.5"))
+        else:
+            arg = node.this
+            p_node = node.args.get("quantile") or node.args.get("expression")
+        if isinstance(arg, exp.Distinct) or arg is None:
+            raise UnsupportedQueryError(f"{name}(DISTINCT ...) is not supported")
+        if not (isinstance(p_node, exp.Literal) and not p_node.is_string):
+            raise UnsupportedQueryError(f"the order of {name} must be a number literal")
+        p = Fraction(str(p_node.this))
+        if not 0 <= p <= 1:
+            raise UnsupportedQueryError(f"the order of {name} must lie in [0, 1]")
+        target = self.row_level(arg, name)
+        return Aggregate("quantile", target, self._bounds(target, name), p)
+
     def _bounds(self, target: exp.Expression, name: str) -> Interval:
-        for column in target.find_all(exp.Column):
-            ctype = self.columns[column.name].lower()
+        if isinstance(target, exp.Column):
+            ctype = self.columns[target.name].lower()
             if ctype not in _NUMERIC and not ctype.startswith("decimal"):
                 raise UnsupportedQueryError(
-                    f"{name} over column {column.name} of type {ctype.upper()} is not supported"
+                    f"{name} over column {target.name} of type {ctype.upper()} is not supported"
                 )
+        # Expressions of other types (LENGTH(s), a CASE) are typed by the engine before the
+        # charge; their bounds come from interval arithmetic like any other.
         interval = interval_of(target, self.column_bounds)
         if not interval.finite:
             missing = sorted(
@@ -390,6 +401,89 @@ def _case_literals(expr: exp.Expression) -> tuple[PublicValue, ...] | None:
     return tuple(values)
 
 
+# Date parts whose values are public whatever the data: every month, weekday, hour, ...
+_FIXED_PARTS: dict[str, range] = {
+    "month": range(1, 13),
+    "quarter": range(1, 5),
+    "dayofweek": range(7),
+    "dow": range(7),
+    "day": range(1, 32),
+    "hour": range(24),
+    "minute": range(60),
+}
+_PART_OF: dict[type[exp.Expression], str] = {
+    exp.Month: "month",
+    exp.Quarter: "quarter",
+    exp.DayOfWeek: "dayofweek",
+    exp.Day: "day",
+    exp.Hour: "hour",
+    exp.Minute: "minute",
+    exp.Year: "year",
+}
+_TRUNC_UNITS = ("day", "week", "month", "quarter", "year")
+
+
+def _date_domain(expr: exp.Expression, relation: Relation) -> tuple[PublicValue, ...] | None:
+    """The public domain of a date key: a fixed part (month, weekday, ...) of any date column,
+    or date_trunc/year of a column whose policy declares its ``date_range``. Rows outside the
+    domain are dropped before bounding, like those of any public key."""
+    part: str | None = None
+    column: exp.Expression | None = None
+    if isinstance(expr, exp.Extract):
+        part, column = expr.this.name.lower(), expr.expression
+    elif type(expr) in _PART_OF:
+        part, column = _PART_OF[type(expr)], expr.this
+    if part is not None and isinstance(column, exp.Column):
+        if part in _FIXED_PARTS:
+            return tuple(_FIXED_PARTS[part])
+        first_last = _declared_dates(column, relation)
+        if part == "year" and first_last is not None:
+            return tuple(range(first_last[0].year, first_last[1].year + 1))
+        return None
+    if isinstance(expr, exp.TimestampTrunc | exp.DateTrunc) and isinstance(expr.this, exp.Column):
+        unit = expr.args.get("unit")
+        first_last = _declared_dates(expr.this, relation)
+        name = unit.name.lower() if unit is not None else ""
+        if first_last is None or name not in _TRUNC_UNITS:
+            return None
+        return tuple(_truncated(name, *first_last))
+    return None
+
+
+def _declared_dates(column: exp.Column, relation: Relation) -> tuple[dt.date, dt.date] | None:
+    col = relation.columns.get(column.name)
+    if col is None or col.spec is None or col.spec.date_range is None:
+        return None
+    first, last = col.spec.date_range
+    as_date = [d.date() if isinstance(d, dt.datetime) else d for d in (first, last)]
+    return as_date[0], as_date[1]
+
+
+def _truncated(unit: str, first: dt.date, last: dt.date) -> list[PublicValue]:
+    """Every value of date_trunc(unit, d) for d in [first, last] (DuckDB returns TIMESTAMP)."""
+    if unit == "week":
+        start = first - dt.timedelta(days=first.weekday())  # ISO weeks start on Monday
+    elif unit == "day":
+        start = first
+    else:
+        months = {"month": 1, "quarter": 3, "year": 12}[unit]
+        month = (first.month - 1) // months * months + 1
+        start = dt.date(first.year, month, 1)
+    values: list[PublicValue] = []
+    current = start
+    while current <= last:
+        values.append(dt.datetime(current.year, current.month, current.day))
+        if unit == "day":
+            current += dt.timedelta(days=1)
+        elif unit == "week":
+            current += dt.timedelta(days=7)
+        else:
+            step = {"month": 1, "quarter": 3, "year": 12}[unit]
+            index = current.year * 12 + current.month - 1 + step
+            current = dt.date(index // 12, index % 12 + 1, 1)
+    return values
+
+
 def _number(text: str) -> int | float:
     value = Fraction(text)
     return int(value) if value.denominator == 1 else float(value)
@@ -433,9 +527,13 @@ def _limit(select: exp.Select, name: str) -> int | None:
     return int(value.this)
 
 
-def analyze(select: exp.Select, policy: Policy, catalog: Catalog) -> Analysis:
-    """Analyze a validated, parameter-bound SELECT. Raises a ``QueryError`` subclass."""
-    analyzer = _Analyzer(select, policy, catalog)
+def analyze(
+    select: exp.Select, policy: Policy, catalog: Catalog, describe: Describe | None = None
+) -> Analysis:
+    """Analyze a validated, parameter-bound SELECT. Raises a ``QueryError`` subclass.
+
+    ``describe`` types a derived relation (a join or subquery) without reading rows."""
+    analyzer = _Analyzer(select, policy, catalog, describe)
     where = select.args.get("where")
     where_expr = analyzer.row_level(where.this, "WHERE") if where is not None else None
     analyzer.group_keys()
@@ -457,5 +555,15 @@ def analyze(select: exp.Select, policy: Policy, catalog: Catalog) -> Analysis:
         order=order,
         limit=_limit(select, "limit"),
         offset=_limit(select, "offset"),
-        cell=_cell(where_expr, analyzer.spec, analyzer.columns),
+        cell=_cell(where_expr, analyzer.spec, analyzer.columns) if analyzer.relation.base else None,
+        source=analyzer.relation.sql
+        if analyzer.relation.base
+        else f"{analyzer.relation.sql} AS _src",
+        base=analyzer.relation.base,
+        tables=analyzer.relation.tables,
+        bounds={
+            n: (c.interval.lower, c.interval.upper)
+            for n, c in analyzer.relation.columns.items()
+            if c.interval.lower is not None and c.interval.upper is not None
+        },
     )

@@ -18,6 +18,9 @@ from dpsql.sql.intervals import Interval
 # most half a step per row; at this resolution that is far below the noise for any realistic
 # number of rows, while integer sums stay within HUGEINT.
 GRID_BITS = 20
+# Quantiles choose among about 2**10 candidates: finer grids cost sampling time and dilute the
+# exponential mechanism's mass (its error grows with log K) for little gain in resolution.
+QUANTILE_BITS = 10
 # Grid-unit values are computed in DOUBLE in the engine; they must stay exact integers there.
 MAX_GRID_UNITS = 2**52
 
@@ -76,7 +79,13 @@ class Grid:
         return self.upper - self.lower
 
 
-def value_grid(bounds: Interval) -> Grid:
+def quantile_grid(bounds: Interval) -> Grid:
+    """The candidates of a quantile: multiples of a power of two g with about 2**10 of them
+    between the bounds (every integer when an integer range is that small)."""
+    return value_grid(bounds, QUANTILE_BITS)
+
+
+def value_grid(bounds: Interval, bits: int = GRID_BITS) -> Grid:
     """The grid for an aggregated expression; depends on its bounds and type only."""
     lo, hi = bounds.lower, bounds.upper
     if lo is None or hi is None:
@@ -88,7 +97,7 @@ def value_grid(bounds: Interval) -> Grid:
     if lo == hi:
         # A constant: widen so that the grid has a positive range (more noise, never less).
         lo, hi = lo - 1, hi + 1
-    step = Fraction(2) ** (floor_log2(hi - lo) - GRID_BITS)
+    step = Fraction(2) ** (floor_log2(hi - lo) - bits)
     if bounds.integral and step < 1:
         step = Fraction(1)  # integers are already on the unit grid: no rounding at all
     magnitude = max(abs(lo), abs(hi))

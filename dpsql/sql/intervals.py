@@ -121,6 +121,18 @@ def _greatest(parts: list[Interval]) -> Interval:
 
 ColumnBounds = Callable[[exp.Column], Interval]
 
+# Functions whose value lies in a fixed integer range whatever their argument (NULL aside).
+_FIXED_RANGES: dict[type[exp.Expression], tuple[int, int | None]] = {
+    exp.Length: (0, None),
+    exp.Sign: (-1, 1),
+    exp.Month: (1, 12),
+    exp.Day: (1, 31),
+    exp.DayOfWeek: (0, 6),
+    exp.Quarter: (1, 4),
+    exp.Hour: (0, 23),
+    exp.Minute: (0, 59),
+}
+
 
 def interval_of(node: exp.Expression, column: ColumnBounds) -> Interval:
     """The range of ``node`` over all rows, given the range of each column.
@@ -172,6 +184,9 @@ def _compound(node: exp.Expression, column: ColumnBounds) -> Interval:
         return _abs(sub(node.this))
     if isinstance(node, exp.Round | exp.Floor | exp.Ceil | exp.Trunc):
         return _round_out(sub(node.this))
+    fixed = _FIXED_RANGES.get(type(node))
+    if fixed is not None:
+        return Interval(Fraction(fixed[0]), None if fixed[1] is None else Fraction(fixed[1]), True)
     if isinstance(node, exp.Cast | exp.TryCast):
         inner = sub(node.this)
         to = node.to

@@ -40,6 +40,9 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "max_groups_contributed": "max_groups_per_unit",
         "max_groups_per_unit": "max_groups_per_unit",
         "max_rows_per_unit_per_group": "max_rows_per_unit_per_group",
+        # BigQuery's max_rows_contributed bounds a unit's rows across all groups: dpsql's R.
+        "max_rows_contributed": "max_rows_per_unit",
+        "max_rows_per_unit": "max_rows_per_unit",
         "mechanism": "mechanism",
         "rho": "rho",
         "sigma": "sigma",
@@ -49,9 +52,6 @@ KEYS: Mapping[str, str] = MappingProxyType(
 # Checked against the policy's privacy unit of the query's table, never a setting.
 PRIVACY_UNIT = "privacy_unit_column"
 _HINTS = {
-    # BigQuery bounds a unit's rows over all groups; dpsql bounds them per group.
-    "max_rows_contributed": "BigQuery's max_rows_contributed bounds a unit's rows across all "
-    "groups, dpsql bounds them per group: use max_rows_per_unit_per_group",
     "group_selection_strategy": "dpsql chooses public or private group selection from the "
     "policy and the GROUP BY keys (see docs/sql.md)",
 }

@@ -32,9 +32,15 @@ from dpsql.sql.analyze import Analysis, GroupKey
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
+from dpsql.sql.totality import total
 
 SALT_PARAMETER = "salt"
-MeasurementKind = Literal["rows", "count", "sum", "centred", "centred_squares", "units"]
+MeasurementKind = Literal[
+    "rows", "count", "sum", "centred", "centred_squares", "units", "distinct", "quantile"
+]
+# value: counted, and summed on its grid; quantile: listed on its (coarser) grid, C per unit and
+# group; distinct: its distinct values listed, C per unit and group.
+ValueRole = Literal["value", "quantile", "distinct"]
 _FLOATS = {"float", "double", "real"}
 _INTEGERS = {"tinyint", "smallint", "integer", "bigint", "utinyint", "usmallint", "uinteger"}
 
@@ -45,6 +51,11 @@ class ValueSpec:
 
     expr: exp.Expression
     grid: Grid | None
+    role: ValueRole = "value"
+
+    @property
+    def listed(self) -> bool:
+        return self.role != "value"
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class MeasurementSpec:
 
     kind: MeasurementKind
     value: int | None = None
+    p: Fraction | None = None  # the order of a quantile
 
 
 @dataclass(frozen=True)
@@ -63,46 +75,11 @@ class Bounding:
     max_rows: int  # C
     values: tuple[ValueSpec, ...]
     measurements: tuple[MeasurementSpec, ...]
+    max_total_rows: int | None = None  # R: rows per unit in total, kept by keyed hash
 
 
 def _sql(node: exp.Expression) -> str:
     return node.sql(dialect=DIALECT)
-
-
-_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
-
-
-def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -> exp.Expression:
-    """A row-level expression that cannot raise, wrapped in TRY(...) as a last resort.
-
-    DuckDB raises on failed casts, integer overflow and ``//`` or ``%`` by zero (DESIGN.md
-    section 5), so: casts become TRY_CAST; divisors of ``//`` and ``%`` become NULLIF(d, 0);
-    integer columns under arithmetic are widened to HUGEINT, where sums and products of two
-    64-bit values cannot overflow. What can still raise (longer products of huge integers) is
-    caught by TRY and yields NULL. TRY re-evaluates a failing batch row by row, so making the
-    expression total first also keeps the query's time from depending on such rows.
-    """
-
-    def fix(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
-            return exp.TryCast(this=n.this, to=n.to)
-        if isinstance(n, exp.IntDiv | exp.Mod):
-            divisor = exp.Nullif(this=n.expression, expression=exp.Literal.number(0))
-            return n.__class__(this=n.this, expression=divisor)
-        if (
-            isinstance(n, exp.Column)
-            and n.name in integer_columns
-            and isinstance(n.parent, _ARITHMETIC)
-        ):
-            return exp.cast(n.copy(), exp.DataType.Type.INT128)
-        return n
-
-    fixed = node.transform(fix)
-    # A column or a literal cannot fail: TRY around it only costs time (20% of the CPU of a
-    # grouped query at 10M rows when every key and value was wrapped).
-    if isinstance(fixed, exp.Column | exp.Literal | exp.Null | exp.Boolean):
-        return fixed
-    return exp.Try(this=fixed)
 
 
 def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
@@ -111,10 +88,10 @@ def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
     def clamp(node: exp.Expression) -> exp.Expression:
         if not isinstance(node, exp.Column):
             return node
-        spec = analysis.spec.columns.get(node.name)
-        if spec is None or spec.bounds is None:
+        bounds = analysis.bounds.get(node.name)
+        if bounds is None:
             return node
-        lo, hi = spec.bounds
+        lo, hi = bounds
         inner = exp.cast(node.copy(), exp.DataType.Type.DOUBLE)
         clamped: exp.Expression = exp.Least(
             this=exp.Greatest(this=inner, expressions=[_number(lo)], ignore_nulls=True),
@@ -279,6 +256,45 @@ def _capped_squares(i: int, bounding: Bounding) -> str:
     return f"LEAST(GREATEST({scaled}, 0), CAST({cap} AS HUGEINT))"
 
 
+def _listed(i: int, value: ValueSpec) -> str:
+    """Per unit and group, the value's non-NULL grid units (a quantile) or distinct values."""
+    distinct = "DISTINCT " if value.role == "distinct" else ""
+    return f"list({distinct}_v{i}) FILTER (WHERE _v{i} IS NOT NULL) AS _l{i}"
+
+
+def _capped_list(i: int, c: int) -> str:
+    """At most C of a unit's listed values, evenly spaced in sorted order: a function of the
+    unit's own rows only, so one unit still moves a group by at most C values."""
+    step = f"GREATEST((len(_l{i}) + {c - 1}) // {c}, 1)"
+    return f"list_slice(list_sort(_l{i}), 1, len(_l{i}), {step}) AS _l{i}"
+
+
+def _list_measure(j: int, spec: MeasurementSpec, keys: list[str]) -> str:
+    """The cross-unit aggregate of a listed value: a histogram of grid units for a quantile's
+    exponential mechanism, or the number of distinct values."""
+    assert spec.value is not None
+    agg = "histogram(_b)" if spec.kind == "quantile" else "COUNT(DISTINCT _b)"
+    key_list = "".join(f"{k}, " for k in keys)
+    group = f" GROUP BY {', '.join(keys)}" if keys else ""
+    return (
+        f"_x{j} AS (SELECT {key_list}{agg} AS _h FROM "
+        f"(SELECT {key_list}unnest(_l{spec.value}) AS _b FROM _capped){group})"
+    )
+
+
+def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
+    """With a total row cap R, each unit keeps R of its rows, ranked by a keyed hash of the row
+    (DESIGN.md section 3): a function of the unit's own rows, so stability holds."""
+    if r is None:
+        return rows
+    order = ", ".join(["_u", *keys, *(f"_x{i}" for i in range(n_values)),
+                       f"CAST(${SALT_PARAMETER} AS BIGINT)"])  # fmt: skip
+    return (
+        f"SELECT * FROM ({rows}) QUALIFY "
+        f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {r}"
+    )
+
+
 def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     """The bounded SQL for ``analysis``: one row per group, one column per measurement."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
@@ -321,12 +337,13 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     )
     per_unit = ", ".join(
         ["_u", *keys, "COUNT(*) AS _n"]
-        + [f"COUNT(_v{i}) AS _n{i}" for i in range(len(bounding.values))]
+        + [f"COUNT(_v{i}) AS _n{i}" for i, v in enumerate(bounding.values) if not v.listed]
         + [
             f"COALESCE(SUM(_v{i}), 0) AS _s{i}"
             for i, v in enumerate(bounding.values)
-            if v.grid is not None
+            if v.grid is not None and not v.listed
         ]
+        + [_listed(i, v) for i, v in enumerate(bounding.values) if v.listed]
         + [
             f"COALESCE(SUM(CAST({_centred(i, bounding)} AS HUGEINT) * "
             f"CAST({_centred(i, bounding)} AS HUGEINT)), 0) AS _q{i}"
@@ -335,6 +352,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     )
     group_units = ", ".join(["_u", *keys])
     ctes = ""
+    multi = ""
     if bounding.max_groups is not None and keys:
         # Only units with more than L0 groups need the (expensive) ranking window; the others
         # keep all their groups, which is what the ranking would keep too.
@@ -342,7 +360,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
         # never hold it (DESIGN.md section 3, step 4: a secret salt).
         order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-        ctes = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
+        multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
         kept = (
             "SELECT * FROM _units ANTI JOIN _multi USING (_u) UNION ALL "
             "SELECT * FROM (SELECT * FROM _units SEMI JOIN _multi USING (_u)) QUALIFY "
@@ -353,39 +371,65 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     c = bounding.max_rows
     capped = ", ".join(
         [*keys, f"LEAST(_n, {c}) AS _c"]
-        + [f"LEAST(_n{i}, {c}) AS _c{i}" for i in range(len(bounding.values))]
+        + [f"LEAST(_n{i}, {c}) AS _c{i}" for i, v in enumerate(bounding.values) if not v.listed]
         + [
             f"CASE WHEN _n{i} <= {c} THEN CAST(_s{i} AS HUGEINT) ELSE CAST(LEAST(GREATEST("
             f"ROUND(CAST(_s{i} AS DOUBLE) * {c} / _n{i}), {c * v.grid.lower}), "
             f"{c * v.grid.upper}) AS HUGEINT) END AS _t{i}"
             for i, v in enumerate(bounding.values)
-            if v.grid is not None
+            if v.grid is not None and not v.listed
         ]
         + [f"{_capped_squares(i, bounding)} AS _r{i}" for i in squared]
+        + [_capped_list(i, c) for i, v in enumerate(bounding.values) if v.listed]
     )
+    listed = {
+        j: m for j, m in enumerate(bounding.measurements) if m.kind in ("quantile", "distinct")
+    }
     measures = ", ".join(
-        f"{measurement_sql(m, bounding)} AS _m{j}" for j, m in enumerate(bounding.measurements)
+        [
+            f"{measurement_sql(m, bounding)} AS _m{j}"
+            for j, m in enumerate(bounding.measurements)
+            if j not in listed
+        ]
+        + ["COUNT(*) AS _z"]
     )
-    final = f"SELECT {key_list}{measures} FROM _capped"
+    aggregated = f"SELECT {key_list}{measures} FROM _capped"
     if keys:
-        final += f" GROUP BY {', '.join(keys)}"
+        aggregated += f" GROUP BY {', '.join(keys)}"
+    ctes += "".join(f"{_list_measure(j, m, keys)}, " for j, m in listed.items())
+    outputs = [f"_agg.{k}" for k in keys] + [
+        f"_x{j}._h AS _m{j}" if j in listed else f"_agg._m{j}"
+        for j in range(len(bounding.measurements))
+    ]
+    joins = "".join(
+        f" LEFT JOIN _x{j} ON "
+        + (" AND ".join(f"_agg.{k} IS NOT DISTINCT FROM _x{j}.{k}" for k in keys) or "true")
+        for j in listed
+    )
+    final = f"SELECT {', '.join(outputs)} FROM _agg{joins}"
     if keys and all(k.public for k in analysis.keys):
-        on = " AND ".join(f"_d._k{i} IS NOT DISTINCT FROM _agg._k{i}" for i in range(len(keys)))
+        on = " AND ".join(f"_d._k{i} IS NOT DISTINCT FROM _f._k{i}" for i in range(len(keys)))
         filled = ", ".join(
             [f"_d._k{i} AS _k{i}" for i in range(len(keys))]
-            + [f"COALESCE(_agg._m{j}, 0) AS _m{j}" for j in range(len(bounding.measurements))]
+            + [
+                f"_f._m{j} AS _m{j}" if m.kind == "quantile" else f"COALESCE(_f._m{j}, 0) AS _m{j}"
+                for j, m in enumerate(bounding.measurements)
+            ]
         )
         final = (
             f"SELECT {filled} FROM (SELECT * FROM {_domain_relation(analysis.keys)}) AS _d "
-            f"LEFT JOIN ({final}) AS _agg ON {on}"
+            f"LEFT JOIN ({final}) AS _f ON {on}"
         )
+    rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
+    rows = _row_cap(rows, keys, len(bounding.values), bounding.max_total_rows)
     text = (
         f"WITH {_enforced_cell(analysis)}"
-        f'_rows AS (SELECT {rows_select} FROM "{analysis.table}"{_cell_join(analysis)}{where}), '
+        f"_rows AS ({rows}), "
         f"_vals AS (SELECT {vals} FROM _rows), "
         f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
-        f"{ctes}_kept AS ({kept}), "
-        f"_capped AS (SELECT {capped} FROM _kept) "
+        f"{multi}_kept AS ({kept}), "
+        f"_capped AS (SELECT {capped} FROM _kept), "
+        f"{ctes}_agg AS ({aggregated}) "
         f"{final}"
     )
     try:

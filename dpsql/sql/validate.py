@@ -32,6 +32,11 @@ _STRUCTURE: tuple[type[exp.Expression], ...] = (
     exp.Paren,
     exp.DataType,
     exp.DataTypeParam,
+    # Joins, CTEs and FROM-subqueries: dpsql.sql.relations decides which keep bounding valid.
+    exp.Join,
+    exp.With,
+    exp.CTE,
+    exp.Subquery,
 )
 # Literals and operators.
 _OPERATORS: tuple[type[exp.Expression], ...] = (
@@ -98,6 +103,11 @@ _FUNCTIONS: tuple[type[exp.Expression], ...] = (
     exp.DayOfWeek,
     exp.Extract,
     exp.Var,
+    exp.DateTrunc,
+    exp.TimestampTrunc,
+    exp.Quarter,
+    exp.Hour,
+    exp.Minute,
 )
 # Aggregates answered with noise.
 AGGREGATES: tuple[type[exp.Expression], ...] = (
@@ -110,6 +120,17 @@ AGGREGATES: tuple[type[exp.Expression], ...] = (
     exp.StddevSamp,
     exp.StddevPop,
 )
+# Quantiles, answered with the exponential mechanism (MIN and MAX are the quantiles 0 and 1).
+QUANTILES: tuple[type[exp.Expression], ...] = (
+    exp.Median,
+    exp.Quantile,
+    exp.PercentileCont,
+    exp.PercentileDisc,
+    exp.WithinGroup,
+    exp.Min,
+    exp.Max,
+)
+AGGREGATES = AGGREGATES + QUANTILES
 _DISTINCT = (exp.Distinct,)
 
 ALLOWED: tuple[type[exp.Expression], ...] = (
@@ -118,14 +139,8 @@ ALLOWED: tuple[type[exp.Expression], ...] = (
 
 # Why some common constructs are refused, in words a user can act on.
 _REASONS: dict[type[exp.Expression], str] = {
-    exp.Join: "JOIN is not supported yet",
-    exp.With: "WITH (common table expressions) is not supported yet",
-    exp.Subquery: "subqueries are not supported yet",
+    exp.Union: "UNION, INTERSECT and EXCEPT are not supported; run the queries separately",
     exp.Window: "window functions are not supported: they release row-level values",
-    exp.Median: "MEDIAN is not supported yet (quantiles need the exponential mechanism)",
-    exp.PercentileCont: "quantiles are not supported yet",
-    exp.Min: "MIN is not supported yet (an extreme quantile)",
-    exp.Max: "MAX is not supported yet (an extreme quantile)",
     exp.Rand: "random() is not supported: the only randomness is dpsql's noise",
     exp.Filter: "aggregate FILTER clauses are not supported; use a CASE inside the aggregate",
     exp.Anonymous: "this function is not on dpsql's allow-list",

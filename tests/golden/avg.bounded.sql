@@ -35,8 +35,14 @@ WITH _rows AS (
       ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 0), 16384000) AS INT128)
     END AS _t0
   FROM _kept
+), _agg AS (
+  SELECT
+    SUM(2 * _t0 - _c0 * CAST(1638400 AS INT128)) AS _m0,
+    SUM(_c0) AS _m1,
+    COUNT(*) AS _z
+  FROM _capped
 )
 SELECT
-  SUM(2 * _t0 - _c0 * CAST(1638400 AS INT128)) AS _m0,
-  SUM(_c0) AS _m1
-FROM _capped
+  _agg._m0,
+  _agg._m1
+FROM _agg

@@ -25,7 +25,12 @@ WITH _rows AS (
     LEAST(_n, 10) AS _c,
     LEAST(_n0, 10) AS _c0
   FROM _kept
+), _agg AS (
+  SELECT
+    SUM(_c0) AS _m0,
+    COUNT(*) AS _z
+  FROM _capped
 )
 SELECT
-  SUM(_c0) AS _m0
-FROM _capped
+  _agg._m0
+FROM _agg

@@ -21,7 +21,12 @@ WITH _rows AS (
   SELECT
     LEAST(_n, 10) AS _c
   FROM _kept
+), _agg AS (
+  SELECT
+    COUNT(*) AS _m0,
+    COUNT(*) AS _z
+  FROM _capped
 )
 SELECT
-  COUNT(*) AS _m0
-FROM _capped
+  _agg._m0
+FROM _agg

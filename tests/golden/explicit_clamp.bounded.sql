@@ -80,10 +80,18 @@ WITH _rows AS (
       ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 0), 16384000) AS INT128)
     END AS _t0
   FROM _kept
+), _agg AS (
+  SELECT
+    _k0,
+    SUM(_t0) AS _m0,
+    COUNT(*) AS _z
+  FROM _capped
+  GROUP BY
+    _k0
 )
 SELECT
   _d._k0 AS _k0,
-  COALESCE(_agg._m0, 0) AS _m0
+  COALESCE(_f._m0, 0) AS _m0
 FROM (
   SELECT
     *
@@ -96,10 +104,8 @@ FROM (
 ) AS _d
 LEFT JOIN (
   SELECT
-    _k0,
-    SUM(_t0) AS _m0
-  FROM _capped
-  GROUP BY
-    _k0
-) AS _agg
-  ON _d._k0 IS NOT DISTINCT FROM _agg._k0
+    _agg._k0,
+    _agg._m0
+  FROM _agg
+) AS _f
+  ON _d._k0 IS NOT DISTINCT FROM _f._k0

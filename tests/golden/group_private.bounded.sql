@@ -62,12 +62,20 @@ WITH _rows AS (
       ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 0), 16384000) AS INT128)
     END AS _t0
   FROM _kept
+), _agg AS (
+  SELECT
+    _k0,
+    SUM(_c) AS _m0,
+    SUM(_t0) AS _m1,
+    COUNT(*) AS _m2,
+    COUNT(*) AS _z
+  FROM _capped
+  GROUP BY
+    _k0
 )
 SELECT
-  _k0,
-  SUM(_c) AS _m0,
-  SUM(_t0) AS _m1,
-  COUNT(*) AS _m2
-FROM _capped
-GROUP BY
-  _k0
+  _agg._k0,
+  _agg._m0,
+  _agg._m1,
+  _agg._m2
+FROM _agg

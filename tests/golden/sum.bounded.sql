@@ -35,7 +35,12 @@ WITH _rows AS (
       ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 0), 16384000) AS INT128)
     END AS _t0
   FROM _kept
+), _agg AS (
+  SELECT
+    SUM(_t0) AS _m0,
+    COUNT(*) AS _z
+  FROM _capped
 )
 SELECT
-  SUM(_t0) AS _m0
-FROM _capped
+  _agg._m0
+FROM _agg

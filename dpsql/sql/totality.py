@@ -1,0 +1,44 @@
+"""Total row-level expressions: what the engine evaluates on private rows must never raise.
+
+Whether a query fails must depend on the query and the schema only, never on a data value
+(DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
+
+
+def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -> exp.Expression:
+    """A row-level expression that cannot raise, wrapped in TRY(...) as a last resort.
+
+    DuckDB raises on failed casts, integer overflow and ``//`` or ``%`` by zero (DESIGN.md
+    section 5), so: casts become TRY_CAST; divisors of ``//`` and ``%`` become NULLIF(d, 0);
+    integer columns under arithmetic are widened to HUGEINT, where sums and products of two
+    64-bit values cannot overflow. What can still raise (longer products of huge integers) is
+    caught by TRY and yields NULL. TRY re-evaluates a failing batch row by row, so making the
+    expression total first also keeps the query's time from depending on such rows.
+    """
+
+    def fix(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
+            return exp.TryCast(this=n.this, to=n.to)
+        if isinstance(n, exp.IntDiv | exp.Mod):
+            divisor = exp.Nullif(this=n.expression, expression=exp.Literal.number(0))
+            return n.__class__(this=n.this, expression=divisor)
+        if (
+            isinstance(n, exp.Column)
+            and n.name in integer_columns
+            and isinstance(n.parent, _ARITHMETIC)
+        ):
+            return exp.cast(n.copy(), exp.DataType.Type.INT128)
+        return n
+
+    fixed = node.transform(fix)
+    # A column or a literal cannot fail: TRY around it only costs time (20% of the CPU of a
+    # grouped query at 10M rows when every key and value was wrapped).
+    if isinstance(fixed, exp.Column | exp.Literal | exp.Null | exp.Boolean):
+        return fixed
+    return exp.Try(this=fixed)
