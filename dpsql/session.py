@@ -17,7 +17,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql import cache
+from dpsql import bounds, cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.errors import LedgerError, ParameterError
@@ -32,6 +32,7 @@ from dpsql.plan.planner import Plan, QueryOptions, plan_query
 from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
     MAX_QUERY_EPSILON,
+    ColumnSpec,
     Policy,
     TableSpec,
     check_delta,
@@ -41,7 +42,16 @@ from dpsql.policy import (
 from dpsql.sql.analyze import analyze
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
 from dpsql.sql.params import bind_parameters
-from dpsql.sql.parse import DIALECT, Explain, Query, SetOption, ShowOption, parse_statement
+from dpsql.sql.parse import (
+    DIALECT,
+    EstimateBounds,
+    Explain,
+    Query,
+    SetOption,
+    ShowOption,
+    parse_select,
+    parse_statement,
+)
 from dpsql.sql.validate import validate
 
 log = logging.getLogger("dpsql")
@@ -154,6 +164,9 @@ class Session:
         self.filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
         self.cache = cache.ReleaseCache(store)
         self._settings: dict[str, object] = {}
+        self._estimated: dict[tuple[str, str], tuple[Fraction, Fraction]] = {}
+        self._bounds_seen = 0
+        self._with_estimates: Policy | None = None
 
     # -- settings ------------------------------------------------------------------------------
     def set_option(self, name: str, value: object) -> None:
@@ -236,10 +249,11 @@ class Session:
         settings = self.settings(merge_options(inline, options))
         bound = bind_parameters(select, params)
         validate(bound)
-        analysis = analyze(bound, self.policy, self.engine.catalog, self.engine.describe)
+        policy = self._effective_policy()
+        analysis = analyze(bound, policy, self.engine.catalog, self.engine.describe)
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec)
-        plan = plan_query(analysis, options_, self.policy, query=bound.sql(dialect=DIALECT))
+        plan = plan_query(analysis, options_, policy, query=bound.sql(dialect=DIALECT))
         # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
         # rejected here, before the charge, on the schema alone.
         check_samplable(plan)
@@ -260,6 +274,10 @@ class Session:
             return Result((), (), (), message=f"SET dpsql.{statement.name}")
         if isinstance(statement, ShowOption):
             return self._show(statement.name)
+        if isinstance(statement, EstimateBounds):
+            if params:
+                raise ParameterError("ESTIMATE BOUNDS takes no parameters")
+            return self._estimate_bounds(statement, options)
         if isinstance(statement, Explain):
             plan = self._plan(statement.select, params, options, statement.options)
             lines = plan.explain()
@@ -306,6 +324,71 @@ class Session:
             charge=charge,
             cached_from=cached,
         )
+
+    # -- bounds estimated from the data ------------------------------------------------------
+    def _estimate_bounds(self, statement: EstimateBounds, options: Mapping[str, object]) -> Result:
+        """Two quantile releases on a fixed ladder give the bounds (``dpsql.bounds``); they are
+        charged and cached like any query, then recorded for later queries to use."""
+        sql = bounds.bounds_query(
+            self.policy, self.engine.catalog, statement.table, statement.column
+        )
+        plan = self._plan(parse_select(sql), None, options)
+        answer = self._answer(plan, bool(self.settings(options)["fresh"]))
+        lower_index, upper_index = answer.rows[0]
+        lower, upper = bounds.from_release(float(lower_index), float(upper_index))
+        if answer.charge is not None:
+            # Post-processing of the release just charged: recorded, never charged again.
+            payload = {
+                "table": statement.table,
+                "column": statement.column,
+                "lower": str(lower),
+                "upper": str(upper),
+                "charge": answer.charge.seq,
+                "policy": self.policy.version,
+                "data": self.policy.dataset.data_version,
+            }
+            self.filter.store.append(bounds.RECORD_KIND, payload, self.analyst)
+        row = (statement.table, statement.column, float(lower), float(upper))
+        return Result(
+            ("table", "column", "lower", "upper"),
+            ("VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE"),
+            (row,),
+            accuracy=((None, None, None, None),),
+            plan=plan,
+            charge=answer.charge,
+            cached_from=answer.cached_from,
+        )
+
+    def _effective_policy(self) -> Policy:
+        """The policy with the bounds estimated so far (same policy and data version) filled in
+        for columns that declare none; declared bounds always win."""
+        records = self.filter.store.records()
+        for record in records[self._bounds_seen :]:
+            p = record.payload
+            if (
+                record.kind == bounds.RECORD_KIND
+                and p.get("policy") == self.policy.version
+                and p.get("data") == self.policy.dataset.data_version
+            ):
+                key = (str(p["table"]), str(p["column"]))
+                self._estimated[key] = (Fraction(str(p["lower"])), Fraction(str(p["upper"])))
+                self._with_estimates = None
+        self._bounds_seen = len(records)
+        if not self._estimated:
+            return self.policy
+        if self._with_estimates is None:
+            tables = dict(self.policy.tables)
+            for (table, column), (lower, upper) in self._estimated.items():
+                spec = tables.get(table)
+                if spec is None:
+                    continue
+                declared = spec.columns.get(column)
+                if declared is not None and declared.bounds is not None:
+                    continue
+                col = (declared or ColumnSpec()).model_copy(update={"lower": lower, "upper": upper})
+                tables[table] = spec.model_copy(update={"columns": {**spec.columns, column: col}})
+            self._with_estimates = self.policy.model_copy(update={"tables": tables})
+        return self._with_estimates
 
     def _details(self, plan: Plan) -> dict[str, object]:
         """What the ledger keeps beside a charge, so that a report can be reproduced later."""

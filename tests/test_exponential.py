@@ -44,11 +44,12 @@ NAMED_P = [Fraction(0), Fraction(1), Fraction(1, 2), Fraction(1, 3)]
 
 
 def brute_force_scores(histogram: dict[int, int], lower: int, upper: int, p: Fraction) -> list[int]:
-    """The definition, row by row: |(b - a)·#{x < c} - a·#{x > c}| for p = a/b."""
+    """The definition, row by row: b·dist(p·n, [#{x < c}, #{x <= c}]) for p = a/b."""
     rows = [key for key, count in histogram.items() for _ in range(count)]
     a, b = p.numerator, p.denominator
+    n = len(rows)
     return [
-        abs((b - a) * sum(x < c for x in rows) - a * sum(x > c for x in rows))
+        max(b * sum(x < c for x in rows) - a * n, a * n - b * sum(x <= c for x in rows), 0)
         for c in range(lower, upper + 1)
     ]
 
@@ -125,14 +126,14 @@ def test_quantile_scores_match_brute_force(
 @pytest.mark.parametrize("p", NAMED_P)
 def test_named_quantiles(p: Fraction) -> None:
     """p = 0 scores #{x < c} (minimum at or below the smallest row), p = 1 scores #{x > c},
-    p = 1/2 |#below - #above| (zero at the median of an odd count)."""
+    p = 1/2 is zero at the median of an odd count; rows tied on c count on both sides."""
     histogram = {1: 2, 3: 1, 6: 2}  # rows 1, 1, 3, 6, 6
     scores = quantile_scores(histogram, 0, 7, p)
     expected = {
         Fraction(0): [0, 0, 2, 2, 3, 3, 3, 5],
         Fraction(1): [5, 3, 3, 2, 2, 2, 0, 0],
-        Fraction(1, 2): [5, 3, 1, 0, 1, 1, 3, 5],
-        Fraction(1, 3): [5, 3, 1, 2, 4, 4, 6, 10],  # |2·below - above|
+        Fraction(1, 2): [5, 1, 1, 0, 1, 1, 1, 5],  # max(2·below - 5, 5 - 2·upto, 0)
+        Fraction(1, 3): [5, 0, 1, 1, 4, 4, 4, 10],  # max(3·below - 5, 5 - 3·upto, 0)
     }[p]
     assert scores == expected
 
@@ -146,8 +147,8 @@ def test_quantile_scores_big_integer_path() -> None:
     expected = []
     for c in range(6):
         below = sum(n for x, n in histogram.items() if x < c)
-        above = sum(n for x, n in histogram.items() if x > c)
-        expected.append(abs((b - a) * below - a * above))
+        upto = sum(n for x, n in histogram.items() if x <= c)
+        expected.append(max(b * below - a * total, a * total - b * upto, 0))
     assert b * total >= 2**63
     assert quantile_scores(histogram, 0, 5, p) == expected
 

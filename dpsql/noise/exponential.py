@@ -144,9 +144,14 @@ def _bin_counts(
 def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fraction) -> list[int]:
     """Integer quantile scores of the candidates lower, lower + 1, ..., upper (lower is better).
 
-    ``histogram[c]`` is the number of rows on candidate c. With p = a/b in lowest terms, entry i
-    (candidate c = lower + i) is |(b - a)·#{x < c} - a·#{x > c}| (OpenDP's quantile score times
-    b). Each entry moves by at most ``score_sensitivity(p)`` when one row is added or removed.
+    ``histogram[c]`` is the number of rows on candidate c. With p = a/b in lowest terms and n
+    rows, entry i (candidate c = lower + i) is b times the distance from the target rank p·n
+    to the ranks c spans, [#{x < c}, #{x <= c}]:
+    max(b·#{x < c} - a·n, a·n - b·#{x <= c}, 0). It is 0 exactly when c is a p-quantile of the
+    rows; unlike |(1 - p)·#{x < c} - p·#{x > c}| (OpenDP's score) it is not penalised by the
+    rows tied on c, which matters on a coarse grid. Adding or removing one row moves
+    b·#{x < c} - a·n and a·n - b·#{x <= c} by at most max(a, b - a) each (the row moves n by
+    one and each count by at most one), so each entry moves by at most ``score_sensitivity(p)``.
     Runs in O(K + len(histogram)) with prefix sums, in int64 when b·n < 2**63 (n = number of
     rows) and with Python integers otherwise.
 
@@ -168,16 +173,18 @@ def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fra
         binned = np.zeros(size, dtype=np.int64)
         binned[np.asarray(offsets, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
         below = np.cumsum(binned) - binned
-        above = total - below - binned
-        # OpenDP's quantile score times b; a row moves each entry by <= max(a, b - a) (docstring).
-        scores: list[int] = np.abs((b - a) * below - a * above).tolist()
+        target = a * total
+        # b·(distance from p·n to [below, below + tied]); a row moves it by <= max(a, b - a).
+        low = b * below - target
+        high = target - b * (below + binned)
+        scores: list[int] = np.maximum(np.maximum(low, high), 0).tolist()
         return scores
     binned_list = [0] * size
     for offset, count in zip(offsets, counts, strict=True):
         binned_list[offset] = count
     below_list = itertools.accumulate(binned_list[:-1], initial=0)
     return [
-        abs((b - a) * lo - a * (total - lo - n))
+        max(b * lo - a * total, a * total - b * (lo + n), 0)
         for lo, n in zip(below_list, binned_list, strict=True)
     ]
 

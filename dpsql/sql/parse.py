@@ -85,7 +85,26 @@ class ShowOption:
     name: str
 
 
-Statement = Query | Explain | SetOption | ShowOption
+@dataclass(frozen=True)
+class EstimateBounds:
+    """``ESTIMATE BOUNDS FOR table.column``: DP clamping bounds from the data (charged)."""
+
+    table: str
+    column: str
+
+
+Statement = Query | Explain | SetOption | ShowOption | EstimateBounds
+
+
+def _parse_estimate(tokens: list[Token]) -> EstimateBounds:
+    words = [t.text for t in tokens]
+    if words[:1] and words[0].upper() == "BOUNDS":
+        words = words[1:]
+        if words[:1] and words[0].upper() == "FOR":
+            words = words[1:]
+        if len(words) == 3 and words[1] == ".":
+            return EstimateBounds(words[0].lower(), words[2].lower())
+    raise ParseError("write ESTIMATE BOUNDS FOR table.column")
 
 
 def _tokens(text: str) -> list[Token]:
@@ -153,6 +172,8 @@ def parse_statement(text: str) -> Statement:
         return SetOption(name, None) if head == "RESET" else ShowOption(name)
     if head == "EXPLAIN":
         return Explain(*pop_options(parse_select(rest_text)))
+    if head == "ESTIMATE":
+        return _parse_estimate(tokens[1:])
     return Query(*pop_options(parse_select(text)))
 
 
