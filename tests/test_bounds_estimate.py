@@ -8,12 +8,12 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import TinyPolicy
 
 from dpsql import bounds, errors
 from dpsql.accounting.ledger import Ledger
 from dpsql.policy import LedgerSpec, Policy
 from dpsql.session import Session
-from conftest import TinyPolicy
 
 # 3000 units; spend mostly in [10, 60], one unit far out (the 1% tails are not read from it).
 ROWS = [(u, "east", 30, float(10 + (u * 7 + r) % 50)) for u in range(3000) for r in range(3)]

@@ -214,10 +214,15 @@ HOSTILE: list[tuple[str, type[errors.DpsqlError]]] = [
     # subqueries, joins, CTEs, set operations, windows
     ("SELECT COUNT(*) FROM (SELECT * FROM visits LIMIT 10)", UNSUPPORTED),
     ("SELECT COUNT(*) FROM (SELECT DISTINCT region FROM visits)", UNSUPPORTED),
-    ("SELECT COUNT(*) FROM (SELECT region, COUNT(*) AS n FROM visits GROUP BY region)", UNSUPPORTED),
+    (
+        "SELECT COUNT(*) FROM (SELECT region, COUNT(*) AS n FROM visits GROUP BY region)",
+        UNSUPPORTED,
+    ),
     ("SELECT SUM(n) FROM (SELECT user_id, COUNT(*) AS n FROM visits GROUP BY user_id)", BOUNDS),
-    ("SELECT COUNT(*) FROM (SELECT user_id, MODE(spend) AS m FROM visits GROUP BY user_id)",
-     UNSUPPORTED),
+    (
+        "SELECT COUNT(*) FROM (SELECT user_id, MODE(spend) AS m FROM visits GROUP BY user_id)",
+        UNSUPPORTED,
+    ),
     ("SELECT COUNT(*) FROM (SELECT spend FROM visits ORDER BY spend)", UNSUPPORTED),
     ("SELECT COUNT(*) FROM visits WHERE age IN (SELECT age FROM visits)", UNSUPPORTED),
     ("SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits)", UNSUPPORTED),
@@ -231,8 +236,10 @@ HOSTILE: list[tuple[str, type[errors.DpsqlError]]] = [
     ("SELECT COUNT(*) FROM visits a CROSS JOIN visits b", UNSUPPORTED),
     ("SELECT COUNT(*) FROM visits CROSS JOIN visits", SCHEMA),
     ("SELECT COUNT(*) FROM visits a JOIN visits b USING (age)", UNSUPPORTED),
-    ("SELECT COUNT(*) FROM visits a JOIN visits b ON a.user_id = b.user_id WHERE user_id > 1",
-     SCHEMA),
+    (
+        "SELECT COUNT(*) FROM visits a JOIN visits b ON a.user_id = b.user_id WHERE user_id > 1",
+        SCHEMA,
+    ),
     ("SELECT COUNT(*) FROM visits a ASOF JOIN visits b ON a.user_id = b.user_id", UNSUPPORTED),
     ("WITH x AS (SELECT * FROM visits LIMIT 5) SELECT COUNT(*) FROM x", UNSUPPORTED),
     ("WITH RECURSIVE x AS (SELECT 1) SELECT COUNT(*) FROM visits", UNSUPPORTED),
