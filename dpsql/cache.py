@@ -86,6 +86,9 @@ def keys(plan: Plan, policy: Policy) -> Keys:
         "policy": policy.version,
         "data": policy.dataset.data_version,
         "table": a.table,
+        # The relation the rows come from (a join or subquery is part of what was measured).
+        "source": a.source,
+        "row_cap": o.max_rows_per_unit,
         "where": canonical_sql(a.where),
         "keys": [
             [k.expr.sql(dialect=DIALECT), list(map(str, k.domain or ())), k.domain_table]

@@ -152,3 +152,17 @@ def test_derived_answers_are_refused_when_rows_or_bounds_differ(session: Session
 
 def test_canonical_doctests() -> None:
     assert doctest.testmod(canonical).failed == 0
+
+
+def test_queries_over_different_relations_never_share_a_release(session: Session) -> None:
+    """The relation (a join or subquery) is part of what was measured: the same aggregate over
+    another FROM is a different measurement, charged and answered on its own."""
+    base = session.execute("SELECT COUNT(*) FROM visits")
+    joined = session.execute("SELECT COUNT(*) FROM visits a JOIN visits b USING (user_id)")
+    derived = session.execute("SELECT COUNT(*) FROM (SELECT user_id FROM visits WHERE age > 40)")
+    capped = session.execute("SELECT COUNT(*) FROM visits", max_rows_per_unit=1)
+    assert all(r.charge is not None for r in (base, joined, derived, capped))
+    assert (
+        session.execute("SELECT COUNT(*) FROM visits a JOIN visits b USING (user_id)").charge
+        is None
+    )

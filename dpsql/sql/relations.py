@@ -141,6 +141,8 @@ class Builder:
         self.total = total
         self.ctes: dict[str, exp.Select] = {}
         self.depth = 0
+        # Per joined input: its USING columns -> (input, column) of the left side they merge with.
+        self.using: dict[int, dict[str, tuple[int, str]]] = {}
 
     # -- entry ---------------------------------------------------------------------------------
     def from_clause(self, select: exp.Select) -> Relation:
@@ -227,6 +229,7 @@ class Builder:
         aliases = [_alias_of(first)]
         clauses: list[str] = []
         kinds: list[str] = []
+        self.using = {}
         for join in joins:
             right = self.item(join.this)
             side = (join.args.get("side") or "").upper()
@@ -298,6 +301,8 @@ class Builder:
             name = ident.name.lower()
             left_index, left_col = self._resolve_in(exp.column(name), inputs[:right], aliases)
             right_col = inputs[right].resolve(exp.column(name))
+            # USING merges the two columns into one, as in SQL: the right one is not output.
+            self.using.setdefault(right, {})[right_col] = (left_index, left_col)
             conjuncts.append(
                 exp.EQ(
                     this=exp.column(left_col, table=f"_j{left_index}", quoted=True),
@@ -359,10 +364,11 @@ class Builder:
         # SEMI and ANTI joins only filter: their right side's columns are not visible.
         visible = [True] + [k not in ("SEMI", "ANTI") for k in kinds]
         counts: dict[str, int] = {}
-        for relation, show in zip(inputs, visible, strict=True):
+        for i, (relation, show) in enumerate(zip(inputs, visible, strict=True)):
             if show:
                 for name in relation.columns:
-                    counts[name] = counts.get(name, 0) + 1
+                    counts[name] = counts.get(name, 0) + (name not in self.using.get(i, {}))
+        mappings: list[dict[str, str]] = []
         columns: dict[str, RelColumn] = {}
         select: list[str] = []
         scope: dict[str, dict[str, str]] = {}
@@ -370,9 +376,15 @@ class Builder:
         unit_name = ""
         for i, (relation, alias, show) in enumerate(zip(inputs, aliases, visible, strict=True)):
             if not show:
+                mappings.append({})
                 continue
             mapping: dict[str, str] = {}
+            mappings.append(mapping)
             for name, column in relation.columns.items():
+                merged = self.using.get(i, {}).get(name)
+                if merged is not None and merged[1] in mappings[merged[0]]:
+                    mapping[name] = mappings[merged[0]][merged[1]]
+                    continue
                 out = name if counts[name] == 1 else f"{alias}_{name}"
                 while out in columns:
                     out = "_" + out
