@@ -52,11 +52,17 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
                    {SECRET_SPEND}::DOUBLE, '{SECRET_NOTE}', DATE '2026-02-03'
         ) TO '{path}' (FORMAT parquet)"""
     )
+    zones = root / "zones.parquet"
+    con.execute(
+        f"""COPY (SELECT * FROM (VALUES ('north', 'N'), ('north', 'N2'), ('south', 'S'),
+            ('east', 'E'), ('{SECRET_REGION}', 'X')) v(region, zone))
+            TO '{zones}' (FORMAT parquet)"""
+    )
     con.close()
     policy = load_policy(
         {
             "dataset": {"id": "fuzz"},
-            "data": {"tables": {"visits": str(path)}},
+            "data": {"tables": {"visits": str(path), "zones": str(zones)}},
             "budget": {
                 "epsilon": "10000",
                 "delta": "0.5",
@@ -72,8 +78,10 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
                         "age": {"lower": 18, "upper": 90},
                         "spend": {"lower": 0, "upper": 200},
                         "region": {"public_values": ["north", "south", "east", "west"]},
+                        "day": {"date_range": ["2026-01-01", "2026-03-31"]},
                     },
-                }
+                },
+                "zones": {"public": True},
             },
         },
         base_dir=root,
@@ -177,6 +185,22 @@ AGGREGATE = st.one_of(
     st.tuples(NUM_EXPR, st.sampled_from(["SUM", "COUNT"])).map(
         lambda t: f"{t[1]}(CASE WHEN {t[0]} > 0 THEN 1 ELSE 0 END)"
     ),
+    # quantiles (the exponential mechanism) and COUNT(DISTINCT col)
+    st.tuples(
+        st.sampled_from(
+            [
+                "MEDIAN({})",
+                "MIN({})",
+                "MAX({})",
+                "QUANTILE_CONT({}, 0.9)",
+                "PERCENTILE_DISC(0.25) WITHIN GROUP (ORDER BY {})",
+            ]
+        ),
+        st.one_of(NUM_COLUMNS, NUM_EXPR),
+    ).map(lambda t: t[0].format(t[1])),
+    st.sampled_from(["age", "region", "note", "day", "spend"]).map(
+        lambda c: f"COUNT(DISTINCT {c})"
+    ),
 )
 
 GROUP_KEYS = st.sampled_from(
@@ -189,6 +213,30 @@ GROUP_KEYS = st.sampled_from(
         "day",
         "user_id",
         "upper(region)",
+        "month(day)",
+        "date_trunc('month', day)",
+        "year(day)",
+    ]
+)
+# Every FROM keeps the column names of visits, so the rest of the grammar applies unchanged.
+FROM_CLAUSES = st.sampled_from(
+    [
+        "visits",
+        "visits",
+        "visits JOIN zones USING (region)",
+        "visits LEFT JOIN zones USING (region)",
+        "visits SEMI JOIN zones USING (region)",
+        "visits ANTI JOIN zones USING (region)",
+        "visits CROSS JOIN zones",
+        "(SELECT * FROM visits WHERE spend > 3) AS v",
+        "(SELECT user_id, region, age, spend * 2 AS spend, note, day FROM visits) AS v",
+        "(SELECT user_id, region, COUNT(*) AS age, AVG(spend) AS spend, MIN(note) AS note, "
+        "MAX(day) AS day FROM visits GROUP BY user_id, region) AS v",
+        "visits v JOIN (SELECT user_id AS u2 FROM visits WHERE age > 30) w ON v.user_id = w.u2",
+        "visits v JOIN zones z ON v.region = z.region AND z.zone <> 'N2'",
+        "visits v JOIN zones z ON v.age > length(z.zone)",
+        "visits v JOIN visits w ON v.age = w.age",
+        "zones LEFT JOIN visits USING (region)",
     ]
 )
 
@@ -199,7 +247,7 @@ def select(draw: st.DrawFn) -> str:
     aggregates = draw(st.lists(AGGREGATE, min_size=1, max_size=3))
     items = [f"{k} AS k{i}" for i, k in enumerate(keys)]
     items += [f"{a} AS a{i}" if draw(st.booleans()) else a for i, a in enumerate(aggregates)]
-    sql = f"SELECT {', '.join(items)} FROM visits"
+    sql = f"SELECT {', '.join(items)} FROM {draw(FROM_CLAUSES)}"
     if draw(st.booleans()):
         sql += f" WHERE {draw(PREDICATE)}"
     if keys:
@@ -214,6 +262,10 @@ def select(draw: st.DrawFn) -> str:
     if draw(st.integers(0, 4)) == 0:
         options = draw(st.sampled_from(["epsilon = 0.5", "max_groups_per_unit = 1", "bogus = 2"]))
         sql = sql.replace("SELECT ", f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS({options}) ", 1)
+    if draw(st.integers(0, 5)) == 0:
+        sql = f"WITH w AS (SELECT * FROM visits WHERE age > 20) {sql}".replace(
+            " FROM visits", " FROM w", 1
+        )
     return sql
 
 
