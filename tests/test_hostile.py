@@ -638,3 +638,19 @@ def test_unsamplable_noise_is_refused_before_any_charge(session: Session) -> Non
             epsilon="0.0000000001",
         )
     assert charged(session) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # b.user_id equals the unit on every row of an inner join on the unit
+        "SELECT b.user_id, COUNT(*) FROM visits a JOIN visits b ON a.user_id = b.user_id "
+        "GROUP BY 1",
+        "SELECT COUNT(*) FROM (SELECT age AS _dpsql_unit FROM visits)",
+    ],
+)
+def test_unit_aliases_and_reserved_names_are_refused(session: Session, sql: str) -> None:
+    before = charged(session)
+    with pytest.raises(errors.SchemaError):
+        session.execute(sql)
+    assert charged(session) == before

@@ -176,7 +176,7 @@ class _Analyzer:
             ):
                 target = aliases[node.name.lower()]
             expr = self.row_level(target, "GROUP BY")
-            if any(c.name == self.unit for c in expr.find_all(exp.Column)):
+            if any(c.name in self.relation.units for c in expr.find_all(exp.Column)):
                 raise SchemaError("GROUP BY the privacy unit column is not allowed")
             self.keys.append(self._key(expr, index))
 
@@ -222,7 +222,7 @@ class _Analyzer:
             if not isinstance(node, exp.Count) or len(values) != 1:
                 raise UnsupportedQueryError(f"{name}(DISTINCT ...) is not supported")
             target = self.row_level(values[0], "COUNT(DISTINCT)")
-            if isinstance(target, exp.Column) and target.name == self.unit:
+            if isinstance(target, exp.Column) and target.name in self.relation.units:
                 return Aggregate("count_units", None, None)
             # One unit holds at most C distinct values per group after bounding (DESIGN.md
             # section 3): COUNT(DISTINCT x) then moves by at most C per group.

@@ -70,6 +70,12 @@ class Relation:
     columns: dict[str, RelColumn]
     # qualifier -> {column name as written -> relation column}
     scope: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Every column equal to the unit on every row (the unit columns of a join on the unit).
+    unit_columns: frozenset[str] = frozenset()
+
+    @property
+    def units(self) -> frozenset[str]:
+        return self.unit_columns | ({self.unit} if self.unit else set())
 
     @property
     def private(self) -> bool:
@@ -261,7 +267,7 @@ class Builder:
             )
             condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
             clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
-            kinds.append(kind)
+            kinds.append("LEFT" if side == "LEFT" else kind)
         return self._combine(inputs, aliases, clauses, kinds)
 
     def _resolve_in(
@@ -374,6 +380,8 @@ class Builder:
         scope: dict[str, dict[str, str]] = {}
         anchor = next(i for i, r in enumerate(inputs) if r.private)
         unit_name = ""
+        units: set[str] = set()
+        kinds_of = ["", *kinds]
         for i, (relation, alias, show) in enumerate(zip(inputs, aliases, visible, strict=True)):
             if not show:
                 mappings.append({})
@@ -400,6 +408,9 @@ class Builder:
             if i == anchor:
                 assert relation.unit is not None
                 unit_name = mapping[relation.unit]
+            if relation.private and kinds_of[i] not in ("LEFT",):
+                # Inner joins on the unit make every private input's unit column equal to it.
+                units.update(mapping[u] for u in relation.units if u in mapping)
         private = [r for r in inputs if r.private]
         spec = _merged_spec([r.spec for r in private if r.spec is not None])
         sql = (
@@ -418,6 +429,7 @@ class Builder:
             domain=private[0].domain if private else None,
             columns=columns,
             scope=scope,
+            unit_columns=frozenset(units),
         )
 
     # -- subqueries and CTEs -----------------------------------------------------------------
@@ -683,6 +695,7 @@ def _realias(relation: Relation, alias: str) -> Relation:
         domain=relation.domain,
         columns=relation.columns,
         scope={alias: names},
+        unit_columns=relation.unit_columns,
     )
 
 
@@ -701,10 +714,14 @@ def _star(relation: Relation, qualifier: str) -> list[tuple[str, str]]:
 
 def _item_name(item: exp.Expression, index: int) -> str:
     if isinstance(item, exp.Alias):
-        return item.alias.lower()
-    if isinstance(item, exp.Column):
-        return item.name.lower()
-    return f"col{index}"
+        name = item.alias.lower()
+    elif isinstance(item, exp.Column):
+        name = item.name.lower()
+    else:
+        name = f"col{index}"
+    if name.startswith("_dpsql"):
+        raise SchemaError("column names starting with _dpsql are reserved")
+    return name
 
 
 def _merged_spec(specs: list[TableSpec]) -> TableSpec | None:
