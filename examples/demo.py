@@ -45,6 +45,18 @@ QUERIES: tuple[tuple[str, str], ...] = (
         "Visits and total spend per region with the discrete Gaussian (mechanism='gaussian')",
         "SELECT region, COUNT(*) AS visits, SUM(spend) AS spend FROM visits GROUP BY region",
     ),
+    (
+        "Median and 90th percentile of spend per quarter (exponential mechanism; the policy's "
+        "date_range makes the quarters public)",
+        "SELECT date_trunc('quarter', day) AS quarter, MEDIAN(spend) AS median_spend, "
+        "QUANTILE_CONT(spend, 0.9) AS p90_spend FROM visits GROUP BY 1 ORDER BY 1",
+    ),
+    (
+        "Users with more than 5 visits to a region (a per-user CTE, bounded after it)",
+        "WITH per_user AS (SELECT user_id, region, COUNT(*) AS n FROM visits "
+        "GROUP BY user_id, region) "
+        "SELECT region, COUNT(*) AS frequent_users FROM per_user WHERE n > 5 GROUP BY region",
+    ),
 )
 PARAMETERS: dict[int, tuple[object, ...]] = {2: ("east",)}
 OPTIONS: dict[int, dict[str, object]] = {4: {"mechanism": "gaussian", "delta": "1e-7"}}
@@ -149,10 +161,10 @@ def main() -> None:
             )
         )
         print(
-            f"\n{report.queries} queries charged. This budget lives in memory: it resets when the"
+            f"\n{report.queries} queries charged. This policy has no [ledger], so the budget lives"
         )
-        print("process ends (a durable ledger is coming). In-process use trusts the analyst not to")
-        print("open the data file directly.")
+        print("in memory and resets when the process ends; `dpsql init` creates a durable ledger.")
+        print("In-process use trusts the analyst not to open the data file directly.")
 
         too_much = report.epsilon_remaining + Fraction(1, 2)
         print(f"\n## A query asking for epsilon {float(too_much):g}, more than is left")
