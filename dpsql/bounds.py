@@ -6,7 +6,8 @@
     FROM table
 
 where the bucket maps a value to its index on a fixed, data-independent ladder of candidates
-``0, ±2^-8, ±2^-7, ..., ±2^52`` (each value rounded away from zero to the next rung). The two
+``0, ±2^-8, ±2^-7, ..., ±2^52`` (rounded down to a rung for the lower bound, up for the upper
+one, so that each bound lies beyond the values it was read from). The two
 quantiles are exponential-mechanism releases like any other (charged, cached, recorded in the
 ledger), so the bounds they give are post-processing of released values: public from then on.
 The estimate is recorded beside the release, and later queries over a column with no declared
@@ -14,8 +15,8 @@ bounds use it (for the same policy and data version), as if the data owner had d
 
 This is the coarse-ladder approach of Smith's "Privacy-preserving statistical estimation with
 optimal convergence rates" (STOC 2011) and of the clamping-bound estimators of OpenDP and
-Tumult: a geometric grid needs no prior range, and rounding away from zero errs towards wider
-bounds (more noise) rather than towards clamping more of the data.
+Tumult: a geometric grid needs no prior range, and rounding outwards errs towards wider bounds
+(more noise) rather than towards clamping more of the data.
 """
 
 from __future__ import annotations
@@ -48,18 +49,30 @@ def candidate(index: int) -> Fraction:
     return -(Fraction(2) ** (LOWEST_POWER + ZERO_INDEX - index - 1))
 
 
-def _bucket(column: str) -> str:
-    """Row-level SQL: a value's ladder index, rounded away from zero; NULL and NaN stay NULL."""
-    x = f'CAST("{column}" AS DOUBLE)'
-    magnitude = f"LEAST(GREATEST(CEIL(LOG2(ABS({x}))), {LOWEST_POWER}), {HIGHEST_POWER})"
-    up = ZERO_INDEX + 1 - LOWEST_POWER
-    down = ZERO_INDEX - 1 + LOWEST_POWER
+def _bucket(column: str, up: bool = True) -> str:
+    """Row-level SQL: a value's ladder index, NULL and NaN staying NULL.
+
+    ``up``: the smallest rung at or above the value (for the upper bound); otherwise the largest
+    rung at or below it (for the lower bound), which is minus the rung above the negated value.
+    Either way the estimated bound lies beyond the data it was read from, never inside it.
+    Values beyond ±2^52 go to the ends of the ladder.
+    """
+    x = f'CAST("{column}" AS DOUBLE)' if up else f'(-CAST("{column}" AS DOUBLE))'
+    ceil = f"LEAST(GREATEST(CEIL(LOG2({x})), {LOWEST_POWER}), {HIGHEST_POWER})"
+    floor = f"LEAST(FLOOR(LOG2(-{x})), {HIGHEST_POWER})"
+    above = ZERO_INDEX + 1 - LOWEST_POWER
+    below = ZERO_INDEX - 1 + LOWEST_POWER
+    # x > 0: the rung 2^ceil(log2 x); x < 0: -2^floor(log2 |x|), or 0 when |x| < 2^-8.
+    ladder = (
+        f"CASE WHEN {x} = 0 THEN {ZERO_INDEX} WHEN {x} > 0 THEN {above} + {ceil} "
+        f"WHEN -{x} < {float(Fraction(2) ** LOWEST_POWER)} THEN {ZERO_INDEX} "
+        f"ELSE {below} - {floor} END"
+    )
+    index = ladder if up else f"{TOP_INDEX} - ({ladder})"
     # DuckDB's GREATEST skips NULL, so the NULL/NaN test must sit outside the clamp.
-    ladder = f"CASE WHEN {x} = 0 THEN {ZERO_INDEX} WHEN {x} > 0 THEN {up} + {magnitude} " \
-        f"ELSE {down} - {magnitude} END"  # fmt: skip
     return (
         f"CASE WHEN {x} IS NULL OR isnan({x}) THEN NULL "
-        f"ELSE LEAST(GREATEST({ladder}, 0), {TOP_INDEX}) END"
+        f"ELSE LEAST(GREATEST({index}, 0), {TOP_INDEX}) END"
     )
 
 
@@ -79,10 +92,9 @@ def bounds_query(policy: Policy, catalog: Any, table: str, column: str) -> str:
                                     f"{column} is {ctype.upper()}")  # fmt: skip
     if column == spec.privacy_unit:
         raise UnsupportedQueryError("the privacy unit column has no bounds to estimate")
-    bucket = _bucket(column)
     return (
-        f"SELECT QUANTILE_CONT({bucket}, {float(LOWER_P)}) AS lower_index, "
-        f'QUANTILE_CONT({bucket}, {float(UPPER_P)}) AS upper_index FROM "{table}"'
+        f"SELECT QUANTILE_CONT({_bucket(column, up=False)}, {float(LOWER_P)}) AS lower_index, "
+        f'QUANTILE_CONT({_bucket(column)}, {float(UPPER_P)}) AS upper_index FROM "{table}"'
     )
 
 

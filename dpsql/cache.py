@@ -69,6 +69,7 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
     )
     return {
         "kind": m.spec.kind,
+        "p": str(m.spec.p) if m.spec.p is not None else None,  # MIN and MAX differ only here
         "value": value,
         "grid": grid,
         "groups": m.groups,

@@ -166,3 +166,13 @@ def test_queries_over_different_relations_never_share_a_release(session: Session
         session.execute("SELECT COUNT(*) FROM visits a JOIN visits b USING (user_id)").charge
         is None
     )
+
+
+def test_quantiles_of_different_orders_never_share_a_release(session: Session) -> None:
+    """MIN, MAX and MEDIAN of one column have the same score sensitivity: the order p is part
+    of the measurement's identity, so each is charged and answered on its own."""
+    low = session.execute("SELECT MIN(spend) FROM visits")
+    high = session.execute("SELECT MAX(spend) FROM visits")
+    tail = session.execute("SELECT QUANTILE_CONT(spend, 0.99) FROM visits")
+    assert all(r.charge is not None for r in (low, high, tail))
+    assert session.execute("SELECT MAX(spend) FROM visits").rows == high.rows

@@ -183,6 +183,8 @@ HOSTILE: list[tuple[str, type[errors.DpsqlError]]] = [
     ("SELECT MAX(note) FROM visits", UNSUPPORTED),
     ("SELECT MIN(user_id) FROM visits", BOUNDS),
     ("SELECT MEDIAN(DISTINCT spend) FROM visits", UNSUPPORTED),
+    ("SELECT MIN(spend, 3) FROM visits", UNSUPPORTED),
+    ("SELECT COUNT(*) FROM visits NATURAL JOIN visits", UNSUPPORTED),
     ("SELECT QUANTILE_CONT(spend, 2) FROM visits", UNSUPPORTED),
     ("SELECT QUANTILE_CONT(spend, age) FROM visits", UNSUPPORTED),
     ("SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY spend DESC) FROM visits", UNSUPPORTED),

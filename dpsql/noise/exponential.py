@@ -7,12 +7,13 @@ row is added or removed, γ = ε/(2Δ) makes it ε-DP (McSherry and Talwar, FOCS
 it is also (γΔ)²/2-zCDP (Cesar and Rogers 2021, bounded range). The caller picks γ and charges it.
 
 **Quantile score.** Candidates are the grid indices c in [lower, upper]. For p = a/b in lowest
-terms, ``quantile_scores`` gives score(c) = |(b - a)·#{x < c} - a·#{x > c}|: OpenDP's quantile
-score (``make_quantile_score_candidates``) times b, so it stays an integer; it is 0 where a
-fraction p of the rows lies below c and 1 - p above. Sensitivity sketch: adding a row x raises
-#{x < c} by one for c > x (the inner term moves by b - a), raises #{x > c} by one for c < x (it
-moves by -a) and leaves c = x unchanged; removal is symmetric, and |·| is 1-Lipschitz, so every
-score moves by at most max(a, b - a) = ``score_sensitivity(p)``.
+terms and n rows, ``quantile_scores`` gives score(c) = max(b·#{x < c} - a·n, a·n - b·#{x <= c},
+0): b times the distance from the target rank p·n to the ranks c spans, an integer that is 0
+exactly where c is a p-quantile of the rows (a variant of OpenDP's
+``make_quantile_score_candidates`` that does not penalise rows tied on c, which matters on a
+coarse grid). Sensitivity sketch: adding a row moves n by one and each count by at most one, so
+b·#{x < c} - a·n moves by b - a or -a, a·n - b·#{x <= c} by a - b or a; max(·, ·, 0) is
+1-Lipschitz, so every score moves by at most max(a, b - a) = ``score_sensitivity(p)``.
 
 **Exact sampling.** Floating point breaks the exponential mechanism: rounded weights and a float
 inverse-CDF draw give output probabilities other than the analysed ones, by amounts that depend

@@ -243,7 +243,7 @@ class _Analyzer:
     def _quantile(self, node: exp.Expression) -> Aggregate:
         """MEDIAN, QUANTILE_CONT/DISC(x, p), PERCENTILE_CONT/DISC(p) WITHIN GROUP (ORDER BY x),
         MIN and MAX (the quantiles 0 and 1), answered by the exponential mechanism."""
-        name = node.key.upper()
+        name = _QUANTILE_NAMES.get(type(node), node.key.upper())
         if isinstance(node, exp.WithinGroup):
             inner, order = node.this, node.expression
             keys = order.expressions if isinstance(order, exp.Order) else []
@@ -254,7 +254,7 @@ class _Analyzer:
                                             "not supported; use 1 - p")  # fmt: skip
             arg, p_node = keys[0].this, inner.this
         elif isinstance(node, exp.Min | exp.Max | exp.Median):
-            if node.expressions:
+            if node.expressions or node.args.get("count") is not None:
                 raise UnsupportedQueryError(f"{name} takes one argument")
             arg = node.this
             p_node = exp.Literal.number({exp.Min: 0, exp.Max: 1}.get(type(node), "0.5"))
@@ -370,6 +370,12 @@ class _Analyzer:
 
 
 _NAMES = {"variancepop": "var_pop", "stddevsamp": "stddev_samp", "stddevpop": "stddev_pop"}
+_QUANTILE_NAMES: dict[type[exp.Expression], str] = {
+    exp.PercentileCont: "PERCENTILE_CONT",
+    exp.PercentileDisc: "PERCENTILE_DISC",
+    exp.ApproxQuantile: "APPROX_QUANTILE",
+    exp.WithinGroup: "PERCENTILE_CONT",
+}
 
 
 def _output_name(node: exp.Expression, index: int) -> str:

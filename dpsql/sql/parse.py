@@ -202,7 +202,7 @@ def parse_select(text: str) -> exp.Select:
     if not isinstance(statement, exp.Select):
         raise UnsupportedQueryError(
             f"{statement_kind(statement)} statements are not supported: dpsql answers SELECT "
-            "queries (and SET/SHOW/RESET dpsql.* and EXPLAIN)"
+            "queries (and SET/SHOW/RESET dpsql.*, EXPLAIN and ESTIMATE BOUNDS)"
         )
     return statement
 

@@ -245,8 +245,11 @@ class Builder:
                     f"{side} JOIN keeps rows that belong to no privacy unit; write it as a LEFT "
                     "JOIN from the private table"
                 )
-            if join.args.get("method") or kind in ("ASOF", "POSITIONAL", "NATURAL"):
-                raise UnsupportedQueryError(f"{kind or 'this'} JOIN is not supported")
+            method = str(join.args.get("method") or "").upper()
+            if method or kind in ("ASOF", "POSITIONAL", "NATURAL"):
+                raise UnsupportedQueryError(
+                    f"{method or kind} JOIN is not supported; name the columns with ON or USING"
+                )
             left_private = [r for r in inputs if r.private]
             filtering = kind in ("SEMI", "ANTI")
             if right.private and not left_private and (side == "LEFT" or filtering):
@@ -606,7 +609,9 @@ class Builder:
             )
         kinds = {exp.Sum: "SUM", exp.Avg: "AVG", exp.Min: "MIN", exp.Max: "MAX"}
         word = next((w for t, w in kinds.items() if isinstance(node, t)), None)
-        if word is None or isinstance(arg, exp.Distinct):
+        if word is not None and isinstance(arg, exp.Distinct):
+            raise UnsupportedQueryError(f"{word}(DISTINCT ...) is not supported in a subquery")
+        if word is None:
             raise UnsupportedQueryError(
                 f"{node.key.upper()} is not supported inside a per-unit subquery "
                 "(COUNT, SUM, AVG, MIN and MAX are)"
