@@ -389,3 +389,20 @@ def test_sum_without_bounds_is_rejected(visits: Policy) -> None:
 def test_sum_of_a_product_uses_the_product_interval(visits: Policy) -> None:
     m = by_kind(plan(visits, "SELECT SUM(spend * age) FROM visits"))["sum"]
     assert value_sensitivity(m) == 10 * 200 * 90
+
+
+def test_a_per_unit_subquery_grouped_by_the_unit_alone_has_one_row_per_unit(
+    visits: Policy,
+) -> None:
+    """GROUP BY the unit leaves one row per unit: C' = L0' = 1 whatever the policy says, so a
+    count over it has sensitivity 1 (not C); grouped by the unit and a key, no such cap."""
+    per_user = "(SELECT user_id, COUNT(*) AS n FROM visits GROUP BY user_id)"
+    one = plan(visits, f"SELECT COUNT(*), SUM(LEAST(n, 20)) FROM {per_user} AS t")
+    assert (one.max_groups, one.max_rows) == (1, 1)
+    assert [m.sensitivity for m in one.measurements] == [1, 20]
+    filtered = plan(visits, f"SELECT COUNT(*) FROM (SELECT * FROM {per_user} WHERE n > 3)")
+    assert filtered.max_rows == 1
+    joined = plan(visits, f"SELECT COUNT(*) FROM {per_user} AS t JOIN visits USING (user_id)")
+    assert joined.max_rows == 10  # the join fans out again: the policy's C applies
+    two_keys = "(SELECT user_id, region, COUNT(*) n FROM visits GROUP BY user_id, region)"
+    assert plan(visits, f"SELECT COUNT(*) FROM {two_keys}").max_rows == 10

@@ -279,6 +279,10 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
             f"table {analysis.table} has no max_rows_per_unit_per_group; declare it in the "
             "policy or SET dpsql.max_rows_per_unit_per_group"
         )
+    if analysis.unit_rows is not None:
+        # The relation holds at most this many rows per unit by construction (a per-unit
+        # subquery grouped by the unit alone: one), a structural row cap.
+        max_rows = min(max_rows, analysis.unit_rows)
     if not analysis.keys:
         return 1, min(max_rows, options.max_rows_per_unit or max_rows)
     max_groups = options.max_groups_per_unit
@@ -293,6 +297,8 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
             raise BoundsError(f"the public keys have {size} combinations; at most "
                               f"{MAX_PUBLIC_GROUPS} are released")  # fmt: skip
         max_groups = min(max_groups, size)
+    if analysis.unit_rows is not None:
+        max_groups = min(max_groups, analysis.unit_rows)
     if options.max_rows_per_unit is not None:
         # With R rows in total, a unit touches at most R groups with at most R rows each.
         return min(max_groups, options.max_rows_per_unit), min(max_rows, options.max_rows_per_unit)

@@ -109,6 +109,8 @@ class Analysis:
     tables: tuple[str, ...] = ()
     # Finite bounds of the relation's columns (declared, or derived by interval arithmetic).
     bounds: Mapping[str, tuple[Fraction, Fraction]] = field(default_factory=dict)
+    # Rows per unit the relation holds at most by construction (1 after GROUP BY the unit).
+    unit_rows: int | None = None
 
     @property
     def grouped(self) -> bool:
@@ -567,6 +569,7 @@ def analyze(
         else f"{analyzer.relation.sql} AS _src",
         base=analyzer.relation.base,
         tables=analyzer.relation.tables,
+        unit_rows=analyzer.relation.unit_rows,
         bounds={
             n: (c.interval.lower, c.interval.upper)
             for n, c in analyzer.relation.columns.items()

@@ -72,6 +72,9 @@ class Relation:
     scope: dict[str, dict[str, str]] = field(default_factory=dict)
     # Every column equal to the unit on every row (the unit columns of a join on the unit).
     unit_columns: frozenset[str] = frozenset()
+    # At most this many rows per unit, by construction: 1 after GROUP BY the unit alone, and
+    # kept by row-level subqueries (None: unknown, as after a join).
+    unit_rows: int | None = None
 
     @property
     def units(self) -> frozenset[str]:
@@ -502,7 +505,8 @@ class Builder:
             for o, (e, _) in outputs.items()
         )
         sql = f"(SELECT {select_sql} FROM {source.sql} AS _s{filters})"
-        return self._typed(sql, source, unit, {o: c for o, (_, c) in outputs.items()}, name)
+        columns = {o: c for o, (_, c) in outputs.items()}
+        return self._typed(sql, source, unit, columns, name, source.unit_rows)
 
     def _per_unit(  # noqa: PLR0915 - one pass over the subquery's clauses
         self, select: exp.Select, source: Relation, filters: str, name: str
@@ -588,7 +592,10 @@ class Builder:
             for o, (e, _) in outputs.items()
         )
         sql = f"(SELECT {outer} FROM {inner} AS _p{post})"
-        return self._typed(sql, source, unit, {o: c for o, (_, c) in outputs.items()}, name)
+        # GROUP BY the unit alone leaves one row per unit (DESIGN.md section 3: C' = L0' = 1).
+        one_row = len(keys) == 1
+        columns = {o: c for o, (_, c) in outputs.items()}
+        return self._typed(sql, source, unit, columns, name, 1 if one_row else None)
 
     def _inner_aggregate(
         self, node: exp.Expression, source: Relation, integers: frozenset[str]
@@ -627,13 +634,14 @@ class Builder:
             iv = Interval(iv.lower, iv.upper, False)
         return f"{word}({value})", iv
 
-    def _typed(
+    def _typed(  # noqa: PLR0917 - the parts of one derived relation
         self,
         sql: str,
         source: Relation,
         unit: str,
         columns: dict[str, RelColumn],
         name: str,
+        unit_rows: int | None,
     ) -> Relation:
         """Fill in the DuckDB types of a derived relation (DESCRIBE reads no rows)."""
         if self.describe is None:
@@ -657,6 +665,7 @@ class Builder:
             domain=source.domain,
             columns=typed,
             scope={name: {o: o for o in typed if o != UNIT_COLUMN}},
+            unit_rows=unit_rows,
         )
 
 
@@ -701,6 +710,7 @@ def _realias(relation: Relation, alias: str) -> Relation:
         columns=relation.columns,
         scope={alias: names},
         unit_columns=relation.unit_columns,
+        unit_rows=relation.unit_rows,
     )
 
 

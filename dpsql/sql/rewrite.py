@@ -266,7 +266,11 @@ def _capped_list(i: int, c: int) -> str:
     """At most C of a unit's listed values, evenly spaced in sorted order: a function of the
     unit's own rows only, so one unit still moves a group by at most C values."""
     step = f"GREATEST((len(_l{i}) + {c - 1}) // {c}, 1)"
-    return f"list_slice(list_sort(_l{i}), 1, len(_l{i}), {step}) AS _l{i}"
+    # A list of at most C values is kept whole: no sort needed (the slice would keep it all).
+    return (
+        f"CASE WHEN len(_l{i}) <= {c} THEN _l{i} "
+        f"ELSE list_slice(list_sort(_l{i}), 1, len(_l{i}), {step}) END AS _l{i}"
+    )
 
 
 def _list_measure(j: int, spec: MeasurementSpec, keys: list[str]) -> str:
