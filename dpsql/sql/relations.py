@@ -337,11 +337,21 @@ class Builder:
         integers: frozenset[str] = frozenset()  # TRY covers what can raise in a join condition
         parts = []
         for conjunct in conjuncts:
-            if _column_equality(conjunct):
+            if _column_equality(conjunct) and self._same_kind(conjunct, inputs):
                 parts.append(conjunct)  # cannot raise; kept bare so the engine can hash-join
             else:
                 parts.append(exp.Is(this=self.total(conjunct, integers), expression=exp.true()))
         return exp.and_(*parts) if len(parts) > 1 else parts[0]  # type: ignore[return-value]
+
+    @staticmethod
+    def _same_kind(conjunct: exp.Expression, inputs: list[Relation]) -> bool:
+        """Whether ``a = b`` compares columns of one type, or two numbers: only then can it not
+        raise (DuckDB casts the other side implicitly, and '1' = 'east' fails on the data)."""
+        types = []
+        for column in (conjunct.this, conjunct.expression):
+            assert isinstance(column, exp.Column)
+            types.append(inputs[int(column.table[2:])].columns[column.name].type.lower())
+        return types[0] == types[1] or all(t in NUMERIC for t in types)
 
     @staticmethod
     def _check_unit_join(

@@ -366,8 +366,11 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
         multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
         kept = (
-            "SELECT * FROM _units ANTI JOIN _multi USING (_u) UNION ALL "
-            "SELECT * FROM (SELECT * FROM _units SEMI JOIN _multi USING (_u)) QUALIFY "
+            # IS NOT DISTINCT FROM: rows with a NULL unit are one unit here as everywhere else
+            # (USING would match no NULL, and such a unit would keep all its groups).
+            "SELECT * FROM _units ANTI JOIN _multi ON _units._u IS NOT DISTINCT FROM _multi._u "
+            "UNION ALL SELECT * FROM (SELECT _units.* FROM _units SEMI JOIN _multi "
+            "ON _units._u IS NOT DISTINCT FROM _multi._u) QUALIFY "
             f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
         )
     else:

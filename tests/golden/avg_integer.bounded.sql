@@ -42,16 +42,16 @@ WITH _rows AS (
     *
   FROM _units
   ANTI JOIN _multi
-    USING (_u)
+    ON _units._u IS NOT DISTINCT FROM _multi._u
   UNION ALL
   SELECT
     *
   FROM (
     SELECT
-      *
+      _units.*
     FROM _units
     SEMI JOIN _multi
-      USING (_u)
+      ON _units._u IS NOT DISTINCT FROM _multi._u
   )
   QUALIFY
     ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, CAST($salt AS BIGINT))) <= 2

@@ -1,0 +1,1 @@
+SELECT region, COUNT(DISTINCT item), COUNT(DISTINCT user_id) FROM visits GROUP BY region

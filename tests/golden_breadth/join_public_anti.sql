@@ -1,0 +1,1 @@
+SELECT COUNT(*), AVG(age) FROM visits ANTI JOIN zones ON visits.region = zones.region

@@ -1,0 +1,1 @@
+SELECT tier, COUNT(*), SUM(spend) FROM visits CROSS JOIN tiers WHERE spend >= threshold GROUP BY tier

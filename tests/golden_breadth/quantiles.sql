@@ -1,0 +1,1 @@
+SELECT region, MEDIAN(spend), QUANTILE_CONT(spend, 0.9), MIN(age), MAX(age) FROM visits GROUP BY region

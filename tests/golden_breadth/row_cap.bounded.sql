@@ -1,0 +1,106 @@
+WITH _rows AS (
+  SELECT
+    *
+  FROM (
+    SELECT
+      "user_id" AS _u,
+      "region" AS _k0,
+      "spend" AS _x0
+    FROM "visits"
+    WHERE
+      (
+        "region" IN ('central', 'east', 'north', 'south', 'west')
+      )
+  )
+  QUALIFY
+    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, CAST($salt AS BIGINT))) <= 2
+), _vals AS (
+  SELECT
+    _u,
+    _k0,
+    CASE
+      WHEN _x0 IS NULL OR ISNAN(_x0)
+      THEN NULL
+      ELSE CAST(ROUND(LEAST(GREATEST(_x0 * 8192, 0), 1638400)) AS BIGINT)
+    END AS _v0
+  FROM _rows
+), _units AS (
+  SELECT
+    _u,
+    _k0,
+    COUNT(*) AS _n,
+    COUNT(_v0) AS _n0,
+    COALESCE(SUM(_v0), 0) AS _s0
+  FROM _vals
+  GROUP BY
+    _u,
+    _k0
+), _multi AS (
+  SELECT
+    _u
+  FROM _units
+  GROUP BY
+    _u
+  HAVING
+    COUNT(*) > 2
+), _kept AS (
+  SELECT
+    *
+  FROM _units
+  ANTI JOIN _multi
+    ON _units._u IS NOT DISTINCT FROM _multi._u
+  UNION ALL
+  SELECT
+    *
+  FROM (
+    SELECT
+      _units.*
+    FROM _units
+    SEMI JOIN _multi
+      ON _units._u IS NOT DISTINCT FROM _multi._u
+  )
+  QUALIFY
+    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, CAST($salt AS BIGINT))) <= 2
+), _capped AS (
+  SELECT
+    _k0,
+    LEAST(_n, 2) AS _c,
+    LEAST(_n0, 2) AS _c0,
+    CASE
+      WHEN _n0 <= 2
+      THEN CAST(_s0 AS INT128)
+      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 2 / _n0), 0), 3276800) AS INT128)
+    END AS _t0
+  FROM _kept
+), _agg AS (
+  SELECT
+    _k0,
+    SUM(_c) AS _m0,
+    SUM(_t0) AS _m1,
+    COUNT(*) AS _z
+  FROM _capped
+  GROUP BY
+    _k0
+)
+SELECT
+  _d._k0 AS _k0,
+  COALESCE(_f._m0, 0) AS _m0,
+  COALESCE(_f._m1, 0) AS _m1
+FROM (
+  SELECT
+    *
+  FROM (VALUES
+    ('central'),
+    ('east'),
+    ('north'),
+    ('south'),
+    ('west')) AS _d0(_k0)
+) AS _d
+LEFT JOIN (
+  SELECT
+    _agg._k0,
+    _agg._m0,
+    _agg._m1
+  FROM _agg
+) AS _f
+  ON _d._k0 IS NOT DISTINCT FROM _f._k0

@@ -1,0 +1,1 @@
+SELECT region, COUNT(*), SUM(spend) FROM visits GROUP BY region
