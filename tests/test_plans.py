@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+import sqlglot
 
 from dpsql.errors import BoundsError, ParameterError
 from dpsql.plan.planner import Measurement, Plan
@@ -406,3 +407,23 @@ def test_a_per_unit_subquery_grouped_by_the_unit_alone_has_one_row_per_unit(
     assert joined.max_rows == 10  # the join fans out again: the policy's C applies
     two_keys = "(SELECT user_id, region, COUNT(*) n FROM visits GROUP BY user_id, region)"
     assert plan(visits, f"SELECT COUNT(*) FROM {two_keys}").max_rows == 10
+
+
+def test_row_cap_picks_copies_of_identical_rows_independently(tiny_policy: Any) -> None:
+    """With R, a unit's identical rows are not kept or dropped together: a unit with 50 copies
+    of an east row and 50 of a west row keeps rows of both in almost every unit (one-sided with
+    probability about 2^-9 per unit), where ranking by the row's hash alone kept one kind."""
+    rows = [(u, region, 30, 1.0) for u in range(40) for region in ("east", "west")
+            for _ in range(50)]  # fmt: skip
+    session = Session(tiny_policy(rows, max_groups=2, max_rows=10))
+    plan = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region", max_rows_per_unit=10)
+    tree = sqlglot.parse_one(plan.engine_sql, read="duckdb")
+    probe = sqlglot.parse_one(
+        "SELECT _u, COUNT(*) AS n, COUNT(DISTINCT _k0) AS kinds FROM _rows GROUP BY _u",
+        read="duckdb",
+    )
+    probe.set("with_", tree.args.get("with_") or tree.args.get("with"))
+    _, kept = session.engine.run(probe.sql(dialect="duckdb"))
+    assert all(n == 10 for _, n, _ in kept)
+    one_sided = sum(1 for _, _, kinds in kept if kinds == 1)
+    assert one_sided <= 3, one_sided

@@ -291,10 +291,16 @@ def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
     (DESIGN.md section 3): a function of the unit's own rows, so stability holds."""
     if r is None:
         return rows
-    order = ", ".join(["_u", *keys, *(f"_x{i}" for i in range(n_values)),
-                       f"CAST(${SALT_PARAMETER} AS BIGINT)"])  # fmt: skip
+    columns = ["_u", *keys, *(f"_x{i}" for i in range(n_values))]
+    # Identical rows would share one hash and be kept or dropped together: each copy gets its
+    # occurrence number among them (the multiset of (row, occurrence) is the unit's own), so R
+    # picks copies like any other rows.
+    numbered = (
+        f"SELECT *, ROW_NUMBER() OVER (PARTITION BY {', '.join(columns)}) AS _o FROM ({rows})"
+    )
+    order = ", ".join([*columns, "_o", f"CAST(${SALT_PARAMETER} AS BIGINT)"])
     return (
-        f"SELECT * FROM ({rows}) QUALIFY "
+        f"SELECT * EXCLUDE (_o) FROM ({numbered}) QUALIFY "
         f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {r}"
     )
 

@@ -1,19 +1,25 @@
 WITH _rows AS (
   SELECT
     *
+    EXCLUDE (_o)
   FROM (
     SELECT
-      "user_id" AS _u,
-      "region" AS _k0,
-      "spend" AS _x0
-    FROM "visits"
-    WHERE
-      (
-        "region" IN ('central', 'east', 'north', 'south', 'west')
-      )
+      *,
+      ROW_NUMBER() OVER (PARTITION BY _u, _k0, _x0) AS _o
+    FROM (
+      SELECT
+        "user_id" AS _u,
+        "region" AS _k0,
+        "spend" AS _x0
+      FROM "visits"
+      WHERE
+        (
+          "region" IN ('central', 'east', 'north', 'south', 'west')
+        )
+    )
   )
   QUALIFY
-    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, CAST($salt AS BIGINT))) <= 2
+    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, _o, CAST($salt AS BIGINT))) <= 2
 ), _vals AS (
   SELECT
     _u,
