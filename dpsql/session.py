@@ -240,16 +240,18 @@ class Session:
         params: Sequence[object] | None,
         options: Mapping[str, object],
         inline: Mapping[str, object] = EMPTY,
+        estimates: bool = True,
     ) -> Plan:
         """``inline``: the statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, under the
-        call's keyword ``options`` (a keyword option given wins), over SET values."""
+        call's keyword ``options`` (a keyword option given wins), over SET values.
+        ``estimates``: use bounds estimated earlier where the policy declares none."""
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
         settings = self.settings(merge_options(inline, options))
         bound = bind_parameters(select, params)
         validate(bound)
-        policy = self._effective_policy()
+        policy = self._effective_policy() if estimates else self.policy
         analysis = analyze(bound, policy, self.engine.catalog, self.engine.describe)
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec)
@@ -332,7 +334,8 @@ class Session:
         sql = bounds.bounds_query(
             self.policy, self.engine.catalog, statement.table, statement.column
         )
-        plan = self._plan(parse_select(sql), None, options)
+        # On the declared policy: an earlier estimate must not clamp the values of a new one.
+        plan = self._plan(parse_select(sql), None, options, estimates=False)
         answer = self._answer(plan, bool(self.settings(options)["fresh"]))
         lower_index, upper_index = answer.rows[0]
         lower, upper = bounds.from_release(float(lower_index), float(upper_index))

@@ -131,3 +131,15 @@ def test_bad_estimates_are_refused_for_free(policy: Policy, sql: str, error: typ
     with pytest.raises(error):
         session.execute(sql)
     assert _spent(session) == 0
+
+
+def test_a_new_estimate_reads_the_raw_values(policy: Policy) -> None:
+    """An earlier estimate must not clamp the values a later one reads: the bounds query is
+    planned on the declared policy, so its plan (and cache key) does not change."""
+    session = Session(policy)
+    sql = bounds.bounds_query(policy, session.engine.catalog, "visits", "spend")
+    before = session.plan(sql).engine_sql
+    session.execute("ESTIMATE BOUNDS FOR visits.spend")
+    fresh = session.execute("ESTIMATE BOUNDS FOR visits.spend", fresh=True)
+    assert fresh.charge is not None and fresh.plan is not None
+    assert fresh.plan.engine_sql == before
