@@ -86,6 +86,10 @@ class DuckDBEngine:
         with self._lock:
             try:
                 rows = self._con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
+                # EXPLAIN also runs the optimizer, which folds constants and can raise (a date
+                # beyond the TIMESTAMP range, an unsigned cast losing information): on any data,
+                # so it is refused here rather than failing after the charge.
+                self._con.execute("EXPLAIN " + sql, self._parameters(sql)).fetchall()
             except duckdb.Error as exc:
                 log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
                 raise UnsupportedQueryError(

@@ -428,7 +428,7 @@ _PART_OF: dict[type[exp.Expression], str] = {
     exp.Minute: "minute",
     exp.Year: "year",
 }
-_TRUNC_UNITS = ("day", "week", "month", "quarter", "year")
+_TRUNC_UNITS = ("day", "month", "quarter", "year")
 
 
 def _date_domain(expr: exp.Expression, relation: Relation) -> tuple[PublicValue, ...] | None:
@@ -469,9 +469,7 @@ def _declared_dates(column: exp.Column, relation: Relation) -> tuple[dt.date, dt
 
 def _truncated(unit: str, first: dt.date, last: dt.date) -> list[PublicValue]:
     """Every value of date_trunc(unit, d) for d in [first, last] (DuckDB returns TIMESTAMP)."""
-    if unit == "week":
-        start = first - dt.timedelta(days=first.weekday())  # ISO weeks start on Monday
-    elif unit == "day":
+    if unit == "day":
         start = first
     else:
         months = {"month": 1, "quarter": 3, "year": 12}[unit]
@@ -483,8 +481,6 @@ def _truncated(unit: str, first: dt.date, last: dt.date) -> list[PublicValue]:
         values.append(dt.datetime(current.year, current.month, current.day))
         if unit == "day":
             current += dt.timedelta(days=1)
-        elif unit == "week":
-            current += dt.timedelta(days=7)
         else:
             step = {"month": 1, "quarter": 3, "year": 12}[unit]
             index = current.year * 12 + current.month - 1 + step

@@ -18,6 +18,7 @@ from dpsql.sql.intervals import Interval
 # most half a step per row; at this resolution that is far below the noise for any realistic
 # number of rows, while integer sums stay within HUGEINT.
 GRID_BITS = 20
+MIN_STEP_POWER = -60
 # Quantiles choose among about 2**10 candidates: finer grids cost sampling time and dilute the
 # exponential mechanism's mass (its error grows with log K) for little gain in resolution.
 QUANTILE_BITS = 10
@@ -97,7 +98,9 @@ def value_grid(bounds: Interval, bits: int = GRID_BITS) -> Grid:
     if lo == hi:
         # A constant: widen so that the grid has a positive range (more noise, never less).
         lo, hi = lo - 1, hi + 1
-    step = Fraction(2) ** (floor_log2(hi - lo) - bits)
+    # At least 2^-60: finer steps (bounds a few subnormals wide) give grid literals the engine
+    # cannot hold; such a value is then counted in whole steps of 2^-60 (more noise, not less).
+    step = max(Fraction(2) ** (floor_log2(hi - lo) - bits), Fraction(2) ** MIN_STEP_POWER)
     if bounds.integral and step < 1:
         step = Fraction(1)  # integers are already on the unit grid: no rounding at all
     magnitude = max(abs(lo), abs(hi))

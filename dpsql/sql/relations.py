@@ -33,6 +33,7 @@ from sqlglot import exp
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.policy import ColumnSpec, Policy, TableSpec
 from dpsql.sql.intervals import Interval, interval_of
+from dpsql.sql.totality import WIDENED
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
@@ -474,7 +475,7 @@ class Builder:
         inner.depth = self.depth
         source = inner.from_clause(select)
         where = select.args.get("where")
-        integers = frozenset(c for c, col in source.columns.items() if col.type.lower() in INTEGER)
+        integers = frozenset(c for c, col in source.columns.items() if col.type.lower() in WIDENED)
         filters = ""
         if where is not None:
             condition = resolve_expr(where.this, source, "WHERE")
@@ -530,7 +531,7 @@ class Builder:
                 f"a subquery that aggregates must GROUP BY the privacy unit {source.unit}: "
                 "otherwise its rows combine several units"
             )
-        integers = frozenset(c for c, col in source.columns.items() if col.type.lower() in INTEGER)
+        integers = frozenset(c for c, col in source.columns.items() if col.type.lower() in WIDENED)
         key_sql = {k.sql(dialect="duckdb"): i for i, k in enumerate(keys)}
         aggregates: list[str] = []
         intervals: dict[str, Interval] = {}

@@ -32,7 +32,7 @@ from dpsql.sql.analyze import Analysis, GroupKey
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.totality import total
+from dpsql.sql.totality import WIDENED, total
 
 SALT_PARAMETER = "salt"
 MeasurementKind = Literal[
@@ -42,7 +42,7 @@ MeasurementKind = Literal[
 # group; distinct: its distinct values listed, C per unit and group.
 ValueRole = Literal["value", "quantile", "distinct"]
 _FLOATS = {"float", "double", "real"}
-_INTEGERS = {"tinyint", "smallint", "integer", "bigint", "utinyint", "usmallint", "uinteger"}
+_INTEGERS = WIDENED
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+# Integer types widened to HUGEINT under arithmetic (each fits in it; HUGEINT and UHUGEINT
+# columns are left as they are, and TRY catches their overflow).
+WIDENED = frozenset(
+    {"tinyint", "smallint", "integer", "bigint", "utinyint", "usmallint", "uinteger", "ubigint"}
+)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
 
 
@@ -22,7 +27,7 @@ def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -
     expression total first also keeps the query's time from depending on such rows.
     """
 
-    def fix(n: exp.Expression) -> exp.Expression:
+    def fix(n: exp.Expression, parent: exp.Expression | None) -> exp.Expression:
         if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
             return exp.TryCast(this=n.this, to=n.to)
         if isinstance(n, exp.IntDiv | exp.Mod):
@@ -31,12 +36,22 @@ def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -
         if (
             isinstance(n, exp.Column)
             and n.name in integer_columns
-            and isinstance(n.parent, _ARITHMETIC)
+            and isinstance(parent, _ARITHMETIC)
         ):
-            return exp.cast(n.copy(), exp.DataType.Type.INT128)
+            return exp.cast(n, exp.DataType.Type.INT128)
         return n
 
-    fixed = node.transform(fix)
+    def walk(n: exp.Expression, parent: exp.Expression | None) -> exp.Expression:
+        # Children first (post-order): a node replaced above (a CAST made TRY_CAST) still has
+        # its own casts, divisors and integer columns made total underneath.
+        for key, value in list(n.args.items()):
+            if isinstance(value, exp.Expression):
+                n.set(key, walk(value, n))
+            elif isinstance(value, list):
+                n.set(key, [walk(v, n) if isinstance(v, exp.Expression) else v for v in value])
+        return fix(n, parent)
+
+    fixed = walk(node.copy(), None)
     # A column or a literal cannot fail: TRY around it only costs time (20% of the CPU of a
     # grouped query at 10M rows when every key and value was wrapped).
     if isinstance(fixed, exp.Column | exp.Literal | exp.Null | exp.Boolean):

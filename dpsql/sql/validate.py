@@ -171,6 +171,34 @@ def _depth(node: exp.Expression) -> int:
     return deepest
 
 
+# date_trunc units and EXTRACT parts that are total on every DATE and TIMESTAMP. DuckDB raises on
+# others: 'week' and 'isoyear' truncate the earliest dates out of range (even while planning, from
+# the column's statistics), and the time zone parts of a DATE are not implemented.
+_TRUNC_UNITS = frozenset(
+    {"microsecond", "microseconds", "millisecond", "milliseconds", "second", "seconds",
+     "minute", "minutes", "hour", "hours", "day", "days", "month", "months", "quarter",
+     "quarters", "year", "years", "decade", "decades", "century", "centuries", "millennium",
+     "millennia"}
+)  # fmt: skip
+_BAD_PARTS = frozenset({"timezone", "timezone_hour", "timezone_minute"})
+
+
+def _check_date_parts(select: exp.Select) -> None:
+    for node in select.find_all(exp.TimestampTrunc, exp.DateTrunc):
+        unit = node.args.get("unit")
+        name = unit.name.lower() if unit is not None else ""
+        if name not in _TRUNC_UNITS:
+            raise UnsupportedQueryError(
+                f"date_trunc to {name or 'this unit'} is not supported; use day, month, "
+                "quarter, year, hour, minute or second"
+            )
+    for extract in select.find_all(exp.Extract):
+        if extract.this.name.lower() in _BAD_PARTS:
+            raise UnsupportedQueryError(
+                f"EXTRACT({extract.this.name.upper()} ...) is not supported"
+            )
+
+
 def validate(select: exp.Select) -> None:
     """Raise ``UnsupportedQueryError`` at the first node that is not on the allow-list."""
     if _depth(select) > MAX_DEPTH:
@@ -190,6 +218,7 @@ def validate(select: exp.Select) -> None:
         raise UnsupportedQueryError(reason)
     if select.args.get("distinct"):
         raise UnsupportedQueryError("SELECT DISTINCT is not supported; use GROUP BY")
+    _check_date_parts(select)
     for table in select.find_all(exp.Table):
         if table.args.get("db") or table.args.get("catalog"):
             raise UnsupportedQueryError("qualified table names (schema.table) are not supported")

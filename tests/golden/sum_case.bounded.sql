@@ -7,14 +7,14 @@ WITH _rows AS (
           CASE
             WHEN "age" IS NULL
             THEN NULL
-            ELSE LEAST(GREATEST(CAST("age" AS DOUBLE), 18), 90)
+            ELSE LEAST(GREATEST(TRY_CAST("age" AS DOUBLE), 18), 90)
           END
         ) > 30
         THEN (
           CASE
             WHEN "spend" IS NULL OR ISNAN("spend")
             THEN NULL
-            ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
+            ELSE LEAST(GREATEST(TRY_CAST("spend" AS DOUBLE), 0), 200)
           END
         )
         ELSE 0

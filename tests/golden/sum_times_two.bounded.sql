@@ -6,7 +6,7 @@ WITH _rows AS (
         CASE
           WHEN "spend" IS NULL OR ISNAN("spend")
           THEN NULL
-          ELSE LEAST(GREATEST(CAST("spend" AS DOUBLE), 0), 200)
+          ELSE LEAST(GREATEST(TRY_CAST("spend" AS DOUBLE), 0), 200)
         END
       ) * 2 AS DOUBLE)
     ) AS _x0
