@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types pytest bench clean
+.PHONY: demo test lint types pytest psql bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,16 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) examples/data/visits.parquet
+# The wire-protocol tests drive dpsql serve with the real psql client (Debian postgresql-client).
+psql:
+	@command -v psql >/dev/null 2>&1 || { \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && \
+			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client; \
+		else echo "psql is missing: install the PostgreSQL client" >&2; exit 1; fi; }
+
+pytest: $(STAMP) examples/data/visits.parquet psql
 	$(BIN)/pytest -q
 
 test: lint types pytest

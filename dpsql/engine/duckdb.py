@@ -11,6 +11,7 @@ Engine error text is never passed on: DuckDB quotes offending data values in its
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -128,6 +129,12 @@ class DuckDBEngine:
                 raise EngineError(
                     "the engine failed while running the bounded query; the charge stands"
                 ) from None
+
+    def interrupt(self) -> None:
+        """Stop the running query (a statement timeout or a client's cancel request); it then
+        fails with an EngineError, and its charge stands. Takes no lock: a query holds it."""
+        with contextlib.suppress(duckdb.Error):
+            self._con.interrupt()
 
     def close(self) -> None:
         with self._lock:

@@ -402,6 +402,11 @@ def _register_interfaces() -> None:
     cli.add_command(shell_command)  # dpsql shell
     cli.add_command(run_command, "run")  # dpsql run FILE.sql
     cli.add_command(explain_command, "explain")  # dpsql explain "SQL"
+    from dpsql.interfaces.serve_cli import serve_command  # noqa: PLC0415
+    from dpsql.interfaces.users_cli import users  # noqa: PLC0415
+
+    cli.add_command(serve_command, "serve")  # dpsql serve --users-file F
+    cli.add_command(users, "users")  # dpsql users add|remove|passwd|list
 
 
 if __name__ != "__main__":  # run as a script, the imported module below registers it
