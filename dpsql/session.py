@@ -151,7 +151,12 @@ def check_setting(name: str, value: object) -> object:
 class Session:
     """A connection's state: policy, engine, budget filter, settings, analyst."""
 
-    def __init__(self, policy: Policy | str | Path, analyst: str | None = None):
+    def __init__(
+        self,
+        policy: Policy | str | Path,
+        analyst: str | None = None,
+        memory_limit: str | None = None,
+    ):
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.analyst = analyst
         store = open_store(self.policy)
@@ -160,7 +165,7 @@ class Session:
         # Salt of the keyed hash that picks a unit's groups, kept with the ledger so every
         # session bounds the same rows; any value is private (the choice depends only on the
         # unit's own rows), secrecy only stops prediction.
-        self.engine = DuckDBEngine(self.policy, int(store.identity["salt"]))
+        self.engine = DuckDBEngine(self.policy, int(store.identity["salt"]), memory_limit)
         self.filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
         self.cache = cache.ReleaseCache(store)
         self._settings: dict[str, object] = {}

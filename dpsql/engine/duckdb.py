@@ -37,7 +37,7 @@ def _string(text: str) -> str:
 class DuckDBEngine:
     """One locked-down DuckDB connection over the policy's data; thread-safe by a lock."""
 
-    def __init__(self, policy: Policy, salt: int):
+    def __init__(self, policy: Policy, salt: int, memory_limit: str | None = None):
         self._lock = threading.Lock()
         # The secret salt of the keyed hash that picks a unit's groups, bound as $salt.
         self.salt = salt
@@ -45,6 +45,9 @@ class DuckDBEngine:
             "autoload_known_extensions": False,
             "autoinstall_known_extensions": False,
         }
+        if memory_limit is not None:
+            # A per-connection cap when many sessions share one process (dpsql serve).
+            config["memory_limit"] = memory_limit
         try:
             if policy.data.database is not None:
                 path = policy.resolve(policy.data.database)

@@ -50,6 +50,10 @@ def _listen(value: str) -> tuple[str, int]:
     "--statement-timeout", type=click.FloatRange(0.1, 86_400), default=300.0, show_default=True,
     help="Seconds a statement may run; a query cut off keeps its charge (SQLSTATE 57014).",
 )  # fmt: skip
+@click.option(
+    "--memory-limit", default="1GB", show_default=True,
+    help="DuckDB memory cap of each connection (a DuckDB size, e.g. 512MB).",
+)  # fmt: skip
 @pass_config
 def serve_command(  # noqa: PLR0917 - click passes every option
     config: Config,
@@ -60,6 +64,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     require_tls: bool,
     max_connections: int,
     statement_timeout: float,
+    memory_limit: str,
 ) -> None:
     """Serve the policy's data over the PostgreSQL wire protocol until SIGTERM.
 
@@ -79,7 +84,11 @@ def serve_command(  # noqa: PLR0917 - click passes every option
         tls_cert=tls_cert,
         tls_key=tls_key,
         require_tls=require_tls,
-        limits=Limits(max_connections=max_connections, statement_timeout=statement_timeout),
+        limits=Limits(
+            max_connections=max_connections,
+            statement_timeout=statement_timeout,
+            memory_limit=memory_limit,
+        ),
     )
     DpsqlServer(server_config)  # fail fast (policy, ledger, users file, TLS) before listening
     serve(server_config)

@@ -75,6 +75,7 @@ class Limits:
     statement_timeout: float = 300.0  # seconds; the charge of a query cut off stands
     idle_timeout: float = 3600.0  # seconds without a message before the connection closes
     auth_timeout: float = 30.0  # seconds to complete the startup and authentication
+    memory_limit: str = "1GB"  # the DuckDB memory cap of each connection's engine
 
 
 @dataclass
@@ -308,8 +309,13 @@ class Connection:
         await self.send(pg.authentication_sasl_final(final), pg.authentication_ok())
         # One Session per connection, under the authenticated name: charges and shares are
         # that analyst's (the ledger records the name).
-        policy = self.server.config.policy
-        self.session = await self.call(lambda: Session(policy, analyst=user.name))
+        policy, memory = self.server.config.policy, self.server.config.limits.memory_limit
+        try:
+            self.session = await self.call(lambda: Session(policy, user.name, memory))
+        except errors.DpsqlError as exc:
+            log.error("cannot open a session for %s: %s", user.name, type(exc).__name__)
+            await self.fatal(sqlstate(exc), str(exc))
+            return False
         log.info("user %s (%s) connected, pid %d", user.name, user.role, self.pid)
         settings = _public_settings(user, self.database)
         statuses = [
@@ -597,6 +603,8 @@ class DpsqlServer:
             )
         self.config = config
         self.users = load_users(config.users_file)
+        # Fail fast, before listening: the data, the ledger and the engine limits must open.
+        Session(config.policy, None, config.limits.memory_limit).close()
         self.tls_context = _tls_context(config) if config.tls_cert is not None else None
         self.executor = ThreadPoolExecutor(max_workers=config.limits.max_connections + 4)
         self.connections: dict[int, Connection] = {}
