@@ -1,0 +1,161 @@
+"""What ``dpsql serve`` answers itself, and how dpsql's answers and errors go on the wire.
+
+Statements clients send that are not queries (transaction control, client settings, catalog
+probes of public constants) are answered here with fixed, public values; everything else goes
+to the Session. Errors map to SQLSTATEs; results to PostgreSQL row descriptions and text rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dpsql import errors
+from dpsql.server import protocol as pg
+from dpsql.server.auth import User
+from dpsql.session import VERSION, Result
+
+# The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
+SERVER_VERSION = f"15.0 (dpsql {VERSION})"
+BUDGET_EXHAUSTED = "53R01"  # dpsql's own SQLSTATE: the privacy budget would be exceeded
+_ERROR_CODES: tuple[tuple[type[errors.DpsqlError], str], ...] = (
+    (errors.ParseError, "42601"),  # syntax_error
+    (errors.UnsupportedQueryError, "0A000"),  # feature_not_supported
+    (errors.SchemaError, "42P01"),  # undefined_table (or column: the message says which)
+    (errors.BoundsError, "22023"),  # invalid_parameter_value
+    (errors.ParameterError, "22023"),
+    (errors.BudgetExceededError, BUDGET_EXHAUSTED),
+    (errors.PolicyError, "F0000"),  # config_file_error
+    (errors.LedgerError, "58000"),  # system_error
+    (errors.EntropyError, "58000"),
+    (errors.EngineError, "XX000"),  # internal_error
+    (errors.InternalError, "XX000"),
+)
+
+
+def sqlstate(exc: errors.DpsqlError) -> str:
+    """The SQLSTATE of a dpsql error (documented in docs/server.md)."""
+    if isinstance(exc, errors.SchemaError) and "column" in str(exc):
+        return "42703"  # undefined_column
+    return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
+
+
+class InsufficientPrivilege(errors.DpsqlError):
+    """A statement reserved to the data owner, asked by an analyst (SQLSTATE 42501)."""
+
+
+# -- statements the server answers itself -----------------------------------------------------
+
+TRANSACTION = re.compile(
+    r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*;?\s*$", re.IGNORECASE
+)
+CLIENT_SET = re.compile(r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(?!dpsql\.)([\w.]+)", re.I)
+SHOW = re.compile(r"^\s*SHOW\s+([\w.]+)\s*;?\s*$", re.IGNORECASE)
+PROBE = re.compile(
+    r"^\s*SELECT\s+(version\(\)|current_database\(\)|current_schema\(\)|current_user|"
+    r"session_user|current_setting\('[\w.]+'\))\s*;?\s*$",
+    re.IGNORECASE,
+)
+OWNER_ONLY = {"dpsql.report", "dpsql.ledger"}
+
+
+def public_settings(user: User, database: str) -> dict[str, str]:
+    """Settings clients read on connect or probe with SHOW: fixed, public values."""
+    return {
+        "server_version": SERVER_VERSION,
+        "server_encoding": "UTF8",
+        "client_encoding": "UTF8",
+        "datestyle": "ISO, MDY",
+        "timezone": "UTC",
+        "integer_datetimes": "on",
+        "standard_conforming_strings": "on",
+        "transaction_isolation": "read committed",
+        "default_transaction_read_only": "on",
+        "is_superuser": "off",
+        "session_authorization": user.name,
+        "application_name": "",
+        "search_path": "main",
+        "database": database,
+    }
+
+
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+def numbered_to_qmark(sql: str) -> tuple[str, list[int]]:
+    """Rewrite PostgreSQL's ``$n`` parameters (outside strings, identifiers and comments) to
+    dpsql's ``?``, and return, for each ``?`` in order, the 0-based index of its parameter."""
+    out: list[str] = []
+    order: list[int] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in "'\"":
+            j = i + 1
+            while j < n and not (sql[j] == c and not (j + 1 < n and sql[j + 1] == c)):
+                j += 2 if sql[j] == c else 1
+            out.append(sql[i : j + 1])
+            i = j + 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            j = n if j < 0 else j
+            out.append(sql[i:j])
+            i = j
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(sql[i:j])
+            i = j
+        elif c == "$" and (m := _PARAMETER.match(sql, i)) is not None:
+            order.append(int(m.group(1)) - 1)
+            out.append("?")
+            i = m.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out), order
+
+
+@dataclass
+class Answer:
+    """What one statement returns over the wire."""
+
+    columns: tuple[tuple[str, int, int], ...] | None  # None: no row description (SET, BEGIN)
+    rows: list[list[bytes | None]]
+    tag: str
+    notice: str | None = None
+
+
+def to_answer(result: Result) -> Answer:
+    if not result.columns:  # SET dpsql.x
+        return Answer(None, [], result.message.split(" ")[0] if result.message else "SET")
+    columns = tuple(
+        (name, *pg.pg_type(dtype)) for name, dtype in zip(result.columns, result.types, strict=True)
+    )
+    oids = [oid for _, oid, _ in columns]
+    rows = [
+        [pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)] for row in result.rows
+    ]
+    notice = None
+    if result.charge is not None or result.cached_from is not None:
+        plan = result.plan
+        cost = f"epsilon {plan.epsilon}, delta {plan.delta}" if plan is not None else ""
+        source = "charged" if result.charge is not None else "served from the cache, free"
+        widths = [
+            f"{name} ± {width:.6g}"
+            for name, width in zip(result.columns, result.accuracy[0] if result.accuracy else (),
+                                   strict=False)
+            if width is not None
+        ]  # fmt: skip
+        notice = f"dpsql: {source}: {cost}" if cost else f"dpsql: {source}"
+        if widths and len(result.rows) == 1:
+            notice += f"; {result.confidence:.0%} half-widths: " + ", ".join(widths)
+    tag = f"SELECT {len(rows)}"
+    if result.columns == ("plan",):
+        tag = "EXPLAIN"
+    return Answer(columns, rows, tag, notice)
+
+
+def text_table(name: str, lines: Sequence[str]) -> Answer:
+    return Answer(((name, 25, -1),), [[line.encode()] for line in lines], f"SELECT {len(lines)}")
