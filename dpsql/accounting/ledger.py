@@ -110,6 +110,9 @@ class Ledger:
             # session of the data set so that cached and fresh answers bound the same rows.
             "salt": str(secrets.randbits(62)),
         }
+        # The ledger holds the salt and every query and answer: readable by its owner only.
+        path.touch(mode=0o600)
+        path.chmod(0o600)
         con = _connect(path)
         try:
             con.executescript(_SCHEMA)
@@ -118,6 +121,7 @@ class Ledger:
         finally:
             con.close()
         _write_anchor(anchor, _anchor(identity, 0, GENESIS))
+        anchor.chmod(0o600)
         return cls(path, anchor)
 
     def _open(self) -> dict[str, str]:

@@ -34,12 +34,14 @@ from dpsql.server.auth import AuthenticationFailed, ScramExchange, User, load_us
 from dpsql.server.statements import (
     BUDGET_EXHAUSTED,
     CLIENT_SET,
+    HEALTH_CHECK,
     OWNER_ONLY,
     PROBE,
     SERVER_VERSION,
     SHOW,
     TRANSACTION,
     Answer,
+    InFailedTransaction,
     InsufficientPrivilege,
     numbered_to_qmark,
     public_settings,
@@ -103,6 +105,7 @@ class Connection:
         self.results: dict[str, Answer] = {}
         self.sent: dict[str, int] = {}  # portal -> rows already sent
         self.busy = False
+        self.cancelled = False  # a CancelRequest interrupted the running statement
 
     # -- plumbing ------------------------------------------------------------------------------
     async def send(self, *messages: bytes) -> None:
@@ -160,6 +163,8 @@ class Connection:
         exchange = ScramExchange(self.server.users, username)
         try:
             kind, body = await pg.read_message(self.reader, self.server.config.limits.max_message)
+            if kind == b"":
+                return False  # the client hung up to ask for a password (psql does): no attempt
             if kind != b"p":
                 raise AuthenticationFailed("expected a SASL response")
             mechanism, first = pg.parse_sasl_initial(body)
@@ -225,8 +230,16 @@ class Connection:
                 return Answer(None, [], "BEGIN")
             self.status = "I"
             return Answer(None, [], "ROLLBACK" if word in ("ROLLBACK", "ABORT") else "COMMIT")
-        if CLIENT_SET.match(text):
-            return Answer(None, [], "SET")  # a client setting (extra_float_digits, ...): ignored
+        client_set = CLIENT_SET.match(text)
+        if client_set:
+            if client_set.group(3).lower() in ("role", "session_authorization", "session"):
+                raise InsufficientPrivilege(
+                    "the role is the authenticated user's; it cannot change"
+                )
+            # A client setting (extra_float_digits, application_name, ...): accepted, ignored.
+            return Answer(None, [], client_set.group(1).upper())
+        if HEALTH_CHECK.match(text):
+            return text_table("?column?", [text.split()[1]])  # SELECT 1: no data involved
         settings = public_settings(self.user, self.database)
         show = SHOW.match(text)
         if show:
@@ -273,9 +286,10 @@ class Connection:
 
     async def statement(self, sql: str, params: Sequence[object] | None) -> Answer:
         if self.status == "E" and not TRANSACTION.match(sql):
-            raise errors.UnsupportedQueryError(
+            raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
+        self.cancelled = False
         return await self.call(
             lambda: self.run(sql, params), self.server.config.limits.statement_timeout
         )
@@ -283,6 +297,10 @@ class Connection:
     async def error(self, exc: BaseException) -> None:
         if isinstance(exc, InsufficientPrivilege):
             code, message = "42501", str(exc)
+        elif isinstance(exc, InFailedTransaction):
+            code, message = "25P02", str(exc)
+        elif isinstance(exc, errors.EngineError) and self.cancelled:
+            code, message = "57014", "canceling statement due to user request; its charge stands"
         elif isinstance(exc, errors.DpsqlError):
             code, message = sqlstate(exc), str(exc)
         elif isinstance(exc, TimeoutError):
@@ -496,10 +514,7 @@ class DpsqlServer:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._closing.is_set() or self._slots.locked():
-            writer.write(pg.error_response("53300", "too many connections", severity="FATAL"))
-            with contextlib.suppress(Exception):
-                await writer.drain()
-                writer.close()
+            await _refuse(reader, writer, "53300", "too many connections")
             return
         async with self._slots:
             connection = Connection(self, reader, writer)
@@ -513,6 +528,7 @@ class DpsqlServer:
         """A CancelRequest: interrupt that connection's running statement (its charge stands)."""
         connection = self.connections.get(pid)
         if connection is not None and connection.key == key and connection.session is not None:
+            connection.cancelled = True
             connection.session.engine.interrupt()
 
     async def shutdown(self, grace: float = 30.0) -> None:
@@ -537,10 +553,26 @@ class DpsqlServer:
         await self.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await self.shutdown()
+
+
+async def _refuse(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, code: str, message: str
+) -> None:
+    """Refuse a connection after reading its startup (declining TLS), so that the client reads
+    the error as an error and not as a failed TLS handshake."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5):
+            while isinstance(await pg.read_startup(reader), pg.SSLRequest | pg.GSSENCRequest):
+                writer.write(b"N")
+                await writer.drain()
+        writer.write(pg.error_response(code, message, severity="FATAL"))
+        await writer.drain()
+    with contextlib.suppress(Exception):
+        writer.close()
 
 
 def _tls_context(config: ServerConfig) -> ssl.SSLContext:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from dpsql import errors
 from dpsql.server import protocol as pg
@@ -41,6 +42,10 @@ def sqlstate(exc: errors.DpsqlError) -> str:
     return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
 
 
+class InFailedTransaction(errors.DpsqlError):
+    """A statement after an error inside BEGIN ... (SQLSTATE 25P02) until ROLLBACK."""
+
+
 class InsufficientPrivilege(errors.DpsqlError):
     """A statement reserved to the data owner, asked by an analyst (SQLSTATE 42501)."""
 
@@ -52,6 +57,8 @@ TRANSACTION = re.compile(
 )
 CLIENT_SET = re.compile(r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(?!dpsql\.)([\w.]+)", re.I)
 SHOW = re.compile(r"^\s*SHOW\s+([\w.]+)\s*;?\s*$", re.IGNORECASE)
+# The connection check of pools and BI tools: a constant, no data read.
+HEALTH_CHECK = re.compile(r"^\s*SELECT\s+\d{1,9}\s*;?\s*$", re.IGNORECASE)
 PROBE = re.compile(
     r"^\s*SELECT\s+(version\(\)|current_database\(\)|current_schema\(\)|current_user|"
     r"session_user|current_setting\('[\w.]+'\))\s*;?\s*$",
@@ -127,6 +134,10 @@ class Answer:
     notice: str | None = None
 
 
+def _decimal(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
+
+
 def to_answer(result: Result) -> Answer:
     if not result.columns:  # SET dpsql.x
         return Answer(None, [], result.message.split(" ")[0] if result.message else "SET")
@@ -140,7 +151,7 @@ def to_answer(result: Result) -> Answer:
     notice = None
     if result.charge is not None or result.cached_from is not None:
         plan = result.plan
-        cost = f"epsilon {plan.epsilon}, delta {plan.delta}" if plan is not None else ""
+        cost = f"epsilon {_decimal(plan.epsilon)}, delta {_decimal(plan.delta)}" if plan else ""
         source = "charged" if result.charge is not None else "served from the cache, free"
         widths = [
             f"{name} ± {width:.6g}"

@@ -145,6 +145,8 @@ _REASONS: dict[type[exp.Expression], str] = {
     exp.Filter: "aggregate FILTER clauses are not supported; use a CASE inside the aggregate",
     exp.Anonymous: "this function is not on dpsql's allow-list",
     exp.Placeholder: "a parameter marker was left unbound",
+    exp.Dot: "qualified names (schema.function, catalog probes such as psql's \\d) are not "
+    "supported",
 }
 
 
