@@ -232,7 +232,7 @@ class Connection:
             return Answer(None, [], "ROLLBACK" if word in ("ROLLBACK", "ABORT") else "COMMIT")
         client_set = CLIENT_SET.match(text)
         if client_set:
-            if client_set.group(3).lower() in ("role", "session_authorization", "session"):
+            if client_set.group(3).lower() in ("role", "session_authorization", "authorization"):
                 raise InsufficientPrivilege(
                     "the role is the authenticated user's; it cannot change"
                 )
