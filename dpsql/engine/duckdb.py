@@ -15,6 +15,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -34,6 +35,34 @@ def _string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> None:
+    """Only the policy's files may be read, and no setting may change afterwards."""
+    allowed = ", ".join(_string(str(p)) for p in files.values())
+    con.execute(f"SET allowed_paths = [{allowed}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+# One process opens a database file once: DuckDB shares the instance between connections to a
+# path, and its locked configuration with it. Each engine takes its own cursor on it.
+_DATABASES: dict[tuple[str, str, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_DATABASES_LOCK = threading.Lock()
+
+
+def _shared_database(
+    path: Path, config: Mapping[str, str | bool | int | float | list[str]],
+    files: Mapping[str, Path],
+) -> duckdb.DuckDBPyConnection:  # fmt: skip
+    key = (str(path), str(config.get("memory_limit")), tuple(sorted(map(str, files.values()))))
+    with _DATABASES_LOCK:
+        base = _DATABASES.get(key)
+        if base is None:
+            base = duckdb.connect(str(path), read_only=True, config=dict(config))
+            _lock_down(base, files)
+            _DATABASES[key] = base
+        return base.cursor()
+
+
 class DuckDBEngine:
     """One locked-down DuckDB connection over the policy's data; thread-safe by a lock."""
 
@@ -49,25 +78,22 @@ class DuckDBEngine:
             # A per-connection cap when many sessions share one process (dpsql serve).
             config["memory_limit"] = memory_limit
         try:
-            if policy.data.database is not None:
-                path = policy.resolve(policy.data.database)
-                if not path.exists():
-                    raise PolicyError(f"data.database does not exist: {path}")
-                self._con = duckdb.connect(str(path), read_only=True, config=config)
-            else:
-                self._con = duckdb.connect(":memory:", config=config)
             files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
             for name, path in files.items():
                 if not path.exists():
                     raise PolicyError(f"data.tables.{name} does not exist: {path}")
-            allowed = ", ".join(_string(str(p)) for p in files.values())
-            self._con.execute(f"SET allowed_paths = [{allowed}]")
-            self._con.execute("SET enable_external_access = false")
+            if policy.data.database is not None:
+                path = policy.resolve(policy.data.database)
+                if not path.exists():
+                    raise PolicyError(f"data.database does not exist: {path}")
+                self._con = _shared_database(path, config, files)
+            else:
+                self._con = duckdb.connect(":memory:", config=config)
+                _lock_down(self._con, files)
             for name, path in files.items():
                 reader = "read_parquet" if path.suffix.lower() == ".parquet" else "read_csv"
                 source = f"{reader}({_string(str(path))})"
                 self._con.execute(f"CREATE TEMP VIEW {_quote(name)} AS SELECT * FROM {source}")
-            self._con.execute("SET lock_configuration = true")
             self.catalog = self._read_catalog()
         except duckdb.Error as exc:
             raise PolicyError(f"cannot open the policy's data ({type(exc).__name__})") from None

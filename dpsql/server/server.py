@@ -50,6 +50,7 @@ from dpsql.server.statements import (
     to_answer,
 )
 from dpsql.session import Session
+from dpsql.sql.split import split_statements
 
 log = logging.getLogger("dpsql.server")
 T = TypeVar("T")
@@ -319,8 +320,6 @@ class Connection:
         await self.send(pg.error_response(code, message))
 
     async def simple(self, body: bytes) -> None:
-        from dpsql.interfaces.batch import split_statements  # noqa: PLC0415 - heavy import
-
         query = pg.parse_query(body)
         try:
             pieces = [p.text for p in split_statements(query)] if query.strip() else []
@@ -342,11 +341,11 @@ class Connection:
     async def send_answer(self, answer: Answer, describe: bool, limit: int = 0,
                           portal: str | None = None) -> None:  # fmt: skip
         messages: list[bytes] = []
-        if answer.notice:
+        start = self.sent.get(portal, 0) if portal is not None else 0
+        if answer.notice and start == 0:  # once per answer, not once per page of a portal
             messages.append(pg.notice_response(answer.notice))
         if describe and answer.columns is not None:
             messages.append(pg.row_description(answer.columns))
-        start = self.sent.get(portal, 0) if portal is not None else 0
         rows = answer.rows[start:]
         if limit and len(rows) > limit:
             messages.extend(pg.data_row(r) for r in rows[:limit])
