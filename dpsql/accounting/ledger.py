@@ -92,6 +92,7 @@ class Ledger:
         self.anchor = Path(anchor) if anchor is not None else anchor_path(self.path)
         self._lock = threading.Lock()
         self._cache: list[Record] = []
+        self._rows: list[tuple[Any, ...]] = []  # the raw rows of _cache, as verified
         self.identity = self._open()  # verifies the whole chain against the anchor
 
     # -- creation and opening -------------------------------------------------------------------
@@ -141,28 +142,44 @@ class Ledger:
         # The identity (data set, secret salt) is outside the chain; the anchor holds its digest.
         if _identity_digest(identity) != anchor.get("identity"):
             raise LedgerError("the ledger's identity differs from its anchor: fail closed")
-        self._cache = self._load()
+        self._cache, self._rows = self._load()
         self._check(self._cache, anchor)
         return identity
 
     # -- verification ---------------------------------------------------------------------------
-    def _load(self, after: list[Record] | None = None) -> list[Record]:
-        """The records, each hash recomputed; raises LedgerError on the first broken link.
+    def _load(
+        self,
+        after: list[Record] | None = None,
+        after_rows: list[tuple[Any, ...]] | None = None,
+        recheck: bool = False,
+    ) -> tuple[list[Record], list[tuple[Any, ...]]]:
+        """The records and their raw rows, each new hash recomputed; raises LedgerError on the
+        first broken link.
 
-        With ``after`` (records already verified), only the newer ones are read, and the last
-        known one is re-read to be sure it is still there unchanged.
+        With ``after`` (records already verified, and ``after_rows`` their raw rows), only the
+        newer ones are hashed. Without ``recheck``, only the newer rows are read, and the last
+        known one is re-read to be sure it is still there unchanged; with ``recheck`` (before
+        every write), every row is read again and each known one compared byte for byte with
+        what was verified: an edit, a drop or an insertion anywhere in the history still fails
+        closed, without hashing the whole chain again.
         """
         known = after or []
+        known_rows = after_rows or []
         start = len(known)
         try:
             con = _connect(self.path)
             rows = con.execute(
-                "SELECT * FROM records WHERE seq >= ? ORDER BY seq", (max(start, 1),)
+                "SELECT * FROM records WHERE seq >= ? ORDER BY seq",
+                (1 if recheck else max(start, 1),),
             ).fetchall()
             con.close()
         except sqlite3.Error:
             raise LedgerError("the ledger file cannot be read: fail closed") from None
-        if start:
+        if recheck:
+            if rows[:start] != known_rows:
+                raise LedgerError("the ledger's history changed under a running session")
+            rows = rows[start:]
+        elif start:
             if not rows or rows[0][0] != start or rows[0][6] != known[-1].hash:
                 raise LedgerError("the ledger's history changed under a running session")
             rows = rows[1:]
@@ -176,7 +193,7 @@ class Ledger:
                 raise LedgerError(f"ledger record {seq} was altered")
             records.append(Record(seq, when, kind, analyst, json.loads(payload), link, digest))
             prev = digest
-        return records
+        return records, [*known_rows, *(tuple(r) for r in rows)]
 
     @staticmethod
     def _check(records: list[Record], anchor: Mapping[str, Any]) -> None:
@@ -189,7 +206,7 @@ class Ledger:
 
     def verify(self) -> int:
         """Check the whole chain against the anchor; returns the number of records."""
-        records = self._load()
+        records, _ = self._load()
         self._check(records, _read_anchor(self.anchor))
         return len(records)
 
@@ -200,7 +217,7 @@ class Ledger:
 
     def _refresh(self) -> list[Record]:
         """The records, reading only those appended (by any process) since the last call."""
-        self._cache = self._load(self._cache)
+        self._cache, self._rows = self._load(self._cache, self._rows)
         return self._cache
 
     def append(
@@ -224,13 +241,12 @@ class Ledger:
                 raise LedgerError("the ledger cannot be opened for writing") from None
             try:
                 con.execute("BEGIN IMMEDIATE")
-                # Before writing, the whole chain is verified again (not only the records
+                # Before writing, the whole history is checked again (not only the records
                 # appended since): an edit or a drop further back, made while this session
-                # runs, must stop it too rather than have new charges chained onto it.
-                records = self._load()
-                if records[: len(self._cache)] != self._cache:
-                    raise LedgerError("the ledger's history changed under a running session")
-                self._cache = records
+                # runs, must stop it too rather than have new charges chained onto it. Rows
+                # verified before are compared byte for byte; only new ones are hashed.
+                records, rows = self._load(self._cache, self._rows, recheck=True)
+                self._cache, self._rows = records, rows
                 anchor = _read_anchor(self.anchor)
                 self._check(records, anchor)
                 if decide is not None:
@@ -257,6 +273,7 @@ class Ledger:
                 con.close()
             record = Record(seq, when, kind, analyst, json.loads(body), prev, digest)
             self._cache.append(record)
+            self._rows.append((seq, when, kind, analyst, body, prev, digest))
             # After the commit: a crash here leaves the anchor behind the ledger, which is
             # consistent (the chain extends the anchored head) and is caught up next time.
             _write_anchor(self.anchor, _anchor(self.identity, seq, digest))
