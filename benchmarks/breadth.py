@@ -36,7 +36,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -52,6 +51,7 @@ from dpsql.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import policy_dict, write_visits
+from run import write_results
 
 HERE = Path(__file__).resolve().parent
 UNITS_PER_ROW = 10
@@ -349,20 +349,9 @@ def main() -> None:
     print_tables(results)
     if args.profile:
         print_profiles(visits_file(args.data_dir, max(sizes)), zones, max(sizes))
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"breadth-{started:%Y%m%dT%H%M%SZ}.json"
-    meta = {
-        "started": started.isoformat(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "python": platform.python_version(),
-        "duckdb": duckdb.__version__,
-        "repeats": args.repeats,
-    }
-    out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    print(f"results written to {out}")
+    write_results(
+        args.results_dir, "breadth", started, args.repeats, results, load_average=os.getloadavg()
+    )
 
 
 if __name__ == "__main__":

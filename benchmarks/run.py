@@ -173,8 +173,20 @@ def main() -> None:
     for n in sizes:
         results += bench_size(data_file(args.data_dir, n), n, args.repeats)
     print_tables(results)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"run-{started:%Y%m%dT%H%M%SZ}.json"
+    write_results(args.results_dir, "run", started, args.repeats, results)
+
+
+def write_results(
+    directory: Path,
+    name: str,
+    started: dt.datetime,
+    repeats: int,
+    results: list[dict[str, Any]],
+    **extra: object,
+) -> Path:
+    """Write ``results`` with the machine and versions to ``directory/NAME-<started>.json``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"{name}-{started:%Y%m%dT%H%M%SZ}.json"
     meta = {
         "started": started.isoformat(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -183,10 +195,12 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "duckdb": duckdb.__version__,
-        "repeats": args.repeats,
+        "repeats": repeats,
+        **extra,
     }
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"results written to {out}")
+    return out
 
 
 if __name__ == "__main__":

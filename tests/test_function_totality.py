@@ -40,8 +40,7 @@ from dpsql.policy import load_policy
 from dpsql.session import Session
 from dpsql.sql import validate as allow
 from dpsql.sql.parse import DIALECT, Query, parse_statement
-from dpsql.sql.rewrite import _INTEGERS
-from dpsql.sql.totality import total
+from dpsql.sql.totality import WIDENED, total
 
 # The adversarial corpus, one unit per row plus ordinary rows. Each construct is applied alone
 # to i INTEGER, b BIGINT, d DOUBLE, s VARCHAR and t DATE; generated expressions also reach
@@ -649,7 +648,7 @@ def _integer_columns(session: Session) -> frozenset[str]:
     """The columns the bounded query widens under arithmetic, decided as ``bounded_query``
     decides them."""
     catalog = session.engine.catalog["visits"]
-    return frozenset(name for name, dtype in catalog.items() if dtype.lower() in _INTEGERS)
+    return frozenset(name for name, dtype in catalog.items() if dtype.lower() in WIDENED)
 
 
 def _allowed(text: str) -> exp.Expression:

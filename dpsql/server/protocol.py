@@ -351,13 +351,18 @@ def expand_formats(codes: Sequence[int], count: int) -> list[int]:
     return list(codes)
 
 
-def parse_describe(body: bytes) -> tuple[str, str]:
-    """Describe ('D'): 'S' (prepared statement) or 'P' (portal), and the name."""
-    cursor = _Cursor(body, "Describe message")
+def _parse_target(body: bytes, what: str) -> tuple[str, str]:
+    """'S' (prepared statement) or 'P' (portal), and the name: Describe's and Close's body."""
+    cursor = _Cursor(body, what)
     kind = cursor.kind()
     name = cursor.cstring()
     cursor.finish()
     return kind, name
+
+
+def parse_describe(body: bytes) -> tuple[str, str]:
+    """Describe ('D'): 'S' (prepared statement) or 'P' (portal), and the name."""
+    return _parse_target(body, "Describe message")
 
 
 def parse_execute(body: bytes) -> tuple[str, int]:
@@ -371,11 +376,7 @@ def parse_execute(body: bytes) -> tuple[str, int]:
 
 def parse_close(body: bytes) -> tuple[str, str]:
     """Close ('C'): 'S' (prepared statement) or 'P' (portal), and the name."""
-    cursor = _Cursor(body, "Close message")
-    kind = cursor.kind()
-    name = cursor.cstring()
-    cursor.finish()
-    return kind, name
+    return _parse_target(body, "Close message")
 
 
 def parse_sasl_initial(body: bytes) -> tuple[str, bytes]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import signal
@@ -584,10 +583,6 @@ def _tls_context(config: ServerConfig) -> ssl.SSLContext:
             f"cannot load the TLS certificate or key ({type(exc).__name__})"
         ) from None
     return context
-
-
-def digest(sql: str) -> str:
-    return hashlib.sha256(sql.encode()).hexdigest()[:12]
 
 
 def serve(config: ServerConfig) -> None:

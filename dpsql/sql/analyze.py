@@ -44,8 +44,6 @@ _SPREAD: dict[type[exp.Expression], AggregateKind] = {
 }
 SPREAD_KINDS: frozenset[str] = frozenset(_SPREAD.values())
 
-_NUMERIC = NUMERIC
-
 
 @dataclass(frozen=True)
 class Aggregate:
@@ -276,7 +274,7 @@ class _Analyzer:
     def _bounds(self, target: exp.Expression, name: str) -> Interval:
         if isinstance(target, exp.Column):
             ctype = self.columns[target.name].lower()
-            if ctype not in _NUMERIC and not ctype.startswith("decimal"):
+            if ctype not in NUMERIC and not ctype.startswith("decimal"):
                 raise UnsupportedQueryError(
                     f"{name} over column {target.name} of type {ctype.upper()} is not supported"
                 )
@@ -514,7 +512,7 @@ def _cell(
             ctype = columns[column.name].lower()
             if isinstance(literal, exp.Literal) and literal.is_string and ctype == "varchar":
                 return (column.name, str(literal.this))
-            if isinstance(literal, exp.Literal) and not literal.is_string and ctype in _NUMERIC:
+            if isinstance(literal, exp.Literal) and not literal.is_string and ctype in NUMERIC:
                 return (column.name, Fraction(str(literal.this)))
             if isinstance(literal, exp.Boolean) and ctype == "boolean":
                 return (column.name, bool(literal.this))

@@ -25,7 +25,7 @@ rows depend on other units' rows) is refused with the reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from sqlglot import exp
@@ -266,7 +266,7 @@ class Builder:
                 raise SchemaError(f"table name or alias {alias} is used twice in FROM")
             inputs.append(right)
             aliases.append(alias)
-            on = self._on(join, inputs, aliases, kind)
+            on = self._on(join, inputs, kind)
             if right.private and left_private:
                 self._check_unit_join(left_private, on, inputs)
             word = {"SEMI": "SEMI JOIN", "ANTI": "ANTI JOIN", "CROSS": "CROSS JOIN"}.get(
@@ -277,9 +277,8 @@ class Builder:
             kinds.append("LEFT" if side == "LEFT" else kind)
         return self._combine(inputs, aliases, clauses, kinds)
 
-    def _resolve_in(
-        self, column: exp.Column, inputs: list[Relation], aliases: list[str]
-    ) -> tuple[int, str]:
+    @staticmethod
+    def _resolve_in(column: exp.Column, inputs: list[Relation]) -> tuple[int, str]:
         """(input index, relation column) a reference names among the joined inputs."""
         qualifier = column.table.lower() if column.table else None
         matches: list[tuple[int, str]] = []
@@ -299,9 +298,7 @@ class Builder:
             )
         return matches[0]
 
-    def _on(
-        self, join: exp.Join, inputs: list[Relation], aliases: list[str], kind: str
-    ) -> exp.Expression:
+    def _on(self, join: exp.Join, inputs: list[Relation], kind: str) -> exp.Expression:
         right = len(inputs) - 1
         using = join.args.get("using") or []
         on = join.args.get("on")
@@ -312,7 +309,7 @@ class Builder:
         conjuncts: list[exp.Expression] = []
         for ident in using:
             name = ident.name.lower()
-            left_index, left_col = self._resolve_in(exp.column(name), inputs[:right], aliases)
+            left_index, left_col = self._resolve_in(exp.column(name), inputs[:right])
             right_col = inputs[right].resolve(exp.column(name))
             # USING merges the two columns into one, as in SQL: the right one is not output.
             self.using.setdefault(right, {})[right_col] = (left_index, left_col)
@@ -329,7 +326,7 @@ class Builder:
 
             def swap(n: exp.Expression) -> exp.Expression:
                 if isinstance(n, exp.Column):
-                    index, name = self._resolve_in(n, inputs, aliases)
+                    index, name = self._resolve_in(n, inputs)
                     return exp.column(name, table=f"_j{index}", quoted=True)
                 return n
 
@@ -707,22 +704,11 @@ def _alias_of(relation: Relation) -> str:
 
 
 def _realias(relation: Relation, alias: str) -> Relation:
+    """The relation under one qualifier (a subquery's or CTE's alias) naming all its columns."""
     names = {}
     for mapping in relation.scope.values():
         names.update(mapping)
-    return Relation(
-        sql=relation.sql,
-        base=relation.base,
-        table=relation.table,
-        tables=relation.tables,
-        unit=relation.unit,
-        spec=relation.spec,
-        domain=relation.domain,
-        columns=relation.columns,
-        scope={alias: names},
-        unit_columns=relation.unit_columns,
-        unit_rows=relation.unit_rows,
-    )
+    return replace(relation, scope={alias: names})
 
 
 def _star(relation: Relation, qualifier: str) -> list[tuple[str, str]]:

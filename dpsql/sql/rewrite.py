@@ -42,7 +42,6 @@ MeasurementKind = Literal[
 # group; distinct: its distinct values listed, C per unit and group.
 ValueRole = Literal["value", "quantile", "distinct"]
 _FLOATS = {"float", "double", "real"}
-_INTEGERS = WIDENED
 
 
 @dataclass(frozen=True)
@@ -308,7 +307,7 @@ def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
 def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     """The bounded SQL for ``analysis``: one row per group, one column per measurement."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
-    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in _INTEGERS)
+    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in WIDENED)
 
     def total_sql(node: exp.Expression) -> str:
         return _sql(total(node, ints))
