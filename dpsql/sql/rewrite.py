@@ -240,6 +240,23 @@ def _centred(i: int, bounding: Bounding) -> str:
     return f"2 * _v{i} - {grid.centre_units}"
 
 
+def _capped_sum(i: int, c: int, grid: Grid) -> str:
+    """The unit's sum in grid units with at most C rows counted: S when n <= C, else
+    round(C·S/n) clamped to [C·lower, C·upper], all in exact HUGEINT arithmetic.
+
+    In DOUBLE, S (up to n·2^52) and the bounds C·lower, C·upper (up to 2^72) are rounded, and a
+    unit could move a total by a grid unit more than the plan's sensitivity. Exact: with
+    q = floor(S/n) and r = S - q·n in [0, n), round(C·S/n) = C·q + floor((2·C·r + n) / (2·n)).
+    DuckDB's // truncates towards zero and % takes the dividend's sign, hence the correction.
+    """
+    s, n = f"CAST(_s{i} AS HUGEINT)", f"CAST(_n{i} AS HUGEINT)"
+    q = f"({s} // {n} - CASE WHEN {s} % {n} < 0 THEN 1 ELSE 0 END)"
+    r = f"({s} - {q} * {n})"
+    scaled = f"({c} * {q} + (2 * {c} * {r} + {n}) // (2 * {n}))"
+    low, high = f"CAST({c * grid.lower} AS HUGEINT)", f"CAST({c * grid.upper} AS HUGEINT)"
+    return f"CASE WHEN _n{i} <= {c} THEN {s} ELSE LEAST(GREATEST({scaled}, {low}), {high}) END"
+
+
 def _capped_squares(i: int, bounding: Bounding) -> str:
     """The unit's sum of squared centred values, in units of (g/2)², within [0, C·width²].
 
@@ -385,9 +402,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         [*keys, f"LEAST(_n, {c}) AS _c"]
         + [f"LEAST(_n{i}, {c}) AS _c{i}" for i, v in enumerate(bounding.values) if not v.listed]
         + [
-            f"CASE WHEN _n{i} <= {c} THEN CAST(_s{i} AS HUGEINT) ELSE CAST(LEAST(GREATEST("
-            f"ROUND(CAST(_s{i} AS DOUBLE) * {c} / _n{i}), {c * v.grid.lower}), "
-            f"{c * v.grid.upper}) AS HUGEINT) END AS _t{i}"
+            f"{_capped_sum(i, c, v.grid)} AS _t{i}"
             for i, v in enumerate(bounding.values)
             if v.grid is not None and not v.listed
         ]

@@ -63,7 +63,25 @@ WITH _rows AS (
     CASE
       WHEN _n0 <= 10
       THEN CAST(_s0 AS INT128)
-      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 10 / _n0), 180), 900) AS INT128)
+      ELSE LEAST(
+        GREATEST(
+          (
+            10 * (
+              CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
+            ) + (
+              2 * 10 * (
+                CAST(_s0 AS INT128) - (
+                  CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
+                ) * CAST(_n0 AS INT128)
+              ) + CAST(_n0 AS INT128)
+            ) // (
+              2 * CAST(_n0 AS INT128)
+            )
+          ),
+          CAST(180 AS INT128)
+        ),
+        CAST(900 AS INT128)
+      )
     END AS _t0
   FROM _kept
 ), _agg AS (

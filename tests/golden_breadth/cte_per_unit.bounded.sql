@@ -55,12 +55,48 @@ WITH _rows AS (
     CASE
       WHEN _n0 <= 1
       THEN CAST(_s0 AS INT128)
-      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 1 / _n0), 0), 5) AS INT128)
+      ELSE LEAST(
+        GREATEST(
+          (
+            1 * (
+              CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
+            ) + (
+              2 * 1 * (
+                CAST(_s0 AS INT128) - (
+                  CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
+                ) * CAST(_n0 AS INT128)
+              ) + CAST(_n0 AS INT128)
+            ) // (
+              2 * CAST(_n0 AS INT128)
+            )
+          ),
+          CAST(0 AS INT128)
+        ),
+        CAST(5 AS INT128)
+      )
     END AS _t0,
     CASE
       WHEN _n1 <= 1
       THEN CAST(_s1 AS INT128)
-      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s1 AS DOUBLE) * 1 / _n1), 0), 1638400) AS INT128)
+      ELSE LEAST(
+        GREATEST(
+          (
+            1 * (
+              CAST(_s1 AS INT128) // CAST(_n1 AS INT128) - CASE WHEN CAST(_s1 AS INT128) % CAST(_n1 AS INT128) < 0 THEN 1 ELSE 0 END
+            ) + (
+              2 * 1 * (
+                CAST(_s1 AS INT128) - (
+                  CAST(_s1 AS INT128) // CAST(_n1 AS INT128) - CASE WHEN CAST(_s1 AS INT128) % CAST(_n1 AS INT128) < 0 THEN 1 ELSE 0 END
+                ) * CAST(_n1 AS INT128)
+              ) + CAST(_n1 AS INT128)
+            ) // (
+              2 * CAST(_n1 AS INT128)
+            )
+          ),
+          CAST(0 AS INT128)
+        ),
+        CAST(1638400 AS INT128)
+      )
     END AS _t1
   FROM _kept
 ), _agg AS (

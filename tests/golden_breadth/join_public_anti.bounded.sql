@@ -43,7 +43,25 @@ WITH _rows AS (
     CASE
       WHEN _n0 <= 3
       THEN CAST(_s0 AS INT128)
-      ELSE CAST(LEAST(GREATEST(ROUND(CAST(_s0 AS DOUBLE) * 3 / _n0), 54), 270) AS INT128)
+      ELSE LEAST(
+        GREATEST(
+          (
+            3 * (
+              CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
+            ) + (
+              2 * 3 * (
+                CAST(_s0 AS INT128) - (
+                  CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
+                ) * CAST(_n0 AS INT128)
+              ) + CAST(_n0 AS INT128)
+            ) // (
+              2 * CAST(_n0 AS INT128)
+            )
+          ),
+          CAST(54 AS INT128)
+        ),
+        CAST(270 AS INT128)
+      )
     END AS _t0
   FROM _kept
 ), _agg AS (
