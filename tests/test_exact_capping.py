@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from conftest import TinyPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpsql.session import Session
-from conftest import TinyPolicy
 
 SCHEMA = (("user_id", "BIGINT"), ("region", "VARCHAR"), ("age", "BIGINT"), ("spend", "DOUBLE"))
 
