@@ -17,7 +17,7 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 
-from dpsql.accounting.ledger import Ledger
+from dpsql.accounting.filter import create_ledger
 from dpsql.policy import load_policy
 from dpsql.session import Session
 
@@ -37,7 +37,7 @@ def session(folder: Path) -> Session:
     raw["budget"]["delta"] = "0.5"
     raw["ledger"] = {"path": str(folder / "ledger.sqlite")}
     policy = load_policy(raw, base_dir=folder)
-    Ledger.create(folder / "ledger.sqlite", policy.dataset.id)
+    create_ledger(policy)
     return Session(policy)
 
 

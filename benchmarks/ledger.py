@@ -92,7 +92,7 @@ def measure(folder: Path, total: int) -> list[tuple[str, list[float | None]]]:
     bare: list[float | None] = []
     for n in PROCESSES:
         ledger = folder / f"ledger-{n}.db"
-        Ledger.create(ledger, "bench")
+        Ledger.create(ledger, "bench", budget={})
         durable.append(_contended(_charge, ledger, n, total))
         assert len(Ledger(ledger).records()) == total // n * n
         table = folder / f"bare-{n}.db"

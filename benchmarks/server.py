@@ -61,6 +61,7 @@ from typing import Protocol
 import psycopg
 
 import dpsql
+from dpsql.accounting.filter import create_ledger
 from dpsql.accounting.ledger import Ledger
 from dpsql.policy import Policy, load_policy
 from dpsql.server.auth import add_user
@@ -98,7 +99,7 @@ def write_policy(folder: Path) -> Path:
     text += '\n[ledger]\npath = "ledger.sqlite"\n'
     path = folder / "policy.toml"
     path.write_text(text)
-    Ledger.create(folder / "ledger.sqlite", load_policy(path).dataset.id)
+    create_ledger(load_policy(path))
     return path
 
 
@@ -430,7 +431,7 @@ def run(args: argparse.Namespace) -> list[Cell]:
 def append_cost(folder: Path, lengths: tuple[int, ...], repeats: int = 20) -> dict[int, float]:
     """Milliseconds of one durable append (median of ``repeats``) at each ledger length."""
     ledger_path = folder / "probe.sqlite"
-    Ledger.create(ledger_path, "probe")
+    Ledger.create(ledger_path, "probe", budget={})
     ledger = Ledger(ledger_path)
     payload = {"query": COUNT, "release": 1}  # about a re-serve record
     cost: dict[int, float] = {}

@@ -34,6 +34,7 @@ import duckdb
 import psycopg
 import pytest
 
+from dpsql.accounting.filter import create_ledger
 from dpsql.accounting.ledger import Ledger, Record
 from dpsql.policy import Policy, load_policy
 from dpsql.server.auth import add_user
@@ -122,7 +123,6 @@ def write_policy(
     """
     folder.mkdir(parents=True, exist_ok=True)
     ledger = folder / "ledger.sqlite"
-    Ledger.create(ledger, "server-test")
     share_lines = "".join(
         f'\n[budget.analysts.{name}]\nepsilon = "{epsilon}"\ndelta = "0.0000001"\n'
         for name, epsilon in (SHARES if shares is None else shares).items()
@@ -186,6 +186,7 @@ public = true
 """
     path = folder / "policy.toml"
     path.write_text(text, encoding="utf-8")
+    create_ledger(load_policy(path))
     return path, ledger
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import TinyPolicy
 
 from dpsql import bounds, errors
-from dpsql.accounting.ledger import Ledger
+from dpsql.accounting.filter import create_ledger
 from dpsql.policy import LedgerSpec, Policy
 from dpsql.session import Session
 
@@ -93,8 +93,8 @@ def test_estimate_survives_a_new_session_on_the_ledger(
     tiny_policy: TinyPolicy, tmp_path: Path
 ) -> None:
     durable = tiny_policy(ROWS, columns=NO_SPEND_BOUNDS, budget=GENEROUS)
-    Ledger.create(tmp_path / "ledger.db", durable.dataset.id)
     durable = durable.model_copy(update={"ledger": LedgerSpec(path=tmp_path / "ledger.db")})
+    create_ledger(durable)
     first = Session(durable)
     first.execute("ESTIMATE BOUNDS FOR visits.spend")
     first.close()

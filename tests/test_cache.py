@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from conftest import TinyPolicy
 
+from dpsql.accounting.filter import budget_caps
 from dpsql.accounting.ledger import Ledger
 from dpsql.policy import LedgerSpec, Policy
 from dpsql.session import Session
@@ -27,7 +28,7 @@ def _durable(tiny_policy: TinyPolicy, tmp_path: Path, **changes: Any) -> Policy:
     policy = tiny_policy(ROWS)
     ledger = tmp_path / "ledger.sqlite"
     if not ledger.exists():
-        Ledger.create(ledger, policy.dataset.id)
+        Ledger.create(ledger, policy.dataset.id, budget=budget_caps(policy.budget))
     update: dict[str, Any] = {"ledger": LedgerSpec(path=ledger)}
     if "data_version" in changes:
         update["dataset"] = policy.dataset.model_copy(

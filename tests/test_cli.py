@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import dpsql
+from dpsql.accounting.filter import budget_caps
 from dpsql.accounting.ledger import GENESIS, Ledger, record_hash
 from dpsql.errors import (
     BudgetExceededError,
@@ -34,6 +35,7 @@ from dpsql.errors import (
 )
 from dpsql.interfaces import cli
 from dpsql.interfaces.report import exact
+from dpsql.policy import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"
@@ -136,7 +138,9 @@ def test_init_creates_the_ledger_and_refuses_to_do_it_twice(tmp_path: Path) -> N
     assert ledger.identity["dataset"] == "visits-cli"
     assert ledger.identity["ledger_id"] in result.stdout
     assert str(tmp_path / "visits.ledger.anchor") in result.stdout
-    assert ledger.records() == []
+    # Its one record pins the policy's budget: caps, filter and shares.
+    (pinned,) = ledger.records()
+    assert pinned.kind == "budget" and pinned.payload == budget_caps(load_policy(path).budget)
 
     again = run(path, "init")
     line = assert_one_line_error(again, 6)
@@ -264,7 +268,7 @@ def test_an_allocation_limits_the_analyst(policy: Path) -> None:
 def test_a_share_beyond_the_total_is_a_usage_error(policy: Path) -> None:
     result = run(policy, "budget", "allocate", "ann", "--epsilon", "2", "--by", "o", "--why", "w")
     assert result.exit_code == 2 and "within the total" in result.stderr
-    assert Ledger(policy.parent / "visits.ledger").records() == []
+    assert [r.kind for r in Ledger(policy.parent / "visits.ledger").records()] == ["budget"]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "nan", "inf", "1/0", "10001", ""])
@@ -273,7 +277,7 @@ def test_a_bad_epsilon_is_a_usage_error_without_a_traceback(policy: Path, value:
                  "--why", "w")  # fmt: skip
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.stderr and "--epsilon" in result.stderr
-    assert Ledger(policy.parent / "visits.ledger").records() == []
+    assert [r.kind for r in Ledger(policy.parent / "visits.ledger").records()] == ["budget"]
 
 
 @pytest.mark.parametrize("value", ["1", "-0.1", "x"])
@@ -287,7 +291,7 @@ def test_env_vars_back_the_group_options(policy: Path) -> None:
     env = {"DPSQL_POLICY": str(policy), "DPSQL_ANALYST": "carol"}
     result = run(None, "budget", "add", "--epsilon", "0.5", "--delta", "0", "--why", "w", env=env)
     assert result.exit_code == 0, result.stderr
-    (record,) = Ledger(policy.parent / "visits.ledger").records()
+    (_, record) = Ledger(policy.parent / "visits.ledger").records()
     assert record.payload["by"] == "carol" and record.payload["epsilon"] == "1/2"
     # The command line wins over the environment.
     wrong = {"DPSQL_POLICY": str(policy.parent / "nope.toml")}

@@ -21,6 +21,7 @@ from conftest import write_parquet
 
 import dpsql
 from dpsql.accounting import ledger as ledger_module
+from dpsql.accounting.filter import create_ledger
 from dpsql.accounting.ledger import GENESIS, Ledger, anchor_path, canonical, record_hash
 from dpsql.errors import BudgetExceededError, LedgerError
 from dpsql.policy import Policy, load_policy
@@ -107,7 +108,7 @@ class Spent:
         self.raw = ledger_policy(folder)
         self.path = folder / "ledger.db"
         self.anchor = anchor_path(self.path)
-        Ledger.create(self.path, DATASET)
+        create_ledger(load_policy(self.raw))
 
     @property
     def policy(self) -> Policy:
@@ -249,7 +250,7 @@ def other_ledger_file(s: Spent) -> None:
     """Another ledger's file (same data set) in place of this one, this anchor left."""
     other = s.folder / "other"
     other.mkdir()
-    Ledger.create(other / "ledger.db", DATASET)
+    create_ledger(load_policy(ledger_policy(other)))
     _remove_ledger_file(s)
     shutil.copy(other / "ledger.db", s.path)
 
@@ -258,7 +259,7 @@ def other_dataset(s: Spent) -> None:
     """A whole ledger (file and anchor) that belongs to another data set."""
     other = s.folder / "other"
     other.mkdir()
-    Ledger.create(other / "ledger.db", "another-data-set")
+    create_ledger(load_policy(ledger_policy(other, dataset="another-data-set")))
     _remove_ledger_file(s)
     shutil.copy(other / "ledger.db", s.path)
     shutil.copy(anchor_path(other / "ledger.db"), s.anchor)
@@ -317,7 +318,7 @@ def test_dpsql_init_cannot_reset_a_tampered_ledger(tampered: Spent) -> None:
     # Re-running ``dpsql init`` over whatever is left must refuse: it would reset the budget.
     if tampered.path.exists() or tampered.anchor.exists():
         with pytest.raises(LedgerError):
-            Ledger.create(tampered.path, DATASET)
+            create_ledger(load_policy(tampered.raw))
     with pytest.raises(LedgerError):
         open_session(tampered.raw)
 
@@ -536,7 +537,7 @@ def test_top_ups_and_allocations_are_recorded_and_take_effect(tmp_path: Path) ->
 
     records = Ledger(s.path).records()
     kinds = [r.kind for r in records if r.kind != "release"]  # the cache's own records
-    assert kinds == ["charge"] * 10 + ["budget_add", "allocate", "charge"]
+    assert kinds == ["budget"] + ["charge"] * 10 + ["budget_add", "allocate", "charge"]
     (add,) = [r.payload for r in records if r.kind == "budget_add"]
     (allocate,) = [r.payload for r in records if r.kind == "allocate"]
     assert add == {"epsilon": "3", "delta": "0", "by": "owner", "why": "new quarter"}
@@ -561,5 +562,6 @@ def test_export_yields_every_record_with_its_chain(spent: Spent) -> None:
     anchor = json.loads(spent.anchor.read_text())
     assert anchor["head"] == prev and anchor["seq"] == len(exported)
     json.dumps(exported)  # plain JSON data throughout
-    assert exported[0]["payload"]["query"] == COUNT
-    assert exported[0]["payload"]["epsilon"] == "1"
+    assert exported[0]["kind"] == "budget" and exported[0]["payload"]["epsilon"] == "10"
+    assert exported[1]["payload"]["query"] == COUNT
+    assert exported[1]["payload"]["epsilon"] == "1"

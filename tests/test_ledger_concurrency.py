@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 from test_ledger import COUNT, charges_in, ledger_policy, open_session, worker_context
 
+from dpsql.accounting.filter import create_ledger
 from dpsql.accounting.ledger import Ledger
 from dpsql.errors import BudgetExceededError
+from dpsql.policy import load_policy
 
 PROCESSES = 8
 QUERIES = 200
@@ -68,7 +70,7 @@ def test_concurrent_processes_never_overspend_and_every_charge_is_an_answer(
 ) -> None:
     raw = ledger_policy(folder, epsilon=str(CAP))
     path = folder / "ledger.db"
-    Ledger.create(path, raw["dataset"]["id"])
+    create_ledger(load_policy(raw))
     ctx = worker_context()
     start, out = ctx.Barrier(PROCESSES), ctx.Queue()
     began = time.monotonic()

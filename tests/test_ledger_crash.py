@@ -17,7 +17,9 @@ import pytest
 from test_ledger import charges_in, ledger_policy, open_session, worker_context
 
 from dpsql.accounting import ledger as ledger_module
+from dpsql.accounting.filter import create_ledger
 from dpsql.accounting.ledger import Ledger, anchor_path
+from dpsql.policy import load_policy
 
 ROUNDS = 5
 WORKERS = 3
@@ -61,7 +63,7 @@ def _spent_after_restart(raw: dict[str, Any]) -> Fraction:
 def test_killed_query_processes_leave_every_answer_charged(tmp_path: Path) -> None:
     raw = ledger_policy(tmp_path, epsilon="1000")
     path = tmp_path / "ledger.db"
-    Ledger.create(path, raw["dataset"]["id"])
+    create_ledger(load_policy(raw))
     ctx = worker_context()
     rng = random.Random(os.urandom(8))
     logs: list[Path] = []
@@ -115,7 +117,7 @@ def _charge_then_die(raw: dict[str, Any]) -> None:
 def test_a_kill_between_the_commit_and_the_anchor_is_tolerated(tmp_path: Path, kills: int) -> None:
     raw = ledger_policy(tmp_path, epsilon="1000")
     path = tmp_path / "ledger.db"
-    Ledger.create(path, raw["dataset"]["id"])
+    create_ledger(load_policy(raw))
     session = open_session(raw)
     session.execute("SELECT COUNT(*) FROM visits", epsilon="0.01", fresh=True)
     session.close()

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 
-from dpsql.accounting.ledger import Ledger
+from dpsql.accounting.filter import create_ledger
 from dpsql.interfaces.cli import Config
 from dpsql.interfaces.shell import (
     META,
@@ -87,7 +87,7 @@ def write_policy(folder: Path, ledger: bool = True) -> Path:
     if ledger:
         policy = load_policy(path)
         assert policy.ledger is not None
-        Ledger.create(policy.resolve(policy.ledger.path), policy.dataset.id)
+        create_ledger(policy)
     return path
 
 
@@ -119,7 +119,7 @@ def test_a_query_shows_values_with_accuracy_and_its_charge(shell: Shell) -> None
     # every noisy cell is "value ± half-width"; the keys (public regions) are not noisy
     assert len(re.findall(r"-?\d+(\.\d+)? ± \d+(\.\d+)?", shown)) == 10
     assert "5 row(s); ± at 0.95 confidence; charged epsilon 0.25, delta 0" in shown
-    assert "(ledger record #1)" in shown
+    assert "(ledger record #2)" in shown  # record #1 pins the budget
     assert shell.prompt() == "dpsql (eps 0.25/1)> "
     assert shell.toolbar() == (
         "epsilon 0.25 spent of 1 (0.75 left) | delta 0 of 0.000001 | basic decides | "
@@ -130,7 +130,7 @@ def test_a_query_shows_values_with_accuracy_and_its_charge(shell: Shell) -> None
 def test_a_repeated_query_is_served_from_the_cache_at_no_charge(shell: Shell) -> None:
     first = shell.handle(COUNT + ";")
     second = shell.handle(COUNT + ";")
-    assert "served from the cache (release #2), no charge" in second
+    assert "served from the cache (release #3), no charge" in second
     assert "charged" not in second.replace("no charge", "")
     # the same released value is shown again
     assert re.findall(r"\d+ ± \d+", first) == re.findall(r"\d+ ± \d+", second)
@@ -196,11 +196,11 @@ def test_ledger_shows_the_last_records(shell: Shell) -> None:
     shell.handle(COUNT + ";")
     shell.handle(COUNT + ";")
     shown = shell.handle("\\ledger")
-    for seq, kind in ((1, "charge"), (2, "release"), (3, "reserve")):
+    for seq, kind in ((1, "budget"), (2, "charge"), (3, "release"), (4, "reserve")):
         assert re.search(rf"│ {seq}\s+│ [\dT:.Z-]+ │ {kind}\s+│", shown), (seq, kind)
-    assert "epsilon 1/4" in shown and "ann" in shown and "last 3 of 3 ledger record(s)" in shown
+    assert "epsilon 1/4" in shown and "ann" in shown and "last 4 of 4 ledger record(s)" in shown
     last = shell.handle("\\ledger 1")
-    assert "reserve" in last and "charge " not in last and "last 1 of 3" in last
+    assert "reserve" in last and "charge " not in last and "last 1 of 4" in last
     assert one_error(shell.handle("\\ledger many")).startswith("Error: \\ledger takes a number")
 
 
@@ -208,10 +208,11 @@ def test_explain_plans_without_charging_and_knows_the_cache(shell: Shell) -> Non
     shown = shell.handle("\\explain " + COUNT)
     assert "cost: epsilon 1/4, delta 0" in shown
     assert "would charge epsilon 0.25, delta 0; nothing was charged" in shown
-    assert shell.report.queries == 0 and shell.session.filter.store.records() == []
+    assert shell.report.queries == 0
+    assert [r.kind for r in shell.session.filter.store.records()] == ["budget"]
     shell.handle(COUNT + ";")
     again = shell.handle("\\explain " + COUNT + ";")
-    assert "would be served from the cache (release #2), no charge" in again
+    assert "would be served from the cache (release #3), no charge" in again
     assert one_error(shell.handle("\\explain")).startswith("Error: \\explain needs a query")
     assert one_error(shell.handle("\\explain SELECT x FROM nowhere")).startswith("Error: Schema")
 

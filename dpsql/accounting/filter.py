@@ -34,12 +34,12 @@ from dpsql.accounting.events import (
     flatten,
 )
 from dpsql.accounting.gdp import GdpAccountant
-from dpsql.accounting.ledger import Ledger, Record
+from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, Record
 from dpsql.accounting.optimal import OptimalAccountant
 from dpsql.accounting.pld import PldAccountant
 from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
-from dpsql.errors import BudgetExceededError, EntropyError
+from dpsql.errors import BudgetExceededError, EntropyError, LedgerError, PolicyError
 from dpsql.policy import BudgetSpec, Policy
 
 
@@ -460,9 +460,87 @@ def odometers() -> list[Accountant]:
     ]
 
 
+def budget_caps(spec: BudgetSpec) -> dict[str, Any]:
+    """What the ledger pins at its creation (``BUDGET_RECORD``): the caps, the deciding filter
+    and its fixed parameters, the analysts' shares; exact numbers as text. Per-query defaults
+    (``query_epsilon``, ``mechanism``, ...) are not caps and may change freely."""
+
+    def text(value: object) -> str | None:
+        return None if value is None else str(value)
+
+    return {
+        "epsilon": text(spec.epsilon),
+        "delta": str(spec.delta),
+        "rho": text(spec.rho),
+        "accountant": spec.accountant,
+        "advanced_delta_prime": text(spec.advanced_delta_prime),
+        "rdp_order": None if spec.rdp_order is None else repr(spec.rdp_order),
+        "selection_delta": text(spec.selection_delta),
+        "analysts": {
+            name: {"epsilon": str(share.epsilon), "delta": str(share.delta)}
+            for name, share in sorted(spec.analysts.items())
+        },
+    }
+
+
+def _flat(caps: Mapping[str, Any], prefix: str = "budget") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in caps.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}.{key}"))
+        else:
+            flat[f"{prefix}.{key}"] = value
+    return flat
+
+
+def pinned_spec(spec: BudgetSpec, store: Store) -> BudgetSpec:
+    """The budget as the ledger pinned it at its creation, with the policy's per-query defaults.
+
+    A policy whose caps or filter differ from the ledger's is refused with what differs: the cap
+    of a ledger changes only by recorded owner acts (``dpsql budget add``, ``allocate``), never
+    by editing a policy file or passing another dict to ``connect``.
+    """
+    pinned = next((r for r in store.records() if r.kind == BUDGET_RECORD), None)
+    if pinned is None:
+        raise LedgerError(
+            "the ledger records no budget (it was created by an earlier dpsql); record the "
+            "policy's budget in it with dpsql ledger pin-budget"
+        )
+    recorded = {k: v for k, v in pinned.payload.items() if k != "why"}
+    ours, theirs = _flat(budget_caps(spec)), _flat(recorded)
+    differing = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if differing:
+        shown = "; ".join(
+            f"{k} is {ours.get(k, 'absent')} in the policy, {theirs.get(k, 'absent')} in the ledger"
+            for k in differing[:6]
+        )
+        raise PolicyError(
+            f"the policy's budget differs from the one its ledger was created with: {shown}. "
+            "A ledger's caps and filter are fixed at dpsql init; top it up with dpsql budget "
+            "add and set shares with dpsql budget allocate"
+        )
+    caps = {k: v for k, v in recorded.items() if v is not None}
+    defaults = {"query_epsilon": spec.query_epsilon, "query_delta": spec.query_delta,
+                "mechanism": spec.mechanism}  # fmt: skip
+    return BudgetSpec.model_validate({**caps, **defaults})
+
+
 def budget_for(dataset: str, spec: BudgetSpec, store: Store | None = None) -> Budget:
-    """The budget a policy declares, over a durable ledger or in memory."""
-    return Budget(dataset, spec, store, odometers())
+    """The budget a ledger pinned (``pinned_spec``), which the policy's must equal; over a
+    durable ledger, or in memory (whose budget is the policy's: it lives as long as the
+    process, and is created here)."""
+    store = store if store is not None else MemoryLedger()
+    if not store.durable and not store.records():
+        store.append(BUDGET_RECORD, budget_caps(spec))
+    return Budget(dataset, pinned_spec(spec, store), store, odometers())
+
+
+def create_ledger(policy: Policy, by: str | None = None) -> Ledger:
+    """``dpsql init``: the policy's durable ledger, created with its budget pinned."""
+    assert policy.ledger is not None
+    path = policy.resolve(policy.ledger.path)
+    anchor = policy.resolve(policy.ledger.anchor) if policy.ledger.anchor is not None else None
+    return Ledger.create(path, policy.dataset.id, anchor, budget=budget_caps(policy.budget), by=by)
 
 
 def open_store(policy: Policy) -> Store:

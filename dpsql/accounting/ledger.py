@@ -39,6 +39,11 @@ from dpsql.errors import BudgetExceededError, LedgerError
 
 FORMAT = 1
 GENESIS = "0" * 64
+# The first record of every ledger: the budget's caps, its deciding filter and the filter's
+# fixed parameters, written by ``dpsql init``. Sessions take the caps from it, never from the
+# policy they were opened with (a policy that disagrees is refused), so editing a policy file
+# cannot raise the cap of a ledger; only recorded owner acts (``budget_add``) can.
+BUDGET_RECORD = "budget"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS records (
@@ -97,8 +102,17 @@ class Ledger:
 
     # -- creation and opening -------------------------------------------------------------------
     @classmethod
-    def create(cls, path: Path, dataset: str, anchor: Path | None = None) -> Ledger:
-        """``dpsql init``: a new ledger for ``dataset``; refuses to overwrite anything."""
+    def create(
+        cls,
+        path: Path,
+        dataset: str,
+        anchor: Path | None = None,
+        *,
+        budget: Mapping[str, Any],
+        by: str | None = None,
+    ) -> Ledger:
+        """``dpsql init``: a new ledger for ``dataset`` whose first record is ``budget`` (the
+        caps and the filter, see ``BUDGET_RECORD``); refuses to overwrite anything."""
         path, anchor = Path(path), Path(anchor) if anchor is not None else anchor_path(Path(path))
         if path.exists() or anchor.exists():
             raise LedgerError(f"refusing to create a ledger over an existing file: {path}")
@@ -114,14 +128,22 @@ class Ledger:
         # The ledger holds the salt and every query and answer: readable by its owner only.
         path.touch(mode=0o600)
         path.chmod(0o600)
+        when = time.time()
+        body = canonical(dict(budget))
+        digest = record_hash(GENESIS, (1, when, BUDGET_RECORD, by, body))
         con = _connect(path)
         try:
             con.executescript(_SCHEMA)
+            # One transaction: a ledger never exists without its budget record.
             with con:
                 con.executemany("INSERT INTO meta VALUES (?, ?)", list(identity.items()))
+                con.execute(
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (1, when, BUDGET_RECORD, by, body, GENESIS, digest),
+                )
         finally:
             con.close()
-        _write_anchor(anchor, _anchor(identity, 0, GENESIS))
+        _write_anchor(anchor, _anchor(identity, 1, digest))
         anchor.chmod(0o600)
         return cls(path, anchor)
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from dpsql.accounting.filter import Budget, budget_for
-from dpsql.accounting.ledger import GENESIS, Ledger
+from dpsql.accounting.filter import Budget, budget_caps, budget_for, create_ledger
+from dpsql.accounting.ledger import BUDGET_RECORD, GENESIS, Ledger, Record
 from dpsql.errors import (
     BudgetExceededError,
     DpsqlError,
@@ -240,11 +240,17 @@ def _write(text: str, output: Path | None) -> None:
 @cli.command()
 @pass_config
 def init(config: Config) -> None:
-    """Create the ledger named by the policy's [ledger] section (refuses to overwrite)."""
+    """Create the ledger named by the policy's [ledger] section (refuses to overwrite).
+
+    Its first record pins the policy's budget: the caps, the deciding filter and its fixed
+    parameters, the analysts' shares. Sessions refuse a policy that disagrees with it.
+    """
     policy = config.policy()
-    path, anchor = _paths(policy)
-    ledger = Ledger.create(path, policy.dataset.id, anchor)
+    ledger = create_ledger(policy, config.analyst)
     click.echo(f"created ledger {ledger.identity['ledger_id']} for data set {policy.dataset.id}")
+    budget = policy.budget
+    cap = f"epsilon {budget.epsilon}" if budget.epsilon is not None else f"rho {budget.rho}"
+    click.echo(f"budget: {cap}, delta {budget.delta}, {budget.accountant} filter")
     click.echo(f"ledger: {ledger.path}")
     click.echo(f"anchor: {ledger.anchor}")
 
@@ -293,6 +299,25 @@ def export(config: Config, fmt: str, output: Path | None) -> None:
         identity = {k: v for k, v in opened.identity.items() if k != "salt"}
         text = json.dumps({"ledger": identity, "records": records}, indent=2) + "\n"
     _write(text, output)
+
+
+@ledger.command("pin-budget")
+@click.option("--by", type=TEXT, help="Who pins the budget (default: --analyst).")
+@click.option("--why", type=TEXT, required=True, help="Why (kept in the ledger).")
+@pass_config
+def pin_budget(config: Config, by: str | None, why: str) -> None:
+    """Record the policy's budget in a ledger created before ledgers pinned it (once)."""
+    by = config.actor(by)
+    policy = config.policy()
+    opened = _open(policy)
+
+    def once(records: list[Record]) -> None:  # decided inside the append's transaction
+        if any(r.kind == BUDGET_RECORD for r in records):
+            raise LedgerError("the ledger already records its budget; it cannot be pinned again")
+
+    payload = {**budget_caps(policy.budget), "why": why}
+    record = opened.append(BUDGET_RECORD, payload, by, once)
+    click.echo(f"record {record.seq}: the ledger's budget is now the policy's")
 
 
 @cli.group(invoke_without_command=True)

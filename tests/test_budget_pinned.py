@@ -1,0 +1,248 @@
+"""The budget's cap, its filter and the filter's fixed parameters live in the ledger from its
+creation (DESIGN.md section 5): a policy that disagrees is refused, whichever interface opens
+the ledger, and a ledger is created only by ``dpsql init``.
+
+An attacker who could edit the policy file (or pass another dict to ``dpsql.connect``) used to
+raise the cap of an exhausted ledger silently. These tests generate random mismatches between
+the policy a ledger was created with and the policy that opens it, and check that every
+interface refuses exactly the mismatched ones, charges nothing and leaves the ledger verifying.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_ledger import COUNT, ledger_policy
+
+import dpsql
+from dpsql.accounting.filter import budget_caps, create_ledger
+from dpsql.accounting.ledger import BUDGET_RECORD, Ledger
+from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
+from dpsql.interfaces import cli
+from dpsql.policy import load_policy
+from dpsql.session import Session
+
+BASE: dict[str, Any] = {"epsilon": "3", "delta": "0.000001", "query_epsilon": "1"}
+
+
+def _budget(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid budget section: caps, filter and parameters, shares, per-query defaults."""
+    accountant = draw(st.sampled_from(["basic", "advanced", "rdp", "zcdp"]))
+    budget: dict[str, Any] = {
+        "epsilon": draw(st.sampled_from(["3", "3.5", "30", "2.9999"])),
+        "delta": draw(st.sampled_from(["0.000001", "0.00001"])),
+        "query_epsilon": draw(st.sampled_from(["1", "0.5"])),
+        "accountant": accountant,
+    }
+    if accountant == "advanced":
+        budget["advanced_delta_prime"] = draw(st.sampled_from(["0.0000001", "0.0000005"]))
+    if accountant == "rdp" and draw(st.booleans()):
+        budget["rdp_order"] = draw(st.sampled_from([2.0, 8.0, 32.0]))
+    if accountant in ("rdp", "zcdp") and draw(st.booleans()):
+        budget["selection_delta"] = draw(st.sampled_from(["0", "0.0000001"]))
+    if draw(st.booleans()):
+        shares = draw(st.sampled_from(["1", "2"]))
+        budget["analysts"] = {"ann": {"epsilon": shares, "delta": budget["delta"]}}
+    return budget
+
+
+budgets = st.composite(_budget)()
+
+
+def _raw(folder: Path, budget: dict[str, Any]) -> dict[str, Any]:
+    raw = ledger_policy(folder)
+    raw["budget"] = budget
+    return raw
+
+
+def _records(path: Path) -> list[tuple[int, str]]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT seq, kind FROM records ORDER BY seq").fetchall()
+    finally:
+        con.close()
+
+
+def _toml(raw: dict[str, Any], path: Path) -> Path:
+    """The policy as a TOML file (the data and ledger paths as strings)."""
+
+    def value(v: Any) -> str:
+        return json.dumps(v) if not isinstance(v, float) else repr(v)
+
+    lines = [
+        f'[dataset]\nid = "{raw["dataset"]["id"]}"\n',
+        f"[data]\ntables = {{ visits = {json.dumps(raw['data']['tables']['visits'])} }}\n",
+        f"[ledger]\npath = {json.dumps(raw['ledger']['path'])}\n",
+        "[budget]",
+    ]
+    budget = dict(raw["budget"])
+    shares = budget.pop("analysts", {})
+    lines += [f"{k} = {value(v)}" for k, v in budget.items()]
+    for name, share in shares.items():
+        lines.append(f"\n[budget.analysts.{name}]")
+        lines += [f"{k} = {value(v)}" for k, v in share.items()]
+    spec = raw["tables"]["visits"]
+    lines += [
+        "\n[tables.visits]",
+        f'privacy_unit = "{spec["privacy_unit"]}"',
+        f"max_groups_per_unit = {spec['max_groups_per_unit']}",
+        f"max_rows_per_unit_per_group = {spec['max_rows_per_unit_per_group']}",
+        "\n[tables.visits.columns.age]\nlower = 18\nupper = 90",
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# Each mutation changes one field of a budget; the caps change unless it is a per-query default.
+MUTATIONS: dict[str, tuple[str, Any]] = {
+    "epsilon up": ("epsilon", "4"),
+    "epsilon down": ("epsilon", "2.5"),
+    "delta": ("delta", "0.00001"),
+    "filter": ("accountant", "zcdp"),
+    "advanced delta'": ("advanced_delta_prime", "0.0000002"),
+    "rdp order": ("rdp_order", 4.0),
+    "selection delta": ("selection_delta", "0.0000002"),
+    "share up": ("analysts", {"ann": {"epsilon": "3", "delta": "0.000001"}}),
+    "share added": ("analysts", {"bob": {"epsilon": "1", "delta": "0.000001"}}),
+    "shares dropped": ("analysts", {}),
+    "query epsilon": ("query_epsilon", "0.25"),
+    "query delta": ("query_delta", "0.0000001"),
+}
+
+
+def _mutated(budget: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """``budget`` with one mutation applied, or None where it would not be a valid policy."""
+    key, value = MUTATIONS[name]
+    if budget.get(key, {} if key == "analysts" else None) == value:
+        return None
+    out = {**budget, key: value}
+    if key == "advanced_delta_prime" and budget["accountant"] != "advanced":
+        return None
+    if key == "rdp_order" and budget["accountant"] != "rdp":
+        return None
+    if key == "selection_delta" and budget["accountant"] not in ("rdp", "zcdp"):
+        return None
+    if key == "accountant":
+        out["accountant"] = "rdp" if budget["accountant"] == "zcdp" else "zcdp"
+        out.pop("advanced_delta_prime", None)
+        out.pop("rdp_order", None)
+    return out
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(created=budgets, mutation=st.sampled_from(sorted(MUTATIONS)))
+def test_every_interface_refuses_a_policy_whose_budget_differs_from_the_ledger(
+    tmp_path_factory: pytest.TempPathFactory, created: dict[str, Any], mutation: str
+) -> None:
+    opened = _mutated(created, mutation)
+    if opened is None:
+        return
+    folder = tmp_path_factory.mktemp("pinned")
+    create_ledger(load_policy(_raw(folder, created)))
+    ledger = folder / "ledger.db"
+    before = _records(ledger)
+    raw = _raw(folder, opened)
+    differs = budget_caps(load_policy(raw).budget) != budget_caps(
+        load_policy(_raw(folder, created)).budget
+    )
+    assert differs != mutation.startswith("query")  # per-query defaults are not caps
+    policy_file = _toml(raw, folder / "policy.toml")
+    # DB-API with a dict and with a policy file, the Session core, and the CLI.
+    opens = [
+        lambda: dpsql.connect(raw).close(),
+        lambda: dpsql.connect(str(policy_file)).close(),
+        lambda: Session(load_policy(raw)).close(),
+    ]
+    for open_ in opens:
+        if differs:
+            with pytest.raises(PolicyError, match="differs from the one its ledger was created"):
+                open_()
+        else:
+            open_()
+    for args in (["budget"], ["report"], ["run", str(_sql(folder))]):
+        result = CliRunner().invoke(
+            cli.cli, ["--policy", str(policy_file), "--analyst", "ann", *args]
+        )
+        if differs:
+            assert result.exit_code == cli.EXIT_CODES[PolicyError], (args, result.output)
+        else:
+            assert result.exit_code == 0, (args, result.output, result.stderr)
+    if differs:
+        assert _records(ledger) == before  # nothing charged, nothing written
+    assert Ledger(ledger).verify() == len(_records(ledger))
+
+
+def _sql(folder: Path) -> Path:
+    path = folder / "queries.sql"
+    path.write_text(COUNT + ";\n", encoding="utf-8")
+    return path
+
+
+def test_a_larger_epsilon_in_the_policy_does_not_reopen_an_exhausted_ledger(
+    tmp_path: Path,
+) -> None:
+    raw = _raw(tmp_path, dict(BASE))
+    create_ledger(load_policy(raw))
+    conn = dpsql.connect(raw)
+    for _ in range(3):
+        conn.cursor().execute(COUNT, fresh=True)
+    with pytest.raises(BudgetExceededError):
+        conn.cursor().execute(COUNT, fresh=True)
+    conn.close()
+    bigger = _raw(tmp_path, {**BASE, "epsilon": "1000"})
+    with pytest.raises(PolicyError, match=r"budget\.epsilon is 1000 in the policy, 3 in the"):
+        dpsql.connect(bigger)
+    # An owner's top-up is the one way to raise the cap, and it is recorded.
+    session = Session(load_policy(raw))
+    session.filter.add(Fraction(1), Fraction(0), by="owner", why="more")
+    session.execute(COUNT, fresh=True)
+    with pytest.raises(BudgetExceededError):
+        session.execute(COUNT, fresh=True)
+    session.close()
+    kinds = [k for _, k in _records(tmp_path / "ledger.db") if k != "release"]
+    assert kinds == [BUDGET_RECORD, "charge", "charge", "charge", "budget_add", "charge"]
+
+
+def test_opening_a_session_never_creates_a_ledger(tmp_path: Path) -> None:
+    raw = _raw(tmp_path, dict(BASE))
+    with pytest.raises(LedgerError, match="dpsql init"):
+        dpsql.connect(raw)
+    assert not (tmp_path / "ledger.db").exists()
+    assert not (tmp_path / "ledger.db.anchor").exists()
+
+
+def test_a_ledger_without_a_budget_record_is_refused_until_the_owner_pins_it(
+    tmp_path: Path,
+) -> None:
+    raw = _raw(tmp_path, dict(BASE))
+    policy = load_policy(raw)
+    # A ledger as an earlier dpsql made it: no budget record at all.
+    Ledger.create(tmp_path / "ledger.db", policy.dataset.id, budget={})
+    con = sqlite3.connect(tmp_path / "ledger.db")
+    with con:
+        con.execute("DELETE FROM records")
+    con.close()
+    (tmp_path / "ledger.db.anchor").write_text(
+        json.dumps(
+            {**json.loads((tmp_path / "ledger.db.anchor").read_text()), "seq": 0, "head": "0" * 64}
+        )
+    )
+    with pytest.raises(LedgerError, match="pin-budget"):
+        Session(policy)
+    policy_file = _toml(raw, tmp_path / "policy.toml")
+    pin = ["--policy", str(policy_file), "ledger", "pin-budget", "--by", "owner", "--why", "v2"]
+    assert CliRunner().invoke(cli.cli, pin).exit_code == 0
+    Session(policy).close()
+    again = CliRunner().invoke(cli.cli, pin)
+    assert again.exit_code == cli.EXIT_CODES[LedgerError]
+    assert [k for _, k in _records(tmp_path / "ledger.db")] == [BUDGET_RECORD]
