@@ -97,7 +97,7 @@ def keys(plan: Plan, policy: Policy) -> Keys:
         ],
         "l0": plan.max_groups,
         "c": plan.max_rows,
-        "cell": [str(x) for x in a.cell] if a.cell is not None else None,
+        "cell": [a.cell.column, a.cell.key] if a.cell is not None else None,
         "params": [str(o.epsilon), str(o.delta), o.mechanism, str(o.rho), str(o.sigma)],
         "selection": plan.selection.threshold if plan.selection is not None else None,
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ from dpsql.policy import (
     check_epsilon,
     load_policy,
 )
-from dpsql.sql.analyze import analyze
+from dpsql.sql.analyze import Analysis, analyze
+from dpsql.sql.cells import Cell
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import (
@@ -257,7 +258,9 @@ class Session:
         bound = bind_parameters(select, params)
         validate(bound)
         policy = self._effective_policy() if estimates else self.policy
-        analysis = analyze(bound, policy, self.engine.catalog, self.engine.describe)
+        analysis = self._engine_values(
+            analyze(bound, policy, self.engine.catalog, self.engine.describe)
+        )
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec)
         plan = plan_query(analysis, options_, policy, query=bound.sql(dialect=DIALECT))
@@ -267,6 +270,19 @@ class Session:
         types = self.engine.check(plan.engine_sql)
         check_post_processing(plan, types[: len(analysis.keys)])
         return plan
+
+    def _engine_values(self, analysis: Analysis) -> Analysis:
+        """What only the engine can say about a query's constants, asked before the check on a
+        connection without data (so it depends on the query and the schema only): the key of
+        the cell a WHERE pins (``dpsql.sql.cells``; None composes sequentially)."""
+        cell = None
+        if analysis.cell_predicate is not None:
+            column, literal = analysis.cell_predicate
+            key = self.engine.cell_key(analysis.table, column, literal)
+            if key is not None:
+                collation = self.engine.collations.get((analysis.table, column))
+                cell = Cell(column, key, collation)
+        return replace(analysis, cell=cell)
 
     # -- execution -------------------------------------------------------------------------------
     def execute(

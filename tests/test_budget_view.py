@@ -397,14 +397,22 @@ def test_the_default_chart_composes_pinned_cells_in_parallel() -> None:
         "schedule": [
             charge("0.1", None),
             {"kind": "budget_add", "epsilon": "1", "delta": "0"},
-            charge("0.2", ["visits", "region", "east"]),
-            charge("0.3", ["visits", "region", "west"]),
+            charge("0.2", ["visits.region@1", "east"]),
+            charge("0.3", ["visits.region@1", "west"]),
             charge("0.1", None),
-            charge("0.25", ["visits", "region", "east"]),
+            charge("0.25", ["visits.region@1", "east"]),
+            charge("0.05", ["visits.home@1", "north"]),  # another family: sequential
         ],
     }
     readings = schedule_curves(data).epsilons["basic"]
-    assert readings == pytest.approx((0, 0.1, 0.3, 0.4, 0.5, 0.65))
+    assert readings == pytest.approx((0, 0.1, 0.3, 0.4, 0.5, 0.65, 0.7))
+    # Cells an earlier version keyed by the literal's text, (table, column, value), may share
+    # units: they compose sequentially.
+    for entry in data["schedule"]:
+        if isinstance(entry.get("cell"), list):
+            entry["cell"] = ["visits", "region", entry["cell"][1]]
+    readings = schedule_curves(data).epsilons["basic"]
+    assert readings == pytest.approx((0, 0.1, 0.3, 0.6, 0.7, 0.95, 1.0))
 
 
 def test_html_escapes_what_it_shows(policy: Path) -> None:

@@ -90,7 +90,7 @@ def test_the_filter_admits_per_cell(tmp_path: Path) -> None:
         "home = 'north' OR spend > 0",  # not a conjunct
         "home <> 'north'",  # not an equality
         "home = upper('north')",  # not a literal
-        "home = 1",  # a number for a text column: not a cell
+        "home = spend",  # another column
     ],
 )
 def test_only_a_top_level_equality_with_a_literal_pins_a_cell(tmp_path: Path, where: str) -> None:
@@ -102,7 +102,12 @@ def test_only_a_top_level_equality_with_a_literal_pins_a_cell(tmp_path: Path, wh
 def test_the_cell_comes_from_the_query_not_the_data(tmp_path: Path) -> None:
     session = Session(_policy(tmp_path, declared=True))
     plan = session.plan(QUERY.format(home="east"))  # no unit lives there: still a cell
-    assert plan.event.cell == ("visits", "home", "east")
+    assert plan.event.cell == ("visits.home@1", "east")
+    # The engine keys the literal in the column's type: the number 1 is the text '1' here.
+    assert session.plan("SELECT COUNT(*) FROM visits WHERE home = 1").event.cell == (
+        "visits.home@1",
+        "1",
+    )
 
 
 def test_the_rewrite_keeps_each_unit_in_one_cell_on_data_that_break_the_declaration(
@@ -138,7 +143,7 @@ def test_parallel_charges_the_worst_cell_never_less_than_any_part(
     budget = Budget("p", BudgetSpec(epsilon=Fraction(10**4)))
     for cell, tenths in queries:
         event = DiscreteLaplace(Fraction(10), Fraction(tenths))  # epsilon = tenths / 10
-        where = ("visits", "home", cell) if cell is not None else None
+        where = ("visits.home@1", cell) if cell is not None else None
         budget.charge(Composite((event,), cell=where), "q", None)
     spent = budget.report().epsilon_spent
     unpinned = sum(Fraction(t, 10) for c, t in queries if c is None)

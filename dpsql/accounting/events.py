@@ -218,9 +218,10 @@ class Composite:
 
     events: tuple[Event, ...]
     certified: tuple[Fraction, Fraction] | None = None
-    # (table, column, value): the query touched only units whose enforced value of a
-    # constant-per-unit column is ``value``; queries of different cells compose in parallel.
-    cell: tuple[str, str, object] | None = None
+    # (family, key): the query touched only the units of one cell of a partition family (a
+    # constant-per-unit column of one table at one data version, ``dpsql.sql.cells``): queries
+    # of different keys of one family compose in parallel, all others sequentially.
+    cell: tuple[str, str] | None = None
 
     @property
     def epsilon(self) -> Fraction:
@@ -324,8 +325,11 @@ def composite_from_json(data: dict[str, object]) -> Composite:
         events.append(cls(**fields))
     certified = data.get("certified")
     cell = data.get("cell")
+    # A (table, column, value) cell of an earlier version was keyed by the literal's text, not
+    # the engine's value: two of its cells may hold the same units, so it composes sequentially.
+    pinned = (str(cell[0]), str(cell[1])) if isinstance(cell, list) and len(cell) == 2 else None
     return Composite(
         tuple(events),
         tuple(_exact(x) for x in certified) if certified else None,  # type: ignore[arg-type, attr-defined]
-        tuple(cell) if cell else None,  # type: ignore[arg-type]
+        pinned,
     )

@@ -36,6 +36,7 @@ from dpsql.accounting.events import (
 from dpsql.accounting.gdp import GdpAccountant
 from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, Record
 from dpsql.accounting.optimal import OptimalAccountant
+from dpsql.accounting.parallel import Cell, views, views_with, worst
 from dpsql.accounting.pld import PldAccountant
 from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
@@ -147,18 +148,27 @@ class _State:
     sums: Sums
     seen: int = 0
 
-    def total(self, who: str, cell: object) -> tuple[Fraction, Fraction]:
-        """The basic-composition sums of the view of ``cell`` (None: unpinned only)."""
-        base = self.sums.get((who, None), (Fraction(0), Fraction(0)))
-        if cell is None:
-            return base
-        own = self.sums.get((who, cell), (Fraction(0), Fraction(0)))
-        return base[0] + own[0], base[1] + own[1]
+    def worst(self, who: str, within: Cell | None) -> tuple[Fraction, Fraction]:
+        """The basic-composition sums of ``who``'s worst view (``dpsql.accounting.parallel``),
+        among those holding cell ``within`` if given; epsilon and delta maximised apart."""
+        zero = (Fraction(0), Fraction(0))
+        base = self.sums.get((who, None), zero)
+        cells = {c: v for (w, c), v in self.sums.items() if w == who and isinstance(c, tuple)}
+        return (
+            worst(base[0], {c: v[0] for c, v in cells.items()}, within),
+            worst(base[1], {c: v[1] for c, v in cells.items()}, within),
+        )
+
+    def copy(self) -> _State:
+        return _State(
+            list(self.charges), self.epsilon, self.delta, dict(self.shares), dict(self.sums),
+            self.seen,
+        )  # fmt: skip
 
 
-def _add(sums: Sums, key: tuple[str, object], event: Composite) -> None:
-    eps, delta = sums.get(key, (Fraction(0), Fraction(0)))
-    sums[key] = (eps + event.epsilon, delta + event.delta)
+def _add(state: _State, who: str, event: Composite) -> None:
+    eps, delta = state.sums.get((who, event.cell), (Fraction(0), Fraction(0)))
+    state.sums[(who, event.cell)] = (eps + event.epsilon, delta + event.delta)
 
 
 class MemoryLedger:
@@ -248,10 +258,7 @@ class Budget:
                 self._fold(state, r)
             state.seen = len(records)
             self._folded = state
-            return _State(
-                list(state.charges), state.epsilon, state.delta, dict(state.shares),
-                dict(state.sums), state.seen,
-            )  # fmt: skip
+            return state.copy()
 
     def _fold(self, state: _State, r: Record) -> None:
         if r.kind == "charge":
@@ -259,9 +266,9 @@ class Budget:
             if event is None:
                 event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
             state.charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
-            _add(state.sums, ("*", event.cell), event)
+            _add(state, "*", event)
             if r.analyst is not None:
-                _add(state.sums, (r.analyst, event.cell), event)
+                _add(state, r.analyst, event)
         elif r.kind == "budget_add":
             state.epsilon += Fraction(str(r.payload["epsilon"]))
             state.delta += Fraction(str(r.payload["delta"]))
@@ -286,23 +293,18 @@ class Budget:
     ) -> bool:
         """Whether ``rule`` admits ``new`` in every view of ``who``'s history it belongs to.
 
-        Parallel composition (McSherry 2009): queries pinned to different cells of a
-        constant-per-unit column touch disjoint units, so a unit's loss is that of the
-        unpinned queries plus its own cell's. A pinned query must fit its cell's view; an
-        unpinned one, every view.
+        Parallel composition (McSherry 2009) within a partition family only
+        (``dpsql.accounting.parallel``): a view per cell holds every query except those pinned
+        to another cell of that cell's family; ``new`` must fit every view that holds it.
         """
+        if isinstance(rule, tuple):
+            # Basic composition from the running sums, the worst view in closed form.
+            eps, delta = state.worst(who, new.cell)
+            return eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
         mine = state.charges if who == "*" else [c for c in state.charges if c.analyst == who]
-        cells = {key[1] for key in state.sums if key[0] == who and key[1] is not None}
-        targets = [new.cell] if new.cell is not None else [None, *cells]
-        for cell in targets:
-            if isinstance(rule, tuple):
-                # Basic composition from the running sums: no pass over the history.
-                eps, delta = state.total(who, cell)
-                fits = eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
-            else:
-                view = [c.event for c in mine if c.event.cell is None or c.event.cell == cell]
-                fits = rule.admits(events_for(rule.name, view), events_for(rule.name, [new]))
-            if not fits:
+        history = [c.event for c in mine]
+        for seen in views_with(history, new, _cell_of):
+            if not rule.admits(events_for(rule.name, seen[:-1]), events_for(rule.name, [new])):
                 return False
         return True
 
@@ -368,19 +370,16 @@ class Budget:
         return tuple(self._state(self.store.records()).charges)
 
     def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
-        """The histories a unit can be exposed to: the unpinned queries plus one cell's (or
-        the unpinned ones alone when no query was pinned). The guarantee is the worst view."""
+        """The histories that bound every unit's (``dpsql.accounting.parallel``: one per cell of
+        a partition family, or the whole history when no query was pinned). The guarantee is
+        the worst view."""
         composites = [c.event for c in (charges if charges is not None else self.charges)]
-        cells = {c.cell for c in composites if c.cell is not None}
-        if not cells:
-            return [composites]
-        return [[c for c in composites if c.cell is None or c.cell == cell] for cell in cells]
+        return views(composites, _cell_of)
 
     def report(self) -> BudgetReport:
         state = self._state(self.store.records())
-        views = self.views(state.charges)
-        eps = max(sum((c.epsilon for c in v), Fraction(0)) for v in views)
-        delta = max(sum((c.delta for c in v), Fraction(0)) for v in views)
+        seen = self.views(state.charges)
+        eps, delta = state.worst("*", None)  # what basic composition decides on
         figures = [
             Figure("basic", float(eps), "decides" if self.name == "basic" else "valid adaptively")
         ]
@@ -392,7 +391,7 @@ class Budget:
                 note = "decides" + suffix
             readings = [
                 accountant.epsilon(events_for(accountant.name, v), float(state.delta)) if v else 0.0
-                for v in views
+                for v in seen
             ]
             figures.append(Figure(accountant.name, max(readings), note))
             if accountant.name == self.name:
@@ -400,9 +399,9 @@ class Budget:
                 # Fraction(repr) keeps the rounded-up float exactly.
                 bound = getattr(decider, "bound", None)
                 if bound is not None:
-                    readings = [float(bound(events_for(self.name, v))) for v in views]
+                    readings = [float(bound(events_for(self.name, v))) for v in seen]
                 eps = Fraction(repr(max(readings)))
-                delta = max(_additive_delta(v) for v in views)
+                delta = max(_additive_delta(v) for v in seen)
         return BudgetReport(
             self.dataset,
             self.name,
@@ -437,6 +436,10 @@ def _decider(
             return ZcdpFilter(delta_cap=delta, rho_cap=rho, approx_delta_cap=selection)
         return ZcdpFilter(epsilon, delta, approx_delta_cap=selection)
     return None
+
+
+def _cell_of(event: Composite) -> Cell | None:
+    return event.cell
 
 
 def _epsilon_total(budget: Budget, spec: BudgetSpec) -> Fraction:

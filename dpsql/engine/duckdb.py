@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import sqlglot
+from sqlglot import exp
 
 from dpsql.errors import EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
+from dpsql.sql.cells import key_query
 from dpsql.sql.rewrite import SALT_PARAMETER
 
 log = logging.getLogger("dpsql")
@@ -95,8 +98,13 @@ class DuckDBEngine:
                 source = f"{reader}({_string(str(path))})"
                 self._con.execute(f"CREATE TEMP VIEW {_quote(name)} AS SELECT * FROM {source}")
             self.catalog = self._read_catalog()
+            self.collations = self._read_collations(set(files))
         except duckdb.Error as exc:
             raise PolicyError(f"cannot open the policy's data ({type(exc).__name__})") from None
+        # Constants (a cell's key) are evaluated on a connection that holds no data at all, so
+        # what they give cannot depend on the data (DESIGN.md section 4).
+        self._scratch = duckdb.connect(":memory:", config=config)
+        _lock_down(self._scratch, {})
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
@@ -106,6 +114,46 @@ class DuckDBEngine:
         for table, column, dtype in rows:
             catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
         return catalog
+
+    def _read_collations(self, files: set[str]) -> dict[tuple[str, str], str]:
+        """(table, column) -> collation, from the DDL DuckDB keeps for a database file's tables
+        (neither DESCRIBE nor information_schema shows a collation). Where it cannot be read (a
+        view of the database file may inherit one from its query, a DDL sqlglot cannot parse),
+        every column is marked ``?``, unknown: its cells are not keyed."""
+        collations: dict[tuple[str, str], str] = {}
+        tables = self._con.execute("SELECT table_name, sql FROM duckdb_tables()").fetchall()
+        views = self._con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal")
+        unknown = {str(v).lower() for (v,) in views.fetchall()} - files
+        for name, ddl in tables:
+            try:
+                tree = sqlglot.parse_one(str(ddl), read="duckdb")
+            except sqlglot.errors.ParseError:
+                unknown.add(str(name).lower())
+                continue
+            for column in tree.find_all(exp.ColumnDef):
+                for constraint in column.args.get("constraints") or []:
+                    if isinstance(constraint.kind, exp.CollateColumnConstraint):
+                        key = (str(name).lower(), column.name.lower())
+                        collations[key] = constraint.kind.this.name.lower()
+        for table in unknown:
+            collations.update({(table, c): "?" for c in self.catalog.get(table, {})})
+        return collations
+
+    def cell_key(self, table: str, column: str, literal_sql: str) -> str | None:
+        """The key of the cell ``column = literal`` pins: the literal cast to the column's type,
+        in normal form, as the engine renders it (``dpsql.sql.cells``); None when it cannot be
+        keyed (not a value of the type, or an unknown collation): the query then composes
+        sequentially. Evaluated on a connection without data."""
+        collation = self.collations.get((table, column))
+        query = key_query(literal_sql, self.catalog[table][column], collation)
+        if query is None:
+            return None
+        with self._lock:
+            try:
+                row = self._scratch.execute(query).fetchone()
+            except duckdb.Error:
+                return None
+        return None if row is None or row[0] is None else str(row[0])
 
     def check(self, sql: str) -> list[str]:
         """Bind ``sql`` without reading data (DESCRIBE) and return its column types.
@@ -168,3 +216,4 @@ class DuckDBEngine:
     def close(self) -> None:
         with self._lock:
             self._con.close()
+            self._scratch.close()

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
+from dpsql.accounting.parallel import Cell, running_worst
 from dpsql.interfaces.charts import Curves, inline_svg, points
 from dpsql.interfaces.report import render_markdown
 
@@ -110,19 +111,17 @@ def markdown_to_html(markdown: str) -> list[str]:
     return out
 
 
+def _cell(value: object) -> Cell | None:
+    return (str(value[0]), str(value[1])) if isinstance(value, list) and len(value) == 2 else None
+
+
 def schedule_curves(data: dict[str, Any]) -> Curves:
     """Basic composition of the report's release schedule, with the budget's epsilon cap."""
     charges = [e for e in data["schedule"] if e["kind"] == "charge"]
-    totals: dict[object, Fraction] = {None: Fraction(0)}  # per cell; None: the unpinned queries
-    readings = [0.0]
-    for entry in charges:
-        cell = tuple(entry["cell"]) if entry.get("cell") is not None else None
-        epsilon = Fraction(entry["epsilon"])
-        if cell is None:
-            totals = {key: value + epsilon for key, value in totals.items()}
-        else:
-            totals[cell] = totals.get(cell, totals[None]) + epsilon
-        readings.append(float(max(totals.values())))
+    pinned = [
+        (_cell(entry.get("cell")), Fraction(entry["epsilon"])) for entry in charges
+    ]  # the worst view of each prefix, as the budget reads it (dpsql.accounting.parallel)
+    readings = [0.0, *(float(worst) for worst in running_worst(pinned))]
     xs = points(len(charges))
     cap = float(Fraction(data["budget"]["epsilon"]["total"]))
     delta = float(Fraction(data["accounting"]["delta"]))

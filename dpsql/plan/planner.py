@@ -505,7 +505,12 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         events[selection_at] = LaplacePartitionSelection(
             m.scale, Fraction(m.sensitivity), threshold, share, m.label
         )
-    cell = (analysis.table, *analysis.cell) if analysis.cell is not None else None
+    cell = None
+    if analysis.cell is not None:
+        # The partition family: one column of one table at one declared data version
+        # (dpsql.sql.cells); queries of different keys within it touch disjoint units.
+        family = f"{analysis.table}.{analysis.cell.column}@{policy.dataset.data_version}"
+        cell = (family, analysis.cell.key)
     event = Composite(tuple(events), certified, cell)
     _check_loss(event, options, private_keys)
     bounding = Bounding(

@@ -21,6 +21,7 @@ from sqlglot import exp
 
 from dpsql.errors import BoundsError, SchemaError, UnsupportedQueryError
 from dpsql.policy import Policy, PublicValue, TableSpec
+from dpsql.sql.cells import Cell, keyable_literal
 from dpsql.sql.intervals import Interval, interval_of
 from dpsql.sql.relations import NUMERIC, Builder, Describe, Relation, resolve_expr
 from dpsql.sql.totality import total
@@ -98,9 +99,11 @@ class Analysis:
     order: tuple[exp.Ordered, ...]
     limit: int | None
     offset: int | None
-    # (column, value) when WHERE requires a constant-per-unit column to equal one literal: the
-    # query then touches only the units whose (enforced) value is that one.
-    cell: tuple[str, str | Fraction | bool] | None = None
+    # (column, literal SQL) when WHERE requires a constant-per-unit column to equal a literal;
+    # the session has the engine key it (``dpsql.sql.cells``) into ``cell``, which the bounded
+    # query then enforces: the query touches only the units of that cell.
+    cell_predicate: tuple[str, str] | None = None
+    cell: Cell | None = None
     # The relation the rows come from: the table itself, or the SQL of a join or subquery.
     source: str = ""
     base: bool = True
@@ -491,31 +494,26 @@ def _number(text: str) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
-def _cell(
-    where: exp.Expression | None, spec: TableSpec, columns: Mapping[str, str]
-) -> tuple[str, str | Fraction | bool] | None:
-    """The partition cell a WHERE pins, read from the AST: a top-level conjunct
-    ``column = literal`` on a constant-per-unit column, with the literal of the column's own
-    kind (a string for text, a number for numbers), so that equal values are one cell."""
+def _cell_predicate(where: exp.Expression | None, spec: TableSpec) -> tuple[str, str] | None:
+    """The first top-level conjunct ``column = constant`` of WHERE on a constant-per-unit
+    column, as (column, constant SQL). Only the engine can say which cell the constant names
+    (``DuckDBEngine.cell_key``): Python equality of literals is not the engine's."""
     if where is None or not spec.constant_per_unit:
         return None
     conjuncts = list(where.flatten()) if isinstance(where, exp.And) else [where]
     for conjunct in conjuncts:
         if not isinstance(conjunct, exp.EQ):
             continue
-        for column, literal in (
+        for column, value in (
             (conjunct.this, conjunct.expression),
             (conjunct.expression, conjunct.this),
         ):
-            if not (isinstance(column, exp.Column) and column.name in spec.constant_per_unit):
-                continue
-            ctype = columns[column.name].lower()
-            if isinstance(literal, exp.Literal) and literal.is_string and ctype == "varchar":
-                return (column.name, str(literal.this))
-            if isinstance(literal, exp.Literal) and not literal.is_string and ctype in NUMERIC:
-                return (column.name, Fraction(str(literal.this)))
-            if isinstance(literal, exp.Boolean) and ctype == "boolean":
-                return (column.name, bool(literal.this))
+            if (
+                isinstance(column, exp.Column)
+                and column.name in spec.constant_per_unit
+                and keyable_literal(value)
+            ):
+                return (column.name, value.sql(dialect="duckdb"))
     return None
 
 
@@ -557,7 +555,9 @@ def analyze(
         order=order,
         limit=_limit(select, "limit"),
         offset=_limit(select, "offset"),
-        cell=_cell(where_expr, analyzer.spec, analyzer.columns) if analyzer.relation.base else None,
+        cell_predicate=_cell_predicate(where_expr, analyzer.spec)
+        if analyzer.relation.base
+        else None,
         source=analyzer.relation.sql
         if analyzer.relation.base
         else f"{analyzer.relation.sql} AS _src",

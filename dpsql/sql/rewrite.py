@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.analyze import Analysis, GroupKey
+from dpsql.sql.cells import normal_text
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
@@ -188,24 +189,30 @@ def _domain_relation(keys: tuple[GroupKey, ...]) -> str:
 
 
 def _enforced_cell(analysis: Analysis) -> str:
-    """For a query pinned to one value of a constant-per-unit column: each unit's one value,
+    """For a query pinned to a cell of a constant-per-unit column: each unit's one value,
     chosen by keyed hash among all its rows before any filter, so it depends only on the unit's
-    own rows. Rows with another value are dropped (DESIGN.md section 4): every unit then lies in
-    one cell whatever the data say, which parallel composition across cells relies on."""
-    if analysis.cell is None:
+    own rows; only the units whose chosen value's normal form renders to the cell's key are
+    kept (``dpsql.sql.cells``). Every unit then lies in at most one cell, whatever the data and
+    whatever the query's WHERE says, which parallel composition across cells relies on."""
+    cell = analysis.cell
+    if cell is None:
         return ""
-    column, unit = f'"{analysis.cell[0]}"', f'"{analysis.unit}"'
+    column, unit = f'"{cell.column}"', f'"{analysis.unit}"'
     order = f"hash({unit}, {column}, CAST(${SALT_PARAMETER} AS BIGINT))"
+    text = normal_text("_cv", analysis.columns[cell.column], cell.collation)
+    assert text is not None  # the session keys only cells with a normal form
+    key = "'" + cell.key.replace("'", "''") + "'"
     return (
-        f"_chosen AS (SELECT {unit} AS _cu, arg_min({column}, {order}) AS _cv "
+        f"_picked AS (SELECT {unit} AS _cu, arg_min({column}, {order}) AS _cv "
         f'FROM "{analysis.table}" GROUP BY {unit}), '
+        f"_chosen AS (SELECT _cu, _cv FROM _picked WHERE {text} = {key}), "
     )
 
 
 def _cell_join(analysis: Analysis) -> str:
     if analysis.cell is None:
         return ""
-    column, unit = f'"{analysis.cell[0]}"', f'"{analysis.unit}"'
+    column, unit = f'"{analysis.cell.column}"', f'"{analysis.unit}"'
     return (
         f' SEMI JOIN _chosen ON "{analysis.table}".{unit} = _chosen._cu '
         f'AND "{analysis.table}".{column} = _chosen._cv'
