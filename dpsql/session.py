@@ -20,7 +20,7 @@ from typing import Any
 from dpsql import bounds, cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.errors import LedgerError, ParameterError
+from dpsql.errors import BoundsError, LedgerError, ParameterError, UnsupportedQueryError
 from dpsql.noise.release import (
     Release,
     check_post_processing,
@@ -41,6 +41,7 @@ from dpsql.policy import (
 )
 from dpsql.sql.analyze import Analysis, analyze
 from dpsql.sql.cells import Cell
+from dpsql.sql.domains import probe_sql
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import (
@@ -53,6 +54,7 @@ from dpsql.sql.parse import (
     parse_select,
     parse_statement,
 )
+from dpsql.sql.rewrite import key_sql, literal_sql
 from dpsql.sql.validate import validate
 
 log = logging.getLogger("dpsql")
@@ -272,17 +274,41 @@ class Session:
         return plan
 
     def _engine_values(self, analysis: Analysis) -> Analysis:
-        """What only the engine can say about a query's constants, asked before the check on a
-        connection without data (so it depends on the query and the schema only): the key of
-        the cell a WHERE pins (``dpsql.sql.cells``; None composes sequentially)."""
+        """What only the engine can say about a query's constants, asked before the check
+        (reading no rows, so it depends on the query and the schema only): the key of the cell
+        a WHERE pins (``dpsql.sql.cells``, on a connection without data; None composes
+        sequentially), and each public key's type and domain as a set in that type
+        (``dpsql.sql.domains``)."""
         cell = None
         if analysis.cell_predicate is not None:
             column, literal = analysis.cell_predicate
-            key = self.engine.cell_key(analysis.table, column, literal)
-            if key is not None:
+            text = self.engine.cell_key(analysis.table, column, literal)
+            if text is not None:
                 collation = self.engine.collations.get((analysis.table, column))
-                cell = Cell(column, key, collation)
-        return replace(analysis, cell=cell)
+                cell = Cell(column, text, collation)
+        keys = []
+        for index, key in enumerate(analysis.keys):
+            if not key.public:
+                keys.append(key)
+                continue
+            expression = key_sql(analysis, index)
+            ((_, engine_type),) = self.engine.describe(
+                f"SELECT {expression} AS _k FROM {analysis.source}"
+            )
+            if engine_type.upper() == "NULL":
+                raise UnsupportedQueryError(f"GROUP BY key {key.name} is NULL on every row")
+            domain = key.domain
+            if domain is not None:
+                literals = [None if v is None else literal_sql(v) for v in domain]
+                probe = probe_sql(analysis.source, expression, engine_type, literals)
+                domain = tuple(self.engine.key_domain(probe))
+                if not domain:
+                    raise BoundsError(
+                        f"the public domain of GROUP BY key {key.name} holds no value of the "
+                        f"key's type {engine_type}"
+                    )
+            keys.append(replace(key, domain=domain, engine_type=engine_type))
+        return replace(analysis, cell=cell, keys=tuple(keys))
 
     # -- execution -------------------------------------------------------------------------------
     def execute(

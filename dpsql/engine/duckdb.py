@@ -155,6 +155,25 @@ class DuckDBEngine:
                 return None
         return None if row is None or row[0] is None else str(row[0])
 
+    def key_domain(self, probe: str) -> list[str | None]:
+        """The distinct values of a public key domain in the key's type and collation, as the
+        engine's text (``dpsql.sql.domains.probe_sql``). The probe's private branch reads no
+        rows (``WHERE false``), so the answer depends on the query and the schema only."""
+        with self._lock:
+            try:
+                rows = self._con.execute(probe).fetchall()
+            except duckdb.Error as exc:
+                log.info("engine rejected a key domain: %s", type(exc).__name__)
+                raise UnsupportedQueryError(
+                    "the engine cannot type the public domain of a GROUP BY key"
+                ) from None
+        if not all(exact for _, exact in rows):
+            raise UnsupportedQueryError(
+                "a GROUP BY key's type has values the engine cannot write back exactly; "
+                "cast the key to a simpler type"
+            )
+        return [None if text is None else str(text) for text, _ in rows]
+
     def check(self, sql: str) -> list[str]:
         """Bind ``sql`` without reading data (DESCRIBE) and return its column types.
 

@@ -69,6 +69,10 @@ class GroupKey:
     name: str
     domain: tuple[PublicValue, ...] | None = None  # declared or written in the query
     domain_table: tuple[str, str] | None = None  # (public table, column) holding the domain
+    # The key's type as the engine types the key expression. Once set (by the session, before
+    # the charge), ``domain`` holds the engine's text of each distinct value of that type
+    # (``dpsql.sql.domains``): a set as the engine compares keys.
+    engine_type: str | None = None
 
     @property
     def public(self) -> bool:

@@ -19,6 +19,7 @@ The steps of DESIGN.md section 3, each a CTE:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,6 +31,7 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.analyze import Analysis, GroupKey
 from dpsql.sql.cells import normal_text
+from dpsql.sql.domains import domain_sql
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
@@ -156,7 +158,11 @@ def _counted(raw: str, expr: exp.Expression, analysis: Analysis) -> str:
     return raw
 
 
-def _domain_filter(key: GroupKey, name: str) -> str | None:
+def _domain_filter(key: GroupKey, index: int, name: str) -> str | None:
+    if key.engine_type is not None:
+        # The canonical domain (dpsql.sql.domains), held by the CTE _dom{index}.
+        test = f"{name} IN (SELECT _k{index} FROM _dom{index})"
+        return f"({test} OR {name} IS NULL)" if key.domain and None in key.domain else test
     if key.domain is not None:
         values = [v for v in key.domain if v is not None]
         parts = []
@@ -175,10 +181,40 @@ def _literal(value: object) -> str:
     return _sql(literal_for(value, 0))
 
 
+def literal_sql(value: object) -> str:
+    """A public value (of a policy domain, a CASE branch, a date range) as an SQL literal; a
+    policy may list NaN or an infinity, which have no literal of their own."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"CAST('{value!r}' AS DOUBLE)"
+    return _literal(value)
+
+
+def key_sql(analysis: Analysis, index: int) -> str:
+    """Key ``index`` as the bounded query computes it (total, over ``analysis.source``)."""
+    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in WIDENED)
+    return _sql(total(analysis.keys[index].expr, ints))
+
+
+def _domain_ctes(analysis: Analysis, total_sql: Callable[[exp.Expression], str]) -> str:
+    """``_dom{i}``: the domain of each public key as a set in the key's engine type."""
+    ctes = ""
+    for i, key in enumerate(analysis.keys):
+        if key.engine_type is not None and key.public:
+            texts = [None if v is None else str(v) for v in key.domain] if key.domain else None
+            relation = domain_sql(
+                i, key.engine_type, texts=texts, table=key.domain_table,
+                source=analysis.source, key_sql=total_sql(key.expr),
+            )  # fmt: skip
+            ctes += f"_dom{i} AS ({relation}), "
+    return ctes
+
+
 def _domain_relation(keys: tuple[GroupKey, ...]) -> str:
     parts = []
     for i, key in enumerate(keys):
-        if key.domain is not None:
+        if key.engine_type is not None:
+            parts.append(f"_dom{i}")
+        elif key.domain is not None:
             rows = ", ".join(f"({_literal(v)})" for v in key.domain)
             parts.append(f"(VALUES {rows}) AS _d{i}(_k{i})")
         else:
@@ -350,7 +386,9 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     ]
     filters = [f"{total_sql(analysis.where)} IS TRUE"] if analysis.where is not None else []
     filters += [
-        f for i, key in enumerate(analysis.keys) if (f := _domain_filter(key, total_sql(key.expr)))
+        f
+        for i, key in enumerate(analysis.keys)
+        if (f := _domain_filter(key, i, total_sql(key.expr)))
     ]
     rows_select = ", ".join(
         [f'"{analysis.unit}" AS _u']
@@ -457,7 +495,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
     rows = _row_cap(rows, keys, len(bounding.values), bounding.max_total_rows)
     text = (
-        f"WITH {_enforced_cell(analysis)}"
+        f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
         f"_rows AS ({rows}), "
         f"_vals AS (SELECT {vals} FROM _rows), "
         f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "

@@ -1,12 +1,30 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    *
+  FROM (VALUES
+    (CAST('1' AS BIGINT)),
+    (CAST('2' AS BIGINT)),
+    (CAST('3' AS BIGINT)),
+    (CAST('4' AS BIGINT)),
+    (CAST('5' AS BIGINT)),
+    (CAST('6' AS BIGINT)),
+    (CAST('7' AS BIGINT)),
+    (CAST('8' AS BIGINT)),
+    (CAST('9' AS BIGINT)),
+    (CAST('10' AS BIGINT)),
+    (CAST('11' AS BIGINT)),
+    (CAST('12' AS BIGINT))) AS _l(_k0)
+), _rows AS (
   SELECT
     "user_id" AS _u,
     TRY(MONTH("day")) AS _k0,
     "spend" AS _x0
   FROM "visits"
   WHERE
-    (
-      TRY(MONTH("day")) IN (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+    TRY(MONTH("day")) IN (
+      SELECT
+        _k0
+      FROM _dom0
     )
 ), _vals AS (
   SELECT
@@ -101,19 +119,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (VALUES
-    (1),
-    (2),
-    (3),
-    (4),
-    (5),
-    (6),
-    (7),
-    (8),
-    (9),
-    (10),
-    (11),
-    (12)) AS _d0(_k0)
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT

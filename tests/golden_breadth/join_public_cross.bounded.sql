@@ -1,4 +1,36 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    _k AS _k0
+  FROM (
+    SELECT DISTINCT
+      _k
+    FROM (
+      SELECT
+        "tier" AS _k
+      FROM (
+        SELECT
+          "_j0"."user_id" AS "user_id",
+          "_j0"."region" AS "region",
+          "_j0"."age" AS "age",
+          "_j0"."spend" AS "spend",
+          "_j0"."day" AS "day",
+          "_j0"."item" AS "item",
+          "_j1"."tier" AS "tier",
+          "_j1"."threshold" AS "threshold"
+        FROM "visits" AS "_j0"
+        CROSS JOIN "tiers" AS "_j1"
+      ) AS _src
+      WHERE
+        FALSE
+      UNION ALL
+      SELECT
+        TRY_CAST("tier" AS TEXT)
+      FROM "tiers"
+      WHERE
+        NOT TRY_CAST("tier" AS TEXT) IS NULL OR "tier" IS NULL
+    )
+  ) AS _u
+), _rows AS (
   SELECT
     "user_id" AS _u,
     "tier" AS _k0,
@@ -20,8 +52,8 @@ WITH _rows AS (
     TRY("spend" >= "threshold") IS TRUE
     AND "tier" IN (
       SELECT
-        "tier"
-      FROM "tiers"
+        _k0
+      FROM _dom0
     )
 ), _vals AS (
   SELECT
@@ -116,11 +148,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (
-    SELECT DISTINCT
-      "tier" AS _k0
-    FROM "tiers"
-  ) AS _d0
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT

@@ -1,4 +1,11 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    *
+  FROM (VALUES
+    (CAST('E' AS TEXT)),
+    (CAST('N' AS TEXT)),
+    (CAST('W' AS TEXT))) AS _l(_k0)
+), _rows AS (
   SELECT
     "user_id" AS _u,
     "zone" AS _k0,
@@ -18,8 +25,10 @@ WITH _rows AS (
       ON "_j0"."region" = "_j1"."region"
   ) AS _src
   WHERE
-    (
-      "zone" IN ('E', 'N', 'W')
+    "zone" IN (
+      SELECT
+        _k0
+      FROM _dom0
     )
 ), _vals AS (
   SELECT
@@ -114,10 +123,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (VALUES
-    ('E'),
-    ('N'),
-    ('W')) AS _d0(_k0)
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT

@@ -1,4 +1,13 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    *
+  FROM (VALUES
+    (CAST('central' AS TEXT)),
+    (CAST('east' AS TEXT)),
+    (CAST('north' AS TEXT)),
+    (CAST('south' AS TEXT)),
+    (CAST('west' AS TEXT))) AS _l(_k0)
+), _rows AS (
   SELECT
     "user_id" AS _u,
     "visits_region" AS _k0,
@@ -18,8 +27,10 @@ WITH _rows AS (
       ON "_j0"."region" = "_j1"."region"
   ) AS _src
   WHERE
-    (
-      "visits_region" IN ('central', 'east', 'north', 'south', 'west')
+    "visits_region" IN (
+      SELECT
+        _k0
+      FROM _dom0
     )
 ), _vals AS (
   SELECT
@@ -86,12 +97,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (VALUES
-    ('central'),
-    ('east'),
-    ('north'),
-    ('south'),
-    ('west')) AS _d0(_k0)
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT

@@ -1,4 +1,13 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    *
+  FROM (VALUES
+    (CAST('central' AS TEXT)),
+    (CAST('east' AS TEXT)),
+    (CAST('north' AS TEXT)),
+    (CAST('south' AS TEXT)),
+    (CAST('west' AS TEXT))) AS _l(_k0)
+), _rows AS (
   SELECT
     "user_id" AS _u,
     "region" AS _k0,
@@ -6,8 +15,10 @@ WITH _rows AS (
     CAST("age" AS DOUBLE) AS _x1
   FROM "visits"
   WHERE
-    (
-      "region" IN ('central', 'east', 'north', 'south', 'west')
+    "region" IN (
+      SELECT
+        _k0
+      FROM _dom0
     )
 ), _vals AS (
   SELECT
@@ -147,12 +158,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (VALUES
-    ('central'),
-    ('east'),
-    ('north'),
-    ('south'),
-    ('west')) AS _d0(_k0)
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT

@@ -1,4 +1,13 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    *
+  FROM (VALUES
+    (CAST('central' AS TEXT)),
+    (CAST('east' AS TEXT)),
+    (CAST('north' AS TEXT)),
+    (CAST('south' AS TEXT)),
+    (CAST('west' AS TEXT))) AS _l(_k0)
+), _rows AS (
   SELECT
     *
     EXCLUDE (_o)
@@ -13,8 +22,10 @@ WITH _rows AS (
         "spend" AS _x0
       FROM "visits"
       WHERE
-        (
-          "region" IN ('central', 'east', 'north', 'south', 'west')
+        "region" IN (
+          SELECT
+            _k0
+          FROM _dom0
         )
     )
   )
@@ -113,12 +124,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (VALUES
-    ('central'),
-    ('east'),
-    ('north'),
-    ('south'),
-    ('west')) AS _d0(_k0)
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT

@@ -1,4 +1,13 @@
-WITH _rows AS (
+WITH _dom0 AS (
+  SELECT
+    *
+  FROM (VALUES
+    (CAST('central' AS TEXT)),
+    (CAST('east' AS TEXT)),
+    (CAST('north' AS TEXT)),
+    (CAST('south' AS TEXT)),
+    (CAST('west' AS TEXT))) AS _l(_k0)
+), _rows AS (
   SELECT
     "a_user_id" AS _u,
     "a_region" AS _k0,
@@ -22,8 +31,10 @@ WITH _rows AS (
       ON "_j0"."user_id" = "_j1"."user_id"
   ) AS _src
   WHERE
-    (
-      "a_region" IN ('central', 'east', 'north', 'south', 'west')
+    "a_region" IN (
+      SELECT
+        _k0
+      FROM _dom0
     )
 ), _vals AS (
   SELECT
@@ -118,12 +129,7 @@ SELECT
 FROM (
   SELECT
     *
-  FROM (VALUES
-    ('central'),
-    ('east'),
-    ('north'),
-    ('south'),
-    ('west')) AS _d0(_k0)
+  FROM _dom0
 ) AS _d
 LEFT JOIN (
   SELECT
