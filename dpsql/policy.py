@@ -19,6 +19,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import sqlglot
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -29,6 +30,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from sqlglot import exp
 
 from dpsql.errors import ParameterError, PolicyError
 
@@ -124,6 +126,16 @@ class DataSpec(_Frozen):
 
     database: Path | None = None
     tables: dict[str, Path] = Field(default_factory=dict)
+    # CSV files are read one physical line per row, split on this character, without quoting,
+    # so a malformed line can only drop itself (DESIGN.md section 5): never sniffed.
+    csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
+
+    @field_validator("csv_delimiter")
+    @classmethod
+    def _delimiter(cls, value: str) -> str:
+        if value in ("\n", "\r", '"', "'") or (not value.isprintable() and value != "\t"):
+            raise ValueError("csv_delimiter must be one printable character (or a tab)")
+        return value
 
     @model_validator(mode="after")
     def _some_data(self) -> DataSpec:
@@ -219,6 +231,24 @@ class ColumnSpec(_Frozen):
     # For a DATE or TIMESTAMP column: the public first and last date. GROUP BY date_trunc(...)
     # or year(...) of the column then has a public domain (DESIGN.md section 4).
     date_range: tuple[dt.date, dt.date] | None = None
+    # For a column of a CSV table: its DuckDB type. CSV columns are read as text and cast with
+    # TRY_CAST (a value that does not parse is NULL, never an error); undeclared ones stay
+    # VARCHAR: types never come from sniffing a sample of the rows.
+    type: str | None = Field(default=None, max_length=200)
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:  # parsed as the target of a cast: a type and nothing else
+            cast = sqlglot.parse_one(f"CAST(NULL AS {value})", read="duckdb")
+        except (sqlglot.errors.SqlglotError, ValueError, RecursionError):
+            cast = None
+        parsed = cast.args.get("to") if isinstance(cast, exp.Cast) else None
+        if not isinstance(parsed, exp.DataType) or parsed.this == exp.DataType.Type.USERDEFINED:
+            raise ValueError(f"{value!r} is not a built-in DuckDB type")
+        return parsed.sql(dialect="duckdb")
 
     @model_validator(mode="after")
     def _valid(self) -> ColumnSpec:

@@ -179,8 +179,9 @@ def test_every_interface_refuses_a_policy_whose_budget_differs_from_the_ledger(
         )
         if differs:
             assert result.exit_code == cli.EXIT_CODES[PolicyError], (args, result.output)
-        else:
-            assert result.exit_code == 0, (args, result.output, result.stderr)
+        else:  # opens; a tight filter (rdp at one order) may still refuse the query itself
+            allowed = (0, cli.EXIT_CODES[BudgetExceededError]) if args[0] == "run" else (0,)
+            assert result.exit_code in allowed, (args, result.output, result.stderr)
     if differs:
         assert _records(ledger) == before  # nothing charged, nothing written
     assert Ledger(ledger).verify() == len(_records(ledger))

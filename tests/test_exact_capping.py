@@ -69,10 +69,11 @@ def test_capped_sum_is_the_exact_rounded_mean_times_c(
 def test_a_unit_at_the_top_of_the_grid_moves_a_sum_by_at_most_its_sensitivity(
     tiny_policy: TinyPolicy,
 ) -> None:
-    # C·upper = 3·(2^52 - 1) is odd and above 2^53: no DOUBLE holds it. With the sum in DOUBLE,
-    # the clamp let this unit contribute 3·2^52 - 2, one grid unit over C·upper.
-    upper = 2**52 - 1
-    rows = [(1, "east", upper, 0.0)] * 7
+    # C·upper = 3·(2^52 - 3) is odd and above 2^53: no DOUBLE holds it, and the nearest one is
+    # above it. With the sum and the clamp in DOUBLE, four rows at the upper bound contributed
+    # 3·upper + 1: one grid unit more than the sensitivity the plan charges for.
+    upper = 2**52 - 3
+    rows = [(1, "east", upper, 0.0)] * 4
     policy = tiny_policy(
         rows, max_rows=3, schema=SCHEMA, columns={"age": {"lower": upper - 2**19, "upper": upper}}
     )

@@ -33,7 +33,7 @@ from sqlglot import exp
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.policy import ColumnSpec, Policy, TableSpec
 from dpsql.sql.intervals import Interval, interval_of
-from dpsql.sql.totality import WIDENED
+from dpsql.sql.totality import WIDENED, as_boolean
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
@@ -338,7 +338,9 @@ class Builder:
             if _column_equality(conjunct) and self._same_kind(conjunct, inputs):
                 parts.append(conjunct)  # cannot raise; kept bare so the engine can hash-join
             else:
-                parts.append(exp.Is(this=self.total(conjunct, integers), expression=exp.true()))
+                # A condition the engine casts to BOOLEAN, on the data: cast it totally.
+                checked = self.total(as_boolean(conjunct), integers)
+                parts.append(exp.Is(this=checked, expression=exp.true()))
         return exp.and_(*parts) if len(parts) > 1 else parts[0]  # type: ignore[return-value]
 
     @staticmethod
@@ -478,7 +480,8 @@ class Builder:
             condition = resolve_expr(where.this, source, "WHERE")
             if condition.find(exp.AggFunc):
                 raise UnsupportedQueryError("an aggregate is not allowed in WHERE")
-            filters = f" WHERE {self.total(condition, integers).sql(dialect='duckdb')} IS TRUE"
+            total_condition = self.total(as_boolean(condition), integers)
+            filters = f" WHERE {total_condition.sql(dialect='duckdb')} IS TRUE"
         if select.args.get("group") or any(e.find(exp.AggFunc) for e in select.expressions):
             return self._per_unit(select, source, filters, name)
         if select.args.get("having"):
@@ -535,6 +538,8 @@ class Builder:
         for i, k in enumerate(keys):
             intervals[f"_g{i}"] = interval_of(k, source.bounds)
 
+        counts: set[str] = set()
+
         def lift(node: exp.Expression) -> exp.Expression:
             """Replace each aggregate and key by a reference into the grouped inner SELECT."""
 
@@ -544,6 +549,8 @@ class Builder:
                     sql, interval = self._inner_aggregate(n, source, integers)
                     aggregates.append(f"{sql} AS {ref}")
                     intervals[ref] = interval
+                    if sql.startswith("COUNT("):
+                        counts.add(ref)  # BIGINT: widened under arithmetic, like a column
                     return exp.column(ref)
                 if not isinstance(n, exp.Literal):
                     text = n.sql(dialect="duckdb")
@@ -578,7 +585,8 @@ class Builder:
         post = ""
         if having is not None:
             condition = lift(resolve_expr(having.this, source, "HAVING"))
-            post = f" WHERE {self.total(condition, frozenset()).sql(dialect='duckdb')} IS TRUE"
+            checked = self.total(as_boolean(condition), frozenset(counts))
+            post = f" WHERE {checked.sql(dialect='duckdb')} IS TRUE"
         unit_key = next(
             i for i, k in enumerate(keys) if isinstance(k, exp.Column) and k.name == source.unit
         )
@@ -596,7 +604,7 @@ class Builder:
         group_by = ", ".join(f"_g{i}" for i in range(len(keys)))
         inner = f"(SELECT {grouped} FROM {source.sql} AS _s{filters} GROUP BY {group_by})"
         outer = ", ".join(
-            f"{self.total(e, frozenset()).sql(dialect='duckdb')} AS {_quote(o)}"
+            f"{self.total(e, frozenset(counts)).sql(dialect='duckdb')} AS {_quote(o)}"
             for o, (e, _) in outputs.items()
         )
         sql = f"(SELECT {outer} FROM {inner} AS _p{post})"
@@ -633,12 +641,18 @@ class Builder:
             )
         value = self.total(arg, integers).sql(dialect="duckdb")
         iv = interval_of(arg, source.bounds)
-        if word == "SUM":
+        if word in ("SUM", "AVG"):
+            # An integer or DECIMAL SUM (and AVG) raises on overflow, which one unit's many or
+            # huge values trigger: whether the query fails would depend on the data. fsum and
+            # favg add in DOUBLE (compensated), which saturates at inf instead; the outer query
+            # clamps the value to its bounds like any other.
+            word = "FSUM" if word == "SUM" else "FAVG"
+        if word == "FSUM":
             # A sum of n values has no bound without a bound on n: only its sign is known.
             lower = Fraction(0) if iv.lower is not None and iv.lower >= 0 else None
             upper = Fraction(0) if iv.upper is not None and iv.upper <= 0 else None
             iv = Interval(lower, upper, iv.integral)
-        elif word == "AVG":
+        elif word == "FAVG":
             iv = Interval(iv.lower, iv.upper, False)
         return f"{word}({value})", iv
 

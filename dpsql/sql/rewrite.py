@@ -35,7 +35,7 @@ from dpsql.sql.domains import domain_sql
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.totality import WIDENED, total
+from dpsql.sql.totality import WIDENED, as_boolean, total
 
 SALT_PARAMETER = "salt"
 MeasurementKind = Literal[
@@ -384,7 +384,8 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         total_sql(v.expr) if v.grid is None else _summed_value(v.expr, analysis, total_sql)
         for v in bounding.values
     ]
-    filters = [f"{total_sql(analysis.where)} IS TRUE"] if analysis.where is not None else []
+    predicate = analysis.where
+    filters = [f"{total_sql(as_boolean(predicate))} IS TRUE"] if predicate is not None else []
     filters += [
         f
         for i, key in enumerate(analysis.keys)

@@ -30,6 +30,13 @@ def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -
     def fix(n: exp.Expression, parent: exp.Expression | None) -> exp.Expression:
         if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
             return exp.TryCast(this=n.this, to=n.to)
+        # Operands of AND, OR, NOT and conditions of CASE/IF are cast to BOOLEAN by the engine,
+        # which raises on a text that is not a boolean: cast them ourselves, with TRY_CAST.
+        if isinstance(n, exp.Connector):
+            n.set("this", as_boolean(n.this))
+            n.set("expression", as_boolean(n.expression))
+        elif isinstance(n, exp.Not | exp.If):
+            n.set("this", as_boolean(n.this))
         if isinstance(n, exp.IntDiv | exp.Mod):
             divisor = exp.Nullif(this=n.expression, expression=exp.Literal.number(0))
             return n.__class__(this=n.this, expression=divisor)
@@ -56,4 +63,18 @@ def total(node: exp.Expression, integer_columns: frozenset[str] = frozenset()) -
     # grouped query at 10M rows when every key and value was wrapped).
     if isinstance(fixed, exp.Column | exp.Literal | exp.Null | exp.Boolean):
         return fixed
+    if isinstance(fixed, exp.TryCast) and isinstance(fixed.this, exp.Column):
+        return fixed
     return exp.Try(this=fixed)
+
+
+def as_boolean(node: exp.Expression) -> exp.Expression:
+    """``node`` where the engine needs a boolean: as it is if it is a predicate, else cast with
+    TRY_CAST (a VARCHAR column in WHERE fails, on the data, for any row that is not 'true' or
+    'false' and the like; TRY_CAST makes that row NULL, which a filter drops)."""
+    inner = node
+    while isinstance(inner, exp.Paren):
+        inner = inner.this
+    if isinstance(inner, exp.Predicate | exp.Connector | exp.Not | exp.Boolean | exp.Null):
+        return node
+    return exp.TryCast(this=node, to=exp.DataType.build("BOOLEAN"))

@@ -7,7 +7,7 @@ WITH _rows AS (
         GREATEST(
           (
             CASE
-              WHEN "spend" IS NULL OR ISNAN("spend")
+              WHEN "spend" IS NULL OR TRY_CAST(ISNAN("spend") AS BOOLEAN)
               THEN NULL
               ELSE LEAST(GREATEST(TRY_CAST("spend" AS DOUBLE), 0), 200)
             END

@@ -4,7 +4,7 @@ WITH _rows AS (
     TRY(
       TRY_CAST((
         CASE
-          WHEN "spend" IS NULL OR ISNAN("spend")
+          WHEN "spend" IS NULL OR TRY_CAST(ISNAN("spend") AS BOOLEAN)
           THEN NULL
           ELSE LEAST(GREATEST(TRY_CAST("spend" AS DOUBLE), 0), 200)
         END

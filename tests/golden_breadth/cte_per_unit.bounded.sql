@@ -12,7 +12,7 @@ WITH _rows AS (
       SELECT
         "user_id" AS _g0,
         COUNT(*) AS _v0,
-        AVG("spend") AS _v1
+        FAVG("spend") AS _v1
       FROM "visits" AS _s
       GROUP BY
         _g0
