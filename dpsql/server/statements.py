@@ -52,16 +52,20 @@ class InsufficientPrivilege(errors.DpsqlError):
 
 # -- statements the server answers itself -----------------------------------------------------
 
+# Every pattern ends in possessive quantifiers: "\s*;?\s*$" backtracks over every way to split
+# a run of spaces between its two "\s*", so a statement of "SHOW x", 20,000 spaces and a "("
+# took a second of C code that holds the interpreter lock (a minute at 100,000 bytes).
 TRANSACTION = re.compile(
-    r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*;?\s*$", re.IGNORECASE
+    r"^\s*+(BEGIN|START\s++TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*+(?:;\s*+)?$",
+    re.IGNORECASE,
 )
 CLIENT_SET = re.compile(r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(?!dpsql\.)([\w.]+)", re.I)
-SHOW = re.compile(r"^\s*SHOW\s+([\w.]+)\s*;?\s*$", re.IGNORECASE)
+SHOW = re.compile(r"^\s*+SHOW\s++([\w.]++)\s*+(?:;\s*+)?$", re.IGNORECASE)
 # The connection check of pools and BI tools: a constant, no data read.
-HEALTH_CHECK = re.compile(r"^\s*SELECT\s+\d{1,9}\s*;?\s*$", re.IGNORECASE)
+HEALTH_CHECK = re.compile(r"^\s*+SELECT\s++\d{1,9}+\s*+(?:;\s*+)?$", re.IGNORECASE)
 PROBE = re.compile(
-    r"^\s*SELECT\s+(version\(\)|current_database\(\)|current_schema\(\)|current_user|"
-    r"session_user|current_setting\('[\w.]+'\))\s*;?\s*$",
+    r"^\s*+SELECT\s++(version\(\)|current_database\(\)|current_schema\(\)|current_user|"
+    r"session_user|current_setting\('[\w.]++'\))\s*+(?:;\s*+)?$",
     re.IGNORECASE,
 )
 OWNER_ONLY = {"dpsql.report", "dpsql.ledger"}
