@@ -38,6 +38,7 @@ from dpsql.accounting.ledger import Ledger, Record
 from dpsql.policy import Policy, load_policy
 from dpsql.server.auth import add_user
 from dpsql.server.server import DpsqlServer, Limits, ServerConfig
+from dpsql.server.worker import start_forkserver
 
 PSQL = shutil.which("psql") or "psql"
 REGIONS = ("central", "east", "north", "south", "west")
@@ -250,6 +251,9 @@ class ServerThread:
         self.port = 0
 
     def start(self) -> ServerThread:
+        # Each worker runs the main module again, here pytest's script: preloaded, it costs
+        # nothing (a forkserver some other test started first keeps its own preloads).
+        start_forkserver(["pytest"])
         self.thread.start()
 
         async def boot() -> DpsqlServer:

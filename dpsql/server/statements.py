@@ -14,7 +14,6 @@ from fractions import Fraction
 
 from dpsql import errors
 from dpsql.server import protocol as pg
-from dpsql.server.auth import User
 from dpsql.session import VERSION, Result
 
 # The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
@@ -40,6 +39,18 @@ def sqlstate(exc: errors.DpsqlError) -> str:
     if isinstance(exc, errors.SchemaError) and "column" in str(exc):
         return "42703"  # undefined_column
     return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
+
+
+# What DuckDBEngine.run says when the bounded query fails (tests/test_server_isolation.py holds
+# the two texts equal).
+ENGINE_FAILED = "the engine failed while running the bounded query; the charge stands"
+
+
+def engine_failure() -> tuple[str, str]:
+    """The SQLSTATE and message of a statement cut off by the statement timeout, a cancel
+    request or the loss of its worker: those of any engine failure after the charge. Whether a
+    query ends before a deadline depends on the data, so a code of its own would tell."""
+    return sqlstate(errors.EngineError(ENGINE_FAILED)), ENGINE_FAILED
 
 
 class InFailedTransaction(errors.DpsqlError):
@@ -71,7 +82,7 @@ PROBE = re.compile(
 OWNER_ONLY = {"dpsql.report", "dpsql.ledger"}
 
 
-def public_settings(user: User, database: str) -> dict[str, str]:
+def public_settings(user: str, database: str) -> dict[str, str]:
     """Settings clients read on connect or probe with SHOW: fixed, public values."""
     return {
         "server_version": SERVER_VERSION,
@@ -84,7 +95,7 @@ def public_settings(user: User, database: str) -> dict[str, str]:
         "transaction_isolation": "read committed",
         "default_transaction_read_only": "on",
         "is_superuser": "off",
-        "session_authorization": user.name,
+        "session_authorization": user,
         "application_name": "",
         "search_path": "main",
         "database": database,
