@@ -368,6 +368,33 @@ def psql(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``psql`` with ``script`` on stdin (so that backslash commands work) and the password
     in ``PGPASSWORD`` (``PASSWORDS[user]`` unless given). Skips the test without ``psql``."""
+    return subprocess.run(
+        [PSQL, *args, conninfo(port, user, sslmode=sslmode, **extra)],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_psql_env(user, password),
+        check=False,
+    )
+
+
+def start_psql(
+    port: int, user: str, command: str, *, args: Sequence[str] = ("-X", "-A", "-t")
+) -> subprocess.Popen[str]:
+    """``psql -c command`` running in the background (e.g. to be interrupted as Ctrl-C does,
+    with SIGINT: psql then sends a CancelRequest). Skips the test without ``psql``."""
+    return subprocess.Popen(
+        [PSQL, *args, "-c", command, conninfo(port, user)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_psql_env(user, None),
+    )
+
+
+def _psql_env(user: str, password: str | None) -> dict[str, str]:
     if shutil.which(PSQL) is None:
         pytest.skip("needs the psql client")
     env = {
@@ -376,15 +403,7 @@ def psql(
     env["PGPASSWORD"] = PASSWORDS.get(user, "x") if password is None else password
     env["PGCONNECT_TIMEOUT"] = "10"
     env["PSQLRC"] = os.devnull
-    return subprocess.run(
-        [PSQL, *args, conninfo(port, user, sslmode=sslmode, **extra)],
-        input=script,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
+    return env
 
 
 def connect(
