@@ -38,6 +38,7 @@ import socket
 import struct
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from multiprocessing.process import BaseProcess
 
 from dpsql import errors
 from dpsql.policy import Policy
+from dpsql.server import protocol as pg
 from dpsql.server.backend import Backend, Step
 from dpsql.server.statements import sqlstate
 from dpsql.session import Session
@@ -53,8 +55,13 @@ log = logging.getLogger("dpsql.server")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 # Imported once by the forkserver, so that each worker starts without importing them again. A
 # worker also runs the server's main module again (multiprocessing does, to unpickle what it
-# defines): for ``dpsql serve`` that is the command line, so it is preloaded too.
+# defines): for ``dpsql serve`` that is the command line, so it is preloaded too. Run as
+# ``python -m dpsql.interfaces.cli``, runpy then warns that the module it runs is imported
+# already; running it again is what multiprocessing means to do.
 PRELOAD = ["dpsql.server.worker", "dpsql.interfaces.report", "dpsql.interfaces.cli"]
+warnings.filterwarnings(
+    "ignore", r"'dpsql\.interfaces\.cli' found in sys\.modules", RuntimeWarning, "runpy"
+)
 _CONTEXT = multiprocessing.get_context("forkserver")
 _REPEAT = 0.02  # seconds between two interrupts of an interrupted request
 _HEADER = struct.Struct("!I")
@@ -114,9 +121,12 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
     logging.basicConfig(level=setup.log_level, format=LOG_FORMAT)
     try:
         session = Session(setup.policy, setup.user, setup.memory_limit)
-    except errors.DpsqlError as exc:
+    except Exception as exc:  # the client gets the error's SQLSTATE, the log its class only
         log.error("cannot open a session for %s: %s", setup.user, type(exc).__name__)
-        _send(data, ("failed", sqlstate(exc), str(exc)))
+        if isinstance(exc, errors.DpsqlError):
+            _send(data, ("failed", sqlstate(exc), str(exc)))
+        else:
+            _send(data, ("failed", "XX000", "internal error; see the server log"))
         return
     try:
         cutter = _Cutter(session)
@@ -129,6 +139,14 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
             try:
                 for step in backend.handle(kind, body, status):
                     _send(data, (rid, step.wire, step.failed, step.fatal, backend.status, False))
+            except OSError:
+                raise
+            except Exception as exc:
+                # A bug: answered, and the worker goes on. Never the traceback: its text could
+                # quote a data value.
+                log.error("unexpected %s in a worker", type(exc).__name__)
+                error = pg.error_response("XX000", "internal error; see the server log")
+                _send(data, (rid, error, True, False, backend.status, False))
             finally:
                 cutter.end()
             _send(data, (rid, b"", False, False, backend.status, True))
