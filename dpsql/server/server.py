@@ -192,7 +192,12 @@ class Connection:
             log_level=logging.getLogger("dpsql").getEffectiveLevel(),
         )
         spawner = self.server.spawner
-        self.worker = await Worker.spawn(setup, config.limits.interrupt_grace, spawner)
+        try:
+            self.worker = await Worker.spawn(setup, config.limits.interrupt_grace, spawner)
+        except (OSError, RuntimeError) as exc:  # out of processes or descriptors; shutting down
+            log.error("cannot start a worker for pid %d: %s", self.pid, type(exc).__name__)
+            await self.fatal("XX000", "internal error; see the server log")
+            return False
         try:
             await self.worker.ready()
         except WorkerFailed as exc:

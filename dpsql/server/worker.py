@@ -314,7 +314,7 @@ class Worker:
                 (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
                 payload = await self._reader.readexactly(size)
                 self._queue.put_nowait(_Plain(io.BytesIO(payload)).load())
-        except (asyncio.IncompleteReadError, OSError, pickle.UnpicklingError):
+        except Exception:  # a closed channel, or a frame that is not plain data
             self._queue.put_nowait(_DEAD)
 
     async def request(
