@@ -124,7 +124,7 @@ def nothing_charged(ledger: Path) -> Iterator[None]:
 
 
 class Running:
-    """A statement run by psycopg in a thread: its outcome, and when it arrived."""
+    """A statement run by psycopg in a thread: its outcome, and whether it has come back."""
 
     def __init__(self, port: int, user: str, sql: str, params: Any = None) -> None:
         self.conn = connect(port, user)

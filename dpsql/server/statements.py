@@ -65,7 +65,7 @@ class InsufficientPrivilege(errors.DpsqlError):
 
 # Every pattern ends in possessive quantifiers: "\s*;?\s*$" backtracks over every way to split
 # a run of spaces between its two "\s*", so a statement of "SHOW x", 20,000 spaces and a "("
-# took a second of C code that holds the interpreter lock (a minute at 100,000 bytes).
+# took a second of C code that holds the interpreter lock (about 25 s at 100,000 bytes).
 TRANSACTION = re.compile(
     r"^\s*+(BEGIN|START\s++TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*+(?:;\s*+)?$",
     re.IGNORECASE,
