@@ -39,6 +39,7 @@ from dpsql.accounting.ledger import Ledger, Record
 from dpsql.policy import Policy, load_policy
 from dpsql.server.auth import add_user
 from dpsql.server.server import DpsqlServer, Limits, ServerConfig
+from dpsql.server.worker import start_forkserver
 
 PSQL = shutil.which("psql") or "psql"
 REGIONS = ("central", "east", "north", "south", "west")
@@ -251,6 +252,9 @@ class ServerThread:
         self.port = 0
 
     def start(self) -> ServerThread:
+        # Each worker runs the main module again, here pytest's script: preloaded, it costs
+        # nothing (a forkserver some other test started first keeps its own preloads).
+        start_forkserver(["pytest"])
         self.thread.start()
 
         async def boot() -> DpsqlServer:
@@ -365,6 +369,33 @@ def psql(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``psql`` with ``script`` on stdin (so that backslash commands work) and the password
     in ``PGPASSWORD`` (``PASSWORDS[user]`` unless given). Skips the test without ``psql``."""
+    return subprocess.run(
+        [PSQL, *args, conninfo(port, user, sslmode=sslmode, **extra)],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_psql_env(user, password),
+        check=False,
+    )
+
+
+def start_psql(
+    port: int, user: str, command: str, *, args: Sequence[str] = ("-X", "-A", "-t")
+) -> subprocess.Popen[str]:
+    """``psql -c command`` running in the background (e.g. to be interrupted as Ctrl-C does,
+    with SIGINT: psql then sends a CancelRequest). Skips the test without ``psql``."""
+    return subprocess.Popen(
+        [PSQL, *args, "-c", command, conninfo(port, user)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_psql_env(user, None),
+    )
+
+
+def _psql_env(user: str, password: str | None) -> dict[str, str]:
     if shutil.which(PSQL) is None:
         pytest.skip("needs the psql client")
     env = {
@@ -373,15 +404,7 @@ def psql(
     env["PGPASSWORD"] = PASSWORDS.get(user, "x") if password is None else password
     env["PGCONNECT_TIMEOUT"] = "10"
     env["PSQLRC"] = os.devnull
-    return subprocess.run(
-        [PSQL, *args, conninfo(port, user, sslmode=sslmode, **extra)],
-        input=script,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
+    return env
 
 
 def connect(

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
+from time import perf_counter
 
 import numpy as np
 import pytest
@@ -868,3 +869,16 @@ def test_decode_param_raises_only_protocol_errors(data: bytes, fmt: int, oid: in
 def test_decode_param_near_miss_text(text: str, oid: int) -> None:
     with contextlib.suppress(pg.ProtocolError):
         pg.decode_param(text.encode(), 0, oid)
+
+
+@pytest.mark.parametrize("oid", [700, 701, 1700, 20, 1083, 1114])
+@pytest.mark.parametrize("tail", [b"x", b" x", b".5.", b"e+"])
+def test_a_long_invalid_number_is_refused_in_linear_time(oid: int, tail: bytes) -> None:
+    """A pattern that can split a run of digits two ways backtracks over every split: a
+    20,000-digit float8 parameter once took 7 seconds to refuse (hours at the 1 MiB frame
+    limit), holding the interpreter lock. One pass must do; a second is a generous bound."""
+    value = b"1" * 200_000 + tail
+    began = perf_counter()
+    with pytest.raises(pg.ParameterValueError):
+        pg.decode_param(value, 0, oid)
+    assert perf_counter() - began < 1.0

@@ -9,6 +9,7 @@ import click
 
 from dpsql.interfaces.cli import Config, pass_config
 from dpsql.server.server import DpsqlServer, Limits, ServerConfig, serve
+from dpsql.server.worker import LOG_FORMAT
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -48,11 +49,18 @@ def _listen(value: str) -> tuple[str, int]:
 )  # fmt: skip
 @click.option(
     "--statement-timeout", type=click.FloatRange(0.1, 86_400), default=300.0, show_default=True,
-    help="Seconds a statement may run; a query cut off keeps its charge (SQLSTATE 57014).",
+    help="Seconds a statement may run; one cut off fails as an engine failure does, and "
+    "keeps its charge.",
 )  # fmt: skip
 @click.option(
     "--memory-limit", default="1GB", show_default=True,
-    help="DuckDB memory cap of each connection (a DuckDB size, e.g. 512MB).",
+    help="DuckDB memory cap of each connection's worker process (a DuckDB size, e.g. 512MB).",
+)  # fmt: skip
+@click.option(
+    "--max-statement-bytes", type=click.IntRange(1, 1 << 20), default=100_000,
+    show_default=True,
+    help="Longest statement text (a whole query message); longer ones are refused before "
+    "parsing, free of charge (SQLSTATE 54000).",
 )  # fmt: skip
 @pass_config
 def serve_command(  # noqa: PLR0917 - click passes every option
@@ -65,6 +73,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     max_connections: int,
     statement_timeout: float,
     memory_limit: str,
+    max_statement_bytes: int,
 ) -> None:
     """Serve the policy's data over the PostgreSQL wire protocol until SIGTERM.
 
@@ -75,7 +84,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     host, port = _listen(listen)
     if require_tls and tls_cert is None:
         raise click.BadParameter("--require-tls needs --tls-cert", param_hint="'--require-tls'")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # each worker logs the same way
     server_config = ServerConfig(
         policy=config.policy(),
         users_file=users_file,
@@ -88,6 +97,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
             max_connections=max_connections,
             statement_timeout=statement_timeout,
             memory_limit=memory_limit,
+            max_statement=max_statement_bytes,
         ),
     )
     DpsqlServer(server_config)  # fail fast (policy, ledger, users file, TLS) before listening

@@ -14,7 +14,6 @@ from fractions import Fraction
 
 from dpsql import errors
 from dpsql.server import protocol as pg
-from dpsql.server.auth import User
 from dpsql.session import VERSION, Result
 
 # The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
@@ -42,6 +41,18 @@ def sqlstate(exc: errors.DpsqlError) -> str:
     return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
 
 
+# What DuckDBEngine.run says when the bounded query fails (tests/test_server_isolation.py holds
+# the two texts equal).
+ENGINE_FAILED = "the engine failed while running the bounded query; the charge stands"
+
+
+def engine_failure() -> tuple[str, str]:
+    """The SQLSTATE and message of a statement cut off by the statement timeout, a cancel
+    request or the loss of its worker: those of any engine failure after the charge. Whether a
+    query ends before a deadline depends on the data, so a code of its own would tell."""
+    return sqlstate(errors.EngineError(ENGINE_FAILED)), ENGINE_FAILED
+
+
 class InFailedTransaction(errors.DpsqlError):
     """A statement after an error inside BEGIN ... (SQLSTATE 25P02) until ROLLBACK."""
 
@@ -52,22 +63,26 @@ class InsufficientPrivilege(errors.DpsqlError):
 
 # -- statements the server answers itself -----------------------------------------------------
 
+# Every pattern ends in possessive quantifiers: "\s*;?\s*$" backtracks over every way to split
+# a run of spaces between its two "\s*", so a statement of "SHOW x", 20,000 spaces and a "("
+# took a second of C code that holds the interpreter lock (about 25 s at 100,000 bytes).
 TRANSACTION = re.compile(
-    r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*;?\s*$", re.IGNORECASE
+    r"^\s*+(BEGIN|START\s++TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*+(?:;\s*+)?$",
+    re.IGNORECASE,
 )
 CLIENT_SET = re.compile(r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(?!dpsql\.)([\w.]+)", re.I)
-SHOW = re.compile(r"^\s*SHOW\s+([\w.]+)\s*;?\s*$", re.IGNORECASE)
+SHOW = re.compile(r"^\s*+SHOW\s++([\w.]++)\s*+(?:;\s*+)?$", re.IGNORECASE)
 # The connection check of pools and BI tools: a constant, no data read.
-HEALTH_CHECK = re.compile(r"^\s*SELECT\s+\d{1,9}\s*;?\s*$", re.IGNORECASE)
+HEALTH_CHECK = re.compile(r"^\s*+SELECT\s++\d{1,9}+\s*+(?:;\s*+)?$", re.IGNORECASE)
 PROBE = re.compile(
-    r"^\s*SELECT\s+(version\(\)|current_database\(\)|current_schema\(\)|current_user|"
-    r"session_user|current_setting\('[\w.]+'\))\s*;?\s*$",
+    r"^\s*+SELECT\s++(version\(\)|current_database\(\)|current_schema\(\)|current_user|"
+    r"session_user|current_setting\('[\w.]++'\))\s*+(?:;\s*+)?$",
     re.IGNORECASE,
 )
 OWNER_ONLY = {"dpsql.report", "dpsql.ledger"}
 
 
-def public_settings(user: User, database: str) -> dict[str, str]:
+def public_settings(user: str, database: str) -> dict[str, str]:
     """Settings clients read on connect or probe with SHOW: fixed, public values."""
     return {
         "server_version": SERVER_VERSION,
@@ -80,7 +95,7 @@ def public_settings(user: User, database: str) -> dict[str, str]:
         "transaction_isolation": "read committed",
         "default_transaction_read_only": "on",
         "is_superuser": "off",
-        "session_authorization": user.name,
+        "session_authorization": user,
         "application_name": "",
         "search_path": "main",
         "database": database,
