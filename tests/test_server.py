@@ -826,7 +826,7 @@ def test_sigterm_stops_the_server_cleanly(tmp_path: Path, dataset: Dataset, user
     log = "".join(serve.log)
     assert "dpsql serve stopped" in log
     assert "Traceback" not in log
-    assert Ledger(ledger).verify() == 4  # two charges and their releases, chained
+    assert Ledger(ledger).verify() == 5  # the budget, two charges and their releases, chained
     assert [(r.analyst, r.payload["query"][-2:]) for r in charges(ledger)] == [
         ("alice", "56"),
         ("bob", "57"),
