@@ -25,6 +25,7 @@ from dpsql.sql.cells import Cell, keyable_literal
 from dpsql.sql.intervals import Interval, interval_of
 from dpsql.sql.relations import NUMERIC, Builder, Describe, Relation, resolve_expr
 from dpsql.sql.totality import total
+from dpsql.sql.tree import transform
 from dpsql.sql.validate import AGGREGATES, QUANTILES
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
@@ -317,7 +318,7 @@ class _Analyzer:
             return n
 
         # transform is top-down and does not descend into a node it replaced.
-        rewritten = node.transform(swap)
+        rewritten = transform(node, swap)
         for column in rewritten.find_all(exp.Column):
             if not column.meta.get(_REF):
                 raise SchemaError(

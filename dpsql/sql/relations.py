@@ -34,6 +34,7 @@ from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.policy import ColumnSpec, Policy, TableSpec
 from dpsql.sql.intervals import Interval, interval_of
 from dpsql.sql.totality import WIDENED, as_boolean
+from dpsql.sql.tree import transform
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
@@ -132,7 +133,7 @@ def resolve_expr(node: exp.Expression, relation: Relation, where: str) -> exp.Ex
             return exp.column(relation.resolve(n), quoted=True)
         return n
 
-    return node.transform(swap)
+    return transform(node, swap)
 
 
 class Builder:
@@ -330,7 +331,7 @@ class Builder:
                     return exp.column(name, table=f"_j{index}", quoted=True)
                 return n
 
-            resolved = on.transform(swap)
+            resolved = transform(on, swap)
             conjuncts.extend(_conjuncts(resolved))
         integers: frozenset[str] = frozenset()  # TRY covers what can raise in a join condition
         parts = []
@@ -558,7 +559,7 @@ class Builder:
                         return exp.column(f"_g{key_sql[text]}")
                 return n
 
-            lifted = node.transform(swap)
+            lifted = transform(node, swap)
             for column in lifted.find_all(exp.Column):
                 if not (column.name.startswith("_g") or column.name.startswith("_v")):
                     raise SchemaError(

@@ -36,6 +36,7 @@ from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import WIDENED, as_boolean, total
+from dpsql.sql.tree import transform
 
 SALT_PARAMETER = "salt"
 MeasurementKind = Literal[
@@ -107,7 +108,7 @@ def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
             missing = exp.Or(this=missing, expression=exp.IsNan(this=node.copy()))
         return exp.Paren(this=exp.If(this=missing, true=exp.Null(), false=clamped))
 
-    return expr.transform(clamp)
+    return transform(expr, clamp)
 
 
 def _summed_value(
