@@ -128,6 +128,14 @@ class PolicyFailure(InterfaceError, errors.PolicyError):
     pass
 
 
+class InputFailure(InterfaceError, errors.InputError):
+    pass
+
+
+class OutputFailure(InterfaceError, errors.OutputError):
+    pass
+
+
 # The one mapping from the dpsql tree to PEP 249 (most specific first).
 _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.BudgetExceededError, BudgetExceededError),
@@ -140,6 +148,8 @@ _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.ParameterError, InvalidParameterError),
     (errors.UnsupportedQueryError, UnsupportedQuery),
     (errors.PolicyError, PolicyFailure),
+    (errors.InputError, InputFailure),
+    (errors.OutputError, OutputFailure),
     (errors.InternalError, DpsqlInternalError),
 )
 
