@@ -24,12 +24,13 @@ an ``OperationalError`` and a ``dpsql.errors.BudgetExceededError``::
         └── InternalError
             └── DpsqlInternalError     (a dpsql bug)
     PolicyFailure                      (an InterfaceError: the policy given to connect())
+    InputFailure, OutputFailure        (InterfaceErrors: a file to read or write; the CLI's)
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -307,6 +308,10 @@ class Cursor:
         self, operation: str, seq_of_parameters: Sequence[Sequence[object]], **options: object
     ) -> Cursor:
         """Each parameter set is a separate query, charged separately."""
+        if isinstance(seq_of_parameters, str | bytes) or not isinstance(
+            seq_of_parameters, Iterable
+        ):
+            raise InvalidParameterError("executemany takes a sequence of parameter sequences")
         for parameters in seq_of_parameters:
             self.execute(operation, parameters, **options)
         return self
