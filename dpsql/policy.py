@@ -17,7 +17,7 @@ import tomllib
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from dpsql.errors import ParameterError, PolicyError
+from dpsql.errors import DpsqlError, InputError, ParameterError, PolicyError
 
 # A per-query epsilon above this is refused as absurd: at epsilon 20 one answer may change odds
 # by a factor of e^20 ~ 5e8, which protects nothing. Totals may be larger (many queries).
@@ -418,22 +418,52 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+# A policy is a page of TOML; a megabyte of it is a mistake, or an attempt to exhaust memory.
+MAX_POLICY_BYTES = 1 << 20
+
+
+def read_limited(
+    source: Path | IO[bytes], limit: int, what: str, error: type[DpsqlError] = InputError
+) -> str:
+    """The UTF-8 text of a file (or a binary stream such as standard input), reading at most
+    ``limit + 1`` bytes: a FIFO, ``/dev/zero`` or a huge file cannot exhaust memory.
+
+    ``what`` names the input in the messages of ``error`` ("the policy file p.toml"), which
+    never quote its content.
+    """
+    try:
+        if isinstance(source, Path):
+            with source.open("rb") as handle:
+                data = handle.read(limit + 1)
+        else:
+            data = source.read(limit + 1)
+    except OSError:
+        raise error(f"cannot read {what}") from None
+    if len(data) > limit:
+        raise error(f"{what} is larger than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} is not UTF-8 text (byte {exc.start} is invalid)") from None
+
+
 def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = None) -> Policy:
     """Load and validate a policy from a TOML path or a dict; raises ``PolicyError``."""
     if isinstance(source, dict):
         raw = dict(source)
         base = base_dir or Path.cwd()
-    else:
+    elif isinstance(source, str | Path):
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError:
-            raise PolicyError(f"cannot read the policy file {path}") from None
+        text = read_limited(path, MAX_POLICY_BYTES, f"the policy file {path}", PolicyError)
         try:
             raw = tomllib.loads(text, parse_float=Decimal)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"the policy file is not valid TOML: {exc}") from None
+        except ValueError:  # an integer of 4,300 digits or more, which int() refuses
+            raise PolicyError("the policy file holds a number too long to read") from None
         base = base_dir or path.resolve().parent
+    else:
+        raise PolicyError("a policy is a TOML file's path, a Policy or a dict")
     try:
         return Policy.model_validate({**raw, "base_dir": base})
     except ValidationError as exc:
@@ -451,5 +481,6 @@ __all__ = [
     "check_delta",
     "check_epsilon",
     "load_policy",
+    "read_limited",
     "to_fraction",
 ]

@@ -234,13 +234,17 @@ def _budget(policy: Policy) -> Budget:
 
 
 def _write(text: str, output: Path | None) -> None:
-    if output is None:
-        click.echo(text, nl=False)
-        return
+    """Write a report or an export to ``output`` (or standard output); a file that cannot be
+    written (a full disk, a folder that is not one) is an ``OutputError`` naming it."""
     try:
-        output.write_text(text, encoding="utf-8")
-    except OSError:
-        raise click.BadParameter(f"cannot write {output}", param_hint="'--output'") from None
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        where = "standard output" if output is None else str(output)
+        reason = exc.strerror.lower() if exc.strerror else "failed"
+        raise OutputError(f"cannot write {where}: {reason}") from None
 
 
 # -- commands ---------------------------------------------------------------------------------

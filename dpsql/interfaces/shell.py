@@ -39,13 +39,14 @@ from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import TokenType
 
 from dpsql import cache
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, InputError
 from dpsql.interfaces.cli import EXIT_INTERNAL, Config, cli, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact, iso_time
 from dpsql.session import SETTINGS, Result, Session
-from dpsql.sql.parse import DIALECT
+from dpsql.sql.parse import DIALECT, MAX_QUERY_LENGTH
 
 DEFAULT_HISTORY = "~/.dpsql_history"
+MAX_INPUT = MAX_QUERY_LENGTH  # characters of one input read from a stream: one query's worth
 DEFAULT_LEDGER_ROWS = 10
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "HAVING", "ORDER BY", "LIMIT", "OFFSET", "AS", "AND",
@@ -372,19 +373,40 @@ class Shell:
 
 
 # -- the loops ------------------------------------------------------------------------------------
+def _lines(input: IO[str]) -> Iterator[str]:
+    """The lines of ``input``, none read past ``MAX_INPUT`` characters: a stream without line
+    ends (``/dev/zero``) must not fill memory."""
+    while line := input.readline(MAX_INPUT + 1):
+        if len(line) > MAX_INPUT:
+            raise InputError(f"a line of standard input is longer than {MAX_INPUT} characters")
+        yield line
+
+
 def run_shell(session: Session | Shell, input: IO[str], output: IO[str]) -> None:
     """Read inputs from a text stream (no terminal): statements end at ``;``, a meta-command
-    at the end of its line; the prompt is written before each input, as a terminal shows it."""
+    at the end of its line; the prompt is written before each input, as a terminal shows it.
+    An input longer than ``MAX_INPUT`` characters ends the shell with an ``InputError``."""
     shell = session if isinstance(session, Shell) else Shell(session)
     pending: list[str] = []
+    size = 0
     output.write(shell.prompt())
-    for line in input:
+    for line in _lines(input):
         pending.append(line)
+        size += len(line)
+        if size > MAX_INPUT:
+            raise InputError(f"an input of the shell is longer than {MAX_INPUT} characters")
+        # An incomplete input (whole lines) becomes complete only through a line holding a
+        # semicolon, or closing a block comment after the last one: other lines need no new
+        # tokenization of everything pending, which would be quadratic in the input's size.
+        if len(pending) > 1 and ";" not in line and "*/" not in line:
+            output.write("   ...> ")
+            continue
         text = "".join(pending)
         if not is_complete(text):
             output.write("   ...> ")
             continue
         pending.clear()
+        size = 0
         output.write(shell.handle(text))
         if shell.finished:
             return
