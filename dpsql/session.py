@@ -20,7 +20,7 @@ from typing import Any
 from dpsql import bounds, cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.errors import LedgerError, ParameterError
+from dpsql.errors import EngineError, LedgerError, ParameterError
 from dpsql.noise.release import (
     Release,
     check_post_processing,
@@ -335,12 +335,34 @@ class Session:
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, plan.epsilon, plan.delta, self.analyst,
         )  # fmt: skip
-        _, rows = self.engine.run(plan.engine_sql)
-        noisy = measure(plan, rows)
+        try:
+            _, rows = self.engine.run(plan.engine_sql)
+            noisy = measure(plan, rows)
+        except (EngineError, MemoryError) as exc:
+            raise self._failed(charge, getattr(exc, "cause", None) or type(exc).__name__) from None
+        except KeyboardInterrupt:  # the shell's Ctrl-C: recorded, then left to the shell
+            self._failed(charge, "KeyboardInterrupt")
+            raise
         self.cache.record(plan, k, noisy, charge.seq, canonical)
-        released = publish(plan, noisy)
+        try:
+            released = publish(plan, noisy)
+        except (EngineError, MemoryError):
+            raise self._failed(charge, "post-processing") from None
         log.info("released query %s: %d row(s)", digest, len(released.rows))
         return self._result(plan, released, charge, None)
+
+    def _failed(self, charge: Charge, cause: str) -> EngineError:
+        """The one error of a failure after the charge, which stays (whether the engine failed
+        can depend on the data). The cause goes to a ``failure`` record, for the owner only;
+        the record changes no budget."""
+        log.warning("the query of charge %d failed after it: %s", charge.seq, cause)
+        try:
+            self.filter.store.append(
+                "failure", {"charge": charge.seq, "cause": cause}, self.analyst
+            )
+        except (LedgerError, MemoryError) as error:
+            log.error("the failure of charge %d is not recorded: %s", charge.seq, error)
+        return EngineError()
 
     @staticmethod
     def _result(plan: Plan, released: Release, charge: Charge | None, cached: int | None) -> Result:

@@ -301,6 +301,8 @@ class Shell:
                 what = f"release of charge #{p.get('charge')}"
             elif record.kind == "reserve":
                 what = f"served from release #{p.get('release')}: {p.get('query')}"
+            elif record.kind == "failure":  # the cause is the owner's to read (dpsql report)
+                what = f"charge #{p.get('charge')} failed in the engine; its charge stands"
             elif record.kind in ("budget_add", "allocate"):
                 who = f"{p['analyst']}: " if "analyst" in p else "+"
                 what = f"{who}epsilon {p.get('epsilon')}, delta {p.get('delta')} ({p.get('why')})"
