@@ -234,6 +234,8 @@ class Connection:
     @_pep249
     def set(self, name: str, value: object) -> None:
         """Python form of ``SET dpsql.name = value`` (``None`` resets it)."""
+        if not isinstance(name, str) or len(name) > 64:  # no setting's name is longer
+            raise errors.ParameterError("a setting's name is one of dpsql's setting names")
         self.session.set_option(name, value)
 
     def __enter__(self) -> Connection:
@@ -332,6 +334,8 @@ class Cursor:
     def fetchmany(self, size: int | None = None) -> list[tuple[Any, ...]]:
         rows = self._rows()
         count = self.arraysize if size is None else size
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProgrammingError("fetchmany's size (or arraysize) must be an integer")
         chunk = rows[self._position : self._position + count]
         self._position += len(chunk)
         return list(chunk)
@@ -370,6 +374,9 @@ def connect(
 
     ``analyst`` is self-declared in process; only the server authenticates it.
     """
+    if analyst is not None and not isinstance(analyst, str):
+        # The ledger records the name as JSON text: anything else cannot be recorded.
+        raise errors.ParameterError("analyst must be a string (the analyst's name) or None")
     if isinstance(policy, Mapping):
         policy = load_policy(dict(policy))
     return Connection(Session(policy, analyst=analyst))
