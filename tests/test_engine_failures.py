@@ -12,6 +12,8 @@ budget and keeps the chain verifiable.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -260,3 +262,50 @@ def test_out_of_memory_over_the_wire_is_sqlstate_58r01(starved_server: tuple[int
     new = Ledger(ledger).records()[len(before) :]
     assert [r.kind for r in new] == ["charge", "failure"]
     assert new[1].payload["cause"] == "OutOfMemoryException"
+
+
+# -- out of memory at the operating system's limit -------------------------------------------
+
+CHILD = """
+import json, resource, sys
+from dpsql import errors
+from dpsql.session import Session
+session = Session(sys.argv[1], "ann")
+session.plan(sys.argv[2])  # the imports and the check's code paths are warm
+size = next(int(line.split()[1]) for line in open("/proc/self/status")
+            if line.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + int(sys.argv[3]) * 2**20, resource.RLIM_INFINITY))
+try:
+    session.execute(sys.argv[2], fresh=True)
+    outcome = {"outcome": "answered"}
+except errors.DpsqlError as exc:
+    outcome = {"outcome": type(exc).__name__, "message": str(exc)}
+except BaseException as exc:
+    outcome = {"outcome": "raw " + type(exc).__name__}
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(json.dumps(outcome))
+"""
+
+
+@pytest.mark.parametrize("headroom_mib", [0, 4, 16, 64])
+def test_the_address_space_running_out(folder: Path, tmp_path: Path, headroom_mib: int) -> None:
+    """A process limit (RLIMIT_AS) a few MiB above what the session holds: wherever the
+    allocation fails (SQLite reading the ledger, DuckDB, Python), the outcome is typed, and a
+    charge is either answered, or kept with its failure record, or never made."""
+    policy = make_policy(folder, f"address-space-{headroom_mib}")
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(policy), QUERY, str(headroom_mib)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    records = Ledger(policy.parent / f"address-space-{headroom_mib}.ledger").records()
+    new = [r.kind for r in records]
+    if outcome["outcome"] == "answered":
+        assert new == ["charge", "release"]
+    elif outcome["outcome"] == "EngineError":
+        assert outcome["message"] == errors.ENGINE_FAILURE
+        assert new in (["charge", "failure"], ["charge"])  # the record itself may not fit
+    else:  # the ledger could not be read, or write the release: nothing was released
+        assert outcome["outcome"] == "LedgerError", outcome
+        assert new in ([], ["charge"])

@@ -182,7 +182,7 @@ class Ledger:
             ).fetchall()
             con.close()
         except sqlite3.Error:
-            raise LedgerError("the ledger file cannot be read: fail closed") from None
+            raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
         if recheck:
             if rows[:start] != known_rows:
                 raise LedgerError("the ledger's history changed under a running session")
