@@ -56,6 +56,7 @@ LARGEST_NUMBER = Fraction(10**300)
 _SPACES = " \t\n\r\f\v"
 _DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _RATIO_TEXT = re.compile(r"[+-]?[0-9]+/[0-9]+")
+_RANGE = "0 or between 1e-300 and 1e300 in magnitude"
 
 
 def to_fraction(value: object, name: str) -> Fraction:
@@ -91,9 +92,6 @@ def to_fraction(value: object, name: str) -> Fraction:
     if result != 0 and not SMALLEST_NUMBER <= abs(result) <= LARGEST_NUMBER:
         raise ParameterError(f"{name} must be {_RANGE}")
     return result
-
-
-_RANGE = "0 or between 1e-300 and 1e300 in magnitude"
 
 
 def _from_decimal(value: Decimal, name: str) -> Fraction:

@@ -396,3 +396,40 @@ def test_the_shell_still_runs_inputs_of_many_lines(policy: Path) -> None:
         assert "charged epsilon" in shown or "served from the cache" in shown
     finally:
         session.close()
+
+
+# -- the ledger's anchor and the shell's history ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "huge"])
+def test_the_anchor_is_read_with_a_limit(tmp_path: Path, kind: str) -> None:
+    ledger = tmp_path / "visits.ledger"
+    Ledger.create(ledger, "anchor-limits")
+    anchor = tmp_path / "visits.ledger.anchor"
+    anchor.unlink()
+    if kind == "dev-zero":
+        anchor.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(anchor)  # no writer: a blocking open would hang
+    else:
+        anchor.write_text(" " * (1 << 20) + "{}", encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(errors.LedgerError, match=r"anchor .* cannot be read"):
+        Ledger(ledger)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("history", ["/dev/zero", "fifo", "huge"])
+def test_the_history_file_must_be_a_small_regular_file(
+    policy: Path, tmp_path: Path, history: str
+) -> None:
+    path = Path(history)
+    if history == "fifo":
+        path = tmp_path / "history.fifo"
+        os.mkfifo(path)
+    elif history == "huge":
+        path = tmp_path / "history"
+        with open(path, "wb") as handle:
+            handle.truncate((16 << 20) + 1)  # sparse: no disk needed
+    result = run(policy, "shell", "--history", str(path), stdin=b"")
+    refused(result, 2, "--history", "not a regular file of at most")

@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -353,11 +354,25 @@ def _file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+# An anchor is a line of JSON of about two hundred bytes; no more than this is ever read (the
+# policy names its path, which could be a FIFO or /dev/zero).
+MAX_ANCHOR_BYTES = 1 << 16
+
+
 def _read_anchor(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # Non-blocking, so that a FIFO without a writer cannot hang the open; then only a
+        # regular file of at most MAX_ANCHOR_BYTES is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ValueError("not a regular file")
+            text = handle.read(MAX_ANCHOR_BYTES + 1)
+        if len(text) > MAX_ANCHOR_BYTES:
+            raise ValueError("too long")
+        data = json.loads(text.decode("utf-8"))
     except (OSError, ValueError):
-        raise LedgerError("the ledger's anchor cannot be read: fail closed") from None
+        raise LedgerError(f"the ledger's anchor {path} cannot be read: fail closed") from None
     if not isinstance(data, dict):
         raise LedgerError("the ledger's anchor is malformed: fail closed")
     return data

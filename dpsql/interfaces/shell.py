@@ -47,6 +47,7 @@ from dpsql.sql.parse import DIALECT, MAX_QUERY_LENGTH
 
 DEFAULT_HISTORY = "~/.dpsql_history"
 MAX_INPUT = MAX_QUERY_LENGTH  # characters of one input read from a stream: one query's worth
+MAX_HISTORY_BYTES = 16 << 20
 DEFAULT_LEDGER_ROWS = 10
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "HAVING", "ORDER BY", "LIMIT", "OFFSET", "AS", "AND",
@@ -460,6 +461,10 @@ def interactive(shell: Shell, history: Path | None) -> None:
         sys.stdout.flush()
 
 
+def _small_file(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size <= MAX_HISTORY_BYTES
+
+
 @click.command("shell")
 @click.option(
     "--history",
@@ -475,6 +480,13 @@ def shell_command(config: Config, history: Path, no_history: bool) -> None:
     kept = None if no_history else history.expanduser()
     if kept is not None and not kept.parent.is_dir():
         raise click.BadParameter(f"no directory {kept.parent}", param_hint="'--history'")
+    # prompt_toolkit reads the whole history file when the shell starts: only a regular file
+    # of bounded size (not a FIFO, not /dev/zero) may be one.
+    if kept is not None and kept.exists() and not _small_file(kept):
+        raise click.BadParameter(
+            f"{kept} is not a regular file of at most {MAX_HISTORY_BYTES} bytes",
+            param_hint="'--history'",
+        )
     session = Session(config.policy(), config.analyst)
     try:
         if sys.stdin.isatty() and sys.stdout.isatty():
