@@ -13,6 +13,8 @@ a column, an SQL node, a policy field), never a value taken from the data.
     │   ├── BoundsError            a contribution or value bound is missing or unusable
     │   └── ParameterError         a privacy parameter or bound parameter is invalid
     ├── PolicyError                the policy file is invalid
+    ├── InputError                 a file or stream to read is unreadable, too large or not UTF-8
+    ├── OutputError                a result, report or chart file cannot be written
     ├── BudgetExceededError        the query would take the budget over its cap; nothing is charged
     ├── LedgerError                the ledger cannot record a charge; nothing is released
     ├── EntropyError               no secure randomness; fails closed (the charge stays)
@@ -64,6 +66,16 @@ class PolicyError(DpsqlError):
     """The policy is invalid; the message names the field."""
 
 
+class InputError(DpsqlError):
+    """A file or stream dpsql was told to read cannot be used: it cannot be read, is larger
+    than its limit, or is not UTF-8 text. The message names the file, never its content."""
+
+
+class OutputError(DpsqlError):
+    """A result, report or chart file cannot be written. The message names the file (and, in
+    ``dpsql run``, the statement whose result it holds). A charge already made stays."""
+
+
 class BudgetExceededError(DpsqlError):
     """Answering would take a budget over its cap. Nothing was charged or run."""
 
@@ -76,11 +88,23 @@ class EntropyError(DpsqlError):
     """Secure randomness is unavailable. The query fails closed; its charge stays."""
 
 
+# The one message of every engine failure after a charge: whether a query fails, and how (out
+# of memory, interrupted, an engine error), can depend on the data, so the analyst is told the
+# same thing whatever the cause (DESIGN.md section 5).
+ENGINE_FAILURE = "the engine failed while running the query; the charge stands"
+
+
 class EngineError(DpsqlError):
     """The engine failed while running a bounded query. The charge stays.
 
-    The engine's own message is never shown: DuckDB quotes offending data values.
+    The engine's own message is never shown: DuckDB quotes offending data values. ``cause``
+    (the engine exception's class name) is set by the engine for the session, which records it
+    in the ledger for the owner and raises a fresh ``EngineError`` without it to the analyst.
     """
+
+    def __init__(self, message: str = ENGINE_FAILURE, cause: str | None = None):
+        super().__init__(message)
+        self.cause = cause
 
 
 class InternalError(DpsqlError):
@@ -93,8 +117,10 @@ __all__ = [
     "DpsqlError",
     "EngineError",
     "EntropyError",
+    "InputError",
     "InternalError",
     "LedgerError",
+    "OutputError",
     "ParameterError",
     "ParseError",
     "PolicyError",

@@ -17,7 +17,7 @@ import tomllib
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
 import sqlglot
 from pydantic import (
@@ -32,7 +32,7 @@ from pydantic import (
 )
 from sqlglot import exp
 
-from dpsql.errors import ParameterError, PolicyError
+from dpsql.errors import DpsqlError, InputError, ParameterError, PolicyError
 
 # A per-query epsilon above this is refused as absurd: at epsilon 20 one answer may change odds
 # by a factor of e^20 ~ 5e8, which protects nothing. Totals may be larger (many queries).
@@ -46,30 +46,80 @@ MAX_ABS_BOUND = Fraction(2**52)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# Numbers from users are read as exact rationals, so their size is bounded before any exact
+# arithmetic: Fraction("1e999999999") computes 10**999999999 (minutes of CPU, gigabytes of
+# memory), and a float conversion of a huge integer raises OverflowError far downstream.
+MAX_NUMBER_TEXT = 100  # characters (or significant digits) of one number
+MAX_NUMBER_BITS = 2048  # bits of an integer, or of a Fraction's numerator and denominator
+# A nonzero number lies within [1e-300, 1e300] in magnitude: beyond, no float the accountants
+# and samplers compute with can hold it (5e-324 is a denormal, 1e309 overflows).
+SMALLEST_NUMBER = Fraction(1, 10**300)
+LARGEST_NUMBER = Fraction(10**300)
+_SPACES = " \t\n\r\f\v"
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_RATIO_TEXT = re.compile(r"[+-]?[0-9]+/[0-9]+")
+_RANGE = "0 or between 1e-300 and 1e300 in magnitude"
+
+
 def to_fraction(value: object, name: str) -> Fraction:
     """An exact rational from decimal text, an integer, a Decimal, a Fraction or a float.
 
     A float is read through its shortest round-trip decimal text (``repr``), so ``0.01`` gives
-    exactly 1/100: the number the user wrote, not the binary double nearest to it.
+    exactly 1/100: the number the user wrote, not the binary double nearest to it. Text is
+    ASCII decimal notation (``0.5``, ``1e-6``) or a ratio of integers (``1/3``), at most
+    ``MAX_NUMBER_TEXT`` characters; a nonzero value must lie within [1e-300, 1e300] in
+    magnitude. Every check runs before any exact arithmetic on the value, and the message names
+    ``name``, never the value.
     """
     if isinstance(value, bool):
         raise ParameterError(f"{name} must be a number, not a boolean")
-    try:
-        if isinstance(value, Fraction):
-            result = value
-        elif isinstance(value, int | Decimal):
-            result = Fraction(value)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise ParameterError(f"{name} must be a finite number")
-            result = Fraction(repr(value))
-        elif isinstance(value, str):
-            result = Fraction(value.strip())
-        else:
-            raise ParameterError(f"{name} must be a number")
-    except (ValueError, ZeroDivisionError, ArithmeticError):
-        raise ParameterError(f"{name} must be a finite decimal number") from None
+    if isinstance(value, Fraction):
+        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_NUMBER_BITS:
+            raise ParameterError(f"{name} must be {_RANGE}")
+        result = value
+    elif isinstance(value, int):
+        if value.bit_length() > MAX_NUMBER_BITS:
+            raise ParameterError(f"{name} must be {_RANGE}")
+        result = Fraction(value)
+    elif isinstance(value, Decimal):
+        result = _from_decimal(value, name)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ParameterError(f"{name} must be a finite number")
+        result = _from_decimal(Decimal(repr(value)), name)
+    elif isinstance(value, str):
+        result = _from_text(value, name)
+    else:
+        raise ParameterError(f"{name} must be a number")
+    if result != 0 and not SMALLEST_NUMBER <= abs(result) <= LARGEST_NUMBER:
+        raise ParameterError(f"{name} must be {_RANGE}")
     return result
+
+
+def _from_decimal(value: Decimal, name: str) -> Fraction:
+    if not value.is_finite():  # NaN, sNaN (is_finite does not signal) and the infinities
+        raise ParameterError(f"{name} must be a finite number")
+    # adjusted() reads the exponent without expanding it; a few hundred digits then convert
+    # at once, and the exact range check follows.
+    if value and (len(value.as_tuple().digits) > MAX_NUMBER_TEXT or abs(value.adjusted()) > 400):
+        raise ParameterError(f"{name} must be {_RANGE}")
+    return Fraction(value)
+
+
+def _from_text(value: str, name: str) -> Fraction:
+    text = value.strip(_SPACES)
+    if len(text) > MAX_NUMBER_TEXT:
+        raise ParameterError(f"{name} must be a number of at most {MAX_NUMBER_TEXT} characters")
+    # The grammar is ASCII on purpose: Python's own parsers also take other scripts' digits
+    # ("١"), underscores ("1_0") and words ("Infinity"), which no SQL or TOML reader would.
+    if _DECIMAL_TEXT.fullmatch(text):
+        return _from_decimal(Decimal(text), name)
+    if _RATIO_TEXT.fullmatch(text):
+        numerator, denominator = text.split("/")
+        if int(denominator) == 0:
+            raise ParameterError(f"{name} must not divide by zero")
+        return Fraction(int(numerator), int(denominator))
+    raise ParameterError(f"{name} must be a decimal number (e.g. 0.5 or 1e-6) or a ratio (1/3)")
 
 
 def check_epsilon(value: object, name: str, cap: Fraction) -> Fraction:
@@ -396,22 +446,52 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+# A policy is a page of TOML; a megabyte of it is a mistake, or an attempt to exhaust memory.
+MAX_POLICY_BYTES = 1 << 20
+
+
+def read_limited(
+    source: Path | IO[bytes], limit: int, what: str, error: type[DpsqlError] = InputError
+) -> str:
+    """The UTF-8 text of a file (or a binary stream such as standard input), reading at most
+    ``limit + 1`` bytes: a FIFO, ``/dev/zero`` or a huge file cannot exhaust memory.
+
+    ``what`` names the input in the messages of ``error`` ("the policy file p.toml"), which
+    never quote its content.
+    """
+    try:
+        if isinstance(source, Path):
+            with source.open("rb") as handle:
+                data = handle.read(limit + 1)
+        else:
+            data = source.read(limit + 1)
+    except OSError:
+        raise error(f"cannot read {what}") from None
+    if len(data) > limit:
+        raise error(f"{what} is larger than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} is not UTF-8 text (byte {exc.start} is invalid)") from None
+
+
 def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = None) -> Policy:
     """Load and validate a policy from a TOML path or a dict; raises ``PolicyError``."""
     if isinstance(source, dict):
         raw = dict(source)
         base = base_dir or Path.cwd()
-    else:
+    elif isinstance(source, str | Path):
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError:
-            raise PolicyError(f"cannot read the policy file {path}") from None
+        text = read_limited(path, MAX_POLICY_BYTES, f"the policy file {path}", PolicyError)
         try:
             raw = tomllib.loads(text, parse_float=Decimal)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"the policy file is not valid TOML: {exc}") from None
+        except ValueError:  # an integer of 4,300 digits or more, which int() refuses
+            raise PolicyError("the policy file holds a number too long to read") from None
         base = base_dir or path.resolve().parent
+    else:
+        raise PolicyError("a policy is a TOML file's path, a Policy or a dict")
     try:
         return Policy.model_validate({**raw, "base_dir": base})
     except ValidationError as exc:
@@ -429,5 +509,6 @@ __all__ = [
     "check_delta",
     "check_epsilon",
     "load_policy",
+    "read_limited",
     "to_fraction",
 ]

@@ -20,7 +20,13 @@ from typing import Any
 from dpsql import bounds, cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.errors import BoundsError, LedgerError, ParameterError, UnsupportedQueryError
+from dpsql.errors import (
+    BoundsError,
+    EngineError,
+    LedgerError,
+    ParameterError,
+    UnsupportedQueryError,
+)
 from dpsql.noise.release import (
     Release,
     check_post_processing,
@@ -38,6 +44,7 @@ from dpsql.policy import (
     check_delta,
     check_epsilon,
     load_policy,
+    to_fraction,
 )
 from dpsql.sql.analyze import Analysis, analyze
 from dpsql.sql.cells import Cell
@@ -95,36 +102,54 @@ class Result:
 
 
 def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool):
-        raise ParameterError(f"{name} must be a positive integer")
-    try:
-        number = Fraction(str(value).strip())
-    except (TypeError, ValueError, ZeroDivisionError):
-        raise ParameterError(f"{name} must be a positive integer") from None
+    message = f"{name} must be an integer from 1 to {MAX_CONTRIBUTION_BOUND}"
+    # to_fraction bounds the text before any arithmetic ("1e999999999" is refused unexpanded).
+    number = to_fraction(value, name)
     if number.denominator != 1 or not 1 <= number <= MAX_CONTRIBUTION_BOUND:
-        raise ParameterError(f"{name} must be an integer from 1 to {MAX_CONTRIBUTION_BOUND}")
+        raise ParameterError(message)
     return int(number)
+
+
+_TRUE, _FALSE = ("true", "on", "1", "yes"), ("false", "off", "0", "no")
 
 
 def _boolean(value: object, name: str) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in ("true", "on", "1", "yes"):
+    # Only a word or 0/1 is read: str() of an arbitrary object (or of a 5,000-digit integer,
+    # which raises ValueError) is never taken.
+    if isinstance(value, int) and value in (0, 1):
+        return value == 1
+    text = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
+    if text in _TRUE:
         return True
-    if text in ("false", "off", "0", "no"):
+    if text in _FALSE:
         return False
     raise ParameterError(f"{name} must be true or false")
 
 
 def _confidence(value: object) -> float:
+    message = "confidence must be a number in [0.5, 0.9999]"
     try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ParameterError("confidence must be a number in [0.5, 0.9999]") from None
-    if not 0.5 <= number <= 0.9999:
-        raise ParameterError("confidence must be a number in [0.5, 0.9999]")
-    return number
+        number = to_fraction(value, "confidence")
+    except ParameterError:
+        raise ParameterError(message) from None
+    if not Fraction(1, 2) <= number <= Fraction(9999, 10000):
+        raise ParameterError(message)
+    return float(number)
+
+
+def _mechanism(value: object) -> str:
+    mechanism = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
+    if mechanism not in ("laplace", "gaussian"):
+        raise ParameterError("mechanism must be 'laplace' or 'gaussian'")
+    return mechanism
+
+
+def _setting_name(name: object) -> str:
+    """A setting's name as a message may show it: the user's text, cut short."""
+    text = name if isinstance(name, str) else type(name).__name__
+    return text if len(text) <= 64 else text[:61] + "..."
 
 
 def check_setting(name: str, value: object) -> object:
@@ -138,17 +163,21 @@ def check_setting(name: str, value: object) -> object:
     if name == "confidence":
         return _confidence(value)
     if name == "mechanism":
-        mechanism = str(value).strip().lower()
-        if mechanism not in ("laplace", "gaussian"):
-            raise ParameterError("mechanism must be 'laplace' or 'gaussian'")
-        return mechanism
+        return _mechanism(value)
     if name == "rho":
         return check_epsilon(value, "rho", MAX_QUERY_RHO)
     if name == "sigma":
-        return check_epsilon(value, "sigma", MAX_NOISE_MULTIPLIER)
+        sigma = check_epsilon(value, "sigma", MAX_NOISE_MULTIPLIER)
+        # Below this noise multiplier one measurement of sensitivity 1 alone costs more than
+        # the largest per-query rho (rho = 1/(2 sigma^2)): refused as absurd, like that rho.
+        if 2 * sigma * sigma * MAX_QUERY_RHO < 1:
+            raise ParameterError(f"sigma must be at least sqrt(1/{2 * MAX_QUERY_RHO})")
+        return sigma
     if name == "fresh":
         return _boolean(value, name)
-    raise ParameterError(f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}")
+    raise ParameterError(
+        f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
+    )
 
 
 class Session:
@@ -354,12 +383,34 @@ class Session:
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, plan.epsilon, plan.delta, self.analyst,
         )  # fmt: skip
-        _, rows = self.engine.run(plan.engine_sql)
-        noisy = measure(plan, rows)
+        try:
+            _, rows = self.engine.run(plan.engine_sql)
+            noisy = measure(plan, rows)
+        except (EngineError, MemoryError) as exc:
+            raise self._failed(charge, getattr(exc, "cause", None) or type(exc).__name__) from None
+        except KeyboardInterrupt:  # the shell's Ctrl-C: recorded, then left to the shell
+            self._failed(charge, "KeyboardInterrupt")
+            raise
         self.cache.record(plan, k, noisy, charge.seq, canonical)
-        released = publish(plan, noisy)
+        try:
+            released = publish(plan, noisy)
+        except (EngineError, MemoryError):
+            raise self._failed(charge, "post-processing") from None
         log.info("released query %s: %d row(s)", digest, len(released.rows))
         return self._result(plan, released, charge, None)
+
+    def _failed(self, charge: Charge, cause: str) -> EngineError:
+        """The one error of a failure after the charge, which stays (whether the engine failed
+        can depend on the data). The cause goes to a ``failure`` record, for the owner only;
+        the record changes no budget."""
+        log.warning("the query of charge %d failed after it: %s", charge.seq, cause)
+        try:
+            self.filter.store.append(
+                "failure", {"charge": charge.seq, "cause": cause}, self.analyst
+            )
+        except (LedgerError, MemoryError) as error:
+            log.error("the failure of charge %d is not recorded: %s", charge.seq, error)
+        return EngineError()
 
     @staticmethod
     def _result(plan: Plan, released: Release, charge: Charge | None, cached: int | None) -> Result:

@@ -47,7 +47,6 @@ from dpsql import errors
 from dpsql.accounting.ledger import Ledger
 from dpsql.server.server import Limits
 from dpsql.server.statements import (
-    ENGINE_FAILED,
     HEALTH_CHECK,
     PROBE,
     SHOW,
@@ -260,7 +259,7 @@ def test_the_cut_message_is_the_engines(dataset: Dataset, tmp_path: Path) -> Non
         timer.join()
     finally:
         session.close()
-    assert str(info.value) == ENGINE_FAILED
+    assert str(info.value) == errors.ENGINE_FAILURE
 
 
 def test_a_timeout_interrupts_the_engine(serve: Callable[..., Served]) -> None:

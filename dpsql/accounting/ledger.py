@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -114,7 +115,7 @@ class Ledger:
         """``dpsql init``: a new ledger for ``dataset`` whose first record is ``budget`` (the
         caps and the filter, see ``BUDGET_RECORD``); refuses to overwrite anything."""
         path, anchor = Path(path), Path(anchor) if anchor is not None else anchor_path(Path(path))
-        if path.exists() or anchor.exists():
+        if _exists(path) or _exists(anchor):
             raise LedgerError(f"refusing to create a ledger over an existing file: {path}")
         identity = {
             "ledger_id": secrets.token_hex(16),
@@ -125,39 +126,47 @@ class Ledger:
             # session of the data set so that cached and fresh answers bound the same rows.
             "salt": str(secrets.randbits(62)),
         }
-        # The ledger holds the salt and every query and answer: readable by its owner only.
-        path.touch(mode=0o600)
-        path.chmod(0o600)
         when = time.time()
         body = canonical(dict(budget))
         digest = record_hash(GENESIS, (1, when, BUDGET_RECORD, by, body))
-        con = _connect(path)
         try:
-            con.executescript(_SCHEMA)
-            # One transaction: a ledger never exists without its budget record.
-            with con:
-                con.executemany("INSERT INTO meta VALUES (?, ?)", list(identity.items()))
-                con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (1, when, BUDGET_RECORD, by, body, GENESIS, digest),
-                )
-        finally:
-            con.close()
-        _write_anchor(anchor, _anchor(identity, 1, digest))
-        anchor.chmod(0o600)
+            # The ledger holds the salt and every query and answer: readable by its owner only.
+            path.touch(mode=0o600, exist_ok=False)
+            path.chmod(0o600)
+            con = _connect(path)
+            try:
+                con.executescript(_SCHEMA)
+                # One transaction: a ledger never exists without its budget record.
+                with con:
+                    con.executemany("INSERT INTO meta VALUES (?, ?)", list(identity.items()))
+                    con.execute(
+                        "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (1, when, BUDGET_RECORD, by, body, GENESIS, digest),
+                    )
+            finally:
+                con.close()
+            _write_anchor(anchor, _anchor(identity, 1, digest))
+            anchor.chmod(0o600)
+        except (OSError, sqlite3.Error, LedgerError) as exc:
+            # Nothing was recorded yet: remove what this call made, so init can run again.
+            if not isinstance(exc, FileExistsError):
+                for made in (path, anchor, *_sidecars(path)):
+                    with contextlib.suppress(OSError):
+                        made.unlink()
+            raise LedgerError(f"cannot create the ledger {path}: {_reason(exc)}") from None
         return cls(path, anchor)
 
     def _open(self) -> dict[str, str]:
-        if not self.anchor.exists():
+        if not _exists(self.anchor):
             raise LedgerError(f"the ledger's anchor is missing: {self.anchor}; run dpsql init")
-        if not self.path.exists():
+        if not _exists(self.path):
             raise LedgerError("the ledger file is missing while its anchor exists: fail closed")
         try:
             con = _connect(self.path)
             identity = dict(con.execute("SELECT key, value FROM meta").fetchall())
             con.close()
         except sqlite3.Error:
-            raise LedgerError("the ledger file cannot be read: fail closed") from None
+            raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
         anchor = _read_anchor(self.anchor)
         if identity.get("ledger_id") != anchor.get("ledger_id"):
             raise LedgerError("the ledger does not match its anchor (another ledger's file?)")
@@ -196,7 +205,7 @@ class Ledger:
             ).fetchall()
             con.close()
         except sqlite3.Error:
-            raise LedgerError("the ledger file cannot be read: fail closed") from None
+            raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
         if recheck:
             if rows[:start] != known_rows:
                 raise LedgerError("the ledger's history changed under a running session")
@@ -213,13 +222,19 @@ class Ledger:
                 raise LedgerError(f"the ledger's chain is broken at record {expected}")
             if record_hash(prev, (seq, when, kind, analyst, payload)) != digest:
                 raise LedgerError(f"ledger record {seq} was altered")
-            records.append(Record(seq, when, kind, analyst, json.loads(payload), link, digest))
+            try:
+                body = json.loads(payload)
+            except (TypeError, ValueError):  # a chain forged over a payload that is not JSON
+                raise LedgerError(f"ledger record {seq} is malformed: fail closed") from None
+            records.append(Record(seq, when, kind, analyst, body, link, digest))
             prev = digest
         return records, [*known_rows, *(tuple(r) for r in rows)]
 
     @staticmethod
     def _check(records: list[Record], anchor: Mapping[str, Any]) -> None:
-        seq = int(anchor.get("seq", -1))
+        seq = anchor.get("seq", -1)
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise LedgerError("the ledger's anchor is malformed: fail closed")
         if seq > len(records):
             raise LedgerError("the ledger is shorter than its anchor: records were removed")
         head = records[seq - 1].hash if seq > 0 else GENESIS
@@ -260,7 +275,9 @@ class Ledger:
             try:
                 con = _connect(self.path)
             except sqlite3.Error:
-                raise LedgerError("the ledger cannot be opened for writing") from None
+                raise LedgerError(
+                    f"the ledger {self.path} cannot be opened for writing; nothing was released"
+                ) from None
             try:
                 con.execute("BEGIN IMMEDIATE")
                 # Before writing, the whole history is checked again (not only the records
@@ -289,7 +306,7 @@ class Ledger:
                 with contextlib.suppress(sqlite3.Error):
                     con.execute("ROLLBACK")
                 raise LedgerError(
-                    "the ledger could not record this; nothing was released"
+                    f"the ledger {self.path} could not record this; nothing was released"
                 ) from None
             finally:
                 con.close()
@@ -339,20 +356,45 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _file_lock(path: Path) -> Iterator[None]:
     """Serialize writers across processes (SQLite's lock covers the file, this the anchor)."""
     lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise LedgerError(
+            f"the ledger's lock file {lock} cannot be opened: {_reason(exc)}"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise LedgerError(
+                f"the ledger's lock file {lock} cannot be locked: {_reason(exc)}"
+            ) from None
         yield
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+# An anchor is a line of JSON of about two hundred bytes; no more than this is ever read (the
+# policy names its path, which could be a FIFO or /dev/zero).
+MAX_ANCHOR_BYTES = 1 << 16
 
 
 def _read_anchor(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # Non-blocking, so that a FIFO without a writer cannot hang the open; then only a
+        # regular file of at most MAX_ANCHOR_BYTES is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ValueError("not a regular file")
+            text = handle.read(MAX_ANCHOR_BYTES + 1)
+        if len(text) > MAX_ANCHOR_BYTES:
+            raise ValueError("too long")
+        data = json.loads(text.decode("utf-8"))
     except (OSError, ValueError):
-        raise LedgerError("the ledger's anchor cannot be read: fail closed") from None
+        raise LedgerError(f"the ledger's anchor {path} cannot be read: fail closed") from None
     if not isinstance(data, dict):
         raise LedgerError("the ledger's anchor is malformed: fail closed")
     return data
@@ -372,5 +414,31 @@ def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
             os.fsync(folder)
         finally:
             os.close(folder)
-    except OSError:
-        raise LedgerError("the ledger's anchor could not be written") from None
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise LedgerError(
+            f"the ledger's anchor {path} could not be written: {_reason(exc)}"
+        ) from None
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a path that cannot even be looked up is a LedgerError."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise LedgerError(f"cannot look up {path}: {_reason(exc)}") from None
+
+
+def _sidecars(path: Path) -> tuple[Path, ...]:
+    """SQLite's files beside a WAL database."""
+    return tuple(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an operation on a file failed, without any content: the OS's words, or SQLite's."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    if isinstance(exc, sqlite3.Error):
+        return "SQLite cannot open or write it"
+    return str(exc) if isinstance(exc, LedgerError) else type(exc).__name__

@@ -282,18 +282,22 @@ class DuckDBEngine:
         return {SALT_PARAMETER: self.salt} if f"${SALT_PARAMETER}" in sql else None
 
     def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run generated SQL; any engine failure becomes a generic ``EngineError``."""
+        """Run generated SQL; any failure becomes the one generic ``EngineError``.
+
+        Whether the engine fails, and how (an engine error, an interrupt, out of memory in
+        DuckDB or in Python while the rows are fetched), can depend on the data: the error's
+        message is the same for every cause, and the cause (the exception's class name) goes
+        only to ``EngineError.cause``, for the session to record for the data owner.
+        """
         with self._lock:
             try:
                 cursor = self._con.execute(sql, self._parameters(sql))
                 names = [d[0] for d in cursor.description or []]
                 return names, cursor.fetchall()
-            except duckdb.Error as exc:
+            except Exception as exc:  # every cause gets the one error
                 # The engine's message may quote data values: log the class only.
                 log.warning("engine failure after charge: %s", type(exc).__name__)
-                raise EngineError(
-                    "the engine failed while running the bounded query; the charge stands"
-                ) from None
+                raise EngineError(cause=type(exc).__name__) from None
 
     def interrupt(self) -> None:
         """Stop the running query (a statement timeout or a client's cancel request); it then

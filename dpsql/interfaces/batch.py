@@ -15,10 +15,12 @@ Both commands are click command objects (``run_command``, ``explain_command``) t
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import sys
-from collections.abc import Iterator, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -31,15 +33,20 @@ from rich.progress import Progress
 
 from dpsql import cache
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
-from dpsql.errors import BudgetExceededError, DpsqlError
+from dpsql.errors import BudgetExceededError, DpsqlError, OutputError
 from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
 from dpsql.plan.planner import Plan
+from dpsql.policy import read_limited
 from dpsql.session import Result, Session
 from dpsql.sql.parse import Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece, split_statements
 
 FORMATS = ("csv", "json", "parquet")
+# A SQL file is read whole (to plan it as a whole), so its size is bounded: 16 MiB is far more
+# than any hand-written file, and stops a FIFO or /dev/zero from exhausting memory.
+DEFAULT_MAX_BYTES = 16 << 20
+MAX_BYTES_CAP = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -224,33 +231,83 @@ def _parquet(path: Path, schema: Sequence[tuple[str, str]], rows: Sequence[Seque
         con.execute(f"COPY result TO '{target}' (FORMAT PARQUET)")
 
 
+def _reason(exc: BaseException) -> str:
+    """Why a write failed, in the OS's words (never a value: only the file is named)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return "the engine could not write the file" if isinstance(exc, duckdb.Error) else "failed"
+
+
+def prepare_output(folder: Path) -> None:
+    """Create ``folder`` and check that a file can be written in it, before anything runs (so
+    that a folder that cannot hold the results costs nothing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpsql-", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write results to the folder {folder}: {_reason(exc)}; nothing was run"
+        ) from None
+
+
+def _write_one(path: Path, what: str, write: Callable[[], object]) -> Path:
+    try:
+        write()
+    except (OSError, duckdb.Error) as exc:
+        raise OutputError(
+            f"cannot write {path} ({what}): {_reason(exc)}; the statements ran and their charges "
+            "stand (run the file again to write the results: the cache serves them free)"
+        ) from None
+    return path
+
+
 def write_results(
     done: Sequence[tuple[Step, Result]], folder: Path, fmt: str, combined: bool, width: int
 ) -> list[Path]:
-    """Write each result (``01.csv``, ...) or all of them (``results.csv``); return the files."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write each result (``01.csv``, ...) or all of them (``results.csv``); return the files.
+    A file that cannot be written is an ``OutputError`` naming it and its statement."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the folder {folder}: {_reason(exc)}") from None
     if combined:
         path = folder / f"results.{fmt}"
+        what = "the results of every statement"
         if fmt == "json":
             docs = [_document(s, r) for s, r in done]
-            path.write_text(json.dumps(docs, indent=2) + "\n", encoding="utf-8")
-        elif fmt == "csv":
-            path.write_text(_csv([n for n, _ in LONG], _long_rows(done)), encoding="utf-8")
-        else:
-            _parquet(path, LONG, list(_long_rows(done)))
-        return [path]
+            text = json.dumps(docs, indent=2) + "\n"
+            return [_write_one(path, what, lambda: path.write_text(text, encoding="utf-8"))]
+        if fmt == "csv":
+            text = _csv([n for n, _ in LONG], _long_rows(done))
+            return [_write_one(path, what, lambda: path.write_text(text, encoding="utf-8"))]
+        rows = list(_long_rows(done))
+        return [_write_one(path, what, lambda: _parquet(path, LONG, rows))]
     paths = []
     for step, result in done:
         path = folder / f"{step.piece.number:0{width}d}.{fmt}"
+        what = f"the result of statement {step.piece.number}, line {step.piece.line}"
         if fmt == "json":
-            path.write_text(json.dumps(_document(step, result), indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(_document(step, result), indent=2) + "\n"
+            write: Callable[[], object] = functools.partial(path.write_text, text, encoding="utf-8")
         elif fmt == "csv":
-            path.write_text(_csv(result.columns, result.rows), encoding="utf-8")
+            write = functools.partial(
+                path.write_text, _csv(result.columns, result.rows), encoding="utf-8"
+            )
         else:
             schema = list(zip(result.columns, result.types, strict=True))
-            _parquet(path, schema, result.rows)
-        paths.append(path)
+            write = functools.partial(_parquet, path, schema, result.rows)
+        paths.append(_write_one(path, what, write))
     return paths
+
+
+def echo(text: str = "", nl: bool = True) -> None:
+    """``click.echo``, but a standard output that cannot be written (a full disk, a closed pipe)
+    is an ``OutputError`` rather than an internal error."""
+    try:
+        click.echo(text, nl=nl)
+    except OSError as exc:
+        raise OutputError(f"cannot write to standard output: {_reason(exc)}") from None
 
 
 def _text_table(result: Result) -> list[str]:
@@ -310,8 +367,15 @@ def _summary(session: Session, done: Sequence[tuple[Step, Result]], skipped: lis
 
 
 @click.command("run")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @click.option("--plan", "plan_only", is_flag=True, help="Print the cost plan and stop.")
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(1, MAX_BYTES_CAP),
+    default=DEFAULT_MAX_BYTES,
+    show_default=True,
+    help="Refuse a FILE larger than this many bytes (it is never read further).",
+)
 @click.option("--partial", is_flag=True, help="If the file does not fit, run what fits.")
 @click.option(
     "--output",
@@ -336,6 +400,7 @@ def run_command(
     *,
     file: Path,
     plan_only: bool,
+    max_bytes: int,
     partial: bool,
     output: Path | None,
     fmt: str,
@@ -346,15 +411,19 @@ def run_command(
     if output is None and (fmt != "csv" or combined):
         raise click.UsageError("--format and --combined need --output")
     try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        raise click.BadParameter(f"cannot read {file}", param_hint="'FILE'") from None
+        if str(file) == "-":
+            text = read_limited(sys.stdin.buffer, max_bytes, "standard input")
+        else:
+            text = read_limited(file, max_bytes, f"the SQL file {file}")
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
         session = Session(config.policy(), config.analyst)
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
-        _run(ctx, session, file.name, text, plan_only=plan_only, partial=partial,
+        name = "standard input" if str(file) == "-" else file.name
+        _run(ctx, session, name, text, plan_only=plan_only, partial=partial,
              output=output, fmt=fmt, combined=combined, quiet=quiet)  # fmt: skip
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
@@ -375,9 +444,11 @@ def _run(
     combined: bool,
     quiet: bool,
 ) -> None:
+    if output is not None and not plan_only:
+        prepare_output(output)
     steps = plan_file(session, split_statements(text))
     if not quiet or plan_only:
-        click.echo("\n".join(plan_lines(session, name, steps)))
+        echo("\n".join(plan_lines(session, name, steps)))
     if plan_only:
         return
     refused = [s for s in steps if s.source == "refused"]
@@ -395,12 +466,12 @@ def _run(
     if output is not None:
         width = max(2, len(str(len(steps))))
         for path in write_results(done, output, fmt, combined, width):
-            click.echo(f"wrote {path}")
+            echo(f"wrote {path}")
     else:
         for step, result in done:
-            click.echo(f"\n-- statement {step.piece.number} (line {step.piece.line})")
-            click.echo("\n".join(_text_table(result)))
-    click.echo(_summary(session, done, skipped))
+            echo(f"\n-- statement {step.piece.number} (line {step.piece.line})")
+            echo("\n".join(_text_table(result)))
+    echo(_summary(session, done, skipped))
 
 
 @click.command("explain")

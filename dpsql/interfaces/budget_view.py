@@ -44,7 +44,7 @@ from dpsql.errors import LedgerError, ParameterError
 from dpsql.interfaces.charts import chart_format, composite_curves, history_curves, write_chart
 from dpsql.interfaces.report import NOTES
 from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
-from dpsql.session import MAX_NOISE_MULTIPLIER
+from dpsql.session import check_setting
 
 if TYPE_CHECKING:
     from dpsql.interfaces.cli import Config
@@ -53,6 +53,10 @@ __all__ = ["demo_command", "fit_count", "show_command", "whatif_command", "whati
 
 MAX_FIT = 100_000  # what-if counts stop here ("at least")
 MAX_WHATIF_QUERIES = 100_000
+# A discrete Laplace of scale above 2**56 cannot be sampled exactly, so a query cannot ask for it
+# (the session refuses it before the charge); the accountants' curves of such an epsilon lose
+# every digit of their working precision (1 - e^(-epsilon) rounds to 0).
+SMALLEST_WHATIF_EPSILON = Fraction(1, 2**56)
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 DEMO_USERS = 50_000  # make_data.py's default: the data `make demo` builds
 
@@ -309,15 +313,28 @@ def _views(query: Query, n: int, delta: float) -> Callable[[int], list[list[Comp
     return lambda k: [[one] * k]
 
 
+def _whatif_epsilon(value: str) -> Fraction:
+    epsilon = check_epsilon(value, "epsilon", MAX_QUERY_EPSILON)
+    if epsilon < SMALLEST_WHATIF_EPSILON:
+        raise ParameterError("epsilon must be at least 2**-56 (noise beyond cannot be sampled)")
+    return epsilon
+
+
+def _whatif_sigma(value: str) -> Fraction:
+    sigma = check_setting("sigma", value)  # the bounds of SET dpsql.sigma
+    assert isinstance(sigma, Fraction)
+    return sigma
+
+
 @click.command("what-if")
 @click.option(
     "--epsilon",
-    callback=_exact(lambda v: check_epsilon(v, "epsilon", MAX_QUERY_EPSILON)),
+    callback=_exact(_whatif_epsilon),
     help="Each query's epsilon: a discrete Laplace of sensitivity 1.",
 )
 @click.option(
     "--sigma",
-    callback=_exact(lambda v: check_epsilon(v, "sigma", MAX_NOISE_MULTIPLIER)),
+    callback=_exact(_whatif_sigma),
     help="Each query's noise multiplier: a Gaussian of sensitivity 1.",
 )
 @click.option(

@@ -31,6 +31,7 @@ from dpsql.accounting.events import Composite
 from dpsql.accounting.filter import Budget, events_for
 from dpsql.accounting.pld import PldAccountant
 from dpsql.accounting.rdp import RdpAccountant
+from dpsql.errors import OutputError
 
 __all__ = [
     "CURVES",
@@ -177,8 +178,14 @@ def draw(curves: Curves, fmt: str) -> bytes:
 
 
 def write_chart(curves: Curves, path: Path) -> None:
-    """Draw the chart in the format the file name asks for."""
-    path.write_bytes(draw(curves, chart_format(path)))
+    """Draw the chart in the format the file name asks for; a file that cannot be written is
+    an ``OutputError`` naming it."""
+    image = draw(curves, chart_format(path))
+    try:
+        path.write_bytes(image)
+    except OSError as exc:
+        reason = exc.strerror.lower() if exc.strerror else "failed"
+        raise OutputError(f"cannot write the chart {path}: {reason}") from None
 
 
 def inline_svg(curves: Curves) -> str:

@@ -30,8 +30,10 @@ from dpsql.errors import (
     DpsqlError,
     EngineError,
     EntropyError,
+    InputError,
     InternalError,
     LedgerError,
+    OutputError,
     ParameterError,
     PolicyError,
     QueryError,
@@ -47,6 +49,9 @@ EXIT_USAGE = 2  # click's own code for usage errors; also bad option values
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a dpsql bug
 # The one table: the first class in an error's MRO found here gives its code.
 EXIT_CODES: dict[type[DpsqlError], int] = {
+    # A file that cannot be read or written is the caller's to fix, like a bad option value.
+    InputError: EXIT_USAGE,
+    OutputError: EXIT_USAGE,
     QueryError: 3,
     BudgetExceededError: 4,
     EngineError: 5,
@@ -57,7 +62,9 @@ EXIT_CODES: dict[type[DpsqlError], int] = {
 }
 _MEANINGS = {
     EXIT_OK: "success",
-    EXIT_USAGE: "usage error: unknown command or option, bad option value",
+    EXIT_USAGE: "usage error: unknown command or option, bad option value, an input file that "
+    "cannot be read or is too large (InputError), an output file that cannot be written "
+    "(OutputError)",
     3: "query rejected (QueryError); nothing was charged",
     4: "budget exceeded (BudgetExceededError); nothing was charged",
     5: "engine error (EngineError); the charge stays",
@@ -227,13 +234,17 @@ def _budget(policy: Policy) -> Budget:
 
 
 def _write(text: str, output: Path | None) -> None:
-    if output is None:
-        click.echo(text, nl=False)
-        return
+    """Write a report or an export to ``output`` (or standard output); a file that cannot be
+    written (a full disk, a folder that is not one) is an ``OutputError`` naming it."""
     try:
-        output.write_text(text, encoding="utf-8")
-    except OSError:
-        raise click.BadParameter(f"cannot write {output}", param_hint="'--output'") from None
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        where = "standard output" if output is None else str(output)
+        reason = exc.strerror.lower() if exc.strerror else "failed"
+        raise OutputError(f"cannot write {where}: {reason}") from None
 
 
 # -- commands ---------------------------------------------------------------------------------

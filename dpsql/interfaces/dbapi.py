@@ -24,12 +24,13 @@ an ``OperationalError`` and a ``dpsql.errors.BudgetExceededError``::
         └── InternalError
             └── DpsqlInternalError     (a dpsql bug)
     PolicyFailure                      (an InterfaceError: the policy given to connect())
+    InputFailure, OutputFailure        (InterfaceErrors: a file to read or write; the CLI's)
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -128,6 +129,14 @@ class PolicyFailure(InterfaceError, errors.PolicyError):
     pass
 
 
+class InputFailure(InterfaceError, errors.InputError):
+    pass
+
+
+class OutputFailure(InterfaceError, errors.OutputError):
+    pass
+
+
 # The one mapping from the dpsql tree to PEP 249 (most specific first).
 _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.BudgetExceededError, BudgetExceededError),
@@ -140,6 +149,8 @@ _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.ParameterError, InvalidParameterError),
     (errors.UnsupportedQueryError, UnsupportedQuery),
     (errors.PolicyError, PolicyFailure),
+    (errors.InputError, InputFailure),
+    (errors.OutputError, OutputFailure),
     (errors.InternalError, DpsqlInternalError),
 )
 
@@ -223,6 +234,8 @@ class Connection:
     @_pep249
     def set(self, name: str, value: object) -> None:
         """Python form of ``SET dpsql.name = value`` (``None`` resets it)."""
+        if not isinstance(name, str) or len(name) > 64:  # no setting's name is longer
+            raise errors.ParameterError("a setting's name is one of dpsql's setting names")
         self.session.set_option(name, value)
 
     def __enter__(self) -> Connection:
@@ -297,6 +310,10 @@ class Cursor:
         self, operation: str, seq_of_parameters: Sequence[Sequence[object]], **options: object
     ) -> Cursor:
         """Each parameter set is a separate query, charged separately."""
+        if isinstance(seq_of_parameters, str | bytes) or not isinstance(
+            seq_of_parameters, Iterable
+        ):
+            raise InvalidParameterError("executemany takes a sequence of parameter sequences")
         for parameters in seq_of_parameters:
             self.execute(operation, parameters, **options)
         return self
@@ -317,6 +334,8 @@ class Cursor:
     def fetchmany(self, size: int | None = None) -> list[tuple[Any, ...]]:
         rows = self._rows()
         count = self.arraysize if size is None else size
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProgrammingError("fetchmany's size (or arraysize) must be an integer")
         chunk = rows[self._position : self._position + count]
         self._position += len(chunk)
         return list(chunk)
@@ -355,6 +374,9 @@ def connect(
 
     ``analyst`` is self-declared in process; only the server authenticates it.
     """
+    if analyst is not None and not isinstance(analyst, str):
+        # The ledger records the name as JSON text: anything else cannot be recorded.
+        raise errors.ParameterError("analyst must be a string (the analyst's name) or None")
     if isinstance(policy, Mapping):
         policy = load_policy(dict(policy))
     return Connection(Session(policy, analyst=analyst))

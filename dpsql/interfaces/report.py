@@ -119,6 +119,9 @@ def _schedule_entry(record: Record) -> dict[str, Any]:
         )
         if record.kind == "allocate":
             entry["share_of"] = str(payload["analyst"])
+    elif record.kind == "failure":  # for the owner: why the query of a charge gave no answer
+        entry["charge_seq"] = payload.get("charge")
+        entry["cause"] = str(payload.get("cause"))
     else:  # a release, a cache re-serve, or a kind this version does not read: named, not read
         if "query" in payload:
             entry["query"] = str(payload["query"])
@@ -363,6 +366,8 @@ def _md_accounting(data: dict[str, Any]) -> list[str]:
 
 
 def _reference(entry: dict[str, Any]) -> str | None:
+    if entry["kind"] == "failure":
+        return f"failure of charge {entry['charge_seq']} in the engine ({entry['cause']})"
     if "charge_seq" in entry:
         return f"answer of charge {entry['charge_seq']}"
     if "release_seq" in entry:

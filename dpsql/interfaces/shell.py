@@ -39,13 +39,15 @@ from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import TokenType
 
 from dpsql import cache
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, InputError
 from dpsql.interfaces.cli import EXIT_INTERNAL, Config, cli, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact, iso_time
 from dpsql.session import SETTINGS, Result, Session
-from dpsql.sql.parse import DIALECT
+from dpsql.sql.parse import DIALECT, MAX_QUERY_LENGTH
 
 DEFAULT_HISTORY = "~/.dpsql_history"
+MAX_INPUT = MAX_QUERY_LENGTH  # characters of one input read from a stream: one query's worth
+MAX_HISTORY_BYTES = 16 << 20
 DEFAULT_LEDGER_ROWS = 10
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "HAVING", "ORDER BY", "LIMIT", "OFFSET", "AS", "AND",
@@ -285,7 +287,8 @@ class Shell:
         return self._show(Text(str(report)), table)
 
     def _ledger(self, argument: str) -> str:
-        if argument and not argument.isdigit():
+        # ASCII digits, a few of them: int() of other scripts' digits works, of 4,300 fails.
+        if argument and not (argument.isascii() and argument.isdigit() and len(argument) <= 9):
             raise click.UsageError("\\ledger takes a number of records, e.g. \\ledger 5")
         count = int(argument) if argument else DEFAULT_LEDGER_ROWS
         records = self.session.filter.store.records()
@@ -299,6 +302,8 @@ class Shell:
                 what = f"release of charge #{p.get('charge')}"
             elif record.kind == "reserve":
                 what = f"served from release #{p.get('release')}: {p.get('query')}"
+            elif record.kind == "failure":  # the cause is the owner's to read (dpsql report)
+                what = f"charge #{p.get('charge')} failed in the engine; its charge stands"
             elif record.kind in ("budget_add", "allocate"):
                 who = f"{p['analyst']}: " if "analyst" in p else "+"
                 what = f"{who}epsilon {p.get('epsilon')}, delta {p.get('delta')} ({p.get('why')})"
@@ -371,19 +376,40 @@ class Shell:
 
 
 # -- the loops ------------------------------------------------------------------------------------
+def _lines(input: IO[str]) -> Iterator[str]:
+    """The lines of ``input``, none read past ``MAX_INPUT`` characters: a stream without line
+    ends (``/dev/zero``) must not fill memory."""
+    while line := input.readline(MAX_INPUT + 1):
+        if len(line) > MAX_INPUT:
+            raise InputError(f"a line of standard input is longer than {MAX_INPUT} characters")
+        yield line
+
+
 def run_shell(session: Session | Shell, input: IO[str], output: IO[str]) -> None:
     """Read inputs from a text stream (no terminal): statements end at ``;``, a meta-command
-    at the end of its line; the prompt is written before each input, as a terminal shows it."""
+    at the end of its line; the prompt is written before each input, as a terminal shows it.
+    An input longer than ``MAX_INPUT`` characters ends the shell with an ``InputError``."""
     shell = session if isinstance(session, Shell) else Shell(session)
     pending: list[str] = []
+    size = 0
     output.write(shell.prompt())
-    for line in input:
+    for line in _lines(input):
         pending.append(line)
+        size += len(line)
+        if size > MAX_INPUT:
+            raise InputError(f"an input of the shell is longer than {MAX_INPUT} characters")
+        # An incomplete input (whole lines) becomes complete only through a line holding a
+        # semicolon, or closing a block comment after the last one: other lines need no new
+        # tokenization of everything pending, which would be quadratic in the input's size.
+        if len(pending) > 1 and ";" not in line and "*/" not in line:
+            output.write("   ...> ")
+            continue
         text = "".join(pending)
         if not is_complete(text):
             output.write("   ...> ")
             continue
         pending.clear()
+        size = 0
         output.write(shell.handle(text))
         if shell.finished:
             return
@@ -435,6 +461,10 @@ def interactive(shell: Shell, history: Path | None) -> None:
         sys.stdout.flush()
 
 
+def _small_file(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size <= MAX_HISTORY_BYTES
+
+
 @click.command("shell")
 @click.option(
     "--history",
@@ -450,6 +480,13 @@ def shell_command(config: Config, history: Path, no_history: bool) -> None:
     kept = None if no_history else history.expanduser()
     if kept is not None and not kept.parent.is_dir():
         raise click.BadParameter(f"no directory {kept.parent}", param_hint="'--history'")
+    # prompt_toolkit reads the whole history file when the shell starts: only a regular file
+    # of bounded size (not a FIFO, not /dev/zero) may be one.
+    if kept is not None and kept.exists() and not _small_file(kept):
+        raise click.BadParameter(
+            f"{kept} is not a regular file of at most {MAX_HISTORY_BYTES} bytes",
+            param_hint="'--history'",
+        )
     session = Session(config.policy(), config.analyst)
     try:
         if sys.stdin.isatty() and sys.stdout.isatty():

@@ -2,8 +2,9 @@
 
 Each command takes ``--users-file`` (or ``DPSQL_USERS_FILE``). A password is read twice from a
 hidden prompt, or once from standard input with ``--password-stdin`` (for scripts: the whole
-input, less one trailing newline). It is turned into a SCRAM-SHA-256 verifier at once and never
-stored, printed or logged; ``list`` prints names and roles only.
+input, at most 4 KiB, less one trailing newline; more is an ``InputError``, exit code 2). It is
+turned into a SCRAM-SHA-256 verifier at once and never stored, printed or logged; ``list``
+prints names and roles only.
 
 ``users`` maps errors as the ``dpsql`` group does, also when it is invoked on its own: a dpsql
 error is one line on stderr with its code from ``cli.EXIT_CODES`` (a name taken or missing:
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from dpsql.errors import DpsqlError, ParameterError
+from dpsql.policy import read_limited
 from dpsql.server.auth import (
     ROLES,
     Role,
@@ -49,6 +51,9 @@ class UserName(_TextParam):
 
 
 USER_NAME = UserName()
+# A password is a line of text: standard input is read no further than this (a pipe from
+# /dev/zero must not fill memory).
+MAX_PASSWORD_BYTES = 4096
 
 users_file_option = click.option(
     "--users-file",
@@ -70,7 +75,7 @@ password_stdin_option = click.option(
 def _password(from_stdin: bool) -> str:
     """The new password: from standard input, or typed twice at a hidden prompt."""
     if from_stdin:
-        text = sys.stdin.read()
+        text = read_limited(sys.stdin.buffer, MAX_PASSWORD_BYTES, "the password on standard input")
         password = text.removesuffix("\n").removesuffix("\r")
     else:
         password = click.prompt(
@@ -78,7 +83,7 @@ def _password(from_stdin: bool) -> str:
         )
     if not password:
         raise click.BadParameter("the password must not be empty", param_hint="password")
-    return cast(str, password)
+    return password
 
 
 class UsersGroup(click.Group):

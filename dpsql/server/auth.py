@@ -218,6 +218,10 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+# About two hundred bytes a user: a megabyte holds thousands, and no more is ever read.
+MAX_USERS_BYTES = 1 << 20
+
+
 def _read(path: Path) -> str:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -232,7 +236,10 @@ def _read(path: Path) -> str:
         if mode & 0o077:
             raise PolicyError(f"the users file {path} may be read by others; chmod 600 it")
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read().decode("utf-8")
+            data = handle.read(MAX_USERS_BYTES + 1)
+        if len(data) > MAX_USERS_BYTES:
+            raise PolicyError(f"the users file {path} is larger than {MAX_USERS_BYTES} bytes")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError):
         raise PolicyError(f"the users file {path} cannot be read as UTF-8 text") from None
     finally:

@@ -56,7 +56,7 @@ class Step:
     fatal: bool = False  # a protocol violation: the connection ends after ``wire``
 
 
-class _Cut(errors.DpsqlError):
+class _Cut(Exception):  # noqa: N818 - control flow inside the worker, never a user error
     """A statement of an interrupted request: it does not start, or its answer is dropped."""
 
 

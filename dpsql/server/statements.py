@@ -19,6 +19,10 @@ from dpsql.session import VERSION, Result
 # The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
 SERVER_VERSION = f"15.0 (dpsql {VERSION})"
 BUDGET_EXHAUSTED = "53R01"  # dpsql's own SQLSTATE: the privacy budget would be exceeded
+# dpsql's own SQLSTATE for a failure in the engine after the charge, in class 58 (system error):
+# not XX000, which says "a dpsql bug", and the same code whatever the cause (out of memory, an
+# interrupt, an engine error), since the cause can depend on the data.
+ENGINE_FAILED = "58R01"
 _ERROR_CODES: tuple[tuple[type[errors.DpsqlError], str], ...] = (
     (errors.ParseError, "42601"),  # syntax_error
     (errors.UnsupportedQueryError, "0A000"),  # feature_not_supported
@@ -29,7 +33,9 @@ _ERROR_CODES: tuple[tuple[type[errors.DpsqlError], str], ...] = (
     (errors.PolicyError, "F0000"),  # config_file_error
     (errors.LedgerError, "58000"),  # system_error
     (errors.EntropyError, "58000"),
-    (errors.EngineError, "XX000"),  # internal_error
+    (errors.EngineError, ENGINE_FAILED),
+    (errors.InputError, "58030"),  # io_error (files of the command line; not on the wire)
+    (errors.OutputError, "58030"),
     (errors.InternalError, "XX000"),
 )
 
@@ -38,19 +44,18 @@ def sqlstate(exc: errors.DpsqlError) -> str:
     """The SQLSTATE of a dpsql error (documented in docs/server.md)."""
     if isinstance(exc, errors.SchemaError) and "column" in str(exc):
         return "42703"  # undefined_column
+    if isinstance(exc, InFailedTransaction):
+        return "25P02"  # in_failed_sql_transaction
+    if isinstance(exc, InsufficientPrivilege):
+        return "42501"  # insufficient_privilege
     return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
-
-
-# What DuckDBEngine.run says when the bounded query fails (tests/test_server_isolation.py holds
-# the two texts equal).
-ENGINE_FAILED = "the engine failed while running the bounded query; the charge stands"
 
 
 def engine_failure() -> tuple[str, str]:
     """The SQLSTATE and message of a statement cut off by the statement timeout, a cancel
     request or the loss of its worker: those of any engine failure after the charge. Whether a
     query ends before a deadline depends on the data, so a code of its own would tell."""
-    return sqlstate(errors.EngineError(ENGINE_FAILED)), ENGINE_FAILED
+    return sqlstate(errors.EngineError()), errors.ENGINE_FAILURE
 
 
 class InFailedTransaction(errors.DpsqlError):

@@ -154,8 +154,9 @@ def check_privacy_unit(inline: Mapping[str, object], unit: str) -> None:
     """BigQuery's ``privacy_unit_column`` must name the policy's unit: the policy decides."""
     given = inline.get(PRIVACY_UNIT)
     if given is not None and str(given).lower() != unit.lower():
+        shown = str(given) if len(str(given)) <= 64 else str(given)[:61] + "..."
         raise ParameterError(
-            f"privacy_unit_column = {given} is not the policy's privacy unit of this table "
+            f"privacy_unit_column = {shown} is not the policy's privacy unit of this table "
             f"({unit}); the unit is set by the policy, not by the query"
         )
 

@@ -2,18 +2,31 @@
 
 A string parameter becomes one string literal node whatever it contains, so
 ``"x' OR 1=1 --"`` is compared as that exact string and cannot change the query's shape.
+
+Values are bounded before they become literals, as the query text is: a number has at most
+``MAX_NUMBER_DIGITS`` significant digits and lies within the range of a double (the interval
+arithmetic of the bounds reads literals exactly, and ``1e999999999`` would expand to a billion
+digits), and the strings of one query hold at most ``MAX_PARAMETER_TEXT`` characters together.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import sys
 from collections.abc import Sequence
 from decimal import Decimal
 
 from sqlglot import exp
 
 from dpsql.errors import ParameterError
+from dpsql.sql.parse import MAX_QUERY_LENGTH
+
+# DuckDB's widest exact numbers (DECIMAL(38), HUGEINT) hold 38 digits.
+MAX_NUMBER_DIGITS = 38
+LARGEST_DOUBLE = Decimal(repr(sys.float_info.max))
+# A query's parameters may add as much text as the query itself may have.
+MAX_PARAMETER_TEXT = MAX_QUERY_LENGTH
 
 
 def literal_for(value: object, position: int) -> exp.Expression:
@@ -23,16 +36,36 @@ def literal_for(value: object, position: int) -> exp.Expression:
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, int):
+        # Compared, not printed: str() of a 5,000-digit integer raises ValueError.
+        if abs(value) >= 10**MAX_NUMBER_DIGITS:
+            raise ParameterError(f"parameter {position} has more than {MAX_NUMBER_DIGITS} digits")
         return exp.Literal.number(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ParameterError(f"parameter {position} must be a finite number")
         return exp.Literal.number(repr(value))
     if isinstance(value, Decimal):
-        if not value.is_finite():
+        if not value.is_finite():  # NaN, sNaN (is_finite does not signal), infinities
             raise ParameterError(f"parameter {position} must be a finite number")
-        return exp.Literal.number(str(value))
+        # Read off the tuple, never expanded: Decimal("1e999999999") is one digit long.
+        digits, adjusted = len(value.as_tuple().digits), value.adjusted()
+        if (
+            digits > MAX_NUMBER_DIGITS
+            or (value and not -400 <= adjusted <= 400)
+            or (abs(value) > LARGEST_DOUBLE)
+        ):
+            raise ParameterError(
+                f"parameter {position} must have at most {MAX_NUMBER_DIGITS} digits and lie "
+                "within the range of a double"
+            )
+        # A zero may carry any exponent ("0e15625820"): written out, it is "0" (reading the
+        # text back as a Fraction would expand 10**15625820).
+        return exp.Literal.number(str(value) if value else "0")
     if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no engine or client can carry it
+            raise ParameterError(f"parameter {position} is not valid Unicode text") from None
         return exp.Literal.string(value)
     if isinstance(value, dt.datetime):
         return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), exp.DataType.Type.TIMESTAMP)
@@ -61,6 +94,11 @@ def bind_parameters(select: exp.Select, params: Sequence[object] | None) -> exp.
         raise ParameterError(
             f"the query has {len(placeholders)} parameter marker(s) but {len(values)} "
             "value(s) were given"
+        )
+    text = sum(len(v) for v in values if isinstance(v, str))
+    if text > MAX_PARAMETER_TEXT:
+        raise ParameterError(
+            f"the string parameters hold more than {MAX_PARAMETER_TEXT} characters together"
         )
     for i, (node, value) in enumerate(zip(placeholders, values, strict=True), start=1):
         node.replace(literal_for(value, i))

@@ -7,6 +7,7 @@ must parse as a single ``SELECT``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -52,6 +53,11 @@ _STATEMENTS: tuple[type[exp.Expression], ...] = tuple(
     if hasattr(exp, name)
 )
 MAX_QUERY_LENGTH = 100_000
+# A number literal is read exactly (its interval, a LIMIT, a quantile's order), so the length of
+# its decimal expansion is bounded like the query's: "1e999999999" is eleven characters that
+# expand to a billion digits. 400 digits cover every finite double (5e-324 has 324).
+MAX_NUMBER_DIGITS = 400
+_NUMBER = re.compile(r"([0-9_]*)(?:\.([0-9_]*))?(?:[eE][+-]?0*([0-9_]+))?")
 
 
 @dataclass(frozen=True)
@@ -109,11 +115,31 @@ def _parse_estimate(tokens: list[Token]) -> EstimateBounds:
 
 def _tokens(text: str) -> list[Token]:
     try:
-        return [
+        tokens = [
             t for t in sqlglot.tokenize(text, read=DIALECT) if t.token_type != TokenType.SEMICOLON
         ]
     except TokenError as exc:
         raise ParseError(f"cannot read the SQL text: {_first_line(str(exc))}") from None
+    for token in tokens:
+        number = token.token_type == TokenType.NUMBER
+        if number and _expanded_length(token.text) > MAX_NUMBER_DIGITS:
+            raise ParseError(
+                f"a number literal is longer than {MAX_NUMBER_DIGITS} digits written out",
+                token.line,
+                token.col,
+            )
+    return tokens
+
+
+def _expanded_length(text: str) -> int:
+    """How many digits ``text`` (a number token) has written out without an exponent."""
+    match = _NUMBER.fullmatch(text)
+    if match is None:  # hexadecimal or another notation: as long as it is written
+        return len(text)
+    whole, fraction, exponent = match.group(1), match.group(2) or "", match.group(3) or "0"
+    if len(exponent) > 6:  # read as text: int() of 4,300 digits or more raises ValueError
+        return MAX_NUMBER_DIGITS + 1
+    return len(whole) + len(fraction) + int(exponent.replace("_", "") or 0)
 
 
 def _first_line(message: str) -> str:
