@@ -172,9 +172,7 @@ class _Analyzer:
         for index, node in enumerate(group.expressions):
             target = node
             if isinstance(node, exp.Literal) and not node.is_string:
-                position = int(node.this)
-                if not 1 <= position <= len(items):
-                    raise UnsupportedQueryError(f"GROUP BY position {position} is out of range")
+                position = _position(node, len(items), "GROUP BY")
                 target = items[position - 1].unalias()
             elif (
                 isinstance(node, exp.Column)
@@ -359,9 +357,7 @@ class _Analyzer:
         for ordered in order.expressions:
             target = ordered.this
             if isinstance(target, exp.Literal) and not target.is_string:
-                position = int(target.this)
-                if not 1 <= position <= len(outputs):
-                    raise UnsupportedQueryError(f"ORDER BY position {position} is out of range")
+                position = _position(target, len(outputs), "ORDER BY")
                 expr: exp.Expression = outputs[position - 1].expr.copy()
             elif (
                 isinstance(target, exp.Column)
@@ -520,6 +516,17 @@ def _cell_predicate(where: exp.Expression | None, spec: TableSpec) -> tuple[str,
             ):
                 return (column.name, value.sql(dialect="duckdb"))
     return None
+
+
+def _position(node: exp.Literal, count: int, clause: str) -> int:
+    """A 1-based ``GROUP BY`` / ``ORDER BY`` position: digits only (``1.5``, ``1e0`` are not
+    positions), within the SELECT list."""
+    text = str(node.this)
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and 1 <= int(text) <= count):
+        raise UnsupportedQueryError(
+            f"{clause} position must be a whole number from 1 to {count} (the SELECT list)"
+        )
+    return int(text)
 
 
 def _limit(select: exp.Select, name: str) -> int | None:
