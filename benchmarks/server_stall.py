@@ -20,9 +20,9 @@ statement is always queued behind the one running:
 
 * **slow N bytes**: ``EXPLAIN SELECT COUNT(*) FROM visits WHERE COALESCE(age, age, ..., 1) > 0``
   padded to N bytes (``--sizes``, default 10,000, 30,000 and 100,000, the default
-  ``--max-statement-bytes``): sqlglot takes a time that grows with the square of the argument
-  count to analyze it, all pure Python before any charge (0.35 s at 10 KB, 3 s at 30 KB,
-  about 30 s at 100 KB on 2 cores); EXPLAIN charges nothing;
+  ``--max-statement-bytes``): analyzing it is pure Python before any charge, about 0.2 s at
+  10 KB and 2 s at 100 KB on 2 cores (quadratic before ``dpsql.sql.tree``: 0.35 s, 3 s and
+  about 30 s); EXPLAIN charges nothing;
 * **over the limit**: 1 MiB Query messages (the largest frame), refused before any parsing.
 
 The baseline is B alone, measured first in the same run and again at the end. Per cell: B's

@@ -10,7 +10,7 @@ the worst view bounds every unit's loss under any accountant (each is monotone i
 Queries of two families therefore compose sequentially, and two cells of one family never meet
 in a view.
 
-When the families' cells make more than ``MAX_VIEWS`` combinations, each view chooses the cell
+When the families' cells make more than ``MAX_VIEWS`` (256) combinations, each view chooses the cell
 of one family only and holds every query of the other families: a superset of the exact views,
 so a valid (if more conservative) bound. Additive costs (basic composition) use the exact
 worst view in closed form, ``worst``, whatever the number of cells.
@@ -27,7 +27,9 @@ from typing import TypeVar
 T = TypeVar("T")
 Cell = tuple[str, str]  # (family, key)
 View = Mapping[str, Cell]  # family -> the cell the view chose; other families: all their cells
-MAX_VIEWS = 4096
+MAX_VIEWS = (
+    256  # beyond it, each view is checked by every filter: the cost of a charge grows with it
+)
 
 
 def member(cell: Cell | None, view: View) -> bool:
