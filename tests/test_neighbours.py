@@ -35,6 +35,7 @@ import pytest
 from conftest import write_parquet
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from test_function_totality import NUMERIC_TEMPLATES, PREDICATE_TEMPLATES
 from test_fuzz import AGGREGATE, NUM_EXPR, PREDICATE
 
 from dpsql import errors
@@ -372,3 +373,95 @@ def test_the_threat_model_constructs_hold_on_every_neighbour(
     test_one_more_unit_moves_every_total_by_at_most_the_plan_sensitivity.hypothesis.inner_test(
         base, tmp_path_factory, sql, unit
     )
+
+
+# -- every allow-listed function in every position ---------------------------------------------
+
+# One neighbour for the sweep: a unit whose rows hold every extreme of VALUES, many times over.
+HOSTILE_UNIT = [
+    (UNIT, region, age, spend, note, flag, big, day, top)
+    for region, age, spend, note, flag, big, day, top in [
+        ("north", 2**31 - 1, math.inf, "true", "maybe", 2**63 - 1, dt.date(9999, 12, 31), TOP),
+        ("", -(2**31), -math.inf, "", "", -(2**63), dt.date(1, 1, 1), -(2**63)),
+        (None, 0, math.nan, "abc", "1", 2**53 + 1, None, None),
+        ("west", None, 5e-324, None, None, None, dt.date(2026, 2, 1), 2**63 - 1),
+        ("élan", 90, 1e308, "9" * 50, "TRUE ", 2**52, dt.date(2026, 5, 1), TOP - 2**19),
+    ]
+    for _ in range(40)
+]
+NUMBERS, TEXTS = ("age", "spend", "big", "top"), ("note", "flag", "region")
+# Each position puts an expression {e} (numeric, or a predicate {p}) where the engine evaluates
+# it on private rows.
+NUMERIC_POSITIONS = (
+    "SELECT COUNT(*) FROM visits WHERE ({e}) IS NOT NULL",
+    "SELECT COUNT({e}) FROM visits",
+    "SELECT SUM(LEAST(GREATEST({e}, -10), 10)) FROM visits",
+    "SELECT {e} AS k, COUNT(*) FROM visits GROUP BY k",
+    "SELECT COUNT(*) FROM visits v JOIN zones z ON v.region = z.region AND ({e}) > 0",
+    "SELECT COUNT(w) FROM (SELECT user_id, {e} AS w FROM visits) AS v",
+    "SELECT COUNT(w) FROM (SELECT user_id, SUM({e}) AS w FROM visits GROUP BY user_id) AS v",
+    "WITH c AS (SELECT * FROM visits WHERE ({e}) < 5) SELECT COUNT(*) FROM c",
+)
+PREDICATE_POSITIONS = (
+    "SELECT COUNT(*) FROM visits WHERE {p}",
+    "SELECT COUNT(CASE WHEN {p} THEN 1 END) FROM visits",
+    "SELECT CASE WHEN {p} THEN 'y' ELSE 'n' END AS k, COUNT(*) FROM visits GROUP BY k",
+    "SELECT COUNT(*) FROM visits v JOIN zones z ON v.region = z.region AND {p}",
+    "SELECT COUNT(u) FROM (SELECT user_id AS u FROM visits WHERE {p}) AS v",
+    "SELECT COUNT(n) FROM (SELECT user_id, COUNT(*) AS n FROM visits GROUP BY user_id "
+    "HAVING {p_agg}) AS v",
+)
+
+
+def _fill(template: str) -> list[str]:
+    """The template over every numeric column as {x} (and {y}), every text column as {s}."""
+    xs = NUMBERS if "{x}" in template else ("age",)
+    ys = NUMBERS if "{y}" in template else ("age",)
+    ss = TEXTS if "{s}" in template else ("note",)
+    return sorted({template.format(x=x, y=y, s=s, t="day") for x in xs for y in ys for s in ss})
+
+
+@pytest.fixture(scope="module")
+def hostile(base: Session, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    folder = tmp_path_factory.mktemp("hostile")
+    session = Session(_policy(folder, [*BASE, *HOSTILE_UNIT], "hostile"))
+    session.engine.salt = base.engine.salt
+    yield session
+    session.close()
+
+
+def _sweep(base: Session, hostile: Session, queries: list[str]) -> int:
+    checked = 0
+    for sql in queries:
+        try:
+            plan = base.plan(sql)
+        except errors.DpsqlError as exc:
+            assert not isinstance(exc, errors.EngineError | errors.InternalError), sql
+            continue
+        _, before = base.engine.run(plan.engine_sql)
+        _, after = hostile.engine.run(plan.engine_sql)
+        _check(plan, before, after)
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("position", NUMERIC_POSITIONS)
+def test_every_numeric_function_in_every_position(
+    base: Session, hostile: Session, position: str
+) -> None:
+    templates = [t for t in NUMERIC_TEMPLATES if "{t}" not in t or "{e}" in position]
+    queries = [position.format(e=e) for t in templates for e in _fill(t)[:3]]
+    assert _sweep(base, hostile, queries) >= len(templates) // 2  # most of them plan
+
+
+@pytest.mark.parametrize("position", PREDICATE_POSITIONS)
+def test_every_predicate_in_every_position(base: Session, hostile: Session, position: str) -> None:
+    queries = []
+    for template in PREDICATE_TEMPLATES:
+        for p in _fill(template)[:3]:
+            # In a per-unit HAVING the predicate sees aggregates: MAX of each column.
+            aggregated = p
+            for column in (*NUMBERS, *TEXTS, "day"):
+                aggregated = aggregated.replace(column, f"MAX({column})")
+            queries.append(position.format(p=p, p_agg=aggregated))
+    assert _sweep(base, hostile, queries) >= len(PREDICATE_TEMPLATES) // 2
