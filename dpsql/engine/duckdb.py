@@ -47,6 +47,7 @@ def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> Non
 
 
 _MAX_HEADER = 1 << 20
+_MAX_KEPT_DOMAINS = 256  # key domains a session keeps, the oldest dropped first
 
 
 def _csv_header(path: Path, delimiter: str) -> list[str]:
@@ -174,6 +175,7 @@ class DuckDBEngine:
         # what they give cannot depend on the data (DESIGN.md section 4).
         self._scratch = duckdb.connect(":memory:", config=config)
         _lock_down(self._scratch, {})
+        self._domains: dict[str, list[tuple[Any, ...]]] = {}
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
@@ -227,15 +229,21 @@ class DuckDBEngine:
     def key_domain(self, probe: str) -> list[str | None]:
         """The distinct values of a public key domain in the key's type and collation, as the
         engine's text (``dpsql.sql.domains.probe_sql``). The probe's private branch reads no
-        rows (``WHERE false``), so the answer depends on the query and the schema only."""
+        rows (``WHERE false``), so the answer depends on the query and the schema only, and is
+        kept: a year of days costs some 20 ms to probe, on every plan of the query."""
         with self._lock:
-            try:
-                rows = self._con.execute(probe).fetchall()
-            except duckdb.Error as exc:
-                log.info("engine rejected a key domain: %s", type(exc).__name__)
-                raise UnsupportedQueryError(
-                    "the engine cannot type the public domain of a GROUP BY key"
-                ) from None
+            rows = self._domains.get(probe)
+            if rows is None:
+                try:
+                    rows = self._con.execute(probe).fetchall()
+                except duckdb.Error as exc:
+                    log.info("engine rejected a key domain: %s", type(exc).__name__)
+                    raise UnsupportedQueryError(
+                        "the engine cannot type the public domain of a GROUP BY key"
+                    ) from None
+                if len(self._domains) >= _MAX_KEPT_DOMAINS:
+                    self._domains.pop(next(iter(self._domains)))
+                self._domains[probe] = rows
         if not all(exact for _, exact in rows):
             raise UnsupportedQueryError(
                 "a GROUP BY key's type has values the engine cannot write back exactly; "

@@ -31,7 +31,7 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.analyze import Analysis, GroupKey
 from dpsql.sql.cells import normal_text
-from dpsql.sql.domains import domain_sql
+from dpsql.sql.domains import domain_sql, text_literal
 from dpsql.sql.grid import Grid
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
@@ -238,7 +238,7 @@ def _enforced_cell(analysis: Analysis) -> str:
     order = f"hash({unit}, {column}, CAST(${SALT_PARAMETER} AS BIGINT))"
     text = normal_text("_cv", analysis.columns[cell.column], cell.collation)
     assert text is not None  # the session keys only cells with a normal form
-    key = "'" + cell.key.replace("'", "''") + "'"
+    key = text_literal(cell.key)
     return (
         f"_picked AS (SELECT {unit} AS _cu, arg_min({column}, {order}) AS _cv "
         f'FROM "{analysis.table}" GROUP BY {unit}), '
