@@ -109,12 +109,16 @@ def _policy(folder: Path, rows: Sequence[tuple[Any, ...]], name: str) -> Policy:
                     "privacy_unit": "user_id",
                     "max_groups_per_unit": 2,
                     "max_rows_per_unit_per_group": 3,
+                    # Pinned queries (WHERE region = ...) are enforced cells of this family.
+                    "constant_per_unit": ["region"],
                     "columns": {
                         "age": {"lower": 18, "upper": 90},
                         "spend": {"lower": 0, "upper": 200},
                         "big": {"lower": -(2**52), "upper": 2**52},
                         "top": {"lower": TOP - 2**19, "upper": TOP},
                         "region": {"public_values": list(REGIONS)},
+                        # A key domain held by a public table, deduplicated in the key's type.
+                        "flag": {"public_values_from": "zones.zone"},
                         "day": {"date_range": ["2026-01-01", "2026-03-31"]},
                     },
                 },
@@ -357,6 +361,12 @@ TARGETED = st.sampled_from(
         "SELECT region, SUM(top) FROM visits GROUP BY region",
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(max_rows_per_unit = 5) SUM(top) FROM visits",
         "SELECT SUM(big) FROM visits WHERE flag",
+        # Pinned cells: only the units whose keyed-hash-chosen region has the key are kept.
+        "SELECT COUNT(*), SUM(top) FROM visits WHERE region = 'north'",
+        "SELECT COUNT(*) FROM visits WHERE region = 'north' AND flag",
+        "SELECT month(day) AS m, AVG(spend) FROM visits WHERE region = '' GROUP BY m",
+        "SELECT COUNT(DISTINCT user_id) FROM visits WHERE region = 1",
+        "SELECT flag, COUNT(*) FROM visits GROUP BY flag",
     ]
 )
 
