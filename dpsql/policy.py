@@ -395,6 +395,31 @@ class LedgerSpec(_Frozen):
     anchor: Path | None = None  # default: beside the ledger, named <path>.anchor
 
 
+# DuckDB's own size syntax: a number and a unit, or a share of the machine's memory.
+_MEMORY = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,3})? ?(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB|%)$", re.I)
+
+
+class EngineSpec(_Frozen):
+    """How the embedded engine runs: its memory cap (beyond it, work spills to disk), where it
+    spills, and its threads. Public settings: they change the speed, never an answer."""
+
+    name: Literal["duckdb"] = "duckdb"
+    # Half the machine's memory: DuckDB's own default (80%) leaves too little for the rest.
+    memory_limit: str = Field(default="50%", max_length=20)
+    temp_directory: Path | None = None  # default: a private directory under the system's
+    threads: int | None = Field(default=None, ge=1, le=1024)  # default: every core
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        match = _MEMORY.match(value.strip())
+        if match is None:
+            raise ValueError("memory_limit must be a size like '4GB', '512MiB' or '50%'")
+        if match.group(2) == "%" and not 0 < float(value.strip()[:-1]) <= 100:
+            raise ValueError("a memory_limit share must be above 0% and at most 100%")
+        return value.strip()
+
+
 class Policy(_Frozen):
     """The whole policy. ``base_dir`` resolves relative data paths (it is not part of it)."""
 
@@ -403,6 +428,7 @@ class Policy(_Frozen):
     budget: BudgetSpec
     tables: dict[str, TableSpec]
     ledger: LedgerSpec | None = None  # without it the budget lives in memory
+    engine: EngineSpec = Field(default_factory=EngineSpec)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("tables")
@@ -431,7 +457,9 @@ class Policy(_Frozen):
     @property
     def version(self) -> str:
         """A hash of the policy's canonical form: any change to it changes the version."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        # The engine's settings change the speed, never an answer: not part of the version.
+        body = self.model_dump(mode="json", exclude={"engine"})
+        canonical = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def resolve(self, path: Path) -> Path:

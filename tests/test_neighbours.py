@@ -251,7 +251,8 @@ def query(draw: st.DrawFn) -> str:
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
     if draw(st.integers(0, 4)) == 0:
-        options = "OPTIONS(max_rows_per_unit = 4)"
+        # R <= L0 = 2 skips the ranking and the per-unit step (R <= C = 3); R = 4 keeps both.
+        options = f"OPTIONS(max_rows_per_unit = {draw(st.sampled_from([1, 2, 4, 8]))})"
         sql = sql.replace("SELECT ", f"SELECT WITH DIFFERENTIAL_PRIVACY {options} ", 1)
     if draw(st.integers(0, 5)) == 0:
         cte = "WITH w AS (SELECT * FROM visits WHERE note OR flag)"

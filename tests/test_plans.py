@@ -12,6 +12,7 @@ selection at 1 + ceil(t·ln(L0/(δ·(1 + e^(-1/t))))), t its scale.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -409,21 +410,36 @@ def test_a_per_unit_subquery_grouped_by_the_unit_alone_has_one_row_per_unit(
     assert plan(visits, f"SELECT COUNT(*) FROM {two_keys}").max_rows == 10
 
 
-def test_row_cap_picks_copies_of_identical_rows_independently(tiny_policy: Any) -> None:
-    """With R, a unit's identical rows are not kept or dropped together: a unit with 50 copies
-    of an east row and 50 of a west row keeps rows of both in almost every unit (one-sided with
-    probability about 2^-9 per unit), where ranking by the row's hash alone kept one kind."""
-    rows = [(u, region, 30, 1.0) for u in range(40) for region in ("east", "west")
-            for _ in range(50)]  # fmt: skip
-    session = Session(tiny_policy(rows, max_groups=2, max_rows=10))
-    plan = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region", max_rows_per_unit=10)
+def _kept_rows(session: Session, sql: str, **options: Any) -> list[tuple[Any, ...]]:
+    """The rows R's window keeps (the bounded query's ``_rows``), per unit: (unit, key, n)."""
+    plan = session.plan(sql, **options)
     tree = sqlglot.parse_one(plan.engine_sql, read="duckdb")
     probe = sqlglot.parse_one(
-        "SELECT _u, COUNT(*) AS n, COUNT(DISTINCT _k0) AS kinds FROM _rows GROUP BY _u",
+        "SELECT _u, _k0, COUNT(*) AS n FROM _rows GROUP BY _u, _k0 ORDER BY _u, _k0",
         read="duckdb",
     )
     probe.set("with_", tree.args.get("with_") or tree.args.get("with"))
-    _, kept = session.engine.run(probe.sql(dialect="duckdb"))
-    assert all(n == 10 for _, n, _ in kept)
-    one_sided = sum(1 for _, _, kinds in kept if kinds == 1)
-    assert one_sided <= 3, one_sided
+    return session.engine.run(probe.sql(dialect="duckdb"))[1]
+
+
+def test_row_cap_keeps_r_rows_whatever_the_row_order(tiny_policy: Any) -> None:
+    """With R, a unit's identical rows tie on the hash and are ordered by their own columns: the
+    kept rows are exactly R per unit and the same multiset whatever order the rows are stored
+    in (a function of the unit's own rows), and copies of one row are kept or dropped together."""
+    rows = [(u, region, 30, 1.0) for u in range(40) for region in ("east", "west")
+            for _ in range(50)]  # fmt: skip
+    sql = "SELECT region, COUNT(*) FROM visits GROUP BY region"
+    first = Session(tiny_policy(rows, max_groups=2, max_rows=10))
+    kept = _kept_rows(first, sql, max_rows_per_unit=10)
+    per_unit: dict[Any, int] = {}
+    for unit, _, n in kept:
+        per_unit[unit] = per_unit.get(unit, 0) + n
+    assert per_unit == {u: 10 for u in range(40)}
+    # 10 copies of one row: all of one kind, chosen per unit by the keyed hash.
+    assert all(n == 10 for _, _, n in kept)
+    assert {key for _, key, _ in kept} == {"east", "west"}
+    shuffled = list(rows)
+    random.Random(5).shuffle(shuffled)
+    second = Session(tiny_policy(shuffled, max_groups=2, max_rows=10))
+    second.engine.salt = first.engine.salt  # the same secret: the same rows must be kept
+    assert _kept_rows(second, sql, max_rows_per_unit=10) == kept

@@ -295,3 +295,66 @@ def test_version_is_stable(data_dir: Path, tmp_path: Path) -> None:
     raw = valid()
     raw["budget"]["epsilon"] = 1
     assert load(raw, data_dir).version == first.version
+
+
+def _docs_engine_block() -> Raw:
+    """The ``[engine]`` example of docs/policy.md, as the data owner would paste it."""
+    import re
+    import tomllib
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "policy.md").read_text()
+    section = text.split("## `[engine]`", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```toml\n(.*?)```", section, re.S)
+    return tomllib.loads(block)
+
+
+def test_the_engine_section_of_the_docs_runs(data_dir: Path, tmp_path: Path) -> None:
+    """The documented block loads, and the engine runs with its cap, its spill directory and its
+    threads; none of them is part of the policy's version (they never change an answer)."""
+    raw = valid()
+    raw.update(_docs_engine_block())
+    assert raw["engine"]["memory_limit"] == "8GB"
+    raw["engine"]["temp_directory"] = str(tmp_path / "spill")
+    policy = load(raw, data_dir)
+    assert policy.version == load(valid(), data_dir).version
+    session = Session(policy)
+    try:
+        settings = session.engine._con.execute(  # the engine's own view of its settings
+            "SELECT current_setting('memory_limit'), current_setting('temp_directory'), "
+            "current_setting('threads')"
+        ).fetchone()
+        assert settings is not None
+        assert settings[0].startswith("7.4 GiB") and settings[2] == 2
+        assert settings[1] == str(tmp_path / "spill")
+        assert session.execute("SELECT COUNT(*) FROM visits").rows
+    finally:
+        session.close()
+
+
+def test_the_default_engine_spills_outside_the_working_directory(data_dir: Path) -> None:
+    session = Session(load(valid(), data_dir))
+    try:
+        row = session.engine._con.execute("SELECT current_setting('temp_directory')").fetchone()
+        assert row is not None and Path(row[0]).is_absolute()
+        assert Path(row[0]).name.startswith("dpsql-spill-")
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("memory_limit", "lots"),
+        ("memory_limit", "0%"),
+        ("memory_limit", "150%"),
+        ("memory_limit", "4GB; SET x = 1"),
+        ("threads", 0),
+        ("name", "postgres"),
+        ("surprise", 1),
+    ],
+)
+def test_a_bad_engine_setting_is_refused(data_dir: Path, field: str, value: object) -> None:
+    raw = valid()
+    raw["engine"] = {field: value}
+    with pytest.raises(PolicyError, match=f"engine.{field}"):
+        load(raw, data_dir)

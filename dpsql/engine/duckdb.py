@@ -11,8 +11,12 @@ Engine error text is never passed on: DuckDB quotes offending data values in its
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -115,7 +119,9 @@ def _check_declared_types(policy: Policy) -> None:
 
 # One process opens a database file once: DuckDB shares the instance between connections to a
 # path, and its locked configuration with it. Each engine takes its own cursor on it.
-_DATABASES: dict[tuple[str, str, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_DATABASES: dict[
+    tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], duckdb.DuckDBPyConnection
+] = {}
 _DATABASES_LOCK = threading.Lock()
 
 
@@ -123,7 +129,8 @@ def _shared_database(
     path: Path, config: Mapping[str, str | bool | int | float | list[str]],
     files: Mapping[str, Path],
 ) -> duckdb.DuckDBPyConnection:  # fmt: skip
-    key = (str(path), str(config.get("memory_limit")), tuple(sorted(map(str, files.values()))))
+    settings = tuple(sorted((k, str(v)) for k, v in config.items()))
+    key = (str(path), settings, tuple(sorted(map(str, files.values()))))
     with _DATABASES_LOCK:
         base = _DATABASES.get(key)
         if base is None:
@@ -131,6 +138,20 @@ def _shared_database(
             _lock_down(base, files)
             _DATABASES[key] = base
         return base.cursor()
+
+
+_SPILL: list[str] = []
+
+
+def _spill_directory() -> str:
+    """One private directory (mode 0700) per process for the engine's spill files, under the
+    system's temporary directory, removed at exit: not the working directory (DuckDB's default),
+    which may be read-only or shared."""
+    with _DATABASES_LOCK:
+        if not _SPILL or not os.path.isdir(_SPILL[0]):
+            _SPILL[:] = [tempfile.mkdtemp(prefix="dpsql-spill-")]
+            atexit.register(shutil.rmtree, _SPILL[0], True)
+        return _SPILL[0]
 
 
 class DuckDBEngine:
@@ -144,9 +165,16 @@ class DuckDBEngine:
             "autoload_known_extensions": False,
             "autoinstall_known_extensions": False,
         }
-        if memory_limit is not None:
-            # A per-connection cap when many sessions share one process (dpsql serve).
-            config["memory_limit"] = memory_limit
+        # Past its memory cap DuckDB spills to disk (hash tables, sorts, windows): a query on
+        # data larger than memory runs slower instead of exhausting the machine. A per-connection
+        # cap (dpsql serve) replaces the policy's.
+        spec = policy.engine
+        config["memory_limit"] = memory_limit if memory_limit is not None else spec.memory_limit
+        config["temp_directory"] = str(
+            policy.resolve(spec.temp_directory) if spec.temp_directory else _spill_directory()
+        )
+        if spec.threads is not None:
+            config["threads"] = spec.threads
         _check_declared_types(policy)
         try:
             files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}

@@ -137,6 +137,8 @@ class Plan:
     options: QueryOptions
     query: str  # the parameter-bound query text the plan answers
     engine_sql: str = ""  # the bounded query as the engine runs it (generated once)
+    skipped: tuple[str, ...] = ()  # bounding steps proven unable to bind, and why
+    bounding: Bounding | None = None  # the public numbers the bounded query enforces
 
     @property
     def epsilon(self) -> Fraction:
@@ -166,6 +168,7 @@ class Plan:
                 or "none (one global group)"
             ),
         ]
+        lines.extend(f"skipped: {why}" for why in self.skipped)
         for m in self.measurements:
             lines.append(_explain_measurement(m))
         if self.selection is not None:
@@ -275,6 +278,9 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
     """Effective (L0, C). L0 is 1 without GROUP BY, and at most the number of public keys."""
     max_rows = options.max_rows_per_unit_per_group
     if max_rows is None:
+        # With R alone (BigQuery's max_rows_contributed), a unit has at most R rows in a group.
+        max_rows = options.max_rows_per_unit
+    if max_rows is None:
         raise BoundsError(
             f"table {analysis.table} has no max_rows_per_unit_per_group; declare it in the "
             "policy or SET dpsql.max_rows_per_unit_per_group"
@@ -286,6 +292,9 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
     if not analysis.keys:
         return 1, min(max_rows, options.max_rows_per_unit or max_rows)
     max_groups = options.max_groups_per_unit
+    if max_groups is None:
+        # With R alone, a unit's R rows touch at most R groups.
+        max_groups = options.max_rows_per_unit
     if max_groups is None:
         raise BoundsError(
             f"GROUP BY on table {analysis.table} needs max_groups_per_unit; declare it in the "
@@ -303,6 +312,49 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
         # With R rows in total, a unit touches at most R groups with at most R rows each.
         return min(max_groups, options.max_rows_per_unit), min(max_rows, options.max_rows_per_unit)
     return max_groups, max_rows
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Which bounding steps the bounded query runs; a step is skipped only when the plan proves
+    from public information that it cannot bind, or that no total depends on it."""
+
+    ranking: int | None  # L0 for the keyed-hash ranking of a unit's groups
+    window: int | None  # R for the keyed-hash window over a unit's rows
+    direct: bool  # no per-(unit, group) step: every unit has <= C rows per group, <= L0 groups
+    skipped: tuple[str, ...]  # why, for EXPLAIN
+
+
+def _steps(
+    analysis: Analysis, l0: int, c: int, r: int | None, specs: list[MeasurementSpec]
+) -> Steps:
+    skipped: list[str] = []
+    window = r
+    if r is not None and not analysis.keys and all(s.kind in ("rows", "units") for s in specs):
+        # One group: a unit adds min(n, C) rows (C <= R) or 1 unit whichever R rows are kept,
+        # so the totals and the sensitivity (C, or 1) are those of the window; it is not run.
+        window = None
+        skipped.append(f"R = {r}: no total depends on which of a unit's rows are kept")
+    ranking: int | None = l0 if analysis.keys else None
+    size = None
+    if analysis.keys and all(k.domain is not None for k in analysis.keys):
+        size = math.prod(len(k.domain or ()) for k in analysis.keys)
+    if ranking is not None:
+        # Rows outside a public domain are dropped before bounding, so a unit touches at most
+        # `size` groups; after R's window, or with the relation's own row cap, at most that many.
+        limits = [(size, "public key combinations"), (window, "rows kept per unit by R"),
+                  (analysis.unit_rows, "rows per unit in the relation")]  # fmt: skip
+        for limit, what in limits:
+            if limit is not None and l0 >= limit:
+                ranking = None
+                skipped.append(f"L0 ranking: L0 = {l0} >= {limit} {what}")
+                break
+    rows = window if window is not None else analysis.unit_rows
+    direct = ranking is None and rows is not None and rows <= c
+    if direct:
+        # Each unit then has at most `rows` <= C rows in any group: C cannot bind either.
+        skipped.append(f"per-unit pre-aggregation: at most {rows} row(s) per unit <= C = {c}")
+    return Steps(ranking, window, direct, tuple(skipped))
 
 
 def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
@@ -513,12 +565,14 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         cell = (family, analysis.cell.key)
     event = Composite(tuple(events), certified, cell)
     _check_loss(event, options, private_keys)
+    steps = _steps(analysis, l0, c, options.max_rows_per_unit, builder.specs)
     bounding = Bounding(
-        max_groups=l0 if analysis.keys else None,
+        max_groups=steps.ranking,
         max_rows=c,
-        max_total_rows=options.max_rows_per_unit,
+        max_total_rows=steps.window,
         values=tuple(builder.values),
         measurements=tuple(builder.specs),
+        direct=steps.direct,
     )
     bounded = bounded_query(analysis, bounding)
     return Plan(
@@ -533,4 +587,6 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         options=options,
         query=query,
         engine_sql=bounded.sql(dialect=DIALECT),
+        skipped=steps.skipped,
+        bounding=bounding,
     )

@@ -79,6 +79,10 @@ class Bounding:
     values: tuple[ValueSpec, ...]
     measurements: tuple[MeasurementSpec, ...]
     max_total_rows: int | None = None  # R: rows per unit in total, kept by keyed hash
+    # Every unit holds at most C rows per group and at most L0 groups once the rows are built
+    # (after R's window, or by the relation's structure): the per-(unit, group) step is then
+    # the identity and the aggregate reads the rows directly (``dpsql.plan.planner``).
+    direct: bool = False
 
 
 def _sql(node: exp.Expression) -> str:
@@ -261,6 +265,10 @@ def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
     if spec.kind == "rows":
         return "SUM(_c)"
     if spec.kind == "units":
+        if bounding.direct:
+            # One row per kept row here, not per (unit, group): count the distinct units, the
+            # NULL unit being one unit as everywhere else (COUNT(DISTINCT) skips it).
+            return "COUNT(DISTINCT _u) + COALESCE(MAX(CASE WHEN _u IS NULL THEN 1 END), 0)"
         return "COUNT(*)"
     assert spec.value is not None
     i = spec.value
@@ -333,36 +341,58 @@ def _capped_list(i: int, c: int) -> str:
     )
 
 
-def _list_measure(j: int, spec: MeasurementSpec, keys: list[str]) -> str:
+def _list_measure(j: int, spec: MeasurementSpec, keys: list[str], direct: bool) -> str:
     """The cross-unit aggregate of a listed value: a histogram of grid units for a quantile's
     exponential mechanism, or the number of distinct values."""
     assert spec.value is not None
+    i = spec.value
     agg = "histogram(_b)" if spec.kind == "quantile" else "COUNT(DISTINCT _b)"
     key_list = "".join(f"{k}, " for k in keys)
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
-    return (
-        f"_x{j} AS (SELECT {key_list}{agg} AS _h FROM "
-        f"(SELECT {key_list}unnest(_l{spec.value}) AS _b FROM _capped){group})"
-    )
+    if direct:
+        # Each unit has at most C rows per group: its list would be all its values, whole.
+        values = f"SELECT {key_list}_v{i} AS _b FROM _capped WHERE _v{i} IS NOT NULL"
+    else:
+        values = f"SELECT {key_list}unnest(_l{i}) AS _b FROM _capped"
+    return f"_x{j} AS (SELECT {key_list}{agg} AS _h FROM ({values}){group})"
 
 
 def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
     """With a total row cap R, each unit keeps R of its rows, ranked by a keyed hash of the row
-    (DESIGN.md section 3): a function of the unit's own rows, so stability holds."""
+    (DESIGN.md section 3): a function of the unit's own rows, so stability holds.
+
+    Rows that tie on the hash are ordered by the columns themselves, so what is left tied is
+    identical in every column a measurement reads (the unit, the keys, the raw values): which
+    copy is kept cannot change any total, and the kept multiset is a function of the unit's
+    rows whatever order the engine meets them in. (Numbering the copies first, to hash each
+    apart, costs a window over every row partitioned by all the columns.)
+    """
     if r is None:
         return rows
-    columns = ["_u", *keys, *(f"_x{i}" for i in range(n_values))]
-    # Identical rows would share one hash and be kept or dropped together: each copy gets its
-    # occurrence number among them (the multiset of (row, occurrence) is the unit's own), so R
-    # picks copies like any other rows.
-    numbered = (
-        f"SELECT *, ROW_NUMBER() OVER (PARTITION BY {', '.join(columns)}) AS _o FROM ({rows})"
-    )
-    order = ", ".join([*columns, "_o", f"CAST(${SALT_PARAMETER} AS BIGINT)"])
+    columns = [*keys, *(f"_x{i}" for i in range(n_values))]
+    order = ", ".join(["_u", *columns, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
+    ties = "".join(f", {c}" for c in columns)
     return (
-        f"SELECT * EXCLUDE (_o) FROM ({numbered}) QUALIFY "
-        f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {r}"
+        f"SELECT * FROM ({rows}) QUALIFY "
+        f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order}){ties}) <= {r}"
     )
+
+
+def _direct(keys: list[str], bounding: Bounding, squared: list[int]) -> str:
+    """``_capped`` when no per-(unit, group) bound can bind: one row per kept row, with the
+    columns the cross-unit aggregate reads (n = 1, so nothing is capped or scaled)."""
+    columns = ["_u", *keys, "1 AS _c"]
+    for i, v in enumerate(bounding.values):
+        if v.listed:
+            columns.append(f"_v{i}")
+            continue
+        columns.append(f"CASE WHEN _v{i} IS NULL THEN 0 ELSE 1 END AS _c{i}")
+        if v.grid is not None:
+            columns.append(f"CAST(COALESCE(_v{i}, 0) AS HUGEINT) AS _t{i}")
+    for i in squared:
+        centred = f"CAST({_centred(i, bounding)} AS HUGEINT)"
+        columns.append(f"CASE WHEN _v{i} IS NULL THEN 0 ELSE {centred} * {centred} END AS _r{i}")
+    return f"SELECT {', '.join(columns)} FROM _vals"
 
 
 def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
@@ -426,7 +456,9 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     group_units = ", ".join(["_u", *keys])
     ctes = ""
     multi = ""
-    if bounding.max_groups is not None and keys:
+    if bounding.direct:
+        kept = ""
+    elif bounding.max_groups is not None and keys:
         # Only units with more than L0 groups need the (expensive) ranking window; the others
         # keep all their groups, which is what the ranking would keep too.
         l0 = bounding.max_groups
@@ -470,7 +502,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     aggregated = f"SELECT {key_list}{measures} FROM _capped"
     if keys:
         aggregated += f" GROUP BY {', '.join(keys)}"
-    ctes += "".join(f"{_list_measure(j, m, keys)}, " for j, m in listed.items())
+    ctes += "".join(f"{_list_measure(j, m, keys, bounding.direct)}, " for j, m in listed.items())
     outputs = [f"_agg.{k}" for k in keys] + [
         f"_x{j}._h AS _m{j}" if j in listed else f"_agg._m{j}"
         for j in range(len(bounding.measurements))
@@ -500,10 +532,14 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
         f"_rows AS ({rows}), "
         f"_vals AS (SELECT {vals} FROM _rows), "
-        f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
-        f"{multi}_kept AS ({kept}), "
-        f"_capped AS (SELECT {capped} FROM _kept), "
-        f"{ctes}_agg AS ({aggregated}) "
+        + (
+            f"_capped AS ({_direct(keys, bounding, squared)}), "
+            if bounding.direct
+            else f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
+            f"{multi}_kept AS ({kept}), "
+            f"_capped AS (SELECT {capped} FROM _kept), "
+        )
+        + f"{ctes}_agg AS ({aggregated}) "
         f"{final}"
     )
     try:

@@ -32,73 +32,15 @@ WITH _rows AS (
       ELSE CAST(ROUND(LEAST(GREATEST(_x1 * 8192, 0), 1638400)) AS BIGINT)
     END AS _v1
   FROM _rows
-), _units AS (
-  SELECT
-    _u,
-    COUNT(*) AS _n,
-    COUNT(_v0) AS _n0,
-    COUNT(_v1) AS _n1,
-    COALESCE(SUM(_v0), 0) AS _s0,
-    COALESCE(SUM(_v1), 0) AS _s1
-  FROM _vals
-  GROUP BY
-    _u
-), _kept AS (
-  SELECT
-    *
-  FROM _units
 ), _capped AS (
   SELECT
-    LEAST(_n, 1) AS _c,
-    LEAST(_n0, 1) AS _c0,
-    LEAST(_n1, 1) AS _c1,
-    CASE
-      WHEN _n0 <= 1
-      THEN CAST(_s0 AS INT128)
-      ELSE LEAST(
-        GREATEST(
-          (
-            1 * (
-              CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
-            ) + (
-              2 * 1 * (
-                CAST(_s0 AS INT128) - (
-                  CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
-                ) * CAST(_n0 AS INT128)
-              ) + CAST(_n0 AS INT128)
-            ) // (
-              2 * CAST(_n0 AS INT128)
-            )
-          ),
-          CAST(0 AS INT128)
-        ),
-        CAST(5 AS INT128)
-      )
-    END AS _t0,
-    CASE
-      WHEN _n1 <= 1
-      THEN CAST(_s1 AS INT128)
-      ELSE LEAST(
-        GREATEST(
-          (
-            1 * (
-              CAST(_s1 AS INT128) // CAST(_n1 AS INT128) - CASE WHEN CAST(_s1 AS INT128) % CAST(_n1 AS INT128) < 0 THEN 1 ELSE 0 END
-            ) + (
-              2 * 1 * (
-                CAST(_s1 AS INT128) - (
-                  CAST(_s1 AS INT128) // CAST(_n1 AS INT128) - CASE WHEN CAST(_s1 AS INT128) % CAST(_n1 AS INT128) < 0 THEN 1 ELSE 0 END
-                ) * CAST(_n1 AS INT128)
-              ) + CAST(_n1 AS INT128)
-            ) // (
-              2 * CAST(_n1 AS INT128)
-            )
-          ),
-          CAST(0 AS INT128)
-        ),
-        CAST(1638400 AS INT128)
-      )
-    END AS _t1
-  FROM _kept
+    _u,
+    1 AS _c,
+    CASE WHEN _v0 IS NULL THEN 0 ELSE 1 END AS _c0,
+    CAST(COALESCE(_v0, 0) AS INT128) AS _t0,
+    CASE WHEN _v1 IS NULL THEN 0 ELSE 1 END AS _c1,
+    CAST(COALESCE(_v1, 0) AS INT128) AS _t1
+  FROM _vals
 ), _agg AS (
   SELECT
     SUM(_c) AS _m0,

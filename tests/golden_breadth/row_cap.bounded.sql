@@ -10,27 +10,21 @@ WITH _dom0 AS (
 ), _rows AS (
   SELECT
     *
-    EXCLUDE (_o)
   FROM (
     SELECT
-      *,
-      ROW_NUMBER() OVER (PARTITION BY _u, _k0, _x0) AS _o
-    FROM (
-      SELECT
-        "user_id" AS _u,
-        "region" AS _k0,
-        "spend" AS _x0
-      FROM "visits"
-      WHERE
-        "region" IN (
-          SELECT
-            _k0
-          FROM _dom0
-        )
-    )
+      "user_id" AS _u,
+      "region" AS _k0,
+      "spend" AS _x0
+    FROM "visits"
+    WHERE
+      "region" IN (
+        SELECT
+          _k0
+        FROM _dom0
+      )
   )
   QUALIFY
-    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, _o, CAST($salt AS BIGINT))) <= 2
+    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, CAST($salt AS BIGINT)), _k0, _x0) <= 2
 ), _vals AS (
   SELECT
     _u,
@@ -41,72 +35,14 @@ WITH _dom0 AS (
       ELSE CAST(ROUND(LEAST(GREATEST(_x0 * 8192, 0), 1638400)) AS BIGINT)
     END AS _v0
   FROM _rows
-), _units AS (
-  SELECT
-    _u,
-    _k0,
-    COUNT(*) AS _n,
-    COUNT(_v0) AS _n0,
-    COALESCE(SUM(_v0), 0) AS _s0
-  FROM _vals
-  GROUP BY
-    _u,
-    _k0
-), _multi AS (
-  SELECT
-    _u
-  FROM _units
-  GROUP BY
-    _u
-  HAVING
-    COUNT(*) > 2
-), _kept AS (
-  SELECT
-    *
-  FROM _units
-  ANTI JOIN _multi
-    ON _units._u IS NOT DISTINCT FROM _multi._u
-  UNION ALL
-  SELECT
-    *
-  FROM (
-    SELECT
-      _units.*
-    FROM _units
-    SEMI JOIN _multi
-      ON _units._u IS NOT DISTINCT FROM _multi._u
-  )
-  QUALIFY
-    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, CAST($salt AS BIGINT))) <= 2
 ), _capped AS (
   SELECT
+    _u,
     _k0,
-    LEAST(_n, 2) AS _c,
-    LEAST(_n0, 2) AS _c0,
-    CASE
-      WHEN _n0 <= 2
-      THEN CAST(_s0 AS INT128)
-      ELSE LEAST(
-        GREATEST(
-          (
-            2 * (
-              CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
-            ) + (
-              2 * 2 * (
-                CAST(_s0 AS INT128) - (
-                  CAST(_s0 AS INT128) // CAST(_n0 AS INT128) - CASE WHEN CAST(_s0 AS INT128) % CAST(_n0 AS INT128) < 0 THEN 1 ELSE 0 END
-                ) * CAST(_n0 AS INT128)
-              ) + CAST(_n0 AS INT128)
-            ) // (
-              2 * CAST(_n0 AS INT128)
-            )
-          ),
-          CAST(0 AS INT128)
-        ),
-        CAST(3276800 AS INT128)
-      )
-    END AS _t0
-  FROM _kept
+    1 AS _c,
+    CASE WHEN _v0 IS NULL THEN 0 ELSE 1 END AS _c0,
+    CAST(COALESCE(_v0, 0) AS INT128) AS _t0
+  FROM _vals
 ), _agg AS (
   SELECT
     _k0,
