@@ -1,0 +1,486 @@
+"""Scale on one machine: dpsql beside hand-written bounded SQL and raw DuckDB, 5M to 100M rows.
+
+Run: ``python benchmarks/scale.py`` (5M and 20M rows), ``--large`` (also 50M and 100M),
+``--sizes 5000000 ...``, ``--repeats K``, ``--queries count sum ...``. Every (size, variant,
+query) runs in its own process, so that its peak memory is its own; the variants of one query
+run one after the other on the same data (OS page cache warm after the first). Data: rows/5
+units (1M units at 5M rows), skewed contributions (``queries.rows_per_unit``: most units 1-10
+rows, 1% with 50-800, rescaled), written in chunks of units so that 100M rows need little
+memory to write.
+
+Two contracts, each with its own hand-written bounded SQL that must return dpsql's pre-noise
+totals exactly (checked on every run, column "same"):
+
+* **R**: a total row cap of R = 10 rows per unit and nothing else (C and L0 are then R, BigQuery's
+  ``max_rows_contributed``): the hand SQL keeps each unit's first R rows in the order of a salted
+  hash of the row (``ROW_NUMBER() OVER (PARTITION BY user_id ORDER BY hash(...))``, as a peer
+  harness would), then aggregates the clamped values.
+* **L0C**: L0 = 2 groups per unit, C = 10 rows per unit and group: the hand SQL pre-aggregates
+  per (unit, group), ranks every unit's groups by a salted hash and keeps L0, caps each at C
+  rows (sums scaled to C/n and clamped), then aggregates.
+
+dpsql is ``Session.execute(sql, fresh=True)`` end to end (parse, plan, bind checks, charge,
+bounded query, noise); its salt is set to the hand SQL's so both keep the same rows. Raw is the
+analyst's SQL straight on DuckDB. All three use the same DuckDB memory limit and threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from queries import AGE_BOUNDS, REGIONS, SPEND_BOUNDS, Bounds, rows_per_unit
+
+HERE = Path(__file__).resolve().parent
+R = 10
+L0 = 2
+C = 10
+UNITS_PER_ROW = 5
+CHUNK_UNITS = 500_000
+MEMORY_LIMIT = "50%"  # the policy's default (docs/policy.md): the same for every variant
+SALT = 4242424242
+MONTHS = tuple(range(1, 13))
+BUCKETS = ("high", "low", "mid")
+BUCKET = "CASE WHEN spend < 10 THEN 'low' WHEN spend < 50 THEN 'mid' ELSE 'high' END"
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+def write_data(path: Path, n_rows: int, seed: int = 20261201) -> None:
+    """``visits`` (user_id, region, age, spend, day) with exactly ``n_rows`` rows, ordered by
+    (user_id, day), written chunk by chunk of units."""
+    n_units = n_rows // UNITS_PER_ROW
+    rng = np.random.default_rng(seed)
+    counts = rows_per_unit(n_rows, n_units, rng)
+    tmp = path.with_suffix(".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = np.array(REGIONS, dtype=object)
+    writer: pq.ParquetWriter | None = None
+    try:
+        for start in range(0, n_units, CHUNK_UNITS):
+            part = counts[start : start + CHUNK_UNITS]
+            rows = int(part.sum())
+            units = np.arange(start + 1, start + 1 + len(part), dtype=np.int64)
+            home = rng.choice(len(REGIONS), size=len(part), p=[0.1, 0.2, 0.3, 0.25, 0.15])
+            region = np.repeat(home, part)
+            away = rng.random(rows) < 0.2
+            region[away] = rng.integers(0, len(REGIONS), size=int(away.sum()))
+            day = rng.integers(0, 365, size=rows).astype(np.int32)
+            user = np.repeat(units, part)
+            order = np.lexsort((day, user))
+            table = pa.table(
+                {
+                    "user_id": user[order],
+                    "region": pa.array(names[region[order]], type=pa.string()),
+                    "age": np.repeat(rng.integers(18, 86, size=len(part)), part)[order].astype(
+                        np.int32
+                    ),
+                    "spend": np.round(rng.lognormal(3.0, 1.0, size=rows), 2)[order],
+                    "day": pa.array(
+                        np.datetime64("2026-01-01") + day[order].astype("timedelta64[D]"),
+                        type=pa.date32(),
+                    ),
+                }
+            )
+            if writer is None:
+                writer = pq.ParquetWriter(str(tmp), table.schema)
+            writer.write_table(table, row_group_size=1 << 20)
+    finally:
+        if writer is not None:
+            writer.close()
+    tmp.replace(path)
+
+
+def data_file(directory: Path, n_rows: int) -> Path:
+    path = directory / f"scale-{n_rows}.parquet"
+    if not path.exists():
+        print(f"writing {n_rows:,} rows to {path}", flush=True)
+        write_data(path, n_rows)
+    return path
+
+
+def policy_dict(data: Path, contract: str) -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "privacy_unit": "user_id",
+        "columns": {
+            "age": {"lower": AGE_BOUNDS[0], "upper": AGE_BOUNDS[1]},
+            "spend": {"lower": SPEND_BOUNDS[0], "upper": SPEND_BOUNDS[1]},
+            "region": {"public_values": list(REGIONS)},
+            "day": {"date_range": [dt.date(2026, 1, 1), dt.date(2026, 12, 31)]},
+        },
+    }
+    if contract == "R":
+        table["max_rows_per_unit"] = R
+    else:
+        table.update(max_groups_per_unit=L0, max_rows_per_unit_per_group=C)
+    return {
+        "dataset": {"id": f"scale-{data.stem}"},
+        "data": {"tables": {"visits": str(data.resolve())}},
+        "budget": {
+            "epsilon": "10000",
+            "delta": "0.000001",
+            "query_epsilon": "1",
+            "query_delta": "0.00000001",
+        },
+        "tables": {"visits": table},
+        "engine": {"memory_limit": MEMORY_LIMIT},
+    }
+
+
+# -- the queries and their hand-written bounded SQL --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Key:
+    expr: str  # over the visits table
+    domain: tuple[Any, ...]
+
+
+REGION = Key("region", REGIONS)
+MONTH = Key("month(day)", MONTHS)
+CASE_KEY = Key(BUCKET, BUCKETS)
+
+
+@dataclass(frozen=True)
+class ScaleQuery:
+    name: str
+    sql: str  # what the analyst sends to dpsql
+    raw: str  # the same question straight on DuckDB, scanning the data
+    keys: tuple[Key, ...]
+    kinds: tuple[str, ...]  # dpsql's measurements, in its order
+    where: str | None = None
+    value: bool = False  # reads spend
+
+
+QUERIES: tuple[ScaleQuery, ...] = (
+    ScaleQuery("count", "SELECT region, COUNT(*) FROM visits GROUP BY region",
+               "SELECT region, COUNT(*) FROM visits GROUP BY region", (REGION,), ("rows",)),
+    ScaleQuery("sum", "SELECT region, SUM(spend) FROM visits GROUP BY region",
+               "SELECT region, SUM(spend) FROM visits GROUP BY region", (REGION,), ("sum",),
+               value=True),
+    ScaleQuery("avg", "SELECT region, AVG(spend) FROM visits GROUP BY region",
+               "SELECT region, AVG(spend) FROM visits GROUP BY region", (REGION,),
+               ("centred", "count"), value=True),
+    ScaleQuery("count_distinct_unit", "SELECT COUNT(DISTINCT user_id) FROM visits",
+               "SELECT COUNT(DISTINCT user_id) FROM visits", (), ("units",)),
+    ScaleQuery("where", "SELECT region, COUNT(*), SUM(spend) FROM visits WHERE age >= 30 "
+               "GROUP BY region", "SELECT region, COUNT(*), SUM(spend) FROM visits "
+               "WHERE age >= 30 GROUP BY region", (REGION,), ("rows", "sum"), "age >= 30",
+               value=True),
+    ScaleQuery("region_month", "SELECT region, month(day) AS m, COUNT(*) FROM visits "
+               "GROUP BY region, m", "SELECT region, month(day) AS m, COUNT(*) FROM visits "
+               "GROUP BY region, m", (REGION, MONTH), ("rows",)),
+    ScaleQuery("case_histogram", f"SELECT {BUCKET} AS b, COUNT(*) FROM visits GROUP BY b",
+               f"SELECT {BUCKET} AS b, COUNT(*) FROM visits GROUP BY b", (CASE_KEY,),
+               ("rows",)),
+    ScaleQuery("stddev", "SELECT region, STDDEV(spend) FROM visits GROUP BY region",
+               "SELECT region, STDDEV(spend) FROM visits GROUP BY region", (REGION,),
+               ("centred_squares", "centred", "count"), value=True),
+)  # fmt: skip
+
+
+def _lit(v: Any) -> str:
+    return f"'{v}'" if isinstance(v, str) else str(v)
+
+
+def _rows(q: ScaleQuery, b: Bounds) -> str:
+    """Each row's unit, keys (inside their public domains) and grid value."""
+    cols = ["user_id"] + [f"{k.expr} AS k{i}" for i, k in enumerate(q.keys)]
+    if q.value:
+        cols.append("spend")
+    tests = [f"{k.expr} IN ({', '.join(map(_lit, k.domain))})" for k in q.keys]
+    if q.where:
+        tests.append(q.where)
+    where = f" WHERE {' AND '.join(tests)}" if tests else ""
+    return f"SELECT {', '.join(cols)} FROM visits{where}"
+
+
+def _fill(q: ScaleQuery, measures: list[str], source: str) -> str:
+    """Aggregate ``source`` per key and give every public key combination a row."""
+    keys = [f"k{i}" for i in range(len(q.keys))]
+    names = [f"m{j}" for j in range(len(measures))]
+    select = ", ".join(f"{m} AS {n}" for m, n in zip(measures, names, strict=True))
+    if not keys:
+        return f"SELECT {', '.join(f'COALESCE({m}, 0)' for m in measures)} FROM {source}"
+    domains = " CROSS JOIN ".join(
+        f"(VALUES {', '.join(f'({_lit(v)})' for v in k.domain)}) AS d{i}(k{i})"
+        for i, k in enumerate(q.keys)
+    )
+    on = " AND ".join(f"a.{k} = d{i}.{k}" for i, k in enumerate(keys))
+    out = ", ".join(
+        [f"d{i}.{k}" for i, k in enumerate(keys)] + [f"COALESCE(a.{n}, 0)" for n in names]
+    )
+    return (
+        f"SELECT {out} FROM {domains} LEFT JOIN (SELECT {', '.join(keys)}, {select} "
+        f"FROM {source} GROUP BY {', '.join(keys)}) AS a ON {on}"
+    )
+
+
+def hand_r(q: ScaleQuery, b: Bounds) -> str:
+    """The R contract by hand: R rows per unit by salted hash, then the clamped aggregate."""
+    mid = b.lo_units + b.hi_units
+    hashed = ["user_id", *(f"k{i}" for i in range(len(q.keys)))] + (["spend"] if q.value else [])
+    kept = (
+        f"SELECT * FROM ({_rows(q, b)}) QUALIFY ROW_NUMBER() OVER (PARTITION BY user_id "
+        f"ORDER BY hash({', '.join(hashed)}, CAST({b.salt} AS BIGINT))) <= {R}"
+    )
+    v = f"CAST({b.value('spend')} AS HUGEINT)" if q.value else "NULL"
+    source = f"(SELECT *, {v} AS v FROM ({kept}))"
+    measures = {
+        "rows": "COUNT(*)",
+        "units": "COUNT(DISTINCT user_id)",
+        "count": "COUNT(v)",
+        "sum": "SUM(v)",
+        "centred": f"SUM(2 * v - {mid})",
+        "centred_squares": f"SUM((2 * v - {mid}) * (2 * v - {mid}))",
+    }
+    return _fill(q, [measures[k] for k in q.kinds], source)
+
+
+def hand_l0c(q: ScaleQuery, b: Bounds) -> str:
+    """The (L0, C) contract by hand: per (unit, group) pre-aggregation, L0 groups per unit by a
+    salted hash, C rows per group (sums scaled by C/n in exact integers, then clamped)."""
+    mid = b.lo_units + b.hi_units
+    keys = [f"k{i}" for i in range(len(q.keys))]
+    v = f"CAST({b.value('spend')} AS HUGEINT)" if q.value else "NULL"
+    group = ", ".join(["user_id", *keys])
+    grouped = (
+        f"SELECT {group}, COUNT(*) AS n, COUNT(v) AS nv, COALESCE(SUM(v), 0) AS s, "
+        f"COALESCE(SUM((2 * v - {mid}) * (2 * v - {mid})), 0) AS q "
+        f"FROM (SELECT *, {v} AS v FROM ({_rows(q, b)})) GROUP BY {group}"
+    )
+    if keys:
+        grouped = (
+            f"SELECT * FROM ({grouped}) QUALIFY ROW_NUMBER() OVER (PARTITION BY user_id "
+            f"ORDER BY hash({group}, CAST({b.salt} AS BIGINT))) <= {L0}"
+        )
+    width = b.hi_units - b.lo_units
+    scaled = f"({C} * s * 2 + nv) // (2 * nv)"  # round(C·s/n), s >= 0 here
+    t = (
+        f"CASE WHEN nv <= {C} THEN s ELSE LEAST(GREATEST({scaled}, {C * b.lo_units}), "
+        f"{C * b.hi_units}) END"
+    )
+    r = (
+        f"LEAST(GREATEST(CASE WHEN nv <= {C} THEN q ELSE (q * {C} + nv // 2) // nv END, 0), "
+        f"{C * width * width})"
+    )
+    capped = (
+        f"(SELECT {''.join(k + ', ' for k in keys)}LEAST(n, {C}) AS c, LEAST(nv, {C}) AS cv, "
+        f"{t} AS t, {r} AS r FROM ({grouped}))"
+    )
+    measures = {
+        "rows": "SUM(c)",
+        "units": "COUNT(*)",
+        "count": "SUM(cv)",
+        "sum": "SUM(t)",
+        "centred": f"SUM(2 * t - cv * {mid})",
+        "centred_squares": "SUM(r)",
+    }
+    return _fill(q, [measures[k] for k in q.kinds], capped)
+
+
+def totals(rows: list[tuple[Any, ...]], n_keys: int) -> dict[str, list[int]]:
+    return {repr(tuple(r[:n_keys])): [int(v or 0) for v in r[n_keys:]] for r in rows}
+
+
+# -- one measurement, in its own process --------------------------------------------------------
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(path: Path, contract: str, variant: str, name: str, repeats: int) -> dict[str, Any]:
+    q = next(q for q in QUERIES if q.name == name)
+    bounds = Bounds(salt=SALT)
+    totals_seen: dict[str, list[int]] | None = None
+    if variant == "dpsql":
+        # Imported here: the raw and hand workers' memory holds no dpsql.
+        from dpsql.policy import load_policy  # noqa: PLC0415
+        from dpsql.session import Session  # noqa: PLC0415
+
+        session = Session(load_policy(policy_dict(path, contract)))
+        session.engine.salt = SALT  # the hand SQL's salt: both must keep the same rows
+        engine_run = session.engine.run
+        seen: list[list[tuple[Any, ...]]] = []
+
+        def run_and_keep(sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+            names, rows = engine_run(sql)
+            seen.append(rows)
+            return names, rows
+
+        session.engine.run = run_and_keep  # type: ignore[method-assign]
+        plan = session.plan(q.sql)
+        kinds = tuple(m.spec.kind for m in plan.measurements)
+        assert kinds == q.kinds, f"{name}: dpsql measures {kinds}, the hand SQL {q.kinds}"
+
+        def fn() -> object:
+            return session.execute(q.sql, fresh=True)
+
+        extra = {"skipped": list(plan.skipped)}
+    else:
+        con = duckdb.connect(":memory:", config={"memory_limit": MEMORY_LIMIT})
+        con.execute(f"CREATE VIEW visits AS SELECT * FROM read_parquet('{path}')")
+        sql = {"raw": q.raw, "hand": (hand_r if contract == "R" else hand_l0c)(q, bounds)}[variant]
+
+        def fn() -> object:
+            return con.execute(sql).fetchall()
+
+        extra = {}
+    before = _rss_mib()
+    walls, cpus = [], []
+    for i in range(repeats + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if i or repeats == 0:
+            walls.append(wall)
+            cpus.append(cpu)
+        if i == 0:
+            if variant == "dpsql":
+                totals_seen = totals(seen[-1], len(q.keys))
+            elif variant == "hand":
+                assert isinstance(out, list)
+                totals_seen = totals(out, len(q.keys))
+        if repeats == 0:
+            break
+    return {"walls": walls, "cpus": cpus, "rss_before_mib": before, "peak_rss_mib": _rss_mib(),
+            "totals": totals_seen, **extra}  # fmt: skip
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+VARIANTS = (("R", "raw"), ("R", "hand"), ("R", "dpsql"), ("L0C", "hand"), ("L0C", "dpsql"))
+
+
+def measure(path: Path, contract: str, variant: str, name: str, repeats: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", str(path), contract, variant, name,
+           str(repeats)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _spread(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return "-"
+    return f"±{(max(xs) - min(xs)) / 2 / statistics.median(xs) * 100:.0f}%"
+
+
+def run(sizes: list[int], repeats: int, names: list[str], data_dir: Path) -> list[dict[str, Any]]:
+    results = []
+    for n in sizes:
+        path = data_file(data_dir, n)
+        reps = repeats if n <= 20_000_000 else 0  # one cold run each above 20M rows
+        for q in QUERIES:
+            if q.name not in names:
+                continue
+            row: dict[str, Any] = {"rows": n, "query": q.name}
+            for contract, variant in VARIANTS:
+                r = measure(path, contract, variant, q.name, reps)
+                row[f"{contract}_{variant}" if variant != "raw" else "raw"] = r
+            for contract in ("R", "L0C"):
+                hand, ours = row[f"{contract}_hand"], row[f"{contract}_dpsql"]
+                row[f"{contract}_same"] = "totals" in hand and hand.get("totals") == ours.get(
+                    "totals"
+                )
+            results.append(row)
+            print(_line(row), flush=True)
+    return results
+
+
+def _ms(r: dict[str, Any]) -> float:
+    return _median(r.get("walls", [])) * 1e3
+
+
+def _line(row: dict[str, Any]) -> str:
+    raw, rh, rd = row["raw"], row["R_hand"], row["R_dpsql"]
+    lh, ld = row["L0C_hand"], row["L0C_dpsql"]
+    return (
+        f"| {row['rows']:>11,} | {row['query']:<19} | {_ms(raw):8.0f} | {_ms(rh):8.0f} | "
+        f"{_ms(rd):8.0f} {_spread(rd.get('walls', [])):>5} | {_ms(rd) / _ms(rh):5.2f}x | "
+        f"{_ms(rd) / _ms(raw):6.1f}x | {'yes' if row['R_same'] else 'NO':>4} | "
+        f"{_ms(lh):8.0f} | {_ms(ld):8.0f} {_spread(ld.get('walls', [])):>5} | "
+        f"{_ms(ld) / _ms(lh):5.2f}x | {'yes' if row['L0C_same'] else 'NO':>4} | "
+        f"{rh.get('peak_rss_mib', 0) / 1024:5.2f} | {rd.get('peak_rss_mib', 0) / 1024:5.2f} | "
+        f"{lh.get('peak_rss_mib', 0) / 1024:5.2f} | {ld.get('peak_rss_mib', 0) / 1024:5.2f} |"
+    )
+
+
+HEADER = (
+    "|        rows | query               |   raw ms | R hand ms | R dpsql ms | d/hand | d/raw "
+    "| same | L0C hand | L0C dpsql | d/hand | same | RSS GiB R hand | R dpsql | L0C hand | "
+    "L0C dpsql |"
+)
+
+
+def growth(results: list[dict[str, Any]]) -> list[str]:
+    """Time ratio between consecutive sizes, per query and variant, beside the data ratio."""
+    lines = ["", "growth (time ratio to the previous size; data ratio in the first column)"]
+    sizes = sorted({r["rows"] for r in results})
+    for a, b in itertools.pairwise(sizes):
+        for q in QUERIES:
+            ra = next((r for r in results if r["rows"] == a and r["query"] == q.name), None)
+            rb = next((r for r in results if r["rows"] == b and r["query"] == q.name), None)
+            if ra is None or rb is None:
+                continue
+            parts = [f"{k} {_ms(rb[k]) / _ms(ra[k]):.2f}x" for k in
+                     ("raw", "R_hand", "R_dpsql", "L0C_hand", "L0C_dpsql")]  # fmt: skip
+            lines.append(f"  {a:,} -> {b:,} ({b / a:.1f}x) {q.name:<19} " + ", ".join(parts))
+    return lines
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        path, contract, variant, name, repeats = sys.argv[2:7]
+        print(json.dumps(worker(Path(path), contract, variant, name, int(repeats))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[5_000_000, 20_000_000])
+    parser.add_argument("--large", action="store_true", help="also 50M and 100M rows")
+    parser.add_argument("--repeats", type=int, default=3, help="after one warm-up run")
+    parser.add_argument("--queries", nargs="+", default=[q.name for q in QUERIES])
+    parser.add_argument("--data-dir", type=Path, default=HERE / "data")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    sizes = sorted(set(args.sizes + ([50_000_000, 100_000_000] if args.large else [])))
+    started = dt.datetime.now(dt.UTC)
+    print(
+        f"{os.cpu_count()} CPUs, DuckDB {duckdb.__version__}, memory limit {MEMORY_LIMIT}, "
+        f"median of {args.repeats} after a warm-up (1 run, no warm-up, above 20M rows)"
+    )
+    print(HEADER)
+    results = run(sizes, args.repeats, args.queries, args.data_dir)
+    for line in growth(results):
+        print(line)
+    from run import write_results  # noqa: PLC0415  (run.py imports dpsql)
+
+    write_results(args.results_dir, "scale", started, args.repeats, results)
+
+
+if __name__ == "__main__":
+    main()
