@@ -358,23 +358,31 @@ def _list_measure(j: int, spec: MeasurementSpec, keys: list[str], direct: bool) 
 
 
 def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
-    """With a total row cap R, each unit keeps R of its rows, ranked by a keyed hash of the row
-    (DESIGN.md section 3): a function of the unit's own rows, so stability holds.
+    """The CTEs ending in ``_rows``: with a total row cap R, each unit keeps R of its rows,
+    ranked by a keyed hash of the row (DESIGN.md section 3): a function of the unit's own rows,
+    so stability holds.
 
     Rows that tie on the hash are ordered by the columns themselves, so what is left tied is
     identical in every column a measurement reads (the unit, the keys, the raw values): which
     copy is kept cannot change any total, and the kept multiset is a function of the unit's
     rows whatever order the engine meets them in. (Numbering the copies first, to hash each
-    apart, costs a window over every row partitioned by all the columns.)
+    apart, costs a window over every row partitioned by all the columns.) Only the units with
+    more than R rows (``_heavy``) go through the window: the others keep every row, which is
+    what the window would keep too.
     """
     if r is None:
-        return rows
+        return f"_rows AS ({rows}), "
     columns = [*keys, *(f"_x{i}" for i in range(n_values))]
     order = ", ".join(["_u", *columns, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
     ties = "".join(f", {c}" for c in columns)
+    # IS NOT DISTINCT FROM: the rows of a NULL unit are one unit here as everywhere else.
+    on = "_all._u IS NOT DISTINCT FROM _heavy._u"
     return (
-        f"SELECT * FROM ({rows}) QUALIFY "
-        f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order}){ties}) <= {r}"
+        f"_all AS ({rows}), "
+        f"_heavy AS (SELECT _u FROM _all GROUP BY _u HAVING COUNT(*) > {r}), "
+        f"_rows AS (SELECT * FROM _all ANTI JOIN _heavy ON {on} UNION ALL "
+        f"SELECT * FROM (SELECT _all.* FROM _all SEMI JOIN _heavy ON {on}) QUALIFY "
+        f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order}){ties}) <= {r}), "
     )
 
 
@@ -530,7 +538,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     rows = _row_cap(rows, keys, len(bounding.values), bounding.max_total_rows)
     text = (
         f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
-        f"_rows AS ({rows}), "
+        f"{rows}"
         f"_vals AS (SELECT {vals} FROM _rows), "
         + (
             f"_capped AS ({_direct(keys, bounding, squared)}), "

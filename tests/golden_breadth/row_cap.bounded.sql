@@ -7,21 +7,41 @@ WITH _dom0 AS (
     (CAST('north' AS TEXT)),
     (CAST('south' AS TEXT)),
     (CAST('west' AS TEXT))) AS _l(_k0)
+), _all AS (
+  SELECT
+    "user_id" AS _u,
+    "region" AS _k0,
+    "spend" AS _x0
+  FROM "visits"
+  WHERE
+    "region" IN (
+      SELECT
+        _k0
+      FROM _dom0
+    )
+), _heavy AS (
+  SELECT
+    _u
+  FROM _all
+  GROUP BY
+    _u
+  HAVING
+    COUNT(*) > 2
 ), _rows AS (
+  SELECT
+    *
+  FROM _all
+  ANTI JOIN _heavy
+    ON _all._u IS NOT DISTINCT FROM _heavy._u
+  UNION ALL
   SELECT
     *
   FROM (
     SELECT
-      "user_id" AS _u,
-      "region" AS _k0,
-      "spend" AS _x0
-    FROM "visits"
-    WHERE
-      "region" IN (
-        SELECT
-          _k0
-        FROM _dom0
-      )
+      _all.*
+    FROM _all
+    SEMI JOIN _heavy
+      ON _all._u IS NOT DISTINCT FROM _heavy._u
   )
   QUALIFY
     ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, CAST($salt AS BIGINT)), _k0, _x0) <= 2
