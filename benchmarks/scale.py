@@ -117,7 +117,7 @@ def data_file(directory: Path, n_rows: int) -> Path:
     return path
 
 
-def policy_dict(data: Path, contract: str) -> dict[str, Any]:
+def policy_dict(data: Path, contract: str, memory_limit: str = MEMORY_LIMIT) -> dict[str, Any]:
     table: dict[str, Any] = {
         "privacy_unit": "user_id",
         "columns": {
@@ -141,7 +141,7 @@ def policy_dict(data: Path, contract: str) -> dict[str, Any]:
             "query_delta": "0.00000001",
         },
         "tables": {"visits": table},
-        "engine": {"memory_limit": MEMORY_LIMIT},
+        "engine": {"memory_limit": memory_limit},
     }
 
 
@@ -308,7 +308,9 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(path: Path, contract: str, variant: str, name: str, repeats: int) -> dict[str, Any]:
+def worker(
+    path: Path, contract: str, variant: str, name: str, repeats: int, *, memory_limit: str
+) -> dict[str, Any]:
     q = next(q for q in QUERIES if q.name == name)
     bounds = Bounds(salt=SALT)
     totals_seen: dict[str, list[int]] | None = None
@@ -317,7 +319,7 @@ def worker(path: Path, contract: str, variant: str, name: str, repeats: int) -> 
         from dpsql.policy import load_policy  # noqa: PLC0415
         from dpsql.session import Session  # noqa: PLC0415
 
-        session = Session(load_policy(policy_dict(path, contract)))
+        session = Session(load_policy(policy_dict(path, contract, memory_limit)))
         session.engine.salt = SALT  # the hand SQL's salt: both must keep the same rows
         engine_run = session.engine.run
         seen: list[list[tuple[Any, ...]]] = []
@@ -337,7 +339,7 @@ def worker(path: Path, contract: str, variant: str, name: str, repeats: int) -> 
 
         extra = {"skipped": list(plan.skipped)}
     else:
-        con = duckdb.connect(":memory:", config={"memory_limit": MEMORY_LIMIT})
+        con = duckdb.connect(":memory:", config={"memory_limit": memory_limit})
         con.execute(f"CREATE VIEW visits AS SELECT * FROM read_parquet('{path}')")
         sql = {"raw": q.raw, "hand": (hand_r if contract == "R" else hand_l0c)(q, bounds)}[variant]
 
@@ -371,9 +373,11 @@ def worker(path: Path, contract: str, variant: str, name: str, repeats: int) -> 
 VARIANTS = (("R", "raw"), ("R", "hand"), ("R", "dpsql"), ("L0C", "hand"), ("L0C", "dpsql"))
 
 
-def measure(path: Path, contract: str, variant: str, name: str, repeats: int) -> dict[str, Any]:
+def measure(
+    path: Path, contract: str, variant: str, name: str, repeats: int, *, memory_limit: str
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", str(path), contract, variant, name,
-           str(repeats)]  # fmt: skip
+           str(repeats), memory_limit]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
@@ -391,7 +395,15 @@ def _spread(xs: list[float]) -> str:
     return f"±{(max(xs) - min(xs)) / 2 / statistics.median(xs) * 100:.0f}%"
 
 
-def run(sizes: list[int], repeats: int, names: list[str], data_dir: Path) -> list[dict[str, Any]]:
+def run(
+    sizes: list[int],
+    repeats: int,
+    names: list[str],
+    data_dir: Path,
+    memory_limit: str,
+    *,
+    variants: list[str],
+) -> list[dict[str, Any]]:
     results = []
     for n in sizes:
         path = data_file(data_dir, n)
@@ -401,13 +413,17 @@ def run(sizes: list[int], repeats: int, names: list[str], data_dir: Path) -> lis
                 continue
             row: dict[str, Any] = {"rows": n, "query": q.name}
             for contract, variant in VARIANTS:
-                r = measure(path, contract, variant, q.name, reps)
-                row[f"{contract}_{variant}" if variant != "raw" else "raw"] = r
+                label = f"{contract}_{variant}" if variant != "raw" else "raw"
+                if label in variants:
+                    row[label] = measure(
+                        path, contract, variant, q.name, reps, memory_limit=memory_limit
+                    )
             for contract in ("R", "L0C"):
-                hand, ours = row[f"{contract}_hand"], row[f"{contract}_dpsql"]
-                row[f"{contract}_same"] = "totals" in hand and hand.get("totals") == ours.get(
+                hand = row.get(f"{contract}_hand", {})
+                ours = row.get(f"{contract}_dpsql", {})
+                row[f"{contract}_same"] = hand.get("totals") is not None and hand.get(
                     "totals"
-                )
+                ) == ours.get("totals")
             results.append(row)
             print(_line(row), flush=True)
     return results
@@ -418,8 +434,8 @@ def _ms(r: dict[str, Any]) -> float:
 
 
 def _line(row: dict[str, Any]) -> str:
-    raw, rh, rd = row["raw"], row["R_hand"], row["R_dpsql"]
-    lh, ld = row["L0C_hand"], row["L0C_dpsql"]
+    raw, rh, rd = row.get("raw", {}), row.get("R_hand", {}), row.get("R_dpsql", {})
+    lh, ld = row.get("L0C_hand", {}), row.get("L0C_dpsql", {})
     return (
         f"| {row['rows']:>11,} | {row['query']:<19} | {_ms(raw):8.0f} | {_ms(rh):8.0f} | "
         f"{_ms(rd):8.0f} {_spread(rd.get('walls', [])):>5} | {_ms(rd) / _ms(rh):5.2f}x | "
@@ -448,7 +464,7 @@ def growth(results: list[dict[str, Any]]) -> list[str]:
             rb = next((r for r in results if r["rows"] == b and r["query"] == q.name), None)
             if ra is None or rb is None:
                 continue
-            parts = [f"{k} {_ms(rb[k]) / _ms(ra[k]):.2f}x" for k in
+            parts = [f"{k} {_ms(rb.get(k, {})) / _ms(ra.get(k, {})):.2f}x" for k in
                      ("raw", "R_hand", "R_dpsql", "L0C_hand", "L0C_dpsql")]  # fmt: skip
             lines.append(f"  {a:,} -> {b:,} ({b / a:.1f}x) {q.name:<19} " + ", ".join(parts))
     return lines
@@ -456,8 +472,12 @@ def growth(results: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        path, contract, variant, name, repeats = sys.argv[2:7]
-        print(json.dumps(worker(Path(path), contract, variant, name, int(repeats))))
+        path, contract, variant, name, repeats, limit = sys.argv[2:8]
+        print(
+            json.dumps(
+                worker(Path(path), contract, variant, name, int(repeats), memory_limit=limit)
+            )
+        )
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[5_000_000, 20_000_000])
@@ -466,15 +486,19 @@ def main() -> None:
     parser.add_argument("--queries", nargs="+", default=[q.name for q in QUERIES])
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+    parser.add_argument("--memory-limit", default=MEMORY_LIMIT, help="DuckDB's, for all variants")
+    parser.add_argument("--variants", nargs="+", help="e.g. R_dpsql L0C_hand (default: all)")
     args = parser.parse_args()
     sizes = sorted(set(args.sizes + ([50_000_000, 100_000_000] if args.large else [])))
     started = dt.datetime.now(dt.UTC)
     print(
-        f"{os.cpu_count()} CPUs, DuckDB {duckdb.__version__}, memory limit {MEMORY_LIMIT}, "
+        f"{os.cpu_count()} CPUs, DuckDB {duckdb.__version__}, memory limit {args.memory_limit}, "
         f"median of {args.repeats} after a warm-up (1 run, no warm-up, above 20M rows)"
     )
     print(HEADER)
-    results = run(sizes, args.repeats, args.queries, args.data_dir)
+    labels = ["raw", "R_hand", "R_dpsql", "L0C_hand", "L0C_dpsql"]
+    results = run(sizes, args.repeats, args.queries, args.data_dir, args.memory_limit,
+                  variants=args.variants or labels)  # fmt: skip
     for line in growth(results):
         print(line)
     from run import write_results  # noqa: PLC0415  (run.py imports dpsql)
