@@ -30,6 +30,7 @@ import argparse
 import datetime as dt
 import itertools
 import json
+import math
 import os
 import resource
 import statistics
@@ -433,24 +434,35 @@ def _ms(r: dict[str, Any]) -> float:
     return _median(r.get("walls", [])) * 1e3
 
 
+def _cpu(r: dict[str, Any]) -> float:
+    return _median(r.get("cpus", [])) * 1e3
+
+
+def _gib(r: dict[str, Any]) -> float:
+    return float(r.get("peak_rss_mib", math.nan)) / 1024
+
+
 def _line(row: dict[str, Any]) -> str:
     raw, rh, rd = row.get("raw", {}), row.get("R_hand", {}), row.get("R_dpsql", {})
     lh, ld = row.get("L0C_hand", {}), row.get("L0C_dpsql", {})
-    return (
-        f"| {row['rows']:>11,} | {row['query']:<19} | {_ms(raw):8.0f} | {_ms(rh):8.0f} | "
-        f"{_ms(rd):8.0f} {_spread(rd.get('walls', [])):>5} | {_ms(rd) / _ms(rh):5.2f}x | "
-        f"{_ms(rd) / _ms(raw):6.1f}x | {'yes' if row['R_same'] else 'NO':>4} | "
-        f"{_ms(lh):8.0f} | {_ms(ld):8.0f} {_spread(ld.get('walls', [])):>5} | "
-        f"{_ms(ld) / _ms(lh):5.2f}x | {'yes' if row['L0C_same'] else 'NO':>4} | "
-        f"{rh.get('peak_rss_mib', 0) / 1024:5.2f} | {rd.get('peak_rss_mib', 0) / 1024:5.2f} | "
-        f"{lh.get('peak_rss_mib', 0) / 1024:5.2f} | {ld.get('peak_rss_mib', 0) / 1024:5.2f} |"
-    )
+    cells = [
+        f"{row['rows']:>11,}", f"{row['query']:<19}", f"{_ms(raw):7.0f}",
+        f"{_ms(rh):7.0f}", f"{_ms(rd):7.0f} {_spread(rd.get('walls', [])):>4}",
+        f"{_ms(rd) / _ms(rh):5.2f}x", f"{_cpu(rd) / _cpu(rh):5.2f}x", f"{_ms(rd) / _ms(raw):6.1f}x",
+        "yes" if row["R_same"] else "NO",
+        f"{_ms(lh):7.0f}", f"{_ms(ld):7.0f} {_spread(ld.get('walls', [])):>4}",
+        f"{_ms(ld) / _ms(lh):5.2f}x", f"{_cpu(ld) / _cpu(lh):5.2f}x", f"{_ms(ld) / _ms(raw):6.1f}x",
+        "yes" if row["L0C_same"] else "NO",
+        f"{_gib(raw):4.2f}", f"{_gib(rh):4.2f}", f"{_gib(rd):4.2f}", f"{_gib(lh):4.2f}",
+        f"{_gib(ld):4.2f}",
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
 
 
 HEADER = (
-    "|        rows | query               |   raw ms | R hand ms | R dpsql ms | d/hand | d/raw "
-    "| same | L0C hand | L0C dpsql | d/hand | same | RSS GiB R hand | R dpsql | L0C hand | "
-    "L0C dpsql |"
+    "| rows | query | raw ms | R hand ms | R dpsql ms | R d/hand | R CPU d/hand | R d/raw | same "
+    "| L0C hand ms | L0C dpsql ms | L0C d/hand | L0C CPU d/hand | L0C d/raw | same | peak GiB raw "
+    "| R hand | R dpsql | L0C hand | L0C dpsql |\n|" + "---|" * 20
 )
 
 
