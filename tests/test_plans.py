@@ -411,24 +411,32 @@ def test_a_per_unit_subquery_grouped_by_the_unit_alone_has_one_row_per_unit(
 
 
 def _kept_rows(session: Session, sql: str, **options: Any) -> list[tuple[Any, ...]]:
-    """The rows R's window keeps (the bounded query's ``_rows``), per unit: (unit, key, n)."""
+    """The rows R's window keeps (the bounded query's ``_rows``), per unit: (unit, key, n); a
+    query reading no value keeps (unit, key) rows with their number of copies ``_w``."""
     plan = session.plan(sql, **options)
     tree = sqlglot.parse_one(plan.engine_sql, read="duckdb")
+    n = "COUNT(*)" if "_x0" in plan.engine_sql else "SUM(_w)"
     probe = sqlglot.parse_one(
-        "SELECT _u, _k0, COUNT(*) AS n FROM _rows GROUP BY _u, _k0 ORDER BY _u, _k0",
+        f"SELECT _u, _k0, {n} AS n FROM _rows GROUP BY _u, _k0 ORDER BY _u, _k0",
         read="duckdb",
     )
     probe.set("with_", tree.args.get("with_") or tree.args.get("with"))
     return session.engine.run(probe.sql(dialect="duckdb"))[1]
 
 
-def test_row_cap_keeps_r_rows_whatever_the_row_order(tiny_policy: Any) -> None:
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT region, COUNT(*) FROM visits GROUP BY region",
+        "SELECT region, SUM(spend) FROM visits GROUP BY region",
+    ],
+)
+def test_row_cap_keeps_r_rows_whatever_the_row_order(tiny_policy: Any, sql: str) -> None:
     """With R, a unit's identical rows tie on the hash and are ordered by their own columns: the
     kept rows are exactly R per unit and the same multiset whatever order the rows are stored
     in (a function of the unit's own rows), and copies of one row are kept or dropped together."""
     rows = [(u, region, 30, 1.0) for u in range(40) for region in ("east", "west")
             for _ in range(50)]  # fmt: skip
-    sql = "SELECT region, COUNT(*) FROM visits GROUP BY region"
     first = Session(tiny_policy(rows, max_groups=2, max_rows=10))
     kept = _kept_rows(first, sql, max_rows_per_unit=10)
     per_unit: dict[Any, int] = {}

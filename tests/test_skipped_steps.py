@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import sqlglot
 from conftest import TINY_BUDGET, TINY_COLUMNS, TINY_SCHEMA, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -142,5 +143,50 @@ def test_explain_names_each_skipped_step(
         assert len(lines) == len(expected), lines
         for line, start in zip(lines, expected, strict=True):
             assert line.startswith("skipped: " + start), line
+    finally:
+        session.close()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    copies=st.lists(
+        st.tuples(
+            st.one_of(st.integers(0, 2), st.none()), st.sampled_from(REGIONS[:3]), st.integers(1, 6)
+        ),
+        max_size=12,
+    ),
+    r=st.integers(1, 9),
+)
+def test_counting_copies_keeps_what_the_row_window_keeps(
+    tmp_path_factory: pytest.TempPathFactory, copies: list[tuple[Any, str, int]], r: int
+) -> None:
+    """A query reading no value caps R on (unit, key) rows weighted by their copies: per unit
+    and key, exactly as many rows as R's window over the rows themselves keeps (ordered by the
+    keyed hash, ties by the key), a NULL unit being one unit."""
+    rows = [(unit, region, 30, 1.0) for unit, region, n in copies for _ in range(n)]
+    path = tmp_path_factory.mktemp("weighted") / "visits.parquet"
+    write_parquet(path, rows, TINY_SCHEMA)
+    table = {"privacy_unit": "user_id", "columns": TINY_COLUMNS, "max_rows_per_unit": r}
+    policy = load_policy({"dataset": {"id": "w"}, "data": {"tables": {"visits": str(path)}},
+                          "budget": TINY_BUDGET, "tables": {"visits": table}})  # fmt: skip
+    session = Session(policy)
+    try:
+        plan = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region")
+        tree = sqlglot.parse_one(plan.engine_sql, read="duckdb")
+        # With R >= the 5 regions, the copies are counted (_w); below, rows are ranked.
+        n = "SUM(_w)" if r >= len(REGIONS) else "COUNT(*)"
+        assert ("_w" in plan.engine_sql) == (r >= len(REGIONS))
+        probe = sqlglot.parse_one(f"SELECT _u, _k0, {n} FROM _rows GROUP BY ALL", read="duckdb")
+        probe.set("with_", tree.args.get("with_") or tree.args.get("with"))
+        kept = session.engine.run(probe.sql(dialect="duckdb"))[1]
+        domain = ", ".join(f"'{x}'" for x in REGIONS)
+        window = (
+            "SELECT _u, _k0, COUNT(*) FROM (SELECT user_id AS _u, region AS _k0 FROM visits "
+            f"WHERE region IN ({domain}) QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY "
+            f"hash(_u, _k0, CAST($salt AS BIGINT)), _k0) <= {r}) GROUP BY ALL"
+        )
+        assert _normal(kept) == _normal(session.engine.run(window)[1])
     finally:
         session.close()

@@ -11,10 +11,16 @@ The steps of DESIGN.md section 3, each a CTE:
    for a variance, also the exact sum of squared centred values ``Σ(2·v - lower - upper)²``.
 4. ``_kept``: at most L0 groups per unit, ranked by a salted hash of (unit, keys), which depends
    only on the unit's own rows; units with at most L0 groups (``_multi`` lists the others)
-   skip the ranking window.
+   skip the ranking window, unless the public keys have at least 4·L0 combinations (then most
+   units are ranked anyway, and finding the others costs more than it saves).
 5. ``_capped``: ``n' = min(n, C)``; sums scaled to ``n'·S/n`` and clamped to ``[n'·lo, n'·hi]``;
    sums of squares scaled to ``C·Q/n`` when ``n > C`` and clamped to ``[0, C·width²]``.
 6. the cross-unit aggregate per group; with a public domain, every key of the domain.
+
+With a total row cap R, ``_rows`` keeps R rows per unit first (``_row_cap``). Steps the plan
+proves unable to bind are left out (``dpsql.plan.planner._steps``); with ``Bounding.direct``
+steps 3 to 5 are the identity and the aggregate reads the rows. Every choice between two forms
+of a step rests on public numbers only, and both forms return the same totals.
 """
 
 from __future__ import annotations
@@ -357,7 +363,14 @@ def _list_measure(j: int, spec: MeasurementSpec, keys: list[str], direct: bool) 
     return f"_x{j} AS (SELECT {key_list}{agg} AS _h FROM ({values}){group})"
 
 
-def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
+def _public_size(analysis: Analysis) -> int | None:
+    """The number of public key combinations, when every key lists its domain."""
+    if not all(k.domain is not None for k in analysis.keys):
+        return None
+    return math.prod(len(k.domain or ()) for k in analysis.keys)
+
+
+def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None, weighted: bool) -> str:
     """The CTEs ending in ``_rows``: with a total row cap R, each unit keeps R of its rows,
     ranked by a keyed hash of the row (DESIGN.md section 3): a function of the unit's own rows,
     so stability holds.
@@ -372,6 +385,8 @@ def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
     """
     if r is None:
         return f"_rows AS ({rows}), "
+    if weighted:
+        return _weighted_row_cap(rows, keys, r)
     columns = [*keys, *(f"_x{i}" for i in range(n_values))]
     order = ", ".join(["_u", *columns, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
     ties = "".join(f", {c}" for c in columns)
@@ -386,10 +401,34 @@ def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None) -> str:
     )
 
 
-def _direct(keys: list[str], bounding: Bounding, squared: list[int]) -> str:
-    """``_capped`` when no per-(unit, group) bound can bind: one row per kept row, with the
-    columns the cross-unit aggregate reads (n = 1, so nothing is capped or scaled)."""
-    columns = ["_u", *keys, "1 AS _c"]
+def _weighted_row_cap(rows: str, keys: list[str], r: int) -> str:
+    """R's window when the query reads no value, only the unit and the keys: the copies of one
+    (unit, keys) row are counted first (``_w``), and each unit keeps, in the order of the keyed
+    hash of its distinct rows, whole rows until R is reached and part of the next, which is what
+    the window over the rows keeps (identical rows tie, and are taken in a block), ranking far
+    fewer rows."""
+    group = ", ".join(["_u", *keys])
+    order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
+    ties = "".join(f", {k}" for k in keys)
+    on = "_all._u IS NOT DISTINCT FROM _heavy._u"
+    before = (
+        f"COALESCE(SUM(_w) OVER (PARTITION BY _u ORDER BY hash({order}){ties} "
+        "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)"
+    )
+    return (
+        f"_all AS (SELECT {group}, COUNT(*) AS _w FROM ({rows}) GROUP BY {group}), "
+        f"_heavy AS (SELECT _u FROM _all GROUP BY _u HAVING SUM(_w) > {r}), "
+        f"_rows AS (SELECT * FROM _all ANTI JOIN _heavy ON {on} UNION ALL "
+        f"SELECT * EXCLUDE (_w, _b), LEAST(_w, {r} - _b) AS _w FROM (SELECT *, {before} AS _b "
+        f"FROM _all SEMI JOIN _heavy ON {on}) WHERE _b < {r}), "
+    )
+
+
+def _direct(keys: list[str], bounding: Bounding, squared: list[int], weighted: bool) -> str:
+    """``_capped`` when no per-(unit, group) bound can bind: one row per kept row (or per kept
+    (unit, keys) row and its copies ``_w``), with the columns the cross-unit aggregate reads;
+    nothing is capped or scaled."""
+    columns = ["_u", *keys, "_w AS _c" if weighted else "1 AS _c"]
     for i, v in enumerate(bounding.values):
         if v.listed:
             columns.append(f"_v{i}")
@@ -401,6 +440,47 @@ def _direct(keys: list[str], bounding: Bounding, squared: list[int]) -> str:
         centred = f"CAST({_centred(i, bounding)} AS HUGEINT)"
         columns.append(f"CASE WHEN _v{i} IS NULL THEN 0 ELSE {centred} * {centred} END AS _r{i}")
     return f"SELECT {', '.join(columns)} FROM _vals"
+
+
+def _kept(bounding: Bounding, keys: list[str], size: int | None) -> tuple[str, str]:
+    """The ``_multi`` CTE (if any) and the query of ``_kept``: at most L0 groups per unit,
+    ranked by a salted hash of (unit, keys), which depends only on the unit's own rows."""
+    multi = ""
+    if bounding.direct:
+        kept = ""
+    elif (
+        bounding.max_groups is not None
+        and keys
+        and size is not None
+        and size >= 4 * bounding.max_groups
+    ):
+        # Many more public key combinations than L0: most units are expected to exceed L0, and
+        # finding those that do not would cost more than ranking them too (same kept groups).
+        l0 = bounding.max_groups
+        order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
+        kept = (
+            "SELECT * FROM _units QUALIFY "
+            f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
+        )
+    elif bounding.max_groups is not None and keys:
+        # Only units with more than L0 groups need the (expensive) ranking window; the others
+        # keep all their groups, which is what the ranking would keep too.
+        l0 = bounding.max_groups
+        # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
+        # never hold it (DESIGN.md section 3, step 4: a secret salt).
+        order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
+        multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
+        kept = (
+            # IS NOT DISTINCT FROM: rows with a NULL unit are one unit here as everywhere else
+            # (USING would match no NULL, and such a unit would keep all its groups).
+            "SELECT * FROM _units ANTI JOIN _multi ON _units._u IS NOT DISTINCT FROM _multi._u "
+            "UNION ALL SELECT * FROM (SELECT _units.* FROM _units SEMI JOIN _multi "
+            "ON _units._u IS NOT DISTINCT FROM _multi._u) QUALIFY "
+            f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
+        )
+    else:
+        kept = "SELECT * FROM _units"
+    return multi, kept
 
 
 def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
@@ -436,9 +516,16 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         + [f"{expr} AS _x{i}" for i, expr in enumerate(raw)]
     )
     where = f" WHERE {' AND '.join(filters)}" if filters else ""
+    # Without values and with at most R key combinations, copies of a (unit, keys) row are
+    # common: R's window then runs on those rows with their number of copies, _w. (A choice of
+    # speed on public numbers only; the totals are the same either way.)
+    size = _public_size(analysis)
+    r = bounding.max_total_rows
+    weighted = r is not None and not bounding.values and (size is not None and size <= r)
     vals = ", ".join(
         ["_u"]
         + keys
+        + (["_w"] if weighted else [])
         + [
             f"{_grid_units(f'_x{i}', v.grid)} AS _v{i}"
             if v.grid is not None
@@ -447,7 +534,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
         ]
     )
     per_unit = ", ".join(
-        ["_u", *keys, "COUNT(*) AS _n"]
+        ["_u", *keys, "SUM(_w) AS _n" if weighted else "COUNT(*) AS _n"]
         + [f"COUNT(_v{i}) AS _n{i}" for i, v in enumerate(bounding.values) if not v.listed]
         + [
             f"COALESCE(SUM(_v{i}), 0) AS _s{i}"
@@ -463,27 +550,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
     )
     group_units = ", ".join(["_u", *keys])
     ctes = ""
-    multi = ""
-    if bounding.direct:
-        kept = ""
-    elif bounding.max_groups is not None and keys:
-        # Only units with more than L0 groups need the (expensive) ranking window; the others
-        # keep all their groups, which is what the ranking would keep too.
-        l0 = bounding.max_groups
-        # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
-        # never hold it (DESIGN.md section 3, step 4: a secret salt).
-        order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-        multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
-        kept = (
-            # IS NOT DISTINCT FROM: rows with a NULL unit are one unit here as everywhere else
-            # (USING would match no NULL, and such a unit would keep all its groups).
-            "SELECT * FROM _units ANTI JOIN _multi ON _units._u IS NOT DISTINCT FROM _multi._u "
-            "UNION ALL SELECT * FROM (SELECT _units.* FROM _units SEMI JOIN _multi "
-            "ON _units._u IS NOT DISTINCT FROM _multi._u) QUALIFY "
-            f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
-        )
-    else:
-        kept = "SELECT * FROM _units"
+    multi, kept = _kept(bounding, keys, size)
     c = bounding.max_rows
     capped = ", ".join(
         [*keys, f"LEAST(_n, {c}) AS _c"]
@@ -535,13 +602,13 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> exp.Select:
             f"LEFT JOIN ({final}) AS _f ON {on}"
         )
     rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
-    rows = _row_cap(rows, keys, len(bounding.values), bounding.max_total_rows)
+    rows = _row_cap(rows, keys, len(bounding.values), r, weighted)
     text = (
         f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
         f"{rows}"
         f"_vals AS (SELECT {vals} FROM _rows), "
         + (
-            f"_capped AS ({_direct(keys, bounding, squared)}), "
+            f"_capped AS ({_direct(keys, bounding, squared, weighted)}), "
             if bounding.direct
             else f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
             f"{multi}_kept AS ({kept}), "

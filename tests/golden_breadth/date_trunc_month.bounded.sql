@@ -39,30 +39,10 @@ WITH _dom0 AS (
   GROUP BY
     _u,
     _k0
-), _multi AS (
-  SELECT
-    _u
-  FROM _units
-  GROUP BY
-    _u
-  HAVING
-    COUNT(*) > 2
 ), _kept AS (
   SELECT
     *
   FROM _units
-  ANTI JOIN _multi
-    ON _units._u IS NOT DISTINCT FROM _multi._u
-  UNION ALL
-  SELECT
-    *
-  FROM (
-    SELECT
-      _units.*
-    FROM _units
-    SEMI JOIN _multi
-      ON _units._u IS NOT DISTINCT FROM _multi._u
-  )
   QUALIFY
     ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, CAST($salt AS BIGINT))) <= 2
 ), _capped AS (
