@@ -309,30 +309,42 @@ class Session:
         return self._version[1]
 
     def plan_key(
-        self, sql: str, params: Sequence[object] | None, options: Mapping[str, object]
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        current: bool = True,
     ) -> tuple[object, ...] | None:
         """What a plan is a pure function of: the statement's text, its parameters and options,
         every SET value, the analyst, the policy's content digest, the data version the owner
         declares and the bounds estimated so far (the engine's key domains and cell keys are
         functions of the query and the schema, which the data version covers). None when a
-        value cannot be keyed exactly: the statement is then planned afresh."""
+        value cannot be keyed exactly: the statement is then planned afresh. ``current=False``
+        keys on the bounds estimates read so far, without reading the ledger again (a caller
+        planning many statements at once reads it once)."""
         # Only a list or tuple is read here: a generator would be used up before binding.
         bound = _keyable(params) if params is None or isinstance(params, list | tuple) else None
         given = _keyable(options)
         settings = _keyable(self._settings)
         if not isinstance(sql, str) or bound is None or given is None or settings is None:
             return None
-        self._effective_policy()  # reads bounds estimated since the last statement
+        if current:
+            self._effective_policy()  # reads bounds estimated since the last statement
         estimated = tuple(sorted((k, str(lo), str(hi)) for k, (lo, hi) in self._estimated.items()))
         data = self.policy.dataset.data_version
         return (sql, bound, given, settings, self.analyst, self.policy_version(), data, estimated)
 
     def planned(
-        self, sql: str, params: Sequence[object] | None, options: Mapping[str, object]
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        current: bool = True,
     ) -> Planned | None:
         """The plan of a SELECT or EXPLAIN statement, from the session's plans when the same
-        key was planned before; None for any other statement. Nothing is charged."""
-        key = self.plan_key(sql, params, options)
+        key was planned before; None for any other statement. Nothing is charged.
+        ``current``: as for ``plan_key``."""
+        key = self.plan_key(sql, params, options, current)
         # Reused only under the full key: a SET, another analyst, a policy edit, a new data
         # version or a new bounds estimate each plan afresh (tests/test_plan_cache.py).
         found = self._plans.get(key) if key is not None else None
@@ -348,6 +360,8 @@ class Session:
             cache.keys(plan, self.policy),
             self._details(plan),
         )
+        # Keyed on the estimates the plan was made with (_plan reads the ledger again).
+        key = self.plan_key(sql, params, options, current=False)
         if key is not None:
             if len(self._plans) >= MAX_KEPT_PLANS:
                 self._plans.pop(next(iter(self._plans)))

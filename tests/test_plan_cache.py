@@ -140,3 +140,14 @@ def test_a_cached_release_is_still_served_from_a_reused_plan(session: Session) -
     assert again.cached_from is not None and again.charge is None
     assert again.rows == fresh.rows
     assert len(session.filter.charges) == 1
+
+
+def test_a_bounds_estimate_plans_afresh(tiny_policy: TinyPolicy) -> None:
+    session = Session(tiny_policy(ROWS, columns={"age": {"lower": 18, "upper": 90}}))
+    sql = "SELECT COUNT(*) AS n FROM visits"
+    before = session.plan(sql)
+    assert session.plan(sql) is before
+    session.execute("ESTIMATE BOUNDS FOR visits.spend", epsilon=4)
+    # The policy with the estimated bounds is another input: planned again.
+    assert session.plan(sql) is not before
+    assert session.execute("SELECT SUM(spend) AS s FROM visits", fresh=True).charge is not None

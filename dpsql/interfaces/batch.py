@@ -125,7 +125,10 @@ def _plan_one(
     session: Session, piece: Piece, trial: Budget, planned: dict[str, int], applied: set[str]
 ) -> Step:
     # A SELECT or EXPLAIN seen before (same text, same settings) reuses its plan: no parse.
-    known = session.planned(piece.text, None, {})
+    # The ledger's bounds estimates were read when the file's planning began (current=False):
+    # the file is planned on one reading of the ledger, and every statement is planned again,
+    # on a fresh reading, when it runs.
+    known = session.planned(piece.text, None, {}, current=piece.number == 1)
     if known is None:
         kind = _kind(piece)
         if kind == "set":
