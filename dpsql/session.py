@@ -58,6 +58,7 @@ from dpsql.sql.parse import (
     Query,
     SetOption,
     ShowOption,
+    Statement,
     parse_select,
     parse_statement,
 )
@@ -340,17 +341,19 @@ class Session:
         params: Sequence[object] | None,
         options: Mapping[str, object],
         current: bool = True,
+        statement: Statement | None = None,
     ) -> Planned | None:
         """The plan of a SELECT or EXPLAIN statement, from the session's plans when the same
         key was planned before; None for any other statement. Nothing is charged.
-        ``current``: as for ``plan_key``."""
+        ``current``: as for ``plan_key``; ``statement``: ``sql`` already parsed."""
         key = self.plan_key(sql, params, options, current)
         # Reused only under the full key: a SET, another analyst, a policy edit, a new data
         # version or a new bounds estimate each plan afresh (tests/test_plan_cache.py).
         found = self._plans.get(key) if key is not None else None
         if found is not None:
             return found
-        statement = parse_statement(sql)
+        if statement is None:
+            statement = parse_statement(sql)
         if not isinstance(statement, Explain | Query):
             return None
         plan = self._plan(statement.select, params, options, statement.options)
@@ -457,7 +460,7 @@ class Session:
             if params:
                 raise ParameterError("ESTIMATE BOUNDS takes no parameters")
             return self._estimate_bounds(statement, options)
-        planned = self.planned(sql, params, options)
+        planned = self.planned(sql, params, options, current=False, statement=statement)
         assert planned is not None  # parse_statement gave a SELECT or an EXPLAIN
         return self._planned_result(planned, options)
 
