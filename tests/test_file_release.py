@@ -113,3 +113,17 @@ def test_an_unused_session_is_collected_without_close(tmp_path: Path) -> None:
     del session
     gc.collect()
     _write(path)
+
+
+def test_no_reference_cycle_keeps_the_engine_alive(tmp_path: Path) -> None:
+    path = _database(tmp_path)
+    gc.disable()  # only reference counting: a cycle would keep the file open
+    try:
+        connection = dpsql.connect(_policy(path))
+        cursor = connection.cursor()
+        cursor.execute(QUERY).fetchall()
+        cursor.execute("EXPLAIN " + QUERY)
+        del connection, cursor
+        _write(path)
+    finally:
+        gc.enable()
