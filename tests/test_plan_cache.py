@@ -151,3 +151,14 @@ def test_a_bounds_estimate_plans_afresh(tiny_policy: TinyPolicy) -> None:
     # The policy with the estimated bounds is another input: planned again.
     assert session.plan(sql) is not before
     assert session.execute("SELECT SUM(spend) AS s FROM visits", fresh=True).charge is not None
+
+
+def test_the_charge_record_keeps_the_plan_lines_without_the_sql(session: Session) -> None:
+    sql = "SELECT region, AVG(spend) AS a FROM visits WHERE age > 30 GROUP BY region"
+    result = session.execute(sql, fresh=True)
+    assert result.plan is not None
+    (record,) = [r for r in session.filter.store.records() if r.kind == "charge"]
+    explained = result.plan.explain()
+    assert record.payload["plan"] == [line for line in explained if not line.startswith("  ")]
+    assert record.payload["plan"][-1] == "bounded SQL:"
+    assert record.payload["bounded_sql"] == result.plan.engine_sql
