@@ -107,8 +107,10 @@ class Planned:
 
 
 def _keyable(values: Sequence[object] | Mapping[str, object] | None) -> tuple[object, ...] | None:
-    """``values`` as a hashable tuple that tells any two inputs apart (type name and repr),
-    or None when one value is of a type outside ``_KEYABLE`` (the plan is then not kept)."""
+    """``values`` as a hashable tuple that tells any two inputs apart (each value with its type
+    name; a float by its repr, since -0.0 == 0.0), or None when one value is of a type outside
+    ``_KEYABLE`` (the plan is then not kept). No value is converted to decimal text: a huge
+    integer is refused by validation later, not here."""
     if values is None:
         return ()
     named: list[tuple[str | None, object]] = (
@@ -116,7 +118,10 @@ def _keyable(values: Sequence[object] | Mapping[str, object] | None) -> tuple[ob
     )
     if any(type(value) not in _KEYABLE for _, value in named):
         return None
-    return tuple((name, type(value).__name__, repr(value)) for name, value in named)
+    return tuple(
+        (name, type(value).__name__, repr(value) if isinstance(value, float) else value)
+        for name, value in named
+    )
 
 
 @dataclass(frozen=True)
