@@ -90,7 +90,7 @@ DEFAULT_CONFIDENCE = 0.95
 # Plans a session keeps for statements it sees again, the oldest dropped first.
 MAX_KEPT_PLANS = 256
 _EMPTY_SELECT = exp.select("1")
-# Values a plan key may hold: their type name and repr identify them exactly.
+# Values a plan key may hold: with their type name, they identify the input exactly.
 _KEYABLE = (type(None), bool, int, float, str, Fraction)
 
 
@@ -455,6 +455,7 @@ class Session:
         key = self.plan_key(sql, params, options)
         known = self._plans.get(key) if key is not None else None
         if known is not None:
+            # A kept plan skips only the pure steps: _answer still checks, charges, draws noise.
             return self._planned_result(known, options)
         statement = parse_statement(sql)
         if isinstance(statement, SetOption):
