@@ -17,6 +17,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from sqlglot import exp
+
 from dpsql import bounds, cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
@@ -58,6 +60,7 @@ from dpsql.sql.parse import (
     Query,
     SetOption,
     ShowOption,
+    Statement,
     parse_select,
     parse_statement,
 )
@@ -84,6 +87,41 @@ MAX_QUERY_RHO = Fraction(10)
 # sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
 MAX_NOISE_MULTIPLIER = Fraction(10**6)
 DEFAULT_CONFIDENCE = 0.95
+# Plans a session keeps for statements it sees again, the oldest dropped first.
+MAX_KEPT_PLANS = 256
+_EMPTY_SELECT = exp.select("1")
+# Values a plan key may hold: with their type name, they identify the input exactly.
+_KEYABLE = (type(None), bool, int, float, str, Fraction)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A statement planned once, kept under its ``Session.plan_key``: everything before the
+    check that a repeat of the same key may reuse. Never a charge, never noise: each fresh
+    answer is still checked, charged and noised on its own."""
+
+    explain: bool
+    plan: Plan
+    keys: cache.Keys
+    details: Mapping[str, object]
+
+
+def _keyable(values: Sequence[object] | Mapping[str, object] | None) -> tuple[object, ...] | None:
+    """``values`` as a hashable tuple that tells any two inputs apart (each value with its type
+    name; a float by its repr, since -0.0 == 0.0), or None when one value is of a type outside
+    ``_KEYABLE`` (the plan is then not kept). No value is converted to decimal text: a huge
+    integer is refused by validation later, not here."""
+    if values is None:
+        return ()
+    named: list[tuple[str | None, object]] = (
+        sorted(values.items()) if isinstance(values, Mapping) else [(None, v) for v in values]
+    )
+    if any(type(value) not in _KEYABLE for _, value in named):
+        return None
+    return tuple(
+        (name, type(value).__name__, repr(value) if isinstance(value, float) else value)
+        for name, value in named
+    )
 
 
 @dataclass(frozen=True)
@@ -204,6 +242,8 @@ class Session:
         self._estimated: dict[tuple[str, str], tuple[Fraction, Fraction]] = {}
         self._bounds_seen = 0
         self._with_estimates: Policy | None = None
+        self._plans: dict[tuple[object, ...], Planned] = {}
+        self._version: tuple[Policy, str] | None = None
 
     # -- settings ------------------------------------------------------------------------------
     def set_option(self, name: str, value: object) -> None:
@@ -266,10 +306,78 @@ class Session:
     # -- planning --------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
         """Plan a SELECT without running or charging anything (what EXPLAIN shows)."""
-        statement = parse_statement(sql)
-        if isinstance(statement, Explain | Query):
-            return self._plan(statement.select, params, options, statement.options)
-        raise ParameterError("only a SELECT query can be planned")
+        planned = self.planned(sql, params, options)
+        if planned is None:
+            raise ParameterError("only a SELECT query can be planned")
+        return planned.plan
+
+    def policy_version(self) -> str:
+        """The policy's content digest, computed once per policy object (a Policy is frozen)."""
+        if self._version is None or self._version[0] is not self.policy:
+            self._version = (self.policy, self.policy.version)
+        return self._version[1]
+
+    def plan_key(
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        current: bool = True,
+    ) -> tuple[object, ...] | None:
+        """What a plan is a pure function of: the statement's text, its parameters and options,
+        every SET value, the analyst, the policy's content digest, the data version the owner
+        declares and the bounds estimated so far (the engine's key domains and cell keys are
+        functions of the query and the schema, which the data version covers). None when a
+        value cannot be keyed exactly: the statement is then planned afresh. ``current=False``
+        keys on the bounds estimates read so far, without reading the ledger again (a caller
+        planning many statements at once reads it once)."""
+        # Only a list or tuple is read here: a generator would be used up before binding.
+        bound = _keyable(params) if params is None or isinstance(params, list | tuple) else None
+        given = _keyable(options)
+        settings = _keyable(self._settings)
+        if not isinstance(sql, str) or bound is None or given is None or settings is None:
+            return None
+        if current:
+            self._effective_policy()  # reads bounds estimated since the last statement
+        estimated = tuple(sorted((k, str(lo), str(hi)) for k, (lo, hi) in self._estimated.items()))
+        data = self.policy.dataset.data_version
+        return (sql, bound, given, settings, self.analyst, self.policy_version(), data, estimated)
+
+    def planned(
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        current: bool = True,
+        statement: Statement | None = None,
+    ) -> Planned | None:
+        """The plan of a SELECT or EXPLAIN statement, from the session's plans when the same
+        key was planned before; None for any other statement. Nothing is charged.
+        ``current``: as for ``plan_key``; ``statement``: ``sql`` already parsed."""
+        key = self.plan_key(sql, params, options, current)
+        # Reused only under the full key: a SET, another analyst, a policy edit, a new data
+        # version or a new bounds estimate each plan afresh (tests/test_plan_cache.py).
+        found = self._plans.get(key) if key is not None else None
+        if found is not None:
+            return found
+        if statement is None:
+            statement = parse_statement(sql)
+        if not isinstance(statement, Explain | Query):
+            return None
+        plan = self._plan(statement.select, params, options, statement.options)
+        found = Planned(
+            isinstance(statement, Explain),
+            plan,
+            cache.keys(plan, self.policy),
+            self._details(plan),
+        )
+        # Keyed on the estimates the plan was made with (_plan reads the ledger again).
+        key = self.plan_key(sql, params, options, current=False)
+        if key is not None:
+            if len(self._plans) >= MAX_KEPT_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = found
+        return found
 
     def _plan(
         self,
@@ -344,6 +452,11 @@ class Session:
         self, sql: str, params: Sequence[object] | None = None, **options: object
     ) -> Result:
         """Run one statement. Raises a ``DpsqlError``; a rejected query is never charged."""
+        key = self.plan_key(sql, params, options)
+        known = self._plans.get(key) if key is not None else None
+        if known is not None:
+            # A kept plan skips only the pure steps: _answer still checks, charges, draws noise.
+            return self._planned_result(known, options)
         statement = parse_statement(sql)
         if isinstance(statement, SetOption):
             if params:
@@ -356,18 +469,25 @@ class Session:
             if params:
                 raise ParameterError("ESTIMATE BOUNDS takes no parameters")
             return self._estimate_bounds(statement, options)
-        if isinstance(statement, Explain):
-            plan = self._plan(statement.select, params, options, statement.options)
+        planned = self.planned(sql, params, options, current=False, statement=statement)
+        assert planned is not None  # parse_statement gave a SELECT or an EXPLAIN
+        return self._planned_result(planned, options)
+
+    def _planned_result(self, planned: Planned, options: Mapping[str, object]) -> Result:
+        plan = planned.plan
+        if planned.explain:
             lines = plan.explain()
             return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
-        plan = self._plan(statement.select, params, options, statement.options)
-        # A fresh answer (not one served from the cache) is charged like any other.
-        return self._answer(plan, bool(self.settings(options)["fresh"]))
+        # A fresh answer (not one served from the cache) is charged like any other, and a
+        # plan reused from an earlier statement is charged and noised afresh in _answer.
+        return self._answer(plan, bool(self.settings(options)["fresh"]), planned)
 
-    def _answer(self, plan: Plan, fresh: bool) -> Result:
+    def _answer(self, plan: Plan, fresh: bool, planned: Planned | None = None) -> Result:
         canonical = plan.query
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
-        k = cache.keys(plan, self.policy)
+        # The cache keys and the ledger details are pure functions of the plan and the policy.
+        k = planned.keys if planned is not None else cache.keys(plan, self.policy)
+        details = planned.details if planned is not None else self._details(plan)
         hit = None if fresh else self.cache.lookup(plan, k)
         if hit is not None:
             # Serving a released answer again is post-processing: recorded, never charged.
@@ -378,7 +498,7 @@ class Session:
             return self._result(plan, publish(plan, hit.noisy), None, hit.release_seq)
         # Charge first: nothing runs unless the budget admits it, and the charge is durable
         # before the engine starts (a crash after it loses budget, never privacy).
-        charge = self.filter.charge(plan.event, canonical, self.analyst, self._details(plan))
+        charge = self.filter.charge(plan.event, canonical, self.analyst, details)
         log.info(
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, plan.epsilon, plan.delta, self.analyst,
@@ -445,7 +565,7 @@ class Session:
                 "lower": str(lower),
                 "upper": str(upper),
                 "charge": answer.charge.seq,
-                "policy": self.policy.version,
+                "policy": self.policy_version(),
                 "data": self.policy.dataset.data_version,
             }
             self.filter.store.append(bounds.RECORD_KIND, payload, self.analyst)
@@ -468,7 +588,7 @@ class Session:
             p = record.payload
             if (
                 record.kind == bounds.RECORD_KIND
-                and p.get("policy") == self.policy.version
+                and p.get("policy") == self.policy_version()
                 and p.get("data") == self.policy.dataset.data_version
             ):
                 key = (str(p["table"]), str(p["column"]))
@@ -493,10 +613,13 @@ class Session:
 
     def _details(self, plan: Plan) -> dict[str, object]:
         """What the ledger keeps beside a charge, so that a report can be reproduced later."""
+        # The plan's lines without its bounded SQL (kept below as the engine runs it): explained
+        # over an empty SELECT, since pretty-printing the bounded SQL costs some 2 ms.
+        header = replace(plan, bounded=_EMPTY_SELECT).explain()
         return {
-            "plan": [line for line in plan.explain() if not line.startswith("  ")],
+            "plan": [line for line in header if not line.startswith("  ")],
             "bounded_sql": plan.engine_sql,
-            "policy_version": self.policy.version,
+            "policy_version": self.policy_version(),
             "data_version": self.policy.dataset.data_version,
             "dpsql_version": VERSION,
         }

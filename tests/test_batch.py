@@ -286,3 +286,58 @@ def test_every_options_key_is_in_the_mapping_table() -> None:
     for key, setting in KEYS.items():
         assert f"| `{key}`" in DOC and f"| `{setting}` |" in DOC, key
     assert f"| `{PRIVACY_UNIT}` (BigQuery) |" in DOC
+
+
+REPEATS = """\
+SET dpsql.fresh = true;
+SELECT COUNT(*) AS n FROM visits;
+SELECT COUNT(*) AS n FROM visits;
+SET dpsql.epsilon = 0.1;
+SELECT COUNT(*) AS n FROM visits;
+EXPLAIN SELECT COUNT(*) AS n FROM visits;
+SET dpsql.fresh = false;
+SELECT COUNT(*) AS n FROM visits;
+SELECT COUNT(*) AS n FROM visits;
+SET dpsql.epsilon = 0.25;
+SELECT COUNT(*) AS n FROM visits;
+SELECT SUM(spend) AS s FROM visits;
+SELECT COUNT(*) AS n FROM visits;
+"""
+
+
+def test_a_repeated_statement_is_planned_under_the_settings_in_force(policy: Path) -> None:
+    """Plans are reused across statements of a file only under the same settings, and the
+    trial charges decide as the budget's own filter would on a plain copy of the ledger."""
+    session = Session(policy)
+    try:
+        steps = plan_file(session, split_statements(REPEATS))
+    finally:
+        session.close()
+    got = [(s.kind, s.source, s.plan.epsilon if s.plan else None, s.note) for s in steps]
+    quarter, tenth = Fraction(1, 4), Fraction(1, 10)
+    assert got == [
+        ("set", "free", None, ""),
+        ("query", "charge", quarter, ""),  # fresh: each one charged
+        ("query", "charge", quarter, ""),
+        ("set", "free", None, ""),
+        ("query", "charge", tenth, ""),
+        ("explain", "free", None, ""),
+        ("set", "free", None, ""),
+        ("query", "cache", tenth, "statement 5"),
+        ("query", "cache", tenth, "statement 5"),
+        ("set", "free", None, ""),
+        ("query", "cache", quarter, "statement 3"),
+        # epsilon 1 in all: 0.25 + 0.25 + 0.1 spent, so 0.25 fits and nothing more would
+        ("query", "charge", quarter, ""),
+        ("query", "cache", quarter, "statement 3"),
+    ]
+
+
+def test_a_long_file_is_refused_from_the_statement_that_does_not_fit(
+    policy: Path, tmp_path: Path
+) -> None:
+    text = "SET dpsql.fresh = true;\n" + "SELECT COUNT(*) AS n FROM visits;\n" * 6
+    shown = invoke(policy, "run", str(sql_file(tmp_path, text)), "--plan")
+    assert shown.exit_code == 0, shown.output
+    # epsilon 1 at 0.25 a query: statements 2-5 fit, 6 and 7 are refused.
+    assert "fits: no: the basic filter refuses statement(s) 6, 7" in shown.stdout

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -118,26 +119,51 @@ def _check_declared_types(policy: Policy) -> None:
 
 
 # One process opens a database file once: DuckDB shares the instance between connections to a
-# path, and its locked configuration with it. Each engine takes its own cursor on it.
-_DATABASES: dict[
-    tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], duckdb.DuckDBPyConnection
-] = {}
+# path, and its locked configuration with it. Each engine takes its own cursor on it, and the
+# instance is closed with the last engine that uses it, so the file is released (the owner can
+# then open it read-write in the same process).
+_DatabaseKey = tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]]
+_DATABASES: dict[_DatabaseKey, tuple[duckdb.DuckDBPyConnection, int]] = {}
 _DATABASES_LOCK = threading.Lock()
 
 
 def _shared_database(
     path: Path, config: Mapping[str, str | bool | int | float | list[str]],
     files: Mapping[str, Path],
-) -> duckdb.DuckDBPyConnection:  # fmt: skip
+) -> tuple[_DatabaseKey, duckdb.DuckDBPyConnection]:  # fmt: skip
     settings = tuple(sorted((k, str(v)) for k, v in config.items()))
     key = (str(path), settings, tuple(sorted(map(str, files.values()))))
     with _DATABASES_LOCK:
-        base = _DATABASES.get(key)
+        base, users = _DATABASES.get(key, (None, 0))
         if base is None:
             base = duckdb.connect(str(path), read_only=True, config=dict(config))
             _lock_down(base, files)
-            _DATABASES[key] = base
-        return base.cursor()
+        cursor = base.cursor()
+        _DATABASES[key] = (base, users + 1)
+        return key, cursor
+
+
+def _release(
+    key: _DatabaseKey | None, *connections: duckdb.DuckDBPyConnection
+) -> None:  # fmt: skip
+    """Close an engine's connections, and the shared instance with its last user. Called by
+    ``close`` or, for an engine never closed, when it is garbage-collected (weakref.finalize:
+    it holds no reference to the engine, so it cannot keep it alive)."""
+    for con in connections:
+        with contextlib.suppress(duckdb.Error):
+            con.close()
+    if key is None:
+        return
+    with _DATABASES_LOCK:
+        base, users = _DATABASES.get(key, (None, 0))
+        if base is None:
+            return
+        if users > 1:
+            _DATABASES[key] = (base, users - 1)
+            return
+        del _DATABASES[key]
+    with contextlib.suppress(duckdb.Error):
+        base.close()
 
 
 _SPILL: list[str] = []
@@ -176,6 +202,7 @@ class DuckDBEngine:
         if spec.threads is not None:
             config["threads"] = spec.threads
         _check_declared_types(policy)
+        shared: _DatabaseKey | None = None
         try:
             files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
             for name, path in files.items():
@@ -185,7 +212,7 @@ class DuckDBEngine:
                 path = policy.resolve(policy.data.database)
                 if not path.exists():
                     raise PolicyError(f"data.database does not exist: {path}")
-                self._con = _shared_database(path, config, files)
+                shared, self._con = _shared_database(path, config, files)
             else:
                 self._con = duckdb.connect(":memory:", config=config)
                 _lock_down(self._con, files)
@@ -197,13 +224,18 @@ class DuckDBEngine:
                 self._con.execute(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
             self.catalog = self._read_catalog()
             self.collations = self._read_collations(set(files))
-        except duckdb.Error as exc:
+        except (duckdb.Error, PolicyError) as exc:
+            if hasattr(self, "_con"):
+                _release(shared, self._con)
+            if isinstance(exc, PolicyError):
+                raise
             raise PolicyError(f"cannot open the policy's data ({type(exc).__name__})") from None
         # Constants (a cell's key) are evaluated on a connection that holds no data at all, so
         # what they give cannot depend on the data (DESIGN.md section 4).
         self._scratch = duckdb.connect(":memory:", config=config)
         _lock_down(self._scratch, {})
         self._domains: dict[str, list[tuple[Any, ...]]] = {}
+        self._closed = weakref.finalize(self, _release, shared, self._con, self._scratch)
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
@@ -342,6 +374,6 @@ class DuckDBEngine:
             self._con.interrupt()
 
     def close(self) -> None:
+        """Close the connections and release the data files; a second call does nothing."""
         with self._lock:
-            self._con.close()
-            self._scratch.close()
+            self._closed()

@@ -20,7 +20,8 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -33,6 +34,7 @@ from rich.progress import Progress
 
 from dpsql import cache
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
+from dpsql.accounting.ledger import Record
 from dpsql.errors import BudgetExceededError, DpsqlError, OutputError
 from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
@@ -73,10 +75,34 @@ def _kind(piece: Piece) -> str:
     return "explain" if isinstance(statement, Explain) else "query"
 
 
+class _TrialLedger(MemoryLedger):
+    """The copy of the ledger's records that a file's trial charges are admitted on.
+
+    The filter decides each trial charge on the records so far; a ``MemoryLedger`` hands it a
+    copy of them, which made planning a file quadratic in its statements. The trial ledger is
+    private to one ``plan_file`` call and charged from its thread only, so the decision reads the
+    list itself: the same records, so the same decisions."""
+
+    def append(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        analyst: str | None = None,
+        decide: Callable[[list[Record]], None] | None = None,
+    ) -> Record:
+        with self._lock:
+            if decide is not None:
+                decide(self._records)  # read only, before this record is added
+            seq = len(self._records) + 1
+            record = Record(seq, time.time(), kind, analyst, dict(payload), "", "")
+            self._records.append(record)
+            return record
+
+
 def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     """Plan every statement in order, admitting the charges on a copy of the budget; nothing
     is charged and the session's settings are left as they were (a fresh session's)."""
-    copy = MemoryLedger()
+    copy = _TrialLedger()
     for record in session.filter.store.records():
         copy.append(record.kind, record.payload, record.analyst)
     trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
@@ -98,31 +124,34 @@ def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
 def _plan_one(
     session: Session, piece: Piece, trial: Budget, planned: dict[str, int], applied: set[str]
 ) -> Step:
-    kind = _kind(piece)
-    if kind == "set":
-        statement = parse_statement(piece.text)
-        assert isinstance(statement, SetOption)
-        session.set_option(statement.name, statement.value)
-        applied.add(statement.name)
+    # A SELECT or EXPLAIN seen before (same text, same settings) reuses its plan: no parse.
+    # The ledger's bounds estimates were read when the file's planning began (current=False):
+    # the file is planned on one reading of the ledger, and every statement is planned again,
+    # on a fresh reading, when it runs.
+    known = session.planned(piece.text, None, {}, current=piece.number == 1)
+    if known is None:
+        kind = _kind(piece)
+        if kind == "set":
+            statement = parse_statement(piece.text)
+            assert isinstance(statement, SetOption)
+            session.set_option(statement.name, statement.value)
+            applied.add(statement.name)
         return Step(piece, kind)
-    if kind != "query":
-        if kind == "explain":
-            session.plan(piece.text)  # a bad EXPLAIN refuses the file like a bad query
-        return Step(piece, kind)
-    plan = session.plan(piece.text)
-    keys = cache.keys(plan, session.policy)
+    if known.explain:  # planned, so a bad EXPLAIN refuses the file like a bad query
+        return Step(piece, "explain")
+    plan, keys = known.plan, known.keys
     if not session.settings()["fresh"]:
         hit = session.cache.lookup(plan, keys)
         if hit is not None:
-            return Step(piece, kind, plan, "cache", f"release {hit.release_seq}")
+            return Step(piece, "query", plan, "cache", f"release {hit.release_seq}")
         if keys.exact in planned:
-            return Step(piece, kind, plan, "cache", f"statement {planned[keys.exact]}")
+            return Step(piece, "query", plan, "cache", f"statement {planned[keys.exact]}")
     try:
         trial.charge(plan.event, plan.query, session.analyst)
     except BudgetExceededError:
-        return Step(piece, kind, plan, "refused", "does not fit")
+        return Step(piece, "query", plan, "refused", "does not fit")
     planned[keys.exact] = piece.number
-    return Step(piece, kind, plan, "charge")
+    return Step(piece, "query", plan, "charge")
 
 
 def _one_line(text: str, width: int = 60) -> str:

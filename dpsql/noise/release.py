@@ -94,13 +94,19 @@ def _quantiles(histograms: list[Any], m: Measurement) -> list[int]:
     return chosen
 
 
+# A half-width is a function of the noise's parameters and the confidence alone (public, no
+# data): kept, since a repeated query asks for the same ones (some 0.1 ms each, in Decimal).
+_laplace_half_width = functools.lru_cache(maxsize=1024)(discrete_laplace_half_width)
+_gaussian_half_width = functools.lru_cache(maxsize=1024)(discrete_gaussian_half_width)
+
+
 def half_width(m: Measurement, confidence: float) -> int:
     """The noise half-width of one measurement, in its integer units, from the exact discrete
     distribution sampled: the smallest k with P(|Z| <= k) >= confidence."""
     if m.scale is not None:
-        return discrete_laplace_half_width(m.scale, confidence)
+        return _laplace_half_width(m.scale, confidence)
     assert m.sigma2 is not None
-    return discrete_gaussian_half_width(m.sigma2, confidence)
+    return _gaussian_half_width(m.sigma2, confidence)
 
 
 def _avg(
