@@ -22,7 +22,6 @@ from dpsql.errors import BoundsError
 from dpsql.plan.planner import Plan
 from dpsql.policy import load_policy
 from dpsql.session import Session
-from dpsql.sql.parse import DIALECT
 from dpsql.sql.rewrite import bounded_query
 
 REGIONS = ("central", "east", "north", "south", "west")
@@ -62,7 +61,7 @@ def _full(plan: Plan) -> str:
         max_total_rows=r,
         direct=False,
     )
-    return bounded_query(plan.analysis, full).sql(dialect=DIALECT)
+    return bounded_query(plan.analysis, full)
 
 
 def _normal(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

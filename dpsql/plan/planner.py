@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import cached_property
 
 from sqlglot import exp
 
@@ -36,7 +37,14 @@ from dpsql.policy import Mechanism, Policy
 from dpsql.sql.analyze import SPREAD_KINDS, AggregateKind, Analysis
 from dpsql.sql.grid import Grid, quantile_grid, value_grid
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.rewrite import Bounding, MeasurementSpec, ValueRole, ValueSpec, bounded_query
+from dpsql.sql.rewrite import (
+    Bounding,
+    MeasurementSpec,
+    ValueRole,
+    ValueSpec,
+    bounded_query,
+    parse_bounded,
+)
 
 # More public keys than this would be released as one huge table of noise: refuse instead.
 MAX_PUBLIC_GROUPS = 1_000_000
@@ -127,7 +135,6 @@ class Selection:
 @dataclass(frozen=True)
 class Plan:
     analysis: Analysis
-    bounded: exp.Select
     measurements: tuple[Measurement, ...]
     estimates: tuple[Estimate, ...]
     selection: Selection | None
@@ -136,7 +143,7 @@ class Plan:
     max_rows: int
     options: QueryOptions
     query: str  # the parameter-bound query text the plan answers
-    engine_sql: str = ""  # the bounded query as the engine runs it (generated once)
+    engine_sql: str  # the bounded query as the engine runs it (generated once)
     skipped: tuple[str, ...] = ()  # bounding steps proven unable to bind, and why
     bounding: Bounding | None = None  # the public numbers the bounded query enforces
 
@@ -148,11 +155,17 @@ class Plan:
     def delta(self) -> Fraction:
         return self.event.delta
 
+    @cached_property
+    def bounded(self) -> exp.Select:
+        """The bounded query's tree, parsed from ``engine_sql`` on first use."""
+        return parse_bounded(self.engine_sql)
+
     @property
     def bounded_sql(self) -> str:
         return self.bounded.sql(dialect=DIALECT, pretty=True)
 
-    def explain(self) -> list[str]:
+    def explain(self, sql: bool = True) -> list[str]:
+        """EXPLAIN's lines; with ``sql``, the bounded SQL pretty-printed at the end."""
         a = self.analysis
         rows = self.options.max_rows_per_unit
         source = ", ".join(a.tables) if a.base else f"{', '.join(a.tables)} (joined or derived)"
@@ -178,7 +191,8 @@ class Plan:
             )
         lines.append(f"cost: epsilon {self.epsilon}, delta {self.delta}")
         lines.append("bounded SQL:")
-        lines.extend("  " + line for line in self.bounded_sql.splitlines())
+        if sql:
+            lines.extend("  " + line for line in self.bounded_sql.splitlines())
         return lines
 
 
@@ -574,10 +588,9 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         measurements=tuple(builder.specs),
         direct=steps.direct,
     )
-    bounded = bounded_query(analysis, bounding)
+    text = bounded_query(analysis, bounding)
     return Plan(
         analysis=analysis,
-        bounded=bounded,
         measurements=tuple(measurements),
         estimates=tuple(estimates),
         selection=selection,
@@ -586,7 +599,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         max_rows=c,
         options=options,
         query=query,
-        engine_sql=bounded.sql(dialect=DIALECT),
+        engine_sql=text,
         skipped=steps.skipped,
         bounding=bounding,
     )
