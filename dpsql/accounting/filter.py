@@ -194,7 +194,7 @@ class MemoryLedger:
     ) -> Record:
         with self._lock:
             if decide is not None:
-                decide(list(self._records))
+                decide(self._records)  # not copied: O(1) per charge; decide only reads it
             seq = len(self._records) + 1
             record = Record(seq, time.time(), kind, analyst, dict(payload), "", "")
             self._records.append(record)
@@ -203,6 +203,10 @@ class MemoryLedger:
     def records(self) -> list[Record]:
         with self._lock:
             return list(self._records)
+
+    def records_since(self, count: int) -> list[Record]:
+        with self._lock:
+            return self._records[count:]
 
 
 Store = Ledger | MemoryLedger
