@@ -61,6 +61,7 @@ __all__ = [
     "ROUND_UP",
     "AdvancedAccountant",
     "AdvancedFilter",
+    "AdvancedTally",
     "approx_dp",
     "drv_epsilon",
     "heterogeneous_epsilon",
@@ -214,8 +215,20 @@ class AdvancedFilter:
         eps_sq, _, bounded = self._fold(history)
         return wrrw_bound(float(eps_sq), float(self.delta_prime)) if bounded else math.inf
 
+    def tally(self) -> AdvancedTally:
+        return AdvancedTally()
+
+    def admits_tally(self, tally: AdvancedTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running sums (exact rationals: the same decision)."""
+        return self._decide(tally.eps_sq, tally.delta, tally.bounded, new)
+
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
         eps_sq, delta, bounded = self._fold(history)
+        return self._decide(eps_sq, delta, bounded, new)
+
+    def _decide(
+        self, eps_sq: Fraction, delta: Fraction, bounded: bool, new: Sequence[Event]
+    ) -> bool:
         for event in new:
             pair = approx_dp(event)
             if pair is None:
@@ -226,3 +239,19 @@ class AdvancedFilter:
             return False
         # WRRW 2023 section 3: the stopping rule with delta' fixed in advance
         return wrrw_bound(float(eps_sq), float(self.delta_prime)) <= float(self.epsilon_cap)
+
+
+class AdvancedTally:
+    """Running exact sums of the squared epsilons and the deltas of a history, and whether every
+    event had an (epsilon, delta) pair (``approx_dp``)."""
+
+    def __init__(self) -> None:
+        self.eps_sq, self.delta, self.bounded = Fraction(0), Fraction(0), True
+
+    def add(self, event: Event, count: int = 1) -> None:
+        pair = approx_dp(event)
+        if pair is None:
+            self.bounded = False
+        else:
+            self.eps_sq += count * pair[0] * pair[0]  # V_n = sum eps_m^2 (WRRW 2023)
+            self.delta += count * pair[1]

@@ -66,7 +66,7 @@ from dpsql.accounting.events import (
 )
 from dpsql.errors import ParameterError
 
-__all__ = ["PldAccountant", "PldFilter", "gaussian_delta"]
+__all__ = ["PldAccountant", "PldFilter", "PldTally", "gaussian_delta"]
 
 ROUND_UP = 1e-12
 """Relative upward nudge on float parameters and results (Fractions become floats here)."""
@@ -316,3 +316,51 @@ class PldFilter:
         self._check(new)
         delta = self.accountant.delta([*history, *new], float(self.epsilon_cap))
         return delta <= float(self.delta_cap)
+
+    def tally(self) -> PldTally:
+        return PldTally()
+
+    def admits_tally(self, tally: PldTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running composition of the family: for Gaussians the exact sum
+        of mu^2 (Dong, Roth, Su 2019, Corollary 3.3), for one repeated mechanism its count,
+        composed as a fresh accountant composes it (one self-composition)."""
+        # The family is checked on the history as the stateless form checks it: for 'gaussian'
+        # its first other event, for 'identical' its first two distinct events.
+        self._check([tally.first_other] if self.family == "gaussian" and tally.first_other else [])
+        self._check(tally.distinct if self.family == "identical" else [])
+        self._check(new)
+        mu2, count = tally.mu2, tally.count
+        for event in new:
+            if isinstance(event, Gaussian):
+                mu2 += Fraction(event.mu) ** 2
+            else:
+                count += 1
+        if count == 0:
+            state = _State((), None, mu2, False)
+        else:
+            assert self.mechanism is not None  # only family 'identical' has other events
+            pld = self.accountant._pld(self.mechanism)
+            rest = None if pld is None else pld.self_compose(count) if count > 1 else pld
+            state = _State((), rest, mu2, pld is None)
+        return state.delta(float(self.epsilon_cap)) <= float(self.delta_cap)
+
+
+class PldTally:
+    """Running state of a history for ``PldFilter``: the summed mu^2 of its Gaussians, the count
+    of its other events (all one mechanism inside the family 'identical'), and what the family
+    check needs: the first non-Gaussian event, the first two distinct events."""
+
+    def __init__(self) -> None:
+        self.mu2, self.count = Fraction(0), 0
+        self.first_other: Event | None = None
+        self.distinct: list[Event] = []
+
+    def add(self, event: Event, count: int = 1) -> None:
+        if isinstance(event, Gaussian):
+            self.mu2 += count * Fraction(event.mu) ** 2  # as PldAccountant._extend
+        else:
+            self.count += count
+            if self.first_other is None:
+                self.first_other = event
+        if len(self.distinct) < 2 and event not in self.distinct:
+            self.distinct.append(event)
