@@ -32,7 +32,14 @@ from dpsql.accounting.events import (
     LaplacePartitionSelection,
     PureDP,
 )
-from dpsql.accounting.filter import Budget, MemoryLedger, budget_caps, events_for, pinned_spec
+from dpsql.accounting.filter import (
+    Budget,
+    MemoryLedger,
+    budget_caps,
+    events_for,
+    odometers,
+    pinned_spec,
+)
 from dpsql.accounting.gdp import GdpFilter
 from dpsql.accounting.ledger import BUDGET_RECORD
 from dpsql.accounting.pld import PldFilter
@@ -202,7 +209,7 @@ def _spec(accountant: str) -> BudgetSpec:
 def _budget(accountant: str, replay: bool) -> Budget:
     spec, store = _spec(accountant), MemoryLedger()
     store.append(BUDGET_RECORD, budget_caps(spec))
-    return Budget("visits", pinned_spec(spec, store), store, (), replay=replay)
+    return Budget("visits", pinned_spec(spec, store), store, odometers(), replay=replay)
 
 
 def _apply(budget: Budget, op: tuple[str, Any, Any]) -> object:
@@ -252,9 +259,15 @@ def _canonical(tally: object) -> str:
 def _assert_tallies_are_the_views(budget: Budget) -> None:
     """Every kept tally is the fold of its view's history, as ``views_with`` makes it (a view
     off by one event would rarely change a decision at the margin)."""
+    report = budget.report()
     state = budget._state(budget.store.records())
     if state.new_tally is None:
         return
+    # The deciding figure from the tallies is the one from the views' histories.
+    decider = budget._rule((state.epsilon, state.delta), True)
+    assert not isinstance(decider, tuple)
+    replayed = budget._deciding_replay(decider, list(state.charges), float(state.delta))
+    assert (report.epsilon_spent, report.delta_spent) == replayed
     for who, mine in state.views.items():
         history = [c.event for c in state.charges if who in ("*", c.analyst)]
         for cell in CELLS:

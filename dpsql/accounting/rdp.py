@@ -77,7 +77,10 @@ class RdpAccountant:
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
         if not history:
             return 0.0
-        rdps, approx_delta = composed_rdp(self._groups(history), self.orders)
+        return self.epsilon_of(*composed_rdp(self._groups(history), self.orders), delta)
+
+    def epsilon_of(self, rdps: Sequence[float], approx_delta: Fraction, delta: float) -> float:
+        """The figure from a composed RDP curve on this grid (``composed_rdp``, ``RdpTally``)."""
         share = frac_down(Fraction(delta) - approx_delta)  # rounded down: the safe side
         if share <= 0:
             return math.inf

@@ -47,7 +47,11 @@ class ZcdpAccountant:
         self._groups = GroupCache()
 
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
-        rho, approx_delta = composed_zcdp(self._groups(history))
+        return self.epsilon_of(*composed_zcdp(self._groups(history)), delta)
+
+    @staticmethod
+    def epsilon_of(rho: Fraction, approx_delta: Fraction, delta: float) -> float:
+        """The figure from the summed (rho, delta) (``composed_zcdp``, ``ZcdpTally``)."""
         share = frac_down(Fraction(delta) - approx_delta)
         if share <= 0:
             return 0.0 if rho == 0 and approx_delta <= Fraction(delta) else math.inf
