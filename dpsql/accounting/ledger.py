@@ -106,6 +106,7 @@ class Ledger:
         self._file: tuple[int, int] | None = None  # (device, inode) of the file verified
         self._version = -1  # PRAGMA data_version after this Ledger's last read or commit
         self._checked = 0  # records verified by the last full recheck
+        self._failed: str | None = None  # why the history stopped verifying, once it has
         self.identity = self._open()  # verifies the whole chain against the anchor
 
     # -- creation and opening -------------------------------------------------------------------
@@ -237,6 +238,15 @@ class Ledger:
         history held at the last one; every charge until then is still checked against the
         anchor and its own tail, and ``dpsql ledger verify`` catches it at once.
         """
+        if self._failed is not None:
+            raise LedgerError(self._failed)  # fail closed for good, not only on one call
+        try:
+            self._catch_up_checked(con)
+        except LedgerError as exc:
+            self._failed = str(exc)
+            raise
+
+    def _catch_up_checked(self, con: sqlite3.Connection) -> None:
         version = _data_version(con)
         start = len(self._cache)
         rows = self._read(con, max(start, 1))
