@@ -509,12 +509,13 @@ class Budget:
         records = self.store.records()
         with self._lock:
             state = self._state(records)
-            charges = state.charges[:]
+            # Not copied: the list only grows, so its first ``count`` items stay this history.
+            charges, count = state.charges, len(state.charges)
             basic = state.worst("*", None)  # what basic composition decides on
             decider = self._rule((state.epsilon, state.delta), True)
             eps, delta = basic
             if not isinstance(decider, tuple):
-                eps, delta = self._deciding(state, decider, charges)
+                eps, delta = self._deciding(state, decider, count)
         return BudgetReport(
             self.dataset,
             self.name,
@@ -522,17 +523,15 @@ class Budget:
             state.delta,
             eps,
             delta,
-            len(charges),
+            count,
             self.store.durable,
-            functools.partial(self._figures, charges, float(state.delta), basic[0]),
+            functools.partial(self._figures, charges, count, float(state.delta), basic[0]),
         )
 
     def _odometer(self, name: str) -> Accountant | None:
         return next((a for a in self._accountants if a.name == name), None)
 
-    def _deciding(
-        self, state: _State, decider: Filter, charges: list[Charge]
-    ) -> tuple[Fraction, Fraction]:
+    def _deciding(self, state: _State, decider: Filter, count: int) -> tuple[Fraction, Fraction]:
         """The deciding filter's (epsilon, additive delta) spent, worst view: its own bound where
         it has one (advanced), else its family's odometer reading; Fraction(repr) keeps the
         rounded-up float exactly. From the tallies, the same numbers as from the views'
@@ -554,14 +553,14 @@ class Budget:
                 readings.append(0.0)
             elif isinstance(tally, RdpTally) and isinstance(odometer, RdpAccountant):
                 if tally.orders != odometer.orders:  # a single order decides: read the grid
-                    return self._deciding_replay(decider, charges, float(state.delta))
+                    return self._deciding_replay(decider, state.charges[:count], float(state.delta))
                 readings.append(odometer.epsilon_of(*tally.with_events(()), float(state.delta)))
             elif isinstance(tally, ZcdpTally):
                 readings.append(
                     ZcdpAccountant.epsilon_of(tally.rho, tally.delta, float(state.delta))
                 )
             else:
-                return self._deciding_replay(decider, charges, float(state.delta))
+                return self._deciding_replay(decider, state.charges[:count], float(state.delta))
         additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]
         return Fraction(repr(max(readings))), max(additive)
 
@@ -582,9 +581,13 @@ class Budget:
             raise AssertionError(f"no reading for the {self.name} filter")  # odometers() has one
         return Fraction(repr(max(readings))), max(_additive_delta(v) for v in seen)
 
-    def _figures(self, charges: list[Charge], delta: float, basic: Fraction) -> tuple[Figure, ...]:
-        """Every accountant's reading of ``charges``, worst view, labelled."""
-        seen = self.views(charges)
+    def _figures(
+        self, charges: list[Charge], count: int, delta: float, basic: Fraction
+    ) -> tuple[Figure, ...]:
+        """Every accountant's reading of the first ``count`` charges, worst view, labelled."""
+        with self._lock:  # the list grows under it
+            history = charges[:count]
+        seen = self.views(history)
         figures = [
             Figure("basic", float(basic), "decides" if self.name == "basic" else "valid adaptively")
         ]
