@@ -8,6 +8,11 @@ certified (epsilon, delta). The other filters decide on the flattened events (th
 theorems, see their modules). Optional analyst shares cap each analyst's own history under the
 same filter; the data set's cap holds for everyone's together.
 
+Decisions are incremental: the budget folds each charge into the deciding filter's running
+tallies (``base.Tally``), one per view of parallel composition and per analyst, and decides from
+those in O(views); ``Budget(replay=True)`` decides by replaying the whole history through the
+filters' stateless ``admits`` instead, the reference the incremental path is tested against.
+
 This budget lives in memory: it resets when the process ends, until the durable ledger lands.
 """
 

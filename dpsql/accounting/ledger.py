@@ -17,6 +17,15 @@ missing, truncated, corrupted or tampered ledger stops all answering with ``Ledg
 
 Check-and-charge is one ``BEGIN IMMEDIATE`` transaction: the caller's decision runs on the
 records committed so far by every process, so concurrent clients can never together overspend.
+
+Cost: one SQLite connection per Ledger and process; an append reads and hashes only the records
+appended since the last look, re-reads the last verified one, and checks the anchor, so it costs
+O(1) amortised in the history's length. The whole history is compared byte for byte again at
+open, in ``verify()``, when another connection committed something that appended nothing, and
+once per doubling of the history (``Ledger._catch_up``). The trade-off: an edit far back made
+while other processes append is caught at the next full comparison, not at the very next
+charge (docs/accounting.md, "Several processes on one ledger"); a Ledger that found its history
+changed refuses everything from then on.
 """
 
 from __future__ import annotations
