@@ -116,7 +116,11 @@ class Ledger:
         self._version = -1  # PRAGMA data_version after this Ledger's last read or commit
         self._checked = 0  # records verified by the last full recheck
         self._failed: str | None = None  # why the history stopped verifying, once it has
-        self.identity = self._open()  # verifies the whole chain against the anchor
+        try:
+            self.identity = self._open()  # verifies the whole chain against the anchor
+        except LedgerError:
+            self._drop()  # a ledger that failed to open holds no connection (nor SQLite's maps)
+            raise
 
     # -- creation and opening -------------------------------------------------------------------
     @classmethod
@@ -202,7 +206,13 @@ class Ledger:
         if self._con is None or self._pid != os.getpid():
             # A connection inherited over fork is abandoned, never closed: closing it could
             # release the parent's locks (SQLite, "How To Corrupt", section 2.6).
-            self._con, self._pid = _connect(self.path), os.getpid()
+            try:
+                self._con, self._pid = _connect(self.path), os.getpid()
+            except sqlite3.Error:
+                self._con = None
+                raise LedgerError(
+                    f"the ledger file {self.path} cannot be opened: fail closed"
+                ) from None
             self._file = _file_id(self.path)
             self._version = -1  # unknown: the next read rechecks everything
         elif _file_id(self.path) != self._file:
