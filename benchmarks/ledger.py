@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.accounting.events import Composite, DiscreteLaplace
-from dpsql.accounting.filter import MemoryLedger, budget_for
+from dpsql.accounting.filter import MemoryLedger, budget_caps, budget_for
 from dpsql.accounting.ledger import Ledger
 from dpsql.policy import BudgetSpec
 
@@ -92,9 +92,9 @@ def measure(folder: Path, total: int) -> list[tuple[str, list[float | None]]]:
     bare: list[float | None] = []
     for n in PROCESSES:
         ledger = folder / f"ledger-{n}.db"
-        Ledger.create(ledger, "bench", budget={})
+        Ledger.create(ledger, "bench", budget=budget_caps(SPEC))
         durable.append(_contended(_charge, ledger, n, total))
-        assert len(Ledger(ledger).records()) == total // n * n
+        assert len(Ledger(ledger).records()) == total // n * n + 1  # record 1: the budget
         table = folder / f"bare-{n}.db"
         con = sqlite3.connect(table)
         con.execute("CREATE TABLE t (seq INTEGER PRIMARY KEY, payload TEXT)")

@@ -148,7 +148,7 @@ class ReleaseCache:
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
-        for record in self.store.records()[self._seen :]:
+        for record in self.store.records_since(self._seen):
             if record.kind == "release":
                 payload = dict(record.payload)
                 self._exact[str(payload["key"])] = (record.seq, payload)

@@ -580,8 +580,8 @@ class Session:
     def _effective_policy(self) -> Policy:
         """The policy with the bounds estimated so far (same policy and data version) filled in
         for columns that declare none; declared bounds always win."""
-        records = self.filter.store.records()
-        for record in records[self._bounds_seen :]:
+        records = self.filter.store.records_since(self._bounds_seen)
+        for record in records:
             p = record.payload
             if (
                 record.kind == bounds.RECORD_KIND
@@ -591,7 +591,7 @@ class Session:
                 key = (str(p["table"]), str(p["column"]))
                 self._estimated[key] = (Fraction(str(p["lower"])), Fraction(str(p["upper"])))
                 self._with_estimates = None
-        self._bounds_seen = len(records)
+        self._bounds_seen += len(records)
         if not self._estimated:
             return self.policy
         if self._with_estimates is None:

@@ -266,6 +266,10 @@ def test_a_charge_on_a_file_system_turned_read_only(data: Path, tmp_path: Path) 
         session = Session(policy, "ann")
         try:
             session.execute(Q)
+            # The ledger keeps its SQLite connection open for writing, and Linux refuses to
+            # remount read-only a file system with a file open for writing (EBUSY): closed here,
+            # it reopens on the read-only file system at the next charge.
+            session.filter.store.close()
             remount(fs, "ro")
             with pytest.raises(errors.LedgerError) as info:
                 session.execute(Q, epsilon="0.5")

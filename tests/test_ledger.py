@@ -393,12 +393,10 @@ def test_an_untampered_ledger_opens_and_verifies(spent: Spent) -> None:
 def test_a_failed_write_refuses_the_query_and_releases_nothing(
     spent: Spent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The ledger becomes read-only for this process (as root chmod stops nothing, so the
-    connection itself is opened read-only): the INSERT fails as on a read-only file system."""
-    session = open_session(spent.raw)
+    """The ledger is read-only for this process (as root chmod stops nothing, so the
+    connection itself is opened read-only): the INSERT fails as on a read-only file system.
+    A Ledger keeps its connection, so the session is opened over the read-only one."""
     before = _last_seq(spent.path)
-    runs: list[str] = []
-    monkeypatch.setattr(session.engine, "run", runs.append)
     real = ledger_module._connect
 
     def read_only(path: Path) -> sqlite3.Connection:
@@ -407,6 +405,9 @@ def test_a_failed_write_refuses_the_query_and_releases_nothing(
         return con
 
     monkeypatch.setattr(ledger_module, "_connect", read_only)
+    session = open_session(spent.raw)
+    runs: list[str] = []
+    monkeypatch.setattr(session.engine, "run", runs.append)
     with pytest.raises(LedgerError, match="nothing was released"):
         session.execute(COUNT, epsilon=1, fresh=True)
     with pytest.raises(dpsql.LedgerFailure):
@@ -421,11 +422,9 @@ def test_a_failed_write_refuses_the_query_and_releases_nothing(
 def test_a_failed_insert_refuses_the_query_and_releases_nothing(
     spent: Spent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A disk-full error at the INSERT (SQLITE_FULL)."""
-    session = open_session(spent.raw)
+    """A disk-full error at the INSERT (SQLITE_FULL), on the connection the session's ledger
+    keeps (so it is opened while the disk is full)."""
     before = _last_seq(spent.path)
-    runs: list[str] = []
-    monkeypatch.setattr(session.engine, "run", runs.append)
     real = ledger_module._connect
 
     class Full:
@@ -441,6 +440,9 @@ def test_a_failed_insert_refuses_the_query_and_releases_nothing(
             return getattr(self._con, name)
 
     monkeypatch.setattr(ledger_module, "_connect", lambda path: Full(real(path)))
+    session = open_session(spent.raw)
+    runs: list[str] = []
+    monkeypatch.setattr(session.engine, "run", runs.append)
     with pytest.raises(LedgerError):
         session.execute(COUNT, epsilon=1, fresh=True)
     assert runs == []

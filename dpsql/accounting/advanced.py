@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.accounting.base import grouped
+from dpsql.accounting.curves import GroupCache
 from dpsql.accounting.events import (
     ApproxDP,
     DiscreteGaussian,
@@ -61,6 +61,7 @@ __all__ = [
     "ROUND_UP",
     "AdvancedAccountant",
     "AdvancedFilter",
+    "AdvancedTally",
     "approx_dp",
     "drv_epsilon",
     "heterogeneous_epsilon",
@@ -122,9 +123,10 @@ class _Sums:
     mean: float  # sum eps tanh(eps / 2), float (tanh is transcendental); rounded up at the end
 
     @staticmethod
-    def of(history: Sequence[Event]) -> _Sums | None:
+    def of(groups: Iterable[tuple[Event, int]]) -> _Sums | None:
+        """The sums over a history given as (event, multiplicity) groups (``base.grouped``)."""
         eps, eps_sq, delta, mean = Fraction(0), Fraction(0), Fraction(0), []
-        for event, count in grouped(history):
+        for event, count in groups:
             pair = approx_dp(event)
             if pair is None:
                 return None
@@ -142,8 +144,11 @@ class AdvancedAccountant:
     name = "advanced"
     fixed_in_advance = True
 
+    def __init__(self) -> None:
+        self._groups = GroupCache()  # a growing history is counted once, then only its news
+
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
-        sums = _Sums.of(history)
+        sums = _Sums.of(self._groups(history))
         if sums is None:
             return math.inf
         if not history:
@@ -155,7 +160,7 @@ class AdvancedAccountant:
         return min(basic, heterogeneous_epsilon(float(sums.eps_sq), sums.mean, delta_prime))
 
     def delta(self, history: Sequence[Event], epsilon: float) -> float:
-        sums = _Sums.of(history)
+        sums = _Sums.of(self._groups(history))
         if sums is None:
             return 1.0
         own = _up(float(sums.delta))
@@ -214,8 +219,20 @@ class AdvancedFilter:
         eps_sq, _, bounded = self._fold(history)
         return wrrw_bound(float(eps_sq), float(self.delta_prime)) if bounded else math.inf
 
+    def tally(self) -> AdvancedTally:
+        return AdvancedTally()
+
+    def admits_tally(self, tally: AdvancedTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running sums (exact rationals: the same decision)."""
+        return self._decide(tally.eps_sq, tally.delta, tally.bounded, new)
+
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
         eps_sq, delta, bounded = self._fold(history)
+        return self._decide(eps_sq, delta, bounded, new)
+
+    def _decide(
+        self, eps_sq: Fraction, delta: Fraction, bounded: bool, new: Sequence[Event]
+    ) -> bool:
         for event in new:
             pair = approx_dp(event)
             if pair is None:
@@ -226,3 +243,19 @@ class AdvancedFilter:
             return False
         # WRRW 2023 section 3: the stopping rule with delta' fixed in advance
         return wrrw_bound(float(eps_sq), float(self.delta_prime)) <= float(self.epsilon_cap)
+
+
+class AdvancedTally:
+    """Running exact sums of the squared epsilons and the deltas of a history, and whether every
+    event had an (epsilon, delta) pair (``approx_dp``)."""
+
+    def __init__(self) -> None:
+        self.eps_sq, self.delta, self.bounded = Fraction(0), Fraction(0), True
+
+    def add(self, event: Event, count: int = 1) -> None:
+        pair = approx_dp(event)
+        if pair is None:
+            self.bounded = False
+        else:
+            self.eps_sq += count * pair[0] * pair[0]  # V_n = sum eps_m^2 (WRRW 2023)
+            self.delta += count * pair[1]

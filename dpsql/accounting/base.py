@@ -16,6 +16,15 @@ A *filter* decides admission under fully adaptive choice of each query's paramet
 ``new`` after ``history`` only if the guarantee of the whole (its cap) still holds whatever the
 analyst chose adaptively (Rogers, Roth, Ullman, Vadhan 2016; Whitehouse, Ramdas, Rogers, Wu 2023;
 Feldman, Zrnic 2021; Smith, Thakurta 2022).
+
+Filters also decide incrementally: ``tally()`` is an empty running state of the history as the
+filter reads it (running sums of RDP at each order, of rho, of squared epsilons, ...), ``add``
+folds events into it as they are charged, and ``admits_tally(tally, new)`` decides in time
+independent of the history's length. It must decide exactly as ``admits(history, new)`` does
+for the history folded into the tally (the stateless form stays as the reference, and
+tests/test_incremental_filters.py drives both with random streams): every sum the stateless form
+computes exactly is kept exactly, and a float sum it rounds once (``math.fsum``) is kept as the
+exact sum of the same floats and rounded once.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Protocol
+from typing import Any, Protocol
 
 from dpsql.accounting.events import Event
 
@@ -39,6 +48,12 @@ class Accountant(Protocol):
     def delta(self, history: Sequence[Event], epsilon: float) -> float: ...
 
 
+class Tally(Protocol):
+    """A filter's running state of a history (module docstring)."""
+
+    def add(self, event: Event, count: int = 1) -> None: ...
+
+
 class Filter(Protocol):
     """An admission rule with a cap (epsilon, delta), valid under adaptive composition."""
 
@@ -47,6 +62,10 @@ class Filter(Protocol):
     delta_cap: Fraction
 
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool: ...
+
+    def tally(self) -> Any: ...
+
+    def admits_tally(self, tally: Any, new: Sequence[Event]) -> bool: ...
 
 
 def grouped(history: Sequence[Event]) -> list[tuple[Event, int]]:

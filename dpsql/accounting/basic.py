@@ -29,7 +29,7 @@ from dpsql.accounting.conversions import (
 from dpsql.accounting.curves import GroupCache, gdp_mu
 from dpsql.accounting.events import ZCDP, DiscreteGaussian, Event, Gaussian
 
-__all__ = ["BasicAccountant", "BasicFilter", "basic_cost", "basic_totals"]
+__all__ = ["BasicAccountant", "BasicFilter", "BasicTally", "basic_cost", "basic_totals"]
 
 
 @lru_cache(maxsize=4096)
@@ -111,3 +111,23 @@ class BasicFilter:
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
         eps, delta = basic_totals(self._groups(history, new))
         return eps <= self.epsilon_cap and delta <= self.delta_cap
+
+    def tally(self) -> BasicTally:
+        return BasicTally()
+
+    def admits_tally(self, tally: BasicTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running sums (exact, so the same decision)."""
+        eps, delta = basic_totals([(e, 1) for e in new])
+        return tally.epsilon + eps <= self.epsilon_cap and tally.delta + delta <= self.delta_cap
+
+
+class BasicTally:
+    """Running exact sums of the epsilons and deltas (Dwork, Roth 2014, Theorem 3.16)."""
+
+    def __init__(self) -> None:
+        self.epsilon, self.delta = Fraction(0), Fraction(0)
+
+    def add(self, event: Event, count: int = 1) -> None:
+        eps, delta = basic_cost(event)
+        self.epsilon += count * eps
+        self.delta += count * delta

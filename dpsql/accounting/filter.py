@@ -8,21 +8,34 @@ certified (epsilon, delta). The other filters decide on the flattened events (th
 theorems, see their modules). Optional analyst shares cap each analyst's own history under the
 same filter; the data set's cap holds for everyone's together.
 
+Decisions are incremental: the budget folds each charge into the deciding filter's running
+tallies (``base.Tally``), one per view of parallel composition and per analyst, and decides from
+those in O(views); ``Budget(replay=True)`` decides by replaying the whole history through the
+filters' stateless ``admits`` instead, the reference the incremental path is tested against.
+
 This budget lives in memory: it resets when the process ends, until the durable ledger lands.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dpsql.accounting.advanced import AdvancedAccountant, AdvancedFilter
-from dpsql.accounting.base import Accountant, Filter
+from dpsql.accounting.advanced import (
+    AdvancedAccountant,
+    AdvancedFilter,
+    AdvancedTally,
+    wrrw_bound,
+)
+from dpsql.accounting.base import Accountant, Filter, Tally
 from dpsql.accounting.events import (
     ZCDP,
     ApproxDP,
@@ -36,10 +49,10 @@ from dpsql.accounting.events import (
 from dpsql.accounting.gdp import GdpAccountant
 from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, Record
 from dpsql.accounting.optimal import OptimalAccountant
-from dpsql.accounting.parallel import Cell, views, views_with, worst
+from dpsql.accounting.parallel import Cell, View, choices, member, views, views_with, worst
 from dpsql.accounting.pld import PldAccountant
-from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
-from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
+from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter, RdpTally
+from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter, ZcdpTally
 from dpsql.errors import BudgetExceededError, EntropyError, LedgerError, PolicyError
 from dpsql.policy import BudgetSpec, Policy
 
@@ -87,7 +100,14 @@ class BudgetReport:
     delta_spent: Fraction
     queries: int
     durable: bool
-    figures: tuple[Figure, ...] = ()
+    # Every accountant's figures, computed on first use of ``figures`` (the full report costs
+    # up to 200 ms at 10,000 charges; spent and remaining budget need none of it).
+    readings: Callable[[], tuple[Figure, ...]] = field(default=tuple, compare=False, repr=False)
+
+    @functools.cached_property
+    def figures(self) -> tuple[Figure, ...]:
+        """The history at the time of the report under every accountant, labelled."""
+        return self.readings()
 
     @property
     def epsilon_remaining(self) -> Fraction:
@@ -135,11 +155,89 @@ def _additive_delta(view: Sequence[Composite]) -> Fraction:
 Sums = dict[tuple[str, object], tuple[Fraction, Fraction]]
 
 
+ViewKey = tuple[tuple[str, Cell], ...]
+
+
+def _key(view: View) -> ViewKey:
+    return tuple(sorted(view.items()))
+
+
+@dataclass
+class _Views:
+    """One history (the data set's or an analyst's) as the deciding filter reads it, folded as
+    records arrive: per cell (None: the unpinned queries) the events' multiplicities, and per
+    view of ``dpsql.accounting.parallel`` the filter's running tally (``base.Tally``). A
+    decision reads the tallies of the views that hold the new query: O(views), whatever the
+    length of the history. A view's content depends only on its choice of cells (``member``),
+    so a tally, once built, stays right as long as its view exists; a query of a new cell
+    builds the views it creates from the per-cell multiplicities (O(views x distinct events))."""
+
+    new_tally: Callable[[], Tally]
+    atoms: dict[Cell | None, Counter[Event]] = field(default_factory=dict)
+    cells: list[Cell] = field(default_factory=list)
+    tallies: dict[ViewKey, tuple[View, Tally]] = field(default_factory=dict)
+    additive: dict[Cell | None, Fraction] = field(default_factory=dict)  # ``_additive_delta``
+
+    def additive_in(self, view: View) -> Fraction:
+        """The deltas charged outright in ``view`` (``_additive_delta`` of its history)."""
+        return sum((d for c, d in self.additive.items() if member(c, view)), Fraction(0))
+
+    def __post_init__(self) -> None:
+        if not self.tallies:
+            self.tallies = {(): ({}, self.new_tally())}  # no cell yet: one view, everything
+
+    def _build(self, view: View) -> Tally:
+        tally = self.new_tally()
+        for cell, counts in self.atoms.items():
+            if member(cell, view):
+                for event, count in counts.items():
+                    tally.add(event, count)
+        return tally
+
+    def add(self, cell: Cell | None, events: Sequence[Event], additive: Fraction) -> None:
+        fresh = cell is not None and cell not in self.atoms
+        self.additive[cell] = self.additive.get(cell, Fraction(0)) + additive
+        self.atoms.setdefault(cell, Counter()).update(events)
+        if cell is None or not fresh:
+            for view, tally in self.tallies.values():
+                if member(cell, view):
+                    for event in events:
+                        tally.add(event)
+            return
+        # A new cell changes the views (``choices``): keep the tallies of those that remain.
+        self.cells.append(cell)
+        old, self.tallies = self.tallies, {}
+        for view in choices(self.cells):
+            kept = old.get(_key(view))
+            if kept is None:
+                tally = self._build(view)  # the atoms already hold ``events``
+            else:
+                tally = kept[1]
+                if member(cell, view):
+                    for event in events:
+                        tally.add(event)
+            self.tallies[_key(view)] = (view, tally)
+
+    def holding(self, cell: Cell | None) -> Iterator[Tally]:
+        """The tallies of the views that a new query pinned to ``cell`` belongs to, over the
+        history so far: those ``views_with`` gives (a new cell's views are built on the fly)."""
+        if cell is None or cell in self.atoms:
+            for view, tally in self.tallies.values():
+                if member(cell, view):
+                    yield tally
+            return
+        for view in choices([*self.cells, cell]):
+            if member(cell, view):
+                kept = self.tallies.get(_key(view))
+                yield kept[1] if kept is not None else self._build(view)
+
+
 @dataclass
 class _State:
     """What the ledger says, folded incrementally: the charges, the caps (policy plus
     administration), and running basic-composition sums per (who, cell), where who is "*" for
-    the data set or an analyst's name, and cell None for the unpinned queries."""
+    the data set or an analyst's name, and cell None for the unpinned queries; under another
+    filter, its running tallies per view of each who (``_Views``)."""
 
     charges: list[Charge]
     epsilon: Fraction
@@ -147,6 +245,8 @@ class _State:
     shares: dict[str, tuple[Fraction, Fraction]]
     sums: Sums
     seen: int = 0
+    new_tally: Callable[[], Tally] | None = None
+    views: dict[str, _Views] = field(default_factory=dict)
 
     def worst(self, who: str, within: Cell | None) -> tuple[Fraction, Fraction]:
         """The basic-composition sums of ``who``'s worst view (``dpsql.accounting.parallel``),
@@ -158,12 +258,6 @@ class _State:
             worst(base[0], {c: v[0] for c, v in cells.items()}, within),
             worst(base[1], {c: v[1] for c, v in cells.items()}, within),
         )
-
-    def copy(self) -> _State:
-        return _State(
-            list(self.charges), self.epsilon, self.delta, dict(self.shares), dict(self.sums),
-            self.seen,
-        )  # fmt: skip
 
 
 def _add(state: _State, who: str, event: Composite) -> None:
@@ -194,7 +288,7 @@ class MemoryLedger:
     ) -> Record:
         with self._lock:
             if decide is not None:
-                decide(list(self._records))
+                decide(self._records)  # not copied: O(1) per charge; decide only reads it
             seq = len(self._records) + 1
             record = Record(seq, time.time(), kind, analyst, dict(payload), "", "")
             self._records.append(record)
@@ -203,6 +297,10 @@ class MemoryLedger:
     def records(self) -> list[Record]:
         with self._lock:
             return list(self._records)
+
+    def records_since(self, count: int) -> list[Record]:
+        with self._lock:
+            return self._records[count:]
 
 
 Store = Ledger | MemoryLedger
@@ -222,6 +320,8 @@ class Budget:
         spec: BudgetSpec,
         store: Store | None = None,
         accountants: Sequence[Accountant] = (),
+        *,
+        replay: bool = False,
     ):
         self.dataset = dataset
         self.spec = spec
@@ -231,6 +331,9 @@ class Budget:
         self._folded: _State | None = None
         self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter | None] = {}
         self._lock = threading.RLock()  # _state builds deciders under it
+        # Decide by replaying the whole history through the filters' stateless ``admits``
+        # (O(history) per charge): the reference the incremental path is tested against.
+        self.replay = replay
 
     @property
     def name(self) -> str:
@@ -247,18 +350,22 @@ class Budget:
 
     def _state(self, records: Sequence[Record]) -> _State:
         """The ledger folded into a state, reading only the records since the last call (the
-        store guarantees that earlier records never change under a session)."""
+        store guarantees that earlier records never change under a session). The state is the
+        live one: callers hold ``_lock`` while they read it."""
         with self._lock:
             state = self._folded
             if state is None or len(records) < state.seen:
                 spec = self.spec
                 shares = {n: (a.epsilon, a.delta) for n, a in spec.analysts.items()}
                 state = _State([], _epsilon_total(self, spec), spec.delta, shares, {})
+                rule = self._rule((state.epsilon, state.delta), True)
+                # A tally holds sums only, never a cap: one kind serves every cap of the filter.
+                state.new_tally = None if isinstance(rule, tuple) else rule.tally
             for r in records[state.seen :]:
                 self._fold(state, r)
             state.seen = len(records)
             self._folded = state
-            return state.copy()
+            return state
 
     def _fold(self, state: _State, r: Record) -> None:
         if r.kind == "charge":
@@ -269,6 +376,13 @@ class Budget:
             _add(state, "*", event)
             if r.analyst is not None:
                 _add(state, r.analyst, event)
+            if state.new_tally is not None:
+                events = events_for(self.name, [event])
+                for who in ("*", r.analyst) if r.analyst is not None else ("*",):
+                    mine = state.views.get(who)
+                    if mine is None:
+                        mine = state.views[who] = _Views(state.new_tally)
+                    mine.add(event.cell, events, _additive_delta([event]))
         elif r.kind == "budget_add":
             state.epsilon += Fraction(str(r.payload["epsilon"]))
             state.delta += Fraction(str(r.payload["delta"]))
@@ -301,6 +415,18 @@ class Budget:
             # Basic composition from the running sums, the worst view in closed form.
             eps, delta = state.worst(who, new.cell)
             return eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
+        if self.replay or state.new_tally is None:
+            return self._admits_replay(rule, state, who, new)
+        mine = state.views.get(who)
+        if mine is None:
+            mine = _Views(state.new_tally)  # an empty history (not kept: it may be refused)
+        events = events_for(rule.name, [new])
+        # The filter's own decision on each view's running tally (``base.Tally``): exactly
+        # ``admits`` on that view's history (tests/test_incremental_filters.py).
+        return all(rule.admits_tally(tally, events) for tally in mine.holding(new.cell))
+
+    def _admits_replay(self, rule: Filter, state: _State, who: str, new: Composite) -> bool:
+        """``_admits`` by replaying every view's whole history through ``rule.admits``."""
         mine = state.charges if who == "*" else [c for c in state.charges if c.analyst == who]
         history = [c.event for c in mine]
         for seen in views_with(history, new, _cell_of):
@@ -309,7 +435,10 @@ class Budget:
         return True
 
     def _decide(self, event: Composite, analyst: str | None, records: Sequence[Record]) -> None:
-        state = self._state(records)
+        with self._lock:
+            self._decide_on(self._state(records), event, analyst)
+
+    def _decide_on(self, state: _State, event: Composite, analyst: str | None) -> None:
         if not self._admits(self._rule((state.epsilon, state.delta), True), state, "*", event):
             raise BudgetExceededError(
                 f"this query (epsilon {event.epsilon}, delta {event.delta}) would take the data "
@@ -367,7 +496,9 @@ class Budget:
 
     @property
     def charges(self) -> tuple[Charge, ...]:
-        return tuple(self._state(self.store.records()).charges)
+        records = self.store.records()
+        with self._lock:
+            return tuple(self._state(records).charges)
 
     def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
         """The histories that bound every unit's (``dpsql.accounting.parallel``: one per cell of
@@ -377,31 +508,19 @@ class Budget:
         return views(composites, _cell_of)
 
     def report(self) -> BudgetReport:
-        state = self._state(self.store.records())
-        seen = self.views(state.charges)
-        eps, delta = state.worst("*", None)  # what basic composition decides on
-        figures = [
-            Figure("basic", float(eps), "decides" if self.name == "basic" else "valid adaptively")
-        ]
-        decider = self._rule((state.epsilon, state.delta), True)
-        for accountant in self._accountants:
-            note = "as if fixed in advance" if accountant.fixed_in_advance else "valid adaptively"
-            if accountant.name == self.name:
-                suffix = "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
-                note = "decides" + suffix
-            readings = [
-                accountant.epsilon(events_for(accountant.name, v), float(state.delta)) if v else 0.0
-                for v in seen
-            ]
-            figures.append(Figure(accountant.name, max(readings), note))
-            if accountant.name == self.name:
-                # The deciding filter's own bound where it has one, else its family's reading;
-                # Fraction(repr) keeps the rounded-up float exactly.
-                bound = getattr(decider, "bound", None)
-                if bound is not None:
-                    readings = [float(bound(events_for(self.name, v))) for v in seen]
-                eps = Fraction(repr(max(readings)))
-                delta = max(_additive_delta(v) for v in seen)
+        """Spent and remaining budget now. The deciding filter's figure is read from the running
+        tallies (O(views)); every accountant's figure (``BudgetReport.figures``) is computed on
+        first use, over the history as it was at this call."""
+        records = self.store.records()
+        with self._lock:
+            state = self._state(records)
+            # Not copied: the list only grows, so its first ``count`` items stay this history.
+            charges, count = state.charges, len(state.charges)
+            basic = state.worst("*", None)  # what basic composition decides on
+            decider = self._rule((state.epsilon, state.delta), True)
+            eps, delta = basic
+            if not isinstance(decider, tuple):
+                eps, delta = self._deciding(state, decider, count)
         return BudgetReport(
             self.dataset,
             self.name,
@@ -409,10 +528,85 @@ class Budget:
             state.delta,
             eps,
             delta,
-            len(state.charges),
+            count,
             self.store.durable,
-            tuple(figures),
+            functools.partial(self._figures, charges, count, float(state.delta), basic[0]),
         )
+
+    def _odometer(self, name: str) -> Accountant | None:
+        return next((a for a in self._accountants if a.name == name), None)
+
+    def _deciding(self, state: _State, decider: Filter, count: int) -> tuple[Fraction, Fraction]:
+        """The deciding filter's (epsilon, additive delta) spent, worst view: its own bound where
+        it has one (advanced), else its family's odometer reading; Fraction(repr) keeps the
+        rounded-up float exactly. From the tallies, the same numbers as from the views'
+        histories (``_deciding_replay``), which serves the cases the tallies cannot."""
+        mine = state.views.get("*")
+        odometer = self._odometer(self.name)
+        tallies = [] if mine is None else list(mine.tallies.values())
+        readings: list[float] = []
+        pairs: list[tuple[View, Tally | None]] = [*tallies] or [({}, None)]
+        for view, tally in pairs:
+            empty = mine is None or not any(
+                counts for cell, counts in mine.atoms.items() if member(cell, view)
+            )
+            if isinstance(tally, AdvancedTally) and isinstance(decider, AdvancedFilter):
+                # WRRW 2023 section 3: the filter's own epsilon of the view's history
+                bound = wrrw_bound(float(tally.eps_sq), float(decider.delta_prime))
+                readings.append(bound if tally.bounded else math.inf)
+            elif empty:
+                readings.append(0.0)
+            elif isinstance(tally, RdpTally) and isinstance(odometer, RdpAccountant):
+                if tally.orders != odometer.orders:  # a single order decides: read the grid
+                    return self._deciding_replay(decider, state.charges[:count], float(state.delta))
+                readings.append(odometer.epsilon_of(*tally.with_events(()), float(state.delta)))
+            elif isinstance(tally, ZcdpTally):
+                readings.append(
+                    ZcdpAccountant.epsilon_of(tally.rho, tally.delta, float(state.delta))
+                )
+            else:
+                return self._deciding_replay(decider, state.charges[:count], float(state.delta))
+        additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]
+        return Fraction(repr(max(readings))), max(additive)
+
+    def _deciding_replay(
+        self, decider: Filter, charges: list[Charge], delta: float
+    ) -> tuple[Fraction, Fraction]:
+        """``_deciding`` from the views' whole histories (O(history))."""
+        seen = self.views(charges)
+        bound = getattr(decider, "bound", None)
+        odometer = self._odometer(self.name)
+        if bound is not None:
+            readings = [float(bound(events_for(self.name, v))) for v in seen]
+        elif odometer is not None:
+            readings = [
+                odometer.epsilon(events_for(self.name, v), delta) if v else 0.0 for v in seen
+            ]
+        else:
+            raise AssertionError(f"no reading for the {self.name} filter")  # odometers() has one
+        return Fraction(repr(max(readings))), max(_additive_delta(v) for v in seen)
+
+    def _figures(
+        self, charges: list[Charge], count: int, delta: float, basic: Fraction
+    ) -> tuple[Figure, ...]:
+        """Every accountant's reading of the first ``count`` charges, worst view, labelled."""
+        with self._lock:  # the list grows under it
+            history = charges[:count]
+        seen = self.views(history)
+        figures = [
+            Figure("basic", float(basic), "decides" if self.name == "basic" else "valid adaptively")
+        ]
+        for accountant in self._accountants:
+            note = "as if fixed in advance" if accountant.fixed_in_advance else "valid adaptively"
+            if accountant.name == self.name:
+                suffix = "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
+                note = "decides" + suffix
+            readings = [
+                accountant.epsilon(events_for(accountant.name, v), delta) if v else 0.0
+                for v in seen
+            ]
+            figures.append(Figure(accountant.name, max(readings), note))
+        return tuple(figures)
 
 
 def _decider(

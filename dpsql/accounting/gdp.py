@@ -27,7 +27,7 @@ from dpsql.accounting.conversions import frac_down, frac_up, gdp_delta, gdp_epsi
 from dpsql.accounting.curves import GroupCache, gdp_mu_squared
 from dpsql.accounting.events import Event, Gaussian
 
-__all__ = ["GdpAccountant", "GdpFilter", "composed_mu"]
+__all__ = ["GdpAccountant", "GdpFilter", "GdpTally", "composed_mu"]
 
 
 def composed_mu_squared(groups: Iterable[tuple[Event, int]]) -> Fraction | None:
@@ -84,3 +84,25 @@ class GdpFilter:
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
         squared = composed_mu_squared(self._groups(history, new))
         return squared is not None and squared <= self._mu_cap_squared
+
+    def tally(self) -> GdpTally:
+        return GdpTally()
+
+    def admits_tally(self, tally: GdpTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running sum of mu^2 (exact, so the same decision)."""
+        squared = composed_mu_squared([(e, 1) for e in new])
+        if squared is None or tally.mu_squared is None:
+            return False  # not GDP: the filter refuses (module docstring)
+        return tally.mu_squared + squared <= self._mu_cap_squared
+
+
+class GdpTally:
+    """Running sum of mu^2 (Dong, Roth, Su 2019, Corollary 3.3), None once an event is not GDP."""
+
+    def __init__(self) -> None:
+        self.mu_squared: Fraction | None = Fraction(0)
+
+    def add(self, event: Event, count: int = 1) -> None:
+        if self.mu_squared is not None:
+            squared = composed_mu_squared([(event, count)])
+            self.mu_squared = None if squared is None else self.mu_squared + squared

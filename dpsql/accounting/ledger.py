@@ -17,6 +17,15 @@ missing, truncated, corrupted or tampered ledger stops all answering with ``Ledg
 
 Check-and-charge is one ``BEGIN IMMEDIATE`` transaction: the caller's decision runs on the
 records committed so far by every process, so concurrent clients can never together overspend.
+
+Cost: one SQLite connection per Ledger and process; an append reads and hashes only the records
+appended since the last look, re-reads the last verified one, and checks the anchor, so it costs
+O(1) amortised in the history's length. The whole history is compared byte for byte again at
+open, in ``verify()``, when another connection committed something that appended nothing, and
+once per doubling of the history (``Ledger._catch_up``). The trade-off: an edit far back made
+while other processes append is caught at the next full comparison, not at the very next
+charge (docs/accounting.md, "Several processes on one ledger"); a Ledger that found its history
+changed refuses everything from then on.
 """
 
 from __future__ import annotations
@@ -99,7 +108,19 @@ class Ledger:
         self._lock = threading.Lock()
         self._cache: list[Record] = []
         self._rows: list[tuple[Any, ...]] = []  # the raw rows of _cache, as verified
-        self.identity = self._open()  # verifies the whole chain against the anchor
+        # One connection per Ledger and process, used under _lock only (hence shared across
+        # threads); a forked child opens its own (SQLite forbids carrying one across fork).
+        self._con: sqlite3.Connection | None = None
+        self._pid = 0
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file verified
+        self._version = -1  # PRAGMA data_version after this Ledger's last read or commit
+        self._checked = 0  # records verified by the last full recheck
+        self._failed: str | None = None  # why the history stopped verifying, once it has
+        try:
+            self.identity = self._open()  # verifies the whole chain against the anchor
+        except LedgerError:
+            self._drop()  # a ledger that failed to open holds no connection (nor SQLite's maps)
+            raise
 
     # -- creation and opening -------------------------------------------------------------------
     @classmethod
@@ -162,10 +183,10 @@ class Ledger:
         if not _exists(self.path):
             raise LedgerError("the ledger file is missing while its anchor exists: fail closed")
         try:
-            con = _connect(self.path)
+            con = self._connection()
             identity = dict(con.execute("SELECT key, value FROM meta").fetchall())
-            con.close()
         except sqlite3.Error:
+            self._drop()
             raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
         anchor = _read_anchor(self.anchor)
         if identity.get("ledger_id") != anchor.get("ledger_id"):
@@ -173,62 +194,107 @@ class Ledger:
         # The identity (data set, secret salt) is outside the chain; the anchor holds its digest.
         if _identity_digest(identity) != anchor.get("identity"):
             raise LedgerError("the ledger's identity differs from its anchor: fail closed")
-        self._cache, self._rows = self._load()
+        self._cache, self._rows = _chain(self._read(con, 1), [], [])
+        self._version, self._checked = _data_version(con), len(self._cache)
         self._check(self._cache, anchor)
         return identity
 
-    # -- verification ---------------------------------------------------------------------------
-    def _load(
-        self,
-        after: list[Record] | None = None,
-        after_rows: list[tuple[Any, ...]] | None = None,
-        recheck: bool = False,
-    ) -> tuple[list[Record], list[tuple[Any, ...]]]:
-        """The records and their raw rows, each new hash recomputed; raises LedgerError on the
-        first broken link.
+    # -- connections ----------------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        """This process's connection, opened on first use (and again after a fork or a failed
+        write); the file it opened is remembered, so that a file put in its place is noticed."""
+        if self._con is None or self._pid != os.getpid():
+            # A connection inherited over fork is abandoned, never closed: closing it could
+            # release the parent's locks (SQLite, "How To Corrupt", section 2.6).
+            try:
+                self._con, self._pid = _connect(self.path), os.getpid()
+            except sqlite3.Error:
+                self._con = None
+                raise LedgerError(
+                    f"the ledger file {self.path} cannot be opened: fail closed"
+                ) from None
+            self._file = _file_id(self.path)
+            self._version = -1  # unknown: the next read rechecks everything
+        elif _file_id(self.path) != self._file:
+            # The path now names another file (deleted, replaced by a copy): this connection
+            # still sees the old one, whose chain would verify. Fail closed.
+            raise LedgerError("the ledger file was replaced or removed under a running session")
+        return self._con
 
-        With ``after`` (records already verified, and ``after_rows`` their raw rows), only the
-        newer ones are hashed. Without ``recheck``, only the newer rows are read, and the last
-        known one is re-read to be sure it is still there unchanged; with ``recheck`` (before
-        every write), every row is read again and each known one compared byte for byte with
-        what was verified: an edit, a drop or an insertion anywhere in the history still fails
-        closed, without hashing the whole chain again.
-        """
-        known = after or []
-        known_rows = after_rows or []
-        start = len(known)
+    def _drop(self) -> None:
+        """Forget the connection after a failure: the next call opens a fresh one."""
+        if self._con is not None and self._pid == os.getpid():
+            with contextlib.suppress(sqlite3.Error):
+                self._con.close()
+        self._con = None
+
+    def _read(self, con: sqlite3.Connection, first: int) -> list[tuple[Any, ...]]:
         try:
-            con = _connect(self.path)
-            rows = con.execute(
-                "SELECT * FROM records WHERE seq >= ? ORDER BY seq",
-                (1 if recheck else max(start, 1),),
-            ).fetchall()
-            con.close()
+            rows = con.execute("SELECT * FROM records WHERE seq >= ? ORDER BY seq", (first,))
+            return [tuple(r) for r in rows.fetchall()]
         except sqlite3.Error:
+            self._drop()
             raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
-        if recheck:
-            if rows[:start] != known_rows:
-                raise LedgerError("the ledger's history changed under a running session")
-            rows = rows[start:]
-        elif start:
-            if not rows or rows[0][0] != start or rows[0][6] != known[-1].hash:
+
+    # -- verification ---------------------------------------------------------------------------
+    def _catch_up(self, con: sqlite3.Connection) -> None:
+        """Bring the verified records up to the file's tail, in O(new records) amortised.
+
+        The last verified row is read again and must be byte for byte what was verified (a
+        truncated, rolled back or rewritten tail fails closed); only the newer rows are hashed.
+        The whole history is compared again, byte for byte, with what was verified (an edit or
+        a drop further back fails closed too) in three cases:
+
+        * when another connection committed something that appended nothing (``PRAGMA
+          data_version`` moved but the tail did not grow): dpsql only ever appends, so that is
+          an edit, a deletion or a rewrite, caught at once;
+        * whenever the records added since the last full recheck reach the number it checked
+          (so its O(n) cost is paid once per n new records: O(1) amortised per record);
+        * always at open and in ``verify()``.
+
+        The trade-off: while other processes append, an edit further back made in the same
+        window is caught at the next full recheck, at most as many records later as the
+        history held at the last one; every charge until then is still checked against the
+        anchor and its own tail, and ``dpsql ledger verify`` catches it at once.
+        """
+        if self._failed is not None:
+            raise LedgerError(self._failed)  # fail closed for good, not only on one call
+        try:
+            self._catch_up_checked(con)
+        except LedgerError as exc:
+            self._failed = str(exc)
+            raise
+
+    def _catch_up_checked(self, con: sqlite3.Connection) -> None:
+        version = _data_version(con)
+        start = len(self._cache)
+        rows = self._read(con, max(start, 1))
+        if start:
+            if not rows or rows[0] != self._rows[-1]:
                 raise LedgerError("the ledger's history changed under a running session")
             rows = rows[1:]
-        records, prev = list(known), known[-1].hash if known else GENESIS
-        for expected, (seq, when, kind, analyst, payload, link, digest) in enumerate(
-            rows, start + 1
-        ):
-            if seq != expected or link != prev:
-                raise LedgerError(f"the ledger's chain is broken at record {expected}")
-            if record_hash(prev, (seq, when, kind, analyst, payload)) != digest:
-                raise LedgerError(f"ledger record {seq} was altered")
+        _chain(rows, self._cache, self._rows)
+        moved = version != self._version
+        self._version = version
+        if (moved and not rows) or len(self._cache) - self._checked >= self._checked:
+            self._recheck()
+
+    def _recheck(self) -> None:
+        """The whole history compared byte for byte with what was verified, over a connection of
+        its own (a long-lived one could answer from pages it cached before an edit)."""
+        try:
+            fresh = _connect(self.path)
             try:
-                body = json.loads(payload)
-            except (TypeError, ValueError):  # a chain forged over a payload that is not JSON
-                raise LedgerError(f"ledger record {seq} is malformed: fail closed") from None
-            records.append(Record(seq, when, kind, analyst, body, link, digest))
-            prev = digest
-        return records, [*known_rows, *(tuple(r) for r in rows)]
+                rows = [tuple(r) for r in fresh.execute("SELECT * FROM records ORDER BY seq")]
+            finally:
+                fresh.close()
+        except sqlite3.Error:
+            raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
+        known = len(self._rows)
+        if rows[:known] != self._rows:
+            raise LedgerError("the ledger's history changed under a running session")
+        _chain(rows[known:], self._cache, self._rows)
+        self._checked = len(self._cache)
 
     @staticmethod
     def _check(records: list[Record], anchor: Mapping[str, Any]) -> None:
@@ -242,8 +308,17 @@ class Ledger:
             raise LedgerError("the ledger's history differs from its anchor: fail closed")
 
     def verify(self) -> int:
-        """Check the whole chain against the anchor; returns the number of records."""
-        records, _ = self._load()
+        """Check the whole chain against the anchor, hashing every record again over a new
+        connection; returns the number of records."""
+        try:
+            con = _connect(self.path)
+            try:
+                rows = [tuple(r) for r in con.execute("SELECT * FROM records ORDER BY seq")]
+            finally:
+                con.close()
+        except sqlite3.Error:
+            raise LedgerError(f"the ledger file {self.path} cannot be read: fail closed") from None
+        records, _ = _chain(rows, [], [])
         self._check(records, _read_anchor(self.anchor))
         return len(records)
 
@@ -252,9 +327,14 @@ class Ledger:
         with self._lock:
             return list(self._refresh())
 
+    def records_since(self, count: int) -> list[Record]:
+        """The records after the first ``count``: O(new records), for readers that fold."""
+        with self._lock:
+            return self._refresh()[count:]
+
     def _refresh(self) -> list[Record]:
         """The records, reading only those appended (by any process) since the last call."""
-        self._cache, self._rows = self._load(self._cache, self._rows)
+        self._catch_up(self._connection())
         return self._cache
 
     def append(
@@ -266,32 +346,30 @@ class Ledger:
     ) -> Record:
         """Append one record in one immediate transaction.
 
-        ``decide`` sees every record committed so far (by any process) and may raise, e.g.
-        ``BudgetExceededError``: then nothing is written. A failed write raises ``LedgerError``
-        and nothing is released.
+        ``decide`` sees every record committed so far (by any process; it must not change the
+        list) and may raise, e.g. ``BudgetExceededError``: then nothing is written. A failed
+        write raises ``LedgerError`` and nothing is released.
         """
         body = canonical(dict(payload))
         with self._lock, _file_lock(self.path):
             try:
-                con = _connect(self.path)
+                con = self._connection()
+                con.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
+                self._drop()
                 raise LedgerError(
                     f"the ledger {self.path} cannot be opened for writing; nothing was released"
                 ) from None
             try:
-                con.execute("BEGIN IMMEDIATE")
-                # Before writing, the whole history is checked again (not only the records
-                # appended since): an edit or a drop further back, made while this session
-                # runs, must stop it too rather than have new charges chained onto it. Rows
-                # verified before are compared byte for byte; only new ones are hashed.
-                records, rows = self._load(self._cache, self._rows, recheck=True)
-                self._cache, self._rows = records, rows
-                anchor = _read_anchor(self.anchor)
-                self._check(records, anchor)
+                # Under the write lock: every record committed by any process is read and
+                # verified before the decision (``_catch_up``: the tail always, the whole
+                # history on its schedule), then checked against the anchor.
+                self._catch_up(con)
+                self._check(self._cache, _read_anchor(self.anchor))
                 if decide is not None:
-                    decide(records)
-                seq = len(records) + 1
-                prev = records[-1].hash if records else GENESIS
+                    decide(self._cache)
+                seq = len(self._cache) + 1
+                prev = self._cache[-1].hash if self._cache else GENESIS
                 when = time.time()
                 digest = record_hash(prev, (seq, when, kind, analyst, body))
                 con.execute(
@@ -299,17 +377,21 @@ class Ledger:
                     (seq, when, kind, analyst, body, prev, digest),
                 )
                 con.execute("COMMIT")
-            except BudgetExceededError:
-                con.execute("ROLLBACK")
+            except (BudgetExceededError, LedgerError):
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
                 raise
             except sqlite3.Error:
                 with contextlib.suppress(sqlite3.Error):
                     con.execute("ROLLBACK")
+                self._drop()
                 raise LedgerError(
                     f"the ledger {self.path} could not record this; nothing was released"
                 ) from None
-            finally:
-                con.close()
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
+                raise
             record = Record(seq, when, kind, analyst, json.loads(body), prev, digest)
             self._cache.append(record)
             self._rows.append((seq, when, kind, analyst, body, prev, digest))
@@ -317,6 +399,11 @@ class Ledger:
             # consistent (the chain extends the anchored head) and is caught up next time.
             _write_anchor(self.anchor, _anchor(self.identity, seq, digest))
             return record
+
+    def close(self) -> None:
+        """Close this process's connection (a later call opens a new one)."""
+        with self._lock:
+            self._drop()
 
     def export(self) -> Iterator[dict[str, Any]]:
         for r in self.records():
@@ -329,6 +416,47 @@ class Ledger:
                 "prev": r.prev,
                 "hash": r.hash,
             }
+
+
+def _chain(
+    rows: list[tuple[Any, ...]], records: list[Record], raw: list[tuple[Any, ...]]
+) -> tuple[list[Record], list[tuple[Any, ...]]]:
+    """Verify ``rows`` as the continuation of the verified ``records`` (their raw rows ``raw``)
+    and append them to both lists in place; raises LedgerError on the first broken link."""
+    prev = records[-1].hash if records else GENESIS
+    for expected, (seq, when, kind, analyst, payload, link, digest) in enumerate(
+        rows, len(records) + 1
+    ):
+        if seq != expected or link != prev:
+            raise LedgerError(f"the ledger's chain is broken at record {expected}")
+        if record_hash(prev, (seq, when, kind, analyst, payload)) != digest:
+            raise LedgerError(f"ledger record {seq} was altered")
+        try:
+            body = json.loads(payload)
+        except (TypeError, ValueError):  # a chain forged over a payload that is not JSON
+            raise LedgerError(f"ledger record {seq} is malformed: fail closed") from None
+        records.append(Record(seq, when, kind, analyst, body, link, digest))
+        raw.append((seq, when, kind, analyst, payload, link, digest))
+        prev = digest
+    return records, raw
+
+
+def _data_version(con: sqlite3.Connection) -> int:
+    """SQLite's counter of commits made by *other* connections since this one last looked."""
+    try:
+        return int(con.execute("PRAGMA data_version").fetchone()[0])
+    except sqlite3.Error:
+        raise LedgerError("the ledger file cannot be read: fail closed") from None
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        raise LedgerError(
+            "the ledger file is missing under a running session: fail closed"
+        ) from None
+    return info.st_dev, info.st_ino
 
 
 def _identity_digest(identity: Mapping[str, str]) -> str:
@@ -346,7 +474,9 @@ def _anchor(identity: Mapping[str, str], seq: int, head: str) -> dict[str, Any]:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    con = sqlite3.connect(str(path), timeout=60, isolation_level=None)
+    # check_same_thread off: a Ledger's connection is used under its lock by whichever thread
+    # holds it (the server's worker threads share one Ledger).
+    con = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")
     return con

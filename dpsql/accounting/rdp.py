@@ -30,7 +30,7 @@ from dpsql.accounting.conversions import frac_down, frac_up, rdp_to_delta, rdp_t
 from dpsql.accounting.curves import GroupCache, approx_rdp, zcdp
 from dpsql.accounting.events import Event
 
-__all__ = ["DEFAULT_ORDERS", "RdpAccountant", "RdpFilter", "composed_rdp"]
+__all__ = ["DEFAULT_ORDERS", "RdpAccountant", "RdpFilter", "RdpTally", "composed_rdp"]
 
 DEFAULT_ORDERS: tuple[float, ...] = (
     *(1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0),
@@ -77,7 +77,10 @@ class RdpAccountant:
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
         if not history:
             return 0.0
-        rdps, approx_delta = composed_rdp(self._groups(history), self.orders)
+        return self.epsilon_of(*composed_rdp(self._groups(history), self.orders), delta)
+
+    def epsilon_of(self, rdps: Sequence[float], approx_delta: Fraction, delta: float) -> float:
+        """The figure from a composed RDP curve on this grid (``composed_rdp``, ``RdpTally``)."""
         share = frac_down(Fraction(delta) - approx_delta)  # rounded down: the safe side
         if share <= 0:
             return math.inf
@@ -138,3 +141,77 @@ class RdpFilter:
         if approx_delta > self.approx_delta_cap:
             return False
         return any(r <= b for r, b in zip(rdps, self.budgets, strict=True))
+
+    def tally(self) -> RdpTally:
+        return RdpTally(self.orders)
+
+    def admits_tally(self, tally: RdpTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running sums: the same floats summed exactly and rounded once, so
+        the same decision (``RdpTally``)."""
+        if tally.orders != self.orders:
+            raise ValueError("the tally was kept on another grid of orders")
+        rdps, approx_delta = tally.with_events(new)
+        if approx_delta > self.approx_delta_cap:
+            return False
+        return any(r <= b for r, b in zip(rdps, self.budgets, strict=True))
+
+
+# Every finite float is an integer multiple of 2^-1074: scaled by 2^1074, sums of floats are
+# exact Python integers, and one correctly rounded division gives what math.fsum gives.
+_SCALE_BITS = 1074
+
+
+def _fixed(x: float) -> int:
+    numerator, denominator = x.as_integer_ratio()
+    return numerator << (_SCALE_BITS + 1 - denominator.bit_length())
+
+
+class RdpTally:
+    """Running composed RDP at each order of a grid, kept so that ``composed_rdp`` of the folded
+    history comes out bit for bit: per distinct event its multiplicity, and per order the exact
+    sum (an integer in units of 2^-1074) of the same products ``count * curve`` that
+    ``composed_rdp`` gives ``math.fsum``; infinite products are counted apart. Each event's
+    multiplicity change moves one product (O(orders)); reading is one correctly rounded division
+    per order (int / int is correctly rounded, as is fsum)."""
+
+    def __init__(self, orders: tuple[float, ...]):
+        self.orders = orders
+        self.counts: dict[Event, int] = {}
+        self.sums = [0] * len(orders)
+        self.infinite = [0] * len(orders)
+        self.delta = Fraction(0)
+
+    def _move(
+        self, sums: list[int], infinite: list[int], event: Event, old: int, new: int
+    ) -> Fraction:
+        curve, delta = _event_curve(event, self.orders)
+        for j, c in enumerate(curve):
+            for count, sign in ((old, -1), (new, 1)):
+                if count:
+                    product = count * c
+                    if math.isfinite(product):
+                        sums[j] += sign * _fixed(product)
+                    else:
+                        infinite[j] += sign
+        return (new - old) * delta
+
+    def add(self, event: Event, count: int = 1) -> None:
+        old = self.counts.get(event, 0)
+        self.delta += self._move(self.sums, self.infinite, event, old, old + count)
+        self.counts[event] = old + count
+
+    def with_events(self, new: Sequence[Event]) -> tuple[list[float], Fraction]:
+        """``composed_rdp`` of the folded history followed by ``new`` (nothing is kept)."""
+        sums, infinite, delta = list(self.sums), list(self.infinite), self.delta
+        extra: dict[Event, int] = {}
+        for event in new:
+            extra[event] = extra.get(event, 0) + 1
+        for event, k in extra.items():
+            old = self.counts.get(event, 0)
+            delta += self._move(sums, infinite, event, old, old + k)
+        totals = [
+            math.inf if inf else total / (1 << _SCALE_BITS)
+            for total, inf in zip(sums, infinite, strict=True)
+        ]
+        # As composed_rdp: each product may have lost half an ulp, so nudge up.
+        return [math.nextafter(t, math.inf) if t > 0 else t for t in totals], delta

@@ -22,7 +22,7 @@ from dpsql.accounting.conversions import frac_down, frac_up, zcdp_to_delta, zcdp
 from dpsql.accounting.curves import GroupCache, zcdp
 from dpsql.accounting.events import Event
 
-__all__ = ["ZcdpAccountant", "ZcdpFilter", "composed_zcdp", "rho_for"]
+__all__ = ["ZcdpAccountant", "ZcdpFilter", "ZcdpTally", "composed_zcdp", "rho_for"]
 
 _RHO_STEPS = 200
 
@@ -47,7 +47,11 @@ class ZcdpAccountant:
         self._groups = GroupCache()
 
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
-        rho, approx_delta = composed_zcdp(self._groups(history))
+        return self.epsilon_of(*composed_zcdp(self._groups(history)), delta)
+
+    @staticmethod
+    def epsilon_of(rho: Fraction, approx_delta: Fraction, delta: float) -> float:
+        """The figure from the summed (rho, delta) (``composed_zcdp``, ``ZcdpTally``)."""
         share = frac_down(Fraction(delta) - approx_delta)
         if share <= 0:
             return 0.0 if rho == 0 and approx_delta <= Fraction(delta) else math.inf
@@ -118,3 +122,24 @@ class ZcdpFilter:
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
         rho, delta = composed_zcdp(self._groups(history, new))
         return rho <= self.rho_cap and delta <= self.approx_delta_cap
+
+    def tally(self) -> ZcdpTally:
+        return ZcdpTally()
+
+    def admits_tally(self, tally: ZcdpTally, new: Sequence[Event]) -> bool:
+        """``admits`` from the running sums: the same exact rationals, so the same decision."""
+        rho, delta = composed_zcdp([(e, 1) for e in new])
+        rho, delta = tally.rho + rho, tally.delta + delta  # rho and delta add (module docstring)
+        return rho <= self.rho_cap and delta <= self.approx_delta_cap
+
+
+class ZcdpTally:
+    """Running (sum rho, sum delta) of a history, exact."""
+
+    def __init__(self) -> None:
+        self.rho, self.delta = Fraction(0), Fraction(0)
+
+    def add(self, event: Event, count: int = 1) -> None:
+        rho, delta = zcdp(event)
+        self.rho += count * rho  # Bun, Steinke 2016, Lemma 2.3 (and 8.3 for the deltas)
+        self.delta += count * delta

@@ -225,6 +225,7 @@ def _open(policy: Policy) -> Ledger:
     """The policy's ledger, verified against its anchor and checked to be this data set's."""
     ledger = Ledger(*_paths(policy))
     if ledger.identity.get("dataset") != policy.dataset.id:
+        ledger.close()
         raise LedgerError("the ledger belongs to another data set than the policy names")
     return ledger
 
@@ -264,6 +265,7 @@ def init(config: Config) -> None:
     click.echo(f"budget: {cap}, delta {budget.delta}, {budget.accountant} filter")
     click.echo(f"ledger: {ledger.path}")
     click.echo(f"anchor: {ledger.anchor}")
+    ledger.close()  # the connection is not left to the garbage collector
 
 
 @cli.group()
@@ -276,8 +278,11 @@ def ledger() -> None:
 def verify(config: Config) -> None:
     """Verify the whole chain against the anchor; print the record count and the head."""
     opened = _open(config.policy())
-    records = opened.records()
-    count = opened.verify()
+    try:
+        records = opened.records()
+        count = opened.verify()
+    finally:
+        opened.close()
     head = records[-1].hash if records else GENESIS
     click.echo(f"ledger {opened.identity['ledger_id']} ({opened.identity['dataset']}): ok")
     click.echo(f"records: {count}")
