@@ -324,6 +324,12 @@ class DuckDBEngine:
                 # beyond the TIMESTAMP range, an unsigned cast losing information): on any data,
                 # so it is refused here rather than failing after the charge.
                 self._con.execute("EXPLAIN " + sql, self._parameters(sql)).fetchall()
+            except duckdb.OutOfMemoryException:
+                # Binding reads no rows: the memory ran out in this process, whatever the data.
+                log.warning("engine out of memory at bind time")
+                raise UnsupportedQueryError(
+                    "the engine ran out of memory while checking this query; nothing was charged"
+                ) from None
             except duckdb.Error as exc:
                 log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
                 raise UnsupportedQueryError(
