@@ -24,7 +24,7 @@ from test_ledger import COUNT, ledger_policy
 
 import dpsql
 from dpsql.accounting.filter import budget_caps, create_ledger
-from dpsql.accounting.ledger import BUDGET_RECORD, Ledger
+from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, read_anchor
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 from dpsql.interfaces import cli
 from dpsql.policy import load_policy
@@ -239,9 +239,7 @@ def test_a_ledger_without_a_budget_record_is_refused_until_the_owner_pins_it(
         con.execute("DELETE FROM records")
     con.close()
     (tmp_path / "ledger.db.anchor").write_text(
-        json.dumps(
-            {**json.loads((tmp_path / "ledger.db.anchor").read_text()), "seq": 0, "head": "0" * 64}
-        )
+        json.dumps({**read_anchor(tmp_path / "ledger.db.anchor"), "seq": 0, "head": "0" * 64})
     )
     with pytest.raises(LedgerError, match="pin-budget"):
         Session(policy)

@@ -8,7 +8,9 @@ the record before it, so editing or dropping any record breaks the chain.
 The chain alone cannot notice a truncated tail, an older copy put back, or a deleted file: the
 head of the chain is therefore also written *outside* the ledger, to an anchor file (by default
 beside it; put it on storage the ledger's writers cannot roll back). Opening the ledger checks
-the whole chain against the anchor and fails closed on any mismatch.
+the whole chain against the anchor and fails closed on any mismatch. The anchor has two slots,
+written in turn in place with one sync each (``_write_anchor``), so a torn write leaves the
+previous head.
 
 Threat model: this detects accidental corruption and tampering by anyone who can change the
 ledger file but not also rewrite the anchor consistently (recomputing a valid chain needs no
@@ -511,6 +513,36 @@ def _file_lock(path: Path) -> Iterator[None]:
 MAX_ANCHOR_BYTES = 1 << 16
 
 
+# The anchor holds two fixed slots, written in turn in place (slot seq % 2) with one fdatasync:
+# a write torn by a crash spoils only its own slot, and the other still holds an earlier head
+# of the same chain, which the ledger extends (consistent, as after a crash before the write).
+_SLOT = 512
+
+
+def _slot(data: Mapping[str, Any]) -> bytes:
+    """One anchor slot: the anchor's canonical JSON with its own digest, padded to _SLOT."""
+    body = dict(data)
+    body["check"] = hashlib.sha256(canonical(body).encode()).hexdigest()
+    text = canonical(body).encode()
+    if len(text) >= _SLOT:
+        raise LedgerError("the ledger's anchor does not fit its slot")
+    return text + b" " * (_SLOT - 1 - len(text)) + b"\n"
+
+
+def _parse_slot(part: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(part.decode("utf-8"))
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    check = data.pop("check", None)
+    if check != hashlib.sha256(canonical(data).encode()).hexdigest():
+        return None  # torn or altered: the other slot decides
+    seq = data.get("seq")
+    return data if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
 def _read_anchor(path: Path) -> dict[str, Any]:
     try:
         # Non-blocking, so that a FIFO without a writer cannot hang the open; then only a
@@ -522,7 +554,12 @@ def _read_anchor(path: Path) -> dict[str, Any]:
             text = handle.read(MAX_ANCHOR_BYTES + 1)
         if len(text) > MAX_ANCHOR_BYTES:
             raise ValueError("too long")
-        data = json.loads(text.decode("utf-8"))
+        if len(text) == 2 * _SLOT and text[_SLOT - 1 : _SLOT] == b"\n":
+            slots = [d for d in (_parse_slot(text[:_SLOT]), _parse_slot(text[_SLOT:])) if d]
+            if not slots:
+                raise LedgerError("the ledger's anchor is malformed: fail closed")
+            return max(slots, key=lambda d: int(d["seq"]))
+        data = json.loads(text.decode("utf-8"))  # an anchor written before the slots
     except (OSError, ValueError):
         raise LedgerError(f"the ledger's anchor {path} cannot be read: fail closed") from None
     if not isinstance(data, dict):
@@ -531,11 +568,36 @@ def _read_anchor(path: Path) -> dict[str, Any]:
 
 
 def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
-    """Atomically replace the anchor: write, fsync, rename, fsync the folder."""
+    """Write the anchor's slot for ``data["seq"]`` in place and fdatasync it; the first time (or
+    over an anchor of the older single-JSON form) replace the file atomically with both slots:
+    write, fsync, rename, fsync the folder."""
+    slot = _slot(data)
+    try:
+        # O_NONBLOCK: a FIFO put in the anchor's place fails the open instead of hanging it.
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        fd = None
+    except OSError as exc:
+        raise LedgerError(
+            f"the ledger's anchor {path} could not be written: {_reason(exc)}"
+        ) from None
+    if fd is not None:
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_size == 2 * _SLOT:
+                os.pwrite(fd, slot, (int(data["seq"]) % 2) * _SLOT)
+                os.fdatasync(fd)
+                return
+        except OSError as exc:
+            raise LedgerError(
+                f"the ledger's anchor {path} could not be written: {_reason(exc)}"
+            ) from None
+        finally:
+            os.close(fd)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(canonical(dict(data)))
+        with open(tmp, "wb") as handle:
+            handle.write(slot + slot)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -550,6 +612,11 @@ def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
         raise LedgerError(
             f"the ledger's anchor {path} could not be written: {_reason(exc)}"
         ) from None
+
+
+def read_anchor(path: Path) -> dict[str, Any]:
+    """The anchor's newest valid head (``ledger_id``, ``identity``, ``seq``, ``head``)."""
+    return _read_anchor(path)
 
 
 def _exists(path: Path) -> bool:
