@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -336,7 +337,9 @@ def test_the_default_engine_spills_outside_the_working_directory(data_dir: Path)
     try:
         row = session.engine._con.execute("SELECT current_setting('temp_directory')").fetchone()
         assert row is not None and Path(row[0]).is_absolute()
-        assert Path(row[0]).name.startswith("dpsql-spill-")
+        folder = Path(row[0])
+        assert folder.name == str(os.getpid()) and folder.parent.name.startswith("dpsql-spill-")
+        assert folder.parent.stat().st_mode & 0o077 == 0  # private to the user
     finally:
         session.close()
 

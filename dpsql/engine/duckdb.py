@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import weakref
@@ -170,14 +171,30 @@ _SPILL: list[str] = []
 
 
 def _spill_directory() -> str:
-    """One private directory (mode 0700) per process for the engine's spill files, under the
-    system's temporary directory, removed at exit: not the working directory (DuckDB's default),
-    which may be read-only or shared."""
+    """Where the engine spills: ``<pid>`` inside one private folder per user (mode 0700, owned by
+    the user, not a link) under the system's temporary directory; not the working directory
+    (DuckDB's default), which may be read-only or shared. DuckDB creates the ``<pid>`` folder
+    only when it first spills; it is removed at exit."""
     with _DATABASES_LOCK:
-        if not _SPILL or not os.path.isdir(_SPILL[0]):
-            _SPILL[:] = [tempfile.mkdtemp(prefix="dpsql-spill-")]
-            atexit.register(shutil.rmtree, _SPILL[0], True)
-        return _SPILL[0]
+        if _SPILL:
+            return _SPILL[0]
+        parent = Path(tempfile.gettempdir()) / f"dpsql-spill-{os.getuid()}"
+        try:
+            parent.mkdir(mode=0o700, exist_ok=True)
+            info = os.lstat(parent)
+            private = (
+                stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.getuid()
+                and info.st_mode & 0o077 == 0
+            )
+        except OSError:
+            private = False
+        if not private:  # someone else's, or a link: a fresh folder of our own instead
+            parent = Path(tempfile.mkdtemp(prefix="dpsql-spill-"))
+        folder = str(parent / str(os.getpid()))
+        atexit.register(shutil.rmtree, folder, True)
+        _SPILL[:] = [folder]
+        return folder
 
 
 class DuckDBEngine:
