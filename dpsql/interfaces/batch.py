@@ -20,8 +20,7 @@ import io
 import json
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -34,7 +33,6 @@ from rich.progress import Progress
 
 from dpsql import cache
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
-from dpsql.accounting.ledger import Record
 from dpsql.errors import BudgetExceededError, DpsqlError, OutputError
 from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
@@ -75,34 +73,10 @@ def _kind(piece: Piece) -> str:
     return "explain" if isinstance(statement, Explain) else "query"
 
 
-class _TrialLedger(MemoryLedger):
-    """The copy of the ledger's records that a file's trial charges are admitted on.
-
-    The filter decides each trial charge on the records so far; a ``MemoryLedger`` hands it a
-    copy of them, which made planning a file quadratic in its statements. The trial ledger is
-    private to one ``plan_file`` call and charged from its thread only, so the decision reads the
-    list itself: the same records, so the same decisions."""
-
-    def append(
-        self,
-        kind: str,
-        payload: Mapping[str, Any],
-        analyst: str | None = None,
-        decide: Callable[[list[Record]], None] | None = None,
-    ) -> Record:
-        with self._lock:
-            if decide is not None:
-                decide(self._records)  # read only, before this record is added
-            seq = len(self._records) + 1
-            record = Record(seq, time.time(), kind, analyst, dict(payload), "", "")
-            self._records.append(record)
-            return record
-
-
 def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     """Plan every statement in order, admitting the charges on a copy of the budget; nothing
     is charged and the session's settings are left as they were (a fresh session's)."""
-    copy = _TrialLedger()
+    copy = MemoryLedger()  # decides on its records in place: O(1) per trial charge
     for record in session.filter.store.records():
         copy.append(record.kind, record.payload, record.analyst)
     trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
