@@ -51,9 +51,12 @@ HOSTILE = st.sampled_from(
         b"\n",
         b"   \n",
         UNIT + b",east,31,2.5,'\n",
-        b'"' + UNIT + b'",east,31,2.5,z\n',
     ]
 )
+# Without quoting, a quoted unit is the text '"777777"', which is no BIGINT: its row belongs to
+# the NULL unit, another unit than 777777. It is a neighbour on its own.
+QUOTED_UNIT = b'"' + UNIT + b'",east,31,2.5,z\n'
+ONE_UNIT = st.one_of(st.lists(HOSTILE, min_size=1, max_size=6), st.just([QUOTED_UNIT]))
 
 
 def _policy(folder: Path, lines: list[bytes], name: str) -> Policy:
@@ -91,7 +94,7 @@ def _policy(folder: Path, lines: list[bytes], name: str) -> Policy:
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    hostile=st.lists(HOSTILE, min_size=1, max_size=6),
+    hostile=ONE_UNIT,
     at=st.integers(0, len(BASE_LINES)),
     sql=st.sampled_from(QUERIES),
 )
