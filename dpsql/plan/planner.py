@@ -14,7 +14,6 @@ Laplace with scale = sensitivity / epsilon_j, so the charged epsilon is exactly 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cached_property
@@ -44,6 +43,7 @@ from dpsql.sql.rewrite import (
     ValueSpec,
     bounded_query,
     parse_bounded,
+    public_size,
 )
 
 # More public keys than this would be released as one huge table of noise: refuse instead.
@@ -314,8 +314,8 @@ def _group_bounds(analysis: Analysis, options: QueryOptions) -> tuple[int, int]:
             f"GROUP BY on table {analysis.table} needs max_groups_per_unit; declare it in the "
             "policy or SET dpsql.max_groups_per_unit"
         )
-    if all(k.domain is not None for k in analysis.keys):
-        size = math.prod(len(k.domain or ()) for k in analysis.keys)
+    size = public_size(analysis.keys)
+    if size is not None:
         if size > MAX_PUBLIC_GROUPS:
             raise BoundsError(f"the public keys have {size} combinations; at most "
                               f"{MAX_PUBLIC_GROUPS} are released")  # fmt: skip
@@ -350,9 +350,7 @@ def _steps(
         window = None
         skipped.append(f"R = {r}: no total depends on which of a unit's rows are kept")
     ranking: int | None = l0 if analysis.keys else None
-    size = None
-    if analysis.keys and all(k.domain is not None for k in analysis.keys):
-        size = math.prod(len(k.domain or ()) for k in analysis.keys)
+    size = public_size(analysis.keys)
     if ranking is not None:
         # Rows outside a public domain are dropped before bounding, so a unit touches at most
         # `size` groups; after R's window, or with the relation's own row cap, at most that many.

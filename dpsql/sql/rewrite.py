@@ -26,7 +26,7 @@ of a step rests on public numbers only, and both forms return the same totals.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -363,11 +363,24 @@ def _list_measure(j: int, spec: MeasurementSpec, keys: list[str], direct: bool) 
     return f"_x{j} AS (SELECT {key_list}{agg} AS _h FROM ({values}){group})"
 
 
-def _public_size(analysis: Analysis) -> int | None:
-    """The number of public key combinations, when every key lists its domain."""
-    if not all(k.domain is not None for k in analysis.keys):
+def public_size(keys: Sequence[GroupKey]) -> int | None:
+    """The number of public key combinations, when there are keys and every one lists its
+    domain (rows outside it are dropped before bounding)."""
+    if not keys or not all(k.domain is not None for k in keys):
         return None
-    return math.prod(len(k.domain or ()) for k in analysis.keys)
+    return math.prod(len(k.domain or ()) for k in keys)
+
+
+def _ranked_where_needed(table: str, needing: str, qualify: str) -> str:
+    """``table``'s rows, the units listed in ``needing`` only through the ranking window
+    ``qualify``: the others keep every row, which is what the window would keep too. IS NOT
+    DISTINCT FROM: rows with a NULL unit are one unit here as everywhere else (USING would match
+    no NULL, and such a unit would escape the window)."""
+    on = f"{table}._u IS NOT DISTINCT FROM {needing}._u"
+    return (
+        f"SELECT * FROM {table} ANTI JOIN {needing} ON {on} UNION ALL "
+        f"SELECT * FROM (SELECT {table}.* FROM {table} SEMI JOIN {needing} ON {on}) {qualify}"
+    )
 
 
 def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None, weighted: bool) -> str:
@@ -390,14 +403,11 @@ def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None, weighted:
     columns = [*keys, *(f"_x{i}" for i in range(n_values))]
     order = ", ".join(["_u", *columns, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
     ties = "".join(f", {c}" for c in columns)
-    # IS NOT DISTINCT FROM: the rows of a NULL unit are one unit here as everywhere else.
-    on = "_all._u IS NOT DISTINCT FROM _heavy._u"
+    window = f"QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order}){ties}) <= {r}"
     return (
         f"_all AS ({rows}), "
         f"_heavy AS (SELECT _u FROM _all GROUP BY _u HAVING COUNT(*) > {r}), "
-        f"_rows AS (SELECT * FROM _all ANTI JOIN _heavy ON {on} UNION ALL "
-        f"SELECT * FROM (SELECT _all.* FROM _all SEMI JOIN _heavy ON {on}) QUALIFY "
-        f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order}){ties}) <= {r}), "
+        f"_rows AS ({_ranked_where_needed('_all', '_heavy', window)}), "
     )
 
 
@@ -445,42 +455,22 @@ def _direct(keys: list[str], bounding: Bounding, squared: list[int], weighted: b
 def _kept(bounding: Bounding, keys: list[str], size: int | None) -> tuple[str, str]:
     """The ``_multi`` CTE (if any) and the query of ``_kept``: at most L0 groups per unit,
     ranked by a salted hash of (unit, keys), which depends only on the unit's own rows."""
-    multi = ""
+    l0 = bounding.max_groups
     if bounding.direct:
-        kept = ""
-    elif (
-        bounding.max_groups is not None
-        and keys
-        and size is not None
-        and size >= 4 * bounding.max_groups
-    ):
+        return "", ""
+    if l0 is None or not keys:
+        return "", "SELECT * FROM _units"
+    # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
+    # never hold it (DESIGN.md section 3, step 4: a secret salt).
+    order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
+    window = f"QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
+    if size is not None and size >= 4 * l0:
         # Many more public key combinations than L0: most units are expected to exceed L0, and
         # finding those that do not would cost more than ranking them too (same kept groups).
-        l0 = bounding.max_groups
-        order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-        kept = (
-            "SELECT * FROM _units QUALIFY "
-            f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
-        )
-    elif bounding.max_groups is not None and keys:
-        # Only units with more than L0 groups need the (expensive) ranking window; the others
-        # keep all their groups, which is what the ranking would keep too.
-        l0 = bounding.max_groups
-        # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
-        # never hold it (DESIGN.md section 3, step 4: a secret salt).
-        order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-        multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
-        kept = (
-            # IS NOT DISTINCT FROM: rows with a NULL unit are one unit here as everywhere else
-            # (USING would match no NULL, and such a unit would keep all its groups).
-            "SELECT * FROM _units ANTI JOIN _multi ON _units._u IS NOT DISTINCT FROM _multi._u "
-            "UNION ALL SELECT * FROM (SELECT _units.* FROM _units SEMI JOIN _multi "
-            "ON _units._u IS NOT DISTINCT FROM _multi._u) QUALIFY "
-            f"ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
-        )
-    else:
-        kept = "SELECT * FROM _units"
-    return multi, kept
+        return "", f"SELECT * FROM _units {window}"
+    # Only units with more than L0 groups need the (expensive) ranking window.
+    multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
+    return multi, _ranked_where_needed("_units", "_multi", window)
 
 
 def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
@@ -521,7 +511,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
     # Without values and with at most R key combinations, copies of a (unit, keys) row are
     # common: R's window then runs on those rows with their number of copies, _w. (A choice of
     # speed on public numbers only; the totals are the same either way.)
-    size = _public_size(analysis)
+    size = public_size(analysis.keys)
     r = bounding.max_total_rows
     weighted = r is not None and not bounding.values and (size is not None and size <= r)
     vals = ", ".join(
