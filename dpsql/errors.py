@@ -92,6 +92,9 @@ class EntropyError(DpsqlError):
 # of memory, interrupted, an engine error), can depend on the data, so the analyst is told the
 # same thing whatever the cause (DESIGN.md section 5).
 ENGINE_FAILURE = "the engine failed while running the query; the charge stands"
+# Checks before the charge bind over the schema or an empty table, so running out of memory
+# there says something about this process, never about the data.
+CHECK_OUT_OF_MEMORY = "the engine ran out of memory while checking this query; nothing was charged"
 
 
 class EngineError(DpsqlError):

@@ -28,7 +28,7 @@ import duckdb
 import sqlglot
 from sqlglot import exp
 
-from dpsql.errors import EngineError, PolicyError, UnsupportedQueryError
+from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
 from dpsql.sql.cells import key_query
 from dpsql.sql.rewrite import SALT_PARAMETER
@@ -328,25 +328,28 @@ class DuckDBEngine:
             )
         return [None if text is None else str(text) for text, _ in rows]
 
-    def check(self, sql: str) -> list[str]:
-        """Bind ``sql`` without reading data (DESCRIBE) and return its column types.
+    def check(self, sql: str, types: bool = True) -> list[str]:
+        """Bind and plan ``sql`` without reading data and return its column types (DESCRIBE;
+        with ``types=False`` an empty list, and no DESCRIBE: the plan binds everything it does).
 
         Binding reads no rows, so this decision depends on the query and schema only; it runs
         before the charge, so a query the engine cannot even plan costs nothing.
         """
+        rows: list[tuple[Any, ...]] = []
         with self._lock:
             try:
-                rows = self._con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
+                if types:
+                    rows = self._con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
                 # EXPLAIN also runs the optimizer, which folds constants and can raise (a date
                 # beyond the TIMESTAMP range, an unsigned cast losing information): on any data,
-                # so it is refused here rather than failing after the charge.
-                self._con.execute("EXPLAIN " + sql, self._parameters(sql)).fetchall()
+                # so it is refused here rather than failing after the charge. In JSON: the same
+                # planning, without the box drawing (2 ms of a grouped query's 6). PREPARE is
+                # not enough: over a Parquet view it skips the fold that raises.
+                self._con.execute("EXPLAIN (FORMAT json) " + sql, self._parameters(sql)).fetchall()
             except duckdb.OutOfMemoryException:
                 # Binding reads no rows: the memory ran out in this process, whatever the data.
                 log.warning("engine out of memory at bind time")
-                raise UnsupportedQueryError(
-                    "the engine ran out of memory while checking this query; nothing was charged"
-                ) from None
+                raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
             except duckdb.Error as exc:
                 log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
                 raise UnsupportedQueryError(

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlglot import exp
 
-from dpsql.errors import BoundsError, EngineError, UnsupportedQueryError
+from dpsql.errors import CHECK_OUT_OF_MEMORY, BoundsError, EngineError, UnsupportedQueryError
 from dpsql.noise.exponential import exponential_mechanism, quantile_scores
 from dpsql.noise.samplers import (
     MAX_SCALE,
@@ -46,7 +46,8 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def _sql(node: Any) -> str:
-    return str(node.sql(dialect=DIALECT))
+    """Print a tree of its own (every caller passes a new one from ``total``), uncopied."""
+    return str(node.sql(dialect=DIALECT, copy=False))
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,10 @@ def check_samplable(plan: Plan) -> None:
             )
 
 
+_TYPED: dict[str, None] = {}  # post-processing texts that bound, oldest first
+_MAX_TYPED = 1024
+
+
 def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     """Bind the post-processing SQL over an empty table of the right types, before the charge.
 
@@ -319,15 +324,26 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
         columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")
     sql = _post_sql(plan, _bare_aggregate(plan))
     empty = f"(SELECT {', '.join(columns)} WHERE false) AS _noisy"
+    text = "DESCRIBE " + sql.replace("FROM _noisy", f"FROM {empty}", 1)
+    # The text reads an empty table of literal types only: its outcome is a function of the
+    # text, so a passed check is kept (texts differing only in WHERE share it).
+    if text in _TYPED:
+        return
     cursor = _scratch().cursor()
     try:
-        cursor.execute("DESCRIBE " + sql.replace("FROM _noisy", f"FROM {empty}", 1)).fetchall()
+        cursor.execute(text).fetchall()
+    except duckdb.OutOfMemoryException:
+        # Over an empty table: the memory ran out in this process, whatever the data.
+        raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
     except duckdb.Error:
         raise UnsupportedQueryError(
             "an output, HAVING or ORDER BY expression cannot be typed over the aggregates"
         ) from None
     finally:
         cursor.close()
+    if len(_TYPED) >= _MAX_TYPED:
+        _TYPED.pop(next(iter(_TYPED)), None)
+    _TYPED[text] = None
 
 
 def _bare_aggregate(plan: Plan) -> list[int | None]:
