@@ -23,7 +23,6 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 from scipy.special import log_ndtr
 
 from dpsql.errors import ParameterError
@@ -141,6 +140,9 @@ def _minimize_over_order(objective: Callable[[float], float], hint: float) -> fl
 
     def in_t(t: float) -> float:
         return objective(1 + math.exp(t))
+
+    # Imported here: SciPy's optimize package costs ~0.3 s at start, needed by few figures.
+    from scipy.optimize import minimize_scalar  # noqa: PLC0415
 
     found = minimize_scalar(
         in_t, bounds=(math.log(1e-6), hi), method="bounded", options={"xatol": 1e-12}

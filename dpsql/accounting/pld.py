@@ -50,8 +50,6 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy.special import log_ndtr
 
 from dpsql.accounting.events import (
@@ -76,6 +74,15 @@ _Floats = npt.NDArray[np.float64]
 PLD = Any  # dp_accounting's PrivacyLossDistribution (untyped)
 
 
+@functools.cache
+def _dp_accounting() -> tuple[Any, Any]:
+    """dp_accounting's PLD modules, imported on first use: with SciPy's signal package they take
+    ~0.8 s, which every ``dpsql`` command would otherwise pay at start."""
+    from dp_accounting.pld import pld_pmf, privacy_loss_distribution  # noqa: PLC0415
+
+    return privacy_loss_distribution, pld_pmf
+
+
 def _hi(x: Fraction | float) -> float:
     return float(x) * (1 + ROUND_UP)
 
@@ -91,17 +98,17 @@ def gaussian_delta(epsilon: float | _Floats, mu: float) -> Any:
 def event_pld(event: Event, interval: float) -> PLD | None:
     """A pessimistic PLD dominating ``event`` (not for Gaussian, composed in closed form)."""
     if isinstance(event, DiscreteLaplace) and event.sensitivity <= 1:
-        return pld_lib.from_discrete_laplace_mechanism(
+        return _dp_accounting()[0].from_discrete_laplace_mechanism(
             _hi(1 / event.scale), 1, value_discretization_interval=interval, use_connect_dots=True
         )
     if isinstance(event, DiscreteGaussian) and event.sensitivity <= 1:
         sigma = math.sqrt(float(event.sigma2)) * (1 - ROUND_UP)
-        return pld_lib.from_discrete_gaussian_mechanism(
+        return _dp_accounting()[0].from_discrete_gaussian_mechanism(
             sigma, 1, value_discretization_interval=interval, use_connect_dots=True
         )
     if isinstance(event, Laplace):
         scale = float(event.scale) * (1 - ROUND_UP)
-        return pld_lib.from_laplace_mechanism(
+        return _dp_accounting()[0].from_laplace_mechanism(
             scale, _hi(event.sensitivity), value_discretization_interval=interval
         )
     pair = _pair(event)
@@ -132,7 +139,7 @@ def randomized_response_pld(epsilon: float, delta: float, interval: float) -> PL
         share = min(1.0, max(0.0, share))
         masses[lo + 1] = masses.get(lo + 1, 0.0) + prob * share
         masses[lo] = masses.get(lo, 0.0) + prob * (1 - share)
-    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+    return _dp_accounting()[0].PrivacyLossDistribution.create_from_rounded_probability(
         masses, delta, interval, pessimistic_estimate=True
     )
 
@@ -151,7 +158,7 @@ def _pair(event: Event) -> tuple[Fraction, Fraction] | None:
 def _arrays(pmf: Any) -> tuple[_Floats, _Floats, float]:
     """Losses, probabilities and infinite mass of a dp_accounting PMF (dense or sparse)."""
     step = pmf._discretization  # private: dp_accounting 0.6 has no array accessor
-    if isinstance(pmf, pld_pmf.DensePLDPmf):
+    if isinstance(pmf, _dp_accounting()[1].DensePLDPmf):
         losses = (pmf._lower_loss + np.arange(len(pmf._probs))) * step
         return losses, np.asarray(pmf._probs, dtype=np.float64), float(pmf._infinity_mass)
     keys = sorted(pmf._loss_probs)
