@@ -28,7 +28,7 @@ def canonical_sql(node: exp.Expression | None) -> str:
     """
     if node is None:
         return ""
-    return _sorted(node.copy()).sql(dialect=DIALECT)
+    return _sorted(node.copy()).sql(dialect=DIALECT, copy=False)  # a private copy
 
 
 def _sorted(node: exp.Expression) -> exp.Expression:

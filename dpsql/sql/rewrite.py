@@ -92,7 +92,9 @@ class Bounding:
 
 
 def _sql(node: exp.Expression) -> str:
-    return node.sql(dialect=DIALECT)
+    """Print a tree of its own: every caller passes a new one (``total``, ``literal_for``), so
+    the generator may change it in place instead of copying it first."""
+    return node.sql(dialect=DIALECT, copy=False)
 
 
 def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
