@@ -15,7 +15,7 @@ import sqlglot
 import dpsql
 from dpsql.errors import ParameterError, ParseError
 from dpsql.session import Session
-from dpsql.sql.options import KEYS, OptionsDialect, pop_options
+from dpsql.sql.options import KEYS, split_options
 from dpsql.sql.parse import Explain, Query, SetOption, parse_statement
 
 ROWS = [(u, "east" if u % 2 else "west", 20 + u % 50, float(u % 90)) for u in range(1, 201)]
@@ -50,13 +50,39 @@ def test_the_clause_is_parsed_off_the_select_and_mapped_to_settings() -> None:
     assert parse_statement("SET dpsql.epsilon = 1") == SetOption("epsilon", "1")
 
 
-def test_the_extended_dialect_round_trips_the_clause() -> None:
-    tree = sqlglot.parse_one(BQ, read=OptionsDialect)
-    text = tree.sql(dialect=OptionsDialect)
-    assert text.startswith("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.2, delta = 1e-7")
-    assert sqlglot.parse_one(text, read=OptionsDialect) == tree
+def test_the_clause_is_blanked_out_where_it_stood() -> None:
+    """The clause's characters become spaces (line breaks kept): the rest of the text, and the
+    line and column of a syntax error after the clause, stay where they were."""
+    sql = BQ.replace(" region,", "\n region,").replace("GROUP BY", "GRUOP BY")
+    text, options = split_options(sql)
+    assert len(text) == len(sql) and text.count("\n") == sql.count("\n")
+    assert text.split() == ["SELECT", *sql[sql.index("\n") :].split()]
+    assert dict(options) == {"epsilon": "0.2", "delta": "1e-7", "max_groups_per_unit": "1"}
+    with pytest.raises(ParseError) as bad:
+        parse_statement(sql)
+    with pytest.raises(ParseError) as plain:
+        parse_statement("SELECT\n" + sql[sql.index("\n") + 1 :])
+    assert (bad.value.line, bad.value.column) == (plain.value.line, plain.value.column)
+    assert bad.value.line == 2
     with pytest.raises(sqlglot.errors.ParseError):  # plain DuckDB does not read it
         sqlglot.parse_one(BQ, read="duckdb")
+
+
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 1 COUNT(*) FROM visits", "closed"),
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS epsilon = 1 COUNT(*) FROM visits", "followed"),
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 1 FROM t) COUNT(*) FROM visits",
+         "pairs"),
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(1) COUNT(*) FROM visits", "pairs"),
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 1) WITH DIFFERENTIAL_PRIVACY "
+         "COUNT(*) FROM visits", "syntax"),
+    ],
+)  # fmt: skip
+def test_a_malformed_clause_is_a_parse_error(sql: str, words: str) -> None:
+    with pytest.raises(ParseError, match=words):
+        parse_statement(sql)
 
 
 @pytest.mark.parametrize(
@@ -157,11 +183,17 @@ def test_bad_options_are_rejected_and_nothing_is_charged(
     assert session.filter.charges == ()
 
 
-def test_the_clause_belongs_to_the_outer_select_only() -> None:
-    inner = sqlglot.parse_one(
+@pytest.mark.parametrize(
+    "sql",
+    [
         "SELECT COUNT(*) FROM (SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1) x FROM t)",
-        read=OptionsDialect,
-    )
-    assert isinstance(inner, sqlglot.exp.Select)
+        "WITH c AS (SELECT WITH DIFFERENTIAL_PRIVACY x FROM t) SELECT COUNT(*) FROM c",
+        "SELECT WITH DIFFERENTIAL_PRIVACY COUNT(*) FROM t UNION ALL "
+        "SELECT WITH DIFFERENTIAL_PRIVACY COUNT(*) FROM t",
+    ],
+)
+def test_the_clause_belongs_to_the_outer_select_only(sql: str) -> None:
     with pytest.raises(ParseError, match="outer SELECT"):
-        pop_options(inner)
+        parse_statement(sql)
+    with pytest.raises(ParseError, match="outer SELECT"):
+        parse_statement("EXPLAIN " + sql)

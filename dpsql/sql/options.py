@@ -1,34 +1,34 @@
 """BigQuery's per-query privacy clause, ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``.
 
-sqlglot reads no dialect that accepts the clause, so ``OptionsDialect`` extends DuckDB's: its
-parser reads the clause right after ``SELECT`` (where the hint of other dialects sits) into a
-``DifferentialPrivacy`` node, and its generator writes it back, so the clause round-trips.
-Strings and comments cannot confuse it: it works on the parser's tokens. Everything else
-parses exactly as in DuckDB.
+sqlglot reads no dialect that accepts the clause, so ``split_options`` takes it off the SQL text
+before the text is parsed as DuckDB: it finds the clause on the tokenizer's tokens (so strings
+and comments cannot confuse it) right after the outer ``SELECT``, blanks its characters (so
+every line and column of the rest of the text, and of any syntax error in it, stay where they
+were), and reads the option pairs with DuckDB's own parser. Everything else parses exactly as
+in DuckDB, with no extended dialect (sqlglot's compiled build cannot be subclassed).
 
-``pop_options`` takes the clause off a parsed SELECT and maps its keys onto dpsql's settings
-(the table ``KEYS``); unknown or repeated keys are a ``ParameterError`` naming the key. Values
-are kept as their literal text: the session validates them with the same code as ``SET``.
+The options are mapped onto dpsql's settings (the table ``KEYS``); unknown or repeated keys are
+a ``ParameterError`` naming the key. Values are kept as their literal text: the session
+validates them with the same code as ``SET``.
 
->>> import sqlglot
->>> select, options = pop_options(sqlglot.parse_one(
+>>> text, options = split_options(
 ...     "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, max_groups_contributed=2) "
-...     "COUNT(*) FROM visits", read=OptionsDialect))
->>> select.sql(dialect="duckdb"), dict(options)
+...     "COUNT(*) FROM visits")
+>>> " ".join(text.split()), dict(options)
 ('SELECT COUNT(*) FROM visits', {'epsilon': '1', 'max_groups_per_unit': '2'})
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
 
+import sqlglot
 from sqlglot import exp
-from sqlglot.dialects.duckdb import DuckDB
-from sqlglot.generators.duckdb import DuckDBGenerator
-from sqlglot.parsers.duckdb import DuckDBParser
-from sqlglot.tokenizer_core import TokenType
+from sqlglot.errors import ParseError as GlotParseError
+from sqlglot.errors import TokenError
+from sqlglot.tokenizer_core import Token, TokenType
 
 from dpsql.errors import ParameterError, ParseError
 
@@ -58,44 +58,6 @@ _HINTS = {
 EMPTY: Mapping[str, object] = MappingProxyType({})
 
 
-class DifferentialPrivacy(exp.Hint):
-    """``WITH DIFFERENTIAL_PRIVACY [OPTIONS(key = value, ...)]``; ``expressions`` are ``EQ``s."""
-
-    arg_types: ClassVar[dict[str, bool]] = {"expressions": False}
-
-
-class _Parser(DuckDBParser):
-    def _parse_hint(self) -> exp.Hint | None:
-        index = self._index
-        if self._match(TokenType.WITH) and self._match_text_seq("DIFFERENTIAL_PRIVACY"):
-            pairs: list[exp.Expr] = []
-            if self._match_text_seq("OPTIONS"):
-                self._match_l_paren()
-                pairs = [p for p in self._parse_csv(self._parse_assignment) if p is not None]
-                self._match_r_paren()
-            return self.expression(DifferentialPrivacy(expressions=pairs))
-        self._retreat(index)
-        return super()._parse_hint()
-
-
-def _clause_sql(generator: DuckDBGenerator, expression: DifferentialPrivacy) -> str:
-    return f" WITH DIFFERENTIAL_PRIVACY OPTIONS({generator.expressions(expression, flat=True)})"
-
-
-class _Generator(DuckDBGenerator):
-    TRANSFORMS: ClassVar[dict[type[exp.Expr], Callable[..., str]]] = {
-        **DuckDBGenerator.TRANSFORMS,
-        DifferentialPrivacy: _clause_sql,
-    }
-
-
-class OptionsDialect(DuckDB):
-    """DuckDB, plus BigQuery's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)`` after ``SELECT``."""
-
-    Parser = _Parser
-    Generator = _Generator
-
-
 def _value(node: exp.Expression, key: str) -> str:
     """The literal text of an option value (a number, a string, or a column for the unit)."""
     if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
@@ -109,9 +71,9 @@ def _value(node: exp.Expression, key: str) -> str:
     raise ParseError(f"OPTIONS({key} = ...) takes a literal number or string")
 
 
-def _pairs(clause: DifferentialPrivacy) -> dict[str, object]:
+def _pairs(expressions: list[exp.Expression]) -> dict[str, object]:
     options: dict[str, object] = {}
-    for pair in clause.expressions:
+    for pair in expressions:
         if not isinstance(pair, exp.EQ) or not isinstance(pair.this, exp.Column):
             raise ParseError("OPTIONS(...) takes key = value pairs, e.g. OPTIONS(epsilon = 1)")
         key = pair.this.sql(dialect="duckdb").lower()
@@ -125,19 +87,85 @@ def _pairs(clause: DifferentialPrivacy) -> dict[str, object]:
     return options
 
 
-def pop_options(select: exp.Select) -> tuple[exp.Select, Mapping[str, object]]:
-    """The SELECT without its ``WITH DIFFERENTIAL_PRIVACY`` clause (a copy), and the clause's
-    options by dpsql setting name (plus ``privacy_unit_column`` when given)."""
-    clause = select.args.get("hint")
-    nested = [n for n in select.find_all(DifferentialPrivacy) if n is not clause]
-    if nested:
-        raise ParseError("WITH DIFFERENTIAL_PRIVACY belongs right after the outer SELECT")
-    if not isinstance(clause, DifferentialPrivacy):
-        return select, EMPTY
-    options = _pairs(clause)
-    bare = select.copy()
-    bare.set("hint", None)
-    return bare, MappingProxyType(options)
+def _is_clause(tokens: list[Token], i: int) -> bool:
+    """Whether ``tokens[i]`` is the WITH of ``SELECT WITH DIFFERENTIAL_PRIVACY``."""
+    return (
+        i > 0
+        and i + 1 < len(tokens)
+        and tokens[i].token_type == TokenType.WITH
+        and tokens[i - 1].token_type == TokenType.SELECT
+        and tokens[i + 1].text.upper() == "DIFFERENTIAL_PRIVACY"
+    )
+
+
+def _clause_end(tokens: list[Token], i: int) -> int:
+    """The index of the last token of the clause whose WITH is ``tokens[i]``."""
+    last = i + 1  # DIFFERENTIAL_PRIVACY
+    if last + 1 < len(tokens) and tokens[last + 1].text.upper() == "OPTIONS":
+        last += 1
+        if last + 1 >= len(tokens) or tokens[last + 1].token_type != TokenType.L_PAREN:
+            raise ParseError("OPTIONS must be followed by (key = value, ...)")
+        depth = 0
+        for j in range(last + 1, len(tokens)):
+            if tokens[j].token_type == TokenType.L_PAREN:
+                depth += 1
+            elif tokens[j].token_type == TokenType.R_PAREN:
+                depth -= 1
+                if depth == 0:
+                    return j
+        raise ParseError("OPTIONS( is never closed")
+    return last
+
+
+def _options_of(text: str, tokens: list[Token], start: int, end: int) -> dict[str, object]:
+    """The option pairs between the parentheses of ``tokens[start..end]``, read as a DuckDB
+    select list (``epsilon = 1`` is an equality of a column and a literal there)."""
+    if end - start < 3 or tokens[start + 2].text.upper() != "OPTIONS":
+        return {}
+    inner = text[tokens[start + 3].end + 1 : tokens[end].start]
+    if not inner.strip():
+        return {}
+    try:
+        select = sqlglot.parse_one("SELECT " + inner, read="duckdb")
+    except (GlotParseError, TokenError, RecursionError):
+        raise ParseError(
+            "OPTIONS(...) takes key = value pairs, e.g. OPTIONS(epsilon = 1)"
+        ) from None
+    extra = any(v for k, v in select.args.items() if k != "expressions")
+    if not isinstance(select, exp.Select) or extra:
+        raise ParseError("OPTIONS(...) takes key = value pairs, e.g. OPTIONS(epsilon = 1)")
+    return _pairs(list(select.expressions))
+
+
+def split_options(text: str) -> tuple[str, Mapping[str, object]]:
+    """``text`` with its ``WITH DIFFERENTIAL_PRIVACY [OPTIONS(...)]`` clause blanked out (each
+    character but a line break becomes a space), and the clause's options by dpsql setting
+    name (plus ``privacy_unit_column`` when given). A text without the clause comes back as it
+    is. The clause must follow the outer SELECT, outside any parentheses, once."""
+    if "differential_privacy" not in text.lower():
+        return text, EMPTY
+    try:
+        tokens = sqlglot.tokenize(text, read="duckdb")
+    except TokenError:
+        return text, EMPTY  # the parser reports the text's own error
+    depth, found = 0, list[int]()
+    for i, token in enumerate(tokens):
+        if token.token_type == TokenType.L_PAREN:
+            depth += 1
+        elif token.token_type == TokenType.R_PAREN:
+            depth -= 1
+        elif _is_clause(tokens, i):
+            if depth != 0 or found:
+                raise ParseError("WITH DIFFERENTIAL_PRIVACY belongs right after the outer SELECT")
+            found.append(i)
+    if not found:
+        return text, EMPTY
+    start = found[0]
+    end = _clause_end(tokens, start)
+    options = _options_of(text, tokens, start, end)
+    first, last = tokens[start].start, tokens[end].end + 1
+    blank = "".join(c if c in "\r\n" else " " for c in text[first:last])
+    return text[:first] + blank + text[last:], MappingProxyType(options)
 
 
 def merge_options(
@@ -165,9 +193,7 @@ __all__ = [
     "EMPTY",
     "KEYS",
     "PRIVACY_UNIT",
-    "DifferentialPrivacy",
-    "OptionsDialect",
     "check_privacy_unit",
     "merge_options",
-    "pop_options",
+    "split_options",
 ]

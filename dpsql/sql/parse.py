@@ -18,7 +18,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import Token, TokenType
 
 from dpsql.errors import ParseError, UnsupportedQueryError
-from dpsql.sql.options import OptionsDialect, pop_options
+from dpsql.sql.options import split_options
 
 DIALECT = "duckdb"
 # Node types that are whole statements; anything else at the top is a syntax error.
@@ -199,17 +199,19 @@ def parse_statement(text: str) -> Statement:
             raise ParseError(f"{head} takes one setting name")
         return SetOption(name, None) if head == "RESET" else ShowOption(name)
     if head == "EXPLAIN":
-        return Explain(*pop_options(parse_select(rest_text)))
+        rest_text, options = split_options(rest_text)
+        return Explain(parse_select(rest_text), options)
     if head == "ESTIMATE":
         return _parse_estimate(tokens[1:])
-    return Query(*pop_options(parse_select(text)))
+    text, options = split_options(text)
+    return Query(parse_select(text), options)
 
 
 def parse_select(text: str) -> exp.Select:
-    """Parse text that must be a single SELECT statement (BigQuery's ``WITH
-    DIFFERENTIAL_PRIVACY OPTIONS(...)`` clause stays on it: see ``dpsql.sql.options``)."""
+    """Parse text that must be a single SELECT statement (with BigQuery's ``WITH
+    DIFFERENTIAL_PRIVACY OPTIONS(...)`` clause already taken off: ``dpsql.sql.options``)."""
     try:
-        statements = sqlglot.parse(text, read=OptionsDialect)
+        statements = sqlglot.parse(text, read=DIALECT)
     except GlotParseError as exc:
         detail = exc.errors[0] if exc.errors else {}
         raise ParseError(
