@@ -79,12 +79,13 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
     }
 
 
-def keys(plan: Plan, policy: Policy) -> Keys:
-    """The cache keys of a plan (a pure function of public inputs)."""
+def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
+    """The cache keys of a plan (a pure function of public inputs); ``version``: the policy's
+    ``version``, when the caller has it (it hashes the whole policy)."""
     a, o = plan.analysis, plan.options
     core = {
         "dataset": policy.dataset.id,
-        "policy": policy.version,
+        "policy": version if version is not None else policy.version,
         "data": policy.dataset.data_version,
         "table": a.table,
         # The relation the rows come from (a join or subquery is part of what was measured).

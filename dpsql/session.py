@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -351,30 +351,52 @@ class Session:
         """The plan of a SELECT or EXPLAIN statement, from the session's plans when the same
         key was planned before; None for any other statement. Nothing is charged.
         ``current``: as for ``plan_key``; ``statement``: ``sql`` already parsed."""
+        finish = self.planned_soon(sql, params, options, current, statement, soon=False)
+        return None if finish is None else finish()
+
+    def planned_soon(
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        current: bool = True,
+        statement: Statement | None = None,
+        *,
+        soon: bool = True,
+    ) -> Callable[[], Planned] | None:
+        """``planned`` in two steps: the statement is parsed, analysed and planned now (raising
+        what ``planned`` raises there), and the engine's check of the bounded SQL starts in the
+        engine's worker (``soon``; else it runs here and now); the function returned waits for
+        the check (raising its error) and gives the Planned; None for a statement that is
+        not a SELECT or EXPLAIN. Nothing is charged in either step. A batch file plans its next
+        statement while the engine checks this one."""
         key = self.plan_key(sql, params, options, current)
         # Reused only under the full key: a SET, another analyst, a policy edit, a new data
         # version or a new bounds estimate each plan afresh (tests/test_plan_cache.py).
         found = self._plans.get(key) if key is not None else None
         if found is not None:
-            return found
+            return lambda: found
         if statement is None:
             statement = parse_statement(sql)
         if not isinstance(statement, Explain | Query):
             return None
-        plan = self._plan(statement.select, params, options, statement.options)
-        found = Planned(
-            isinstance(statement, Explain),
-            plan,
-            cache.keys(plan, self.policy),
-            self._details(plan),
-        )
-        # Keyed on the estimates the plan was made with (_plan reads the ledger again).
+        explain = isinstance(statement, Explain)
+        plan = self._prepare(statement.select, params, options, statement.options)
+        checked = self._check_soon(plan, soon)
+        # Keyed on the estimates the plan was made with (_prepare reads the ledger again).
         key = self.plan_key(sql, params, options, current=False)
-        if key is not None:
-            if len(self._plans) >= MAX_KEPT_PLANS:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = found
-        return found
+
+        def finish() -> Planned:
+            checked()
+            k = cache.keys(plan, self.policy, self.policy_version())
+            done = Planned(explain, plan, k, self._details(plan))
+            if key is not None:
+                if len(self._plans) >= MAX_KEPT_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[key] = done
+            return done
+
+        return finish
 
     def _plan(
         self,
@@ -387,6 +409,19 @@ class Session:
         """``inline``: the statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, under the
         call's keyword ``options`` (a keyword option given wins), over SET values.
         ``estimates``: use bounds estimated earlier where the policy declares none."""
+        plan = self._prepare(select, params, options, inline, estimates)
+        self._check_soon(plan, soon=False)()
+        return plan
+
+    def _prepare(
+        self,
+        select: Any,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        inline: Mapping[str, object] = EMPTY,
+        estimates: bool = True,
+    ) -> Plan:
+        """The plan, before the engine's check of its bounded SQL (``_check_soon``)."""
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
@@ -400,23 +435,32 @@ class Session:
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec)
         plan = plan_query(analysis, options_, policy, query=bound.sql(dialect=DIALECT))
-        # Bind the bounded SQL and the post-processing now: a query that cannot be typed is
-        # rejected here, before the charge, on the schema alone.
         check_samplable(plan)
-        check_post_processing(plan, self._key_types(plan))
         return plan
 
-    def _key_types(self, plan: Plan) -> list[str]:
-        """Check the bounded SQL in the engine (before the charge) and return its key columns'
-        types. Public keys carry the type the engine gave their expression
-        (``_engine_values``), which the bounded SQL keeps (its keys come from the domain, cast
-        to that type; ``tests/test_check_types.py``), so only a query with a key of no public
-        domain needs the engine's DESCRIBE as well."""
+    def _check_soon(self, plan: Plan, soon: bool) -> Callable[[], None]:
+        """Bind the bounded SQL and the post-processing: a query that cannot be typed is
+        rejected before the charge, on the schema alone. The engine's part starts now; the
+        function returned waits for it and binds the post-processing over the key types.
+
+        Public keys carry the type the engine gave their expression (``_engine_values``),
+        which the bounded SQL keeps (its keys come from the domain, cast to that type;
+        ``tests/test_check_types.py``), so only a query with a key of no public domain needs
+        the engine's DESCRIBE as well. ``soon``: in the engine's worker (else here and now)."""
         known = [key.engine_type for key in plan.analysis.keys]
-        if all(known):
-            self.engine.check(plan.engine_sql, types=False)
-            return [t for t in known if t is not None]
-        return self.engine.check(plan.engine_sql)[: len(known)]
+        public = all(known)
+        if soon:
+            wait = self.engine.check_soon(plan.engine_sql, types=not public)
+        else:
+            described = self.engine.check(plan.engine_sql, types=not public)
+            wait = lambda: described  # noqa: E731
+
+        def finish() -> None:
+            described = wait()
+            types = [t for t in known if t is not None] if public else described[: len(known)]
+            check_post_processing(plan, types)
+
+        return finish
 
     def _engine_values(self, analysis: Analysis) -> Analysis:
         """What only the engine can say about a query's constants, asked before the check
@@ -494,7 +538,8 @@ class Session:
         canonical = plan.query
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
         # The cache keys and the ledger details are pure functions of the plan and the policy.
-        k = planned.keys if planned is not None else cache.keys(plan, self.policy)
+        version = self.policy_version()
+        k = planned.keys if planned is not None else cache.keys(plan, self.policy, version)
         details = planned.details if planned is not None else self._details(plan)
         hit = None if fresh else self.cache.lookup(plan, k)
         if hit is not None:

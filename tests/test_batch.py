@@ -341,3 +341,51 @@ def test_a_long_file_is_refused_from_the_statement_that_does_not_fit(
     assert shown.exit_code == 0, shown.output
     # epsilon 1 at 0.25 a query: statements 2-5 fit, 6 and 7 are refused.
     assert "fits: no: the basic filter refuses statement(s) 6, 7" in shown.stdout
+
+
+# -- pipelined planning -------------------------------------------------------------------------
+# The engine checks statement i while statement i + 1 is planned: these pin that the file still
+# reads as if planned one statement after the other.
+UNTYPED = "SELECT UPPER(COUNT(*)) AS n FROM visits"  # fails the check (post-processing bind)
+UNPLANNED = "SELECT user_id FROM visits"  # fails while planning (not an aggregate)
+
+
+@pytest.mark.parametrize(
+    ("statements", "failing"),
+    [
+        ([COUNT_SQL := "SELECT COUNT(*) AS n FROM visits", UNTYPED, UNPLANNED], 2),
+        ([COUNT_SQL, UNTYPED, COUNT_SQL], 2),
+        ([COUNT_SQL, UNPLANNED, UNTYPED], 2),
+        ([UNTYPED, UNTYPED], 1),
+        ([COUNT_SQL, COUNT_SQL, UNTYPED], 3),
+    ],
+)
+def test_the_first_failing_statement_in_the_file_is_the_one_reported(
+    policy: Path, tmp_path: Path, statements: list[str], failing: int
+) -> None:
+    path = sql_file(tmp_path, "".join(f"{s};\n" for s in statements))
+    for args in ((), ("--plan",)):
+        result = invoke(policy, "run", str(path), *args)
+        assert result.exit_code == 3, result.stderr
+        assert f"statement {failing} (line {failing})" in result.stderr
+    assert charges(policy) == []
+
+
+def test_each_statement_reads_the_settings_before_the_next_set(
+    policy: Path, tmp_path: Path
+) -> None:
+    """A released answer serves statement 1 from the cache although statement 2, planned while
+    statement 1 was still being checked, turns ``fresh`` on for statement 3."""
+    first = invoke(policy, "run", str(sql_file(tmp_path, f"{COUNT_SQL};\n", "a.sql")))
+    assert first.exit_code == 0, first.stderr
+    text = f"{COUNT_SQL};\nSET dpsql.fresh = true;\n{COUNT_SQL};\n"
+    session = Session(policy)
+    try:
+        steps = plan_file(session, split_statements(text))
+    finally:
+        session.close()
+    assert [(s.kind, s.source) for s in steps] == [
+        ("query", "cache"),
+        ("set", "free"),
+        ("query", "charge"),
+    ]

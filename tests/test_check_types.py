@@ -1,6 +1,6 @@
 """The pre-charge check takes public keys' types from the key domains, not from a DESCRIBE.
 
-``Session._key_types`` skips the engine's DESCRIBE of the bounded SQL when every GROUP BY key is
+``Session._check_soon`` skips the engine's DESCRIBE of the bounded SQL when every GROUP BY key is
 public: each key then carries the type the engine gave its expression (``engine_type``), and the
 post-processing is bound over those types before the charge. That is right only if the bounded
 SQL releases each public key in exactly that type. These tests generate grouped queries over
@@ -12,7 +12,6 @@ bounded SQL; a query with a private key still asks the engine.
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from hypothesis import strategies as st
 from dpsql.errors import DpsqlError, UnsupportedQueryError
 from dpsql.policy import load_policy
 from dpsql.session import Session
+from dpsql.sql.parse import parse_statement
 
 SCHEMA = (
     ("user_id", "BIGINT"),
@@ -144,13 +144,26 @@ def test_generated_public_keys_have_their_domain_types(
     _compare(session, keys, measure)
 
 
-def test_a_private_key_is_typed_by_the_engine(session: Session, tmp_path: Path) -> None:
-    """``age // 10`` has no public domain: the check asks the engine for its type."""
-    plan = session.plan(
-        "SELECT age // 10 AS band, COUNT(*) AS n FROM visits GROUP BY band", delta=1e-7
-    )
-    assert plan.analysis.keys[0].engine_type is None
-    assert session._key_types(plan) == session.engine.check(plan.engine_sql)[:1]
+def test_only_a_private_key_asks_the_engine_for_types(session: Session) -> None:
+    """``age // 10`` has no public domain: the check asks the engine's DESCRIBE for its type;
+    a query whose keys are all public does not."""
+    asked: list[bool] = []
+    check = session.engine.check
+
+    def recording(sql: str, types: bool = True) -> list[str]:
+        asked.append(types)
+        return check(sql, types)
+
+    session.engine.check = recording  # type: ignore[method-assign]
+    try:
+        private = "SELECT age // 10 AS band, COUNT(*) AS n FROM visits GROUP BY band"
+        plan = session.plan(private, delta=1e-7)
+        assert plan.analysis.keys[0].engine_type is None
+        session.plan("SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
+        session.plan("SELECT COUNT(*) AS n FROM visits")
+    finally:
+        del session.engine.check
+    assert asked == [True, False, False]
 
 
 def test_the_post_processing_check_keeps_only_what_bound(session: Session) -> None:
@@ -168,3 +181,29 @@ def test_the_post_processing_check_keeps_only_what_bound(session: Session) -> No
     session.plan(good.format(30))
     assert len(release._TYPED) == kept  # the same post-processing text: kept, not re-bound
     assert session.budget().queries == 0
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT region, COUNT(*) AS n FROM visits GROUP BY region",
+        "SELECT DATE_TRUNC('month', day) AS m, SUM(age) AS s FROM visits GROUP BY m",
+        "SELECT COUNT(*) AS n FROM visits WHERE CAST(at AS DATE) = DATE '5881580-07-10'",
+        "SELECT COUNT(*) AS n FROM visits WHERE age > 30",
+    ],
+)
+def test_the_check_in_the_engines_worker_is_the_check(session: Session, sql: str) -> None:
+    """``check_soon`` (a second connection with the same views, in a worker thread) gives the
+    same types, or refuses with the same error, as ``check``."""
+    try:
+        plan = session.plan(sql)
+    except UnsupportedQueryError as refused:
+        plan = session._prepare(parse_statement(sql).select, None, {})  # type: ignore[union-attr]
+        with pytest.raises(UnsupportedQueryError) as late:
+            session.engine.check_soon(plan.engine_sql)()
+        assert str(late.value) == str(refused)
+        return
+    for types in (True, False):
+        assert session.engine.check_soon(plan.engine_sql, types)() == session.engine.check(
+            plan.engine_sql, types
+        )

@@ -127,3 +127,23 @@ def test_no_reference_cycle_keeps_the_engine_alive(tmp_path: Path) -> None:
         _write(path)
     finally:
         gc.enable()
+
+
+def test_close_releases_the_file_after_checks_in_the_engines_worker(tmp_path: Path) -> None:
+    """The worker's second connection (``check_soon``, as a batch file's planning uses) is
+    closed with the engine."""
+    path = _database(tmp_path)
+    session = Session(_policy(path))
+    plan = session.plan(QUERY)
+    assert session.engine.check_soon(plan.engine_sql)() == session.engine.check(plan.engine_sql)
+    session.close()
+    _write(path)
+
+
+def test_garbage_collection_releases_the_file_after_checks_in_the_worker(tmp_path: Path) -> None:
+    path = _database(tmp_path)
+    session = Session(_policy(path))
+    session.engine.check_soon(session.plan(QUERY).engine_sql)()
+    del session
+    gc.collect()
+    _write(path)

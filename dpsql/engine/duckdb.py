@@ -20,7 +20,8 @@ import stat
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -144,12 +145,39 @@ def _shared_database(
         return key, cursor
 
 
+_WORKER = "dpsql-check"
+
+
+class _Checker:
+    """A second connection to an engine's database, with its views, and one worker thread that
+    runs checks on it (``DuckDBEngine.check_soon``): DuckDB releases the interpreter while it
+    binds and plans, so the caller's Python work goes on meanwhile."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, views: Sequence[str]):
+        self.con = con.cursor()
+        for statement in views:
+            self.con.execute(statement)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER)
+
+    def close(self) -> None:
+        # A collection that happens to run in the worker itself cannot wait for it; it is idle
+        # then (a running check holds the engine, so the engine is not garbage yet).
+        idle = threading.current_thread().name.startswith(_WORKER)
+        self.pool.shutdown(wait=not idle, cancel_futures=True)
+        with contextlib.suppress(duckdb.Error):
+            self.con.close()
+
+
 def _release(
-    key: _DatabaseKey | None, *connections: duckdb.DuckDBPyConnection
-) -> None:  # fmt: skip
-    """Close an engine's connections, and the shared instance with its last user. Called by
-    ``close`` or, for an engine never closed, when it is garbage-collected (weakref.finalize:
-    it holds no reference to the engine, so it cannot keep it alive)."""
+    key: _DatabaseKey | None,
+    connections: Sequence[duckdb.DuckDBPyConnection],
+    checkers: list[_Checker],
+) -> None:
+    """Close an engine's connections (its checker's first), and the shared instance with its
+    last user. Called by ``close`` or, for an engine never closed, when it is garbage-collected
+    (weakref.finalize: it holds no reference to the engine, so it cannot keep it alive)."""
+    for checker in checkers:
+        checker.close()
     for con in connections:
         with contextlib.suppress(duckdb.Error):
             con.close()
@@ -220,6 +248,7 @@ class DuckDBEngine:
             config["threads"] = spec.threads
         _check_declared_types(policy)
         shared: _DatabaseKey | None = None
+        self._views: list[str] = []  # the statements that made the tables' views
         try:
             files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
             for name, path in files.items():
@@ -238,12 +267,13 @@ class DuckDBEngine:
                     view = f"SELECT * FROM read_parquet({_string(str(path))})"
                 else:
                     view = _csv_view(policy, name, path)
-                self._con.execute(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
+                self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
+                self._con.execute(self._views[-1])
             self.catalog = self._read_catalog()
             self.collations = self._read_collations(set(files))
         except (duckdb.Error, PolicyError) as exc:
             if hasattr(self, "_con"):
-                _release(shared, self._con)
+                _release(shared, [self._con], [])
             if isinstance(exc, PolicyError):
                 raise
             raise PolicyError(f"cannot open the policy's data ({type(exc).__name__})") from None
@@ -252,7 +282,10 @@ class DuckDBEngine:
         self._scratch = duckdb.connect(":memory:", config=config)
         _lock_down(self._scratch, {})
         self._domains: dict[str, list[tuple[Any, ...]]] = {}
-        self._closed = weakref.finalize(self, _release, shared, self._con, self._scratch)
+        self._checkers: list[_Checker] = []  # at most one, made by the first check_soon
+        self._closed = weakref.finalize(
+            self, _release, shared, [self._con, self._scratch], self._checkers
+        )
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
@@ -335,27 +368,42 @@ class DuckDBEngine:
         Binding reads no rows, so this decision depends on the query and schema only; it runs
         before the charge, so a query the engine cannot even plan costs nothing.
         """
-        rows: list[tuple[Any, ...]] = []
         with self._lock:
-            try:
-                if types:
-                    rows = self._con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
-                # EXPLAIN also runs the optimizer, which folds constants and can raise (a date
-                # beyond the TIMESTAMP range, an unsigned cast losing information): on any data,
-                # so it is refused here rather than failing after the charge. In JSON: the same
-                # planning, without the box drawing (2 ms of a grouped query's 6). PREPARE is
-                # not enough: over a Parquet view it skips the fold that raises.
-                self._con.execute("EXPLAIN (FORMAT json) " + sql, self._parameters(sql)).fetchall()
-            except duckdb.OutOfMemoryException:
-                # Binding reads no rows: the memory ran out in this process, whatever the data.
-                log.warning("engine out of memory at bind time")
-                raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
-            except duckdb.Error as exc:
-                log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
-                raise UnsupportedQueryError(
-                    "the engine cannot type-check this query (e.g. a function applied to a "
-                    "column of the wrong type)"
-                ) from None
+            return self._check_on(self._con, sql, types)
+
+    def check_soon(self, sql: str, types: bool = True) -> Callable[[], list[str]]:
+        """Start ``check(sql, types)`` in the engine's worker thread, on a second connection
+        with the same views, and return a function that waits for its outcome: the same types,
+        or the same error, as ``check``. The caller does other work meanwhile (a batch file
+        plans its next statement while the engine plans this one)."""
+        with self._lock:
+            if not self._checkers:
+                self._checkers.append(_Checker(self._con, self._views))
+            checker = self._checkers[0]
+        future = checker.pool.submit(self._check_on, checker.con, sql, types)
+        return future.result
+
+    def _check_on(self, con: duckdb.DuckDBPyConnection, sql: str, types: bool) -> list[str]:
+        rows: list[tuple[Any, ...]] = []
+        try:
+            if types:
+                rows = con.execute("DESCRIBE " + sql, self._parameters(sql)).fetchall()
+            # EXPLAIN also runs the optimizer, which folds constants and can raise (a date
+            # beyond the TIMESTAMP range, an unsigned cast losing information): on any data,
+            # so it is refused here rather than failing after the charge. In JSON: the same
+            # planning, without the box drawing (2 ms of a grouped query's 6). PREPARE is not
+            # enough: over a Parquet view it skips the fold that raises.
+            con.execute("EXPLAIN (FORMAT json) " + sql, self._parameters(sql)).fetchall()
+        except duckdb.OutOfMemoryException:
+            # Binding reads no rows: the memory ran out in this process, whatever the data.
+            log.warning("engine out of memory at bind time")
+            raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
+        except duckdb.Error as exc:
+            log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
+            raise UnsupportedQueryError(
+                "the engine cannot type-check this query (e.g. a function applied to a "
+                "column of the wrong type)"
+            ) from None
         return [str(row[1]) for row in rows]
 
     def describe(self, sql: str) -> list[tuple[str, str]]:

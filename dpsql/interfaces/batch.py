@@ -38,7 +38,7 @@ from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
 from dpsql.plan.planner import Plan
 from dpsql.policy import read_limited
-from dpsql.session import Result, Session
+from dpsql.session import Planned, Result, Session
 from dpsql.sql.parse import Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece, split_statements
 
@@ -83,38 +83,71 @@ def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     planned: dict[str, int] = {}  # exact cache key -> the statement that will release it
     steps: list[Step] = []
     applied: set[str] = set()
+    # Pipelined: while the engine checks statement i's bounded SQL (in its worker, without the
+    # interpreter), statement i + 1 is parsed and planned here. Steps still complete in order
+    # (statement i's trial charge before statement i + 1's), and the first statement in the
+    # file's order that fails is the one reported.
+    pending: tuple[Piece, Callable[[], Step]] | None = None
     try:
         for piece in pieces:
             try:
-                steps.append(_plan_one(session, piece, trial, planned, applied))
+                finish = _plan_soon(session, piece, trial, planned, applied)
             except DpsqlError as exc:
-                raise type(exc)(f"statement {piece.number} (line {piece.line}): {exc}") from None
+                if pending is not None:
+                    steps.append(_complete(*pending))
+                raise _located(exc, piece) from None
+            if pending is not None:
+                steps.append(_complete(*pending))
+            pending = (piece, finish)
+        if pending is not None:
+            steps.append(_complete(*pending))
     finally:
         for name in applied:
             session.set_option(name, None)
     return steps
 
 
-def _plan_one(
+def _located(exc: DpsqlError, piece: Piece) -> DpsqlError:
+    return type(exc)(f"statement {piece.number} (line {piece.line}): {exc}")
+
+
+def _complete(piece: Piece, finish: Callable[[], Step]) -> Step:
+    try:
+        return finish()
+    except DpsqlError as exc:
+        raise _located(exc, piece) from None
+
+
+def _plan_soon(
     session: Session, piece: Piece, trial: Budget, planned: dict[str, int], applied: set[str]
-) -> Step:
+) -> Callable[[], Step]:
+    """Plan ``piece`` now (a SET is applied now, for the statements after it) and start the
+    engine's check; the function returned waits for the check and decides the step."""
     # A SELECT or EXPLAIN seen before (same text, same settings) reuses its plan: no parse.
     # The ledger's bounds estimates were read when the file's planning began (current=False):
     # the file is planned on one reading of the ledger, and every statement is planned again,
     # on a fresh reading, when it runs.
-    known = session.planned(piece.text, None, {}, current=piece.number == 1)
-    if known is None:
+    checked = session.planned_soon(piece.text, None, {}, current=piece.number == 1)
+    if checked is None:
         kind = _kind(piece)
         if kind == "set":
             statement = parse_statement(piece.text)
             assert isinstance(statement, SetOption)
             session.set_option(statement.name, statement.value)
             applied.add(statement.name)
-        return Step(piece, kind)
+        return lambda: Step(piece, kind)
+    fresh = bool(session.settings()["fresh"])  # as SET before this statement left it
+    return lambda: _decide(session, piece, checked(), trial, planned, fresh=fresh)
+
+
+def _decide(
+    session: Session, piece: Piece, known: Planned, trial: Budget, planned: dict[str, int],
+    *, fresh: bool,
+) -> Step:  # fmt: skip
     if known.explain:  # planned, so a bad EXPLAIN refuses the file like a bad query
         return Step(piece, "explain")
     plan, keys = known.plan, known.keys
-    if not session.settings()["fresh"]:
+    if not fresh:
         hit = session.cache.lookup(plan, keys)
         if hit is not None:
             return Step(piece, "query", plan, "cache", f"release {hit.release_seq}")
