@@ -61,7 +61,7 @@ class Dataset:
     database: Path  # DuckDB: purchases (private) and salaries (which no policy declares)
 
 
-def write_dataset(folder: Path) -> Dataset:
+def write_dataset(folder: Path, rows: int = VISITS_ROWS) -> Dataset:
     """``visits`` (3,000 rows, 1,000 users), ``purchases`` (1,500 rows, 500 users), public
     ``regions``, and a DuckDB database holding ``purchases`` and a ``salaries`` table."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,7 @@ def write_dataset(folder: Path) -> Dataset:
                    DATE '2026-01-01' + ((i * 11) % 365)::INTEGER AS day
             FROM range(?) t(i)
             """,
-            [VISITS_ROWS],
+            [rows],
         )
         con.execute(f"COPY v TO '{data.visits}' (FORMAT PARQUET)")
         con.execute(

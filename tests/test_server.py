@@ -617,8 +617,11 @@ REFUSED = [
     ("SELECT AVG(salary) FROM salaries", "42P01"),
     ("SELECT COUNT(*) FROM visits JOIN salaries ON visits.user_id = salaries.id", "42P01"),
     ("SELECT COUNT(*) FROM warehouse.salaries", "0A000"),
-    ("SELECT COUNT(*) FROM information_schema.tables", "0A000"),
-    ("SELECT * FROM pg_catalog.pg_tables", "0A000"),
+    # Catalog relations answer from the policy's empty schema (tests/test_server_catalog.py),
+    # but never with a relation that is not one, nor with a table function.
+    ("SELECT COUNT(*) FROM information_schema.tables, salaries", "0A000"),
+    ("SELECT * FROM pg_catalog.pg_tables, read_csv('/etc/passwd')", "0A000"),
+    ("SELECT relname FROM pg_class WHERE relname IN (SELECT name FROM salaries)", "42P01"),
     ("SELECT COUNT(*) FROM duckdb_tables()", "0A000"),
     ("SELECT * FROM duckdb_settings()", "0A000"),
     ("SHOW TABLES", "0A000"),

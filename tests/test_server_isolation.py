@@ -217,7 +217,7 @@ def test_an_over_long_text_is_refused_before_parsing(serve: Callable[..., Served
             # whole text is what the limit measures.
             with pytest.raises(psycopg.errors.ProgramLimitExceeded):
                 conn.execute(";".join(["SELECT 1"] * 120))
-            assert conn.execute(";".join(["SELECT 1"] * 100)).fetchone() == ("1",)
+            assert conn.execute(";".join(["SELECT 1"] * 100)).fetchone() == (1,)
         # Before parsing, and before decoding: a text that is not even UTF-8 (which the worker
         # would refuse as a protocol violation, closing the connection) gets the same ERROR.
         with raw_login(served.port, "alice") as sock:

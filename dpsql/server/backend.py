@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 
 from dpsql import errors
 from dpsql.server import protocol as pg
+from dpsql.server.catalog import Catalog, catalog_sql
 from dpsql.server.statements import (
     CLIENT_SET,
     HEALTH_CHECK,
+    ISOLATION,
     OWNER_ONLY,
     PROBE,
+    SAVEPOINT,
     SERVER_VERSION,
     SHOW,
     TRANSACTION,
@@ -37,6 +40,7 @@ from dpsql.server.statements import (
     engine_failure,
     numbered_to_qmark,
     public_settings,
+    qmark_to_numbered,
     sqlstate,
     text_table,
     to_answer,
@@ -74,6 +78,16 @@ class Backend:
     portals: dict[str, tuple[str, list[object]]] = field(default_factory=dict)
     results: dict[str, Answer] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # portal -> rows already sent
+    catalog: Catalog | None = None  # the synthetic catalog, made at the first catalog query
+
+    def interrupt_catalog(self) -> None:
+        """Stop a running catalog query (the statement timeout, a cancel request)."""
+        if self.catalog is not None:
+            self.catalog.interrupt()
+
+    def close(self) -> None:
+        if self.catalog is not None:
+            self.catalog.close()
 
     def handle(self, kind: bytes, body: bytes, status: str) -> Iterator[Step]:
         """The steps of one frontend message; ``status`` is the connection's transaction
@@ -151,7 +165,7 @@ class Backend:
     def _statement(self, sql: str, params: Sequence[object] | None) -> Answer:
         if self.interrupted():
             raise _Cut("the request was interrupted")
-        if self.status == "E" and not TRANSACTION.match(sql):
+        if self.status == "E" and not (TRANSACTION.match(sql) or SAVEPOINT.match(sql)):
             raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
@@ -167,6 +181,12 @@ class Backend:
         text = sql.strip().rstrip(";").strip()
         if not text:
             return Answer(None, [], "")
+        savepoint = SAVEPOINT.match(text)
+        if savepoint:
+            word = savepoint.group(1).upper().split()[0]
+            if word == "ROLLBACK":
+                self.status = "T"  # back to the savepoint: the block is usable again
+            return Answer(None, [], "ROLLBACK" if word == "ROLLBACK" else word)
         match = TRANSACTION.match(text)
         if match:
             word = match.group(1).upper().split()[0]
@@ -185,9 +205,13 @@ class Backend:
                 )
             # A client setting (extra_float_digits, application_name, ...): accepted, ignored.
             return Answer(None, [], client_set.group(1).upper())
-        if HEALTH_CHECK.match(text):
-            return text_table("?column?", [text.split()[1]])  # SELECT 1: no data involved
+        if HEALTH_CHECK.match(text):  # SELECT 1: no data involved; an integer, as PostgreSQL's
+            return Answer(
+                (("?column?", 23, 4),), [[text.split()[1].rstrip(";").encode()]], "SELECT 1"
+            )
         settings = public_settings(self.user, self.database)
+        if ISOLATION.match(text):  # SQLAlchemy asks on connect
+            return text_table("transaction_isolation", [settings["transaction_isolation"]])
         show = SHOW.match(text)
         if show:
             name = show.group(1).lower()
@@ -200,7 +224,30 @@ class Backend:
         probe = PROBE.match(text)
         if probe:
             return _probe(probe.group(1).lower(), settings)
+        duck = catalog_sql(qmark_to_numbered(text) if params else text, settings)
+        if duck is not None:  # reads catalog relations only: the empty schema answers it
+            sql, used = duck
+            values = list(params or ())
+            if any(i >= len(values) for i in used):
+                raise errors.ParameterError("a $n parameter has no bound value")
+            return self._catalog_answer(sql, [values[i] for i in used])
         return to_answer(self.session.execute(text, params or None))
+
+    def _catalog_answer(self, sql: str, params: Sequence[object] | None) -> Answer:
+        if self.catalog is None:
+            policy, engine = self.session.policy, self.session.engine
+            # The policy's tables, with the types the engine read from the files' schemas (or
+            # the policy's declared CSV types): never a value of a row.
+            self.catalog = Catalog(
+                {t: engine.catalog[t] for t in policy.tables if t in engine.catalog}
+            )
+        columns, rows = self.catalog.answer(sql, params)
+        described = tuple((name, *pg.pg_type(dtype)) for name, dtype in columns)
+        oids = [oid for _, oid, _ in described]
+        encoded = [
+            [pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)] for row in rows
+        ]
+        return Answer(described, encoded, f"SELECT {len(encoded)}")
 
     def _owner_only(self, name: str) -> Answer:
         if self.role != "owner":

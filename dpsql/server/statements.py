@@ -75,8 +75,18 @@ TRANSACTION = re.compile(
     r"^\s*+(BEGIN|START\s++TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b[\w\s]*+(?:;\s*+)?$",
     re.IGNORECASE,
 )
+# Savepoints (psycopg's nested transaction blocks, which SQLAlchemy opens on connect): no-ops
+# like the transactions around them; ROLLBACK TO leaves a failed block usable again.
+SAVEPOINT = re.compile(
+    r"^\s*+(SAVEPOINT|RELEASE(?:\s++SAVEPOINT)?+|ROLLBACK\s++TO(?:\s++SAVEPOINT)?+)\s++"
+    r'(?:"[^"]{1,63}+"|\w{1,63}+)\s*+(?:;\s*+)?$',
+    re.IGNORECASE,
+)
 CLIENT_SET = re.compile(r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(?!dpsql\.)([\w.]+)", re.I)
 SHOW = re.compile(r"^\s*+SHOW\s++([\w.]++)\s*+(?:;\s*+)?$", re.IGNORECASE)
+ISOLATION = re.compile(
+    r"^\s*+SHOW\s++TRANSACTION\s++ISOLATION\s++LEVEL\s*+(?:;\s*+)?$", re.IGNORECASE
+)
 # The connection check of pools and BI tools: a constant, no data read.
 HEALTH_CHECK = re.compile(r"^\s*+SELECT\s++\d{1,9}+\s*+(?:;\s*+)?$", re.IGNORECASE)
 PROBE = re.compile(
@@ -113,6 +123,16 @@ _PARAMETER = re.compile(r"\$(\d+)")
 def numbered_to_qmark(sql: str) -> tuple[str, list[int]]:
     """Rewrite PostgreSQL's ``$n`` parameters (outside strings, identifiers and comments) to
     dpsql's ``?``, and return, for each ``?`` in order, the 0-based index of its parameter."""
+    return _markers(sql, qmark=True)
+
+
+def qmark_to_numbered(sql: str) -> str:
+    """The inverse for the catalog's PostgreSQL parser: the k-th ``?`` (outside strings,
+    identifiers and comments) becomes ``$k``."""
+    return _markers(sql, qmark=False)[0]
+
+
+def _markers(sql: str, *, qmark: bool) -> tuple[str, list[int]]:
     out: list[str] = []
     order: list[int] = []
     i, n = 0, len(sql)
@@ -134,10 +154,14 @@ def numbered_to_qmark(sql: str) -> tuple[str, list[int]]:
             j = n if j < 0 else j + 2
             out.append(sql[i:j])
             i = j
-        elif c == "$" and (m := _PARAMETER.match(sql, i)) is not None:
+        elif qmark and c == "$" and (m := _PARAMETER.match(sql, i)) is not None:
             order.append(int(m.group(1)) - 1)
             out.append("?")
             i = m.end()
+        elif not qmark and c == "?":
+            order.append(len(order))
+            out.append(f"${len(order)}")
+            i += 1
         else:
             out.append(c)
             i += 1

@@ -128,10 +128,12 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
         else:
             _send(data, ("failed", "XX000", "internal error; see the server log"))
         return
+    backend: Backend | None = None
     try:
         cutter = _Cutter(session)
         threading.Thread(target=cutter.listen, args=(control,), daemon=True).start()
         backend = Backend(session, setup.user, setup.role, setup.database, cutter.interrupted)
+        cutter.also = backend.interrupt_catalog
         _send(data, ("ready",))
         while (request := _receive(data)) is not None:
             rid, kind, body, status = request
@@ -153,6 +155,8 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
     except OSError:
         pass  # the server is gone: nothing to answer
     finally:
+        if backend is not None:
+            backend.close()
         session.close()
 
 
@@ -165,6 +169,7 @@ class _Cutter:
         self._current: int | None = None
         self._cut = False
         self._last_cut = 0  # the latest request id interrupted: ids only grow
+        self.also: Callable[[], None] = lambda: None  # another connection to interrupt
 
     def begin(self, rid: int) -> None:
         # An interrupt may overtake its request (another channel): it then cuts it at once.
@@ -209,6 +214,7 @@ class _Cutter:
                     self._cut = True
                 if self._cut and self._current is not None:
                     self._session.engine.interrupt()  # takes no lock: a running query holds it
+                    self.also()  # the connection's catalog, if a catalog query runs
 
 
 def _send(sock: socket.socket, message: tuple[object, ...]) -> None:
