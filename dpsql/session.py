@@ -693,7 +693,7 @@ class Session:
 
     def budget(self) -> BudgetReport:
         """A frozen report of the spent and remaining budget."""
-        return self.filter.report()
+        return self.filter.report(self.analyst)
 
     def close(self) -> None:
         self.engine.close()

@@ -310,3 +310,17 @@ def test_savepoints_and_the_isolation_level_are_answered(served: ServerThread) -
             assert conn.execute("SELECT current_user").fetchone() == ("alice",)
         level = conn.execute("SHOW TRANSACTION ISOLATION LEVEL").fetchone()
         assert level == ("read committed",)
+
+
+def test_show_budget_gives_the_callers_share(tmp_path: Path, users: Path) -> None:
+    """SHOW dpsql.budget over the wire: the connected analyst's share first, then the data
+    set's totals; another analyst sees their own."""
+    with _server(tmp_path, users, 300) as server:
+        with connect(server.port, "alice") as conn:
+            conn.execute("SELECT COUNT(*) FROM visits WHERE age > 30").fetchall()
+            (line,) = conn.execute("SHOW dpsql.budget").fetchone()  # type: ignore[misc]
+        assert line.startswith("analyst alice: epsilon 0.01 spent of their share 1 (0.99 left)")
+        assert "dataset server-test: epsilon 0.01 spent of 6" in line
+        with connect(server.port, "bob") as conn:
+            (line,) = conn.execute("SHOW dpsql.budget").fetchone()  # type: ignore[misc]
+        assert line.startswith("analyst bob: epsilon 0 spent of their share 3 (3 left)")

@@ -103,6 +103,8 @@ class BudgetReport:
     # Every accountant's figures, computed on first use of ``figures`` (the full report costs
     # up to 200 ms at 10,000 charges; spent and remaining budget need none of it).
     readings: Callable[[], tuple[Figure, ...]] = field(default=tuple, compare=False, repr=False)
+    # The asking analyst's share, when the budget is shared and the analyst has one.
+    share: ShareReport | None = None
 
     @functools.cached_property
     def figures(self) -> tuple[Figure, ...]:
@@ -118,12 +120,43 @@ class BudgetReport:
         return self.delta_total - self.delta_spent
 
     def __str__(self) -> str:
-        return (
+        mine = "" if self.share is None else f"{self.share}; "
+        return mine + (
             f"dataset {self.dataset}: epsilon {float(self.epsilon_spent):.6g} spent of "
             f"{float(self.epsilon_total):.6g} ({float(self.epsilon_remaining):.6g} left), delta "
             f"{float(self.delta_spent):.3g} of {float(self.delta_total):.3g}; {self.queries} "
             f"charged queries; {self.accountant} composition decides"
             + ("" if self.durable else "; in memory: resets when the process ends")
+        )
+
+
+@dataclass(frozen=True)
+class ShareReport:
+    """An analyst's share of the budget and what they spent of it, read as the deciding filter
+    reads it when it decides their queries (their own history, under their share's cap)."""
+
+    analyst: str
+    epsilon_share: Fraction
+    delta_share: Fraction
+    epsilon_spent: Fraction
+    delta_spent: Fraction
+    queries: int
+
+    @property
+    def epsilon_remaining(self) -> Fraction:
+        """Never below zero: a share read past its cap by a looser figure has nothing left."""
+        return max(Fraction(0), self.epsilon_share - self.epsilon_spent)
+
+    @property
+    def delta_remaining(self) -> Fraction:
+        return max(Fraction(0), self.delta_share - self.delta_spent)
+
+    def __str__(self) -> str:
+        return (
+            f"analyst {self.analyst}: epsilon {float(self.epsilon_spent):.6g} spent of their "
+            f"share {float(self.epsilon_share):.6g} ({float(self.epsilon_remaining):.6g} left), "
+            f"delta {float(self.delta_spent):.3g} of {float(self.delta_share):.3g}; "
+            f"{self.queries} charged queries"
         )
 
 
@@ -507,10 +540,11 @@ class Budget:
         composites = [c.event for c in (charges if charges is not None else self.charges)]
         return views(composites, _cell_of)
 
-    def report(self) -> BudgetReport:
-        """Spent and remaining budget now. The deciding filter's figure is read from the running
-        tallies (O(views)); every accountant's figure (``BudgetReport.figures``) is computed on
-        first use, over the history as it was at this call."""
+    def report(self, analyst: str | None = None) -> BudgetReport:
+        """Spent and remaining budget now, with ``analyst``'s share when they have one. The
+        deciding filter's figure is read from the running tallies (O(views)); every
+        accountant's figure (``BudgetReport.figures``) is computed on first use, over the
+        history as it was at this call."""
         records = self.store.records()
         with self._lock:
             state = self._state(records)
@@ -521,6 +555,9 @@ class Budget:
             eps, delta = basic
             if not isinstance(decider, tuple):
                 eps, delta = self._deciding(state, decider, count)
+            share = None
+            if analyst is not None and analyst in state.shares:
+                share = self._share(state, analyst)
         return BudgetReport(
             self.dataset,
             self.name,
@@ -531,17 +568,41 @@ class Budget:
             count,
             self.store.durable,
             functools.partial(self._figures, charges, count, float(state.delta), basic[0]),
+            share,
         )
+
+    def _share(self, state: _State, analyst: str) -> ShareReport:
+        """What ``analyst`` spent of their share, as the filter that decides their queries
+        (``_decide_on``: the share's cap, their own history) reads it."""
+        cap = state.shares[analyst]
+        rule = self._rule(cap, False)
+        mine = [c for c in state.charges if c.analyst == analyst]
+        eps, delta = state.worst(analyst, None)
+        if not isinstance(rule, tuple):
+            eps, delta = self._deciding(state, rule, len(state.charges), analyst, float(cap[1]))
+        return ShareReport(analyst, cap[0], cap[1], eps, delta, len(mine))
 
     def _odometer(self, name: str) -> Accountant | None:
         return next((a for a in self._accountants if a.name == name), None)
 
-    def _deciding(self, state: _State, decider: Filter, count: int) -> tuple[Fraction, Fraction]:
-        """The deciding filter's (epsilon, additive delta) spent, worst view: its own bound where
-        it has one (advanced), else its family's odometer reading; Fraction(repr) keeps the
-        rounded-up float exactly. From the tallies, the same numbers as from the views'
-        histories (``_deciding_replay``), which serves the cases the tallies cannot."""
-        mine = state.views.get("*")
+    def _deciding(
+        self,
+        state: _State,
+        decider: Filter,
+        count: int,
+        who: str = "*",
+        cap_delta: float | None = None,
+    ) -> tuple[Fraction, Fraction]:
+        """The deciding filter's (epsilon, additive delta) spent, worst view, of ``who``'s
+        history ("*": the data set's) at ``cap_delta`` (default: the data set's delta): its own
+        bound where it has one (advanced), else its family's odometer reading; Fraction(repr)
+        keeps the rounded-up float exactly. From the tallies, the same numbers as from the
+        views' histories (``_deciding_replay``), which serves the cases the tallies cannot."""
+        delta = float(state.delta) if cap_delta is None else cap_delta
+        history = state.charges[:count]
+        if who != "*":
+            history = [c for c in history if c.analyst == who]
+        mine = state.views.get(who)
         odometer = self._odometer(self.name)
         tallies = [] if mine is None else list(mine.tallies.values())
         readings: list[float] = []
@@ -558,14 +619,12 @@ class Budget:
                 readings.append(0.0)
             elif isinstance(tally, RdpTally) and isinstance(odometer, RdpAccountant):
                 if tally.orders != odometer.orders:  # a single order decides: read the grid
-                    return self._deciding_replay(decider, state.charges[:count], float(state.delta))
-                readings.append(odometer.epsilon_of(*tally.with_events(()), float(state.delta)))
+                    return self._deciding_replay(decider, history, delta)
+                readings.append(odometer.epsilon_of(*tally.with_events(()), delta))
             elif isinstance(tally, ZcdpTally):
-                readings.append(
-                    ZcdpAccountant.epsilon_of(tally.rho, tally.delta, float(state.delta))
-                )
+                readings.append(ZcdpAccountant.epsilon_of(tally.rho, tally.delta, delta))
             else:
-                return self._deciding_replay(decider, state.charges[:count], float(state.delta))
+                return self._deciding_replay(decider, history, delta)
         additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]
         return Fraction(repr(max(readings))), max(additive)
 
