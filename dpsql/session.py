@@ -29,6 +29,7 @@ from dpsql.errors import (
 )
 from dpsql.noise.release import (
     Release,
+    accuracy_columns,
     check_post_processing,
     check_samplable,
     measure,
@@ -79,6 +80,7 @@ SETTINGS = (
     "rho",
     "sigma",
     "fresh",
+    "accuracy_columns",
 )
 # A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
 MAX_QUERY_RHO = Fraction(10)
@@ -208,7 +210,7 @@ def check_setting(name: str, value: object) -> object:
         if 2 * sigma * sigma * MAX_QUERY_RHO < 1:
             raise ParameterError(f"sigma must be at least sqrt(1/{2 * MAX_QUERY_RHO})")
         return sigma
-    if name == "fresh":
+    if name in ("fresh", "accuracy_columns"):
         return _boolean(value, name)
     raise ParameterError(
         f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
@@ -267,6 +269,7 @@ class Session:
             "rho": None,
             "sigma": None,
             "fresh": False,
+            "accuracy_columns": False,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -530,9 +533,13 @@ class Session:
         if planned.explain:
             lines = plan.explain()
             return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
+        settings = self.settings(options)
+        # The names of the ± columns are checked before the charge: a collision costs nothing.
+        extra = accuracy_columns(plan) if settings["accuracy_columns"] else None
         # A fresh answer (not one served from the cache) is charged like any other, and a
         # plan reused from an earlier statement is charged and noised afresh in _answer.
-        return self._answer(plan, bool(self.settings(options)["fresh"]), planned)
+        result = self._answer(plan, bool(settings["fresh"]), planned)
+        return result if extra is None else _with_accuracy(result, extra)
 
     def _answer(self, plan: Plan, fresh: bool, planned: Planned | None = None) -> Result:
         canonical = plan.query
@@ -697,6 +704,41 @@ class Session:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
+    """``result`` with a column of half-widths after each output that has them
+    (``SET dpsql.accuracy_columns = on``): for clients that show columns only (psql, BI tools)."""
+    after = {i: name for i, name in extra}
+    columns: list[str] = []
+    types: list[str] = []
+    for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
+        columns.append(name)
+        types.append(dtype)
+        if i in after:
+            columns.append(after[i])
+            types.append("DOUBLE")
+    rows, accuracy = [], []
+    for r, row in enumerate(result.rows):
+        widths = result.accuracy[r] if r < len(result.accuracy) else ()
+        out: list[Any] = []
+        kept: list[float | None] = []
+        for i, value in enumerate(row):
+            width = widths[i] if i < len(widths) else None
+            out.append(value)
+            kept.append(width)
+            if i in after:
+                out.append(width)
+                kept.append(None)  # a half-width column has none of its own
+        rows.append(tuple(out))
+        accuracy.append(tuple(kept))
+    return replace(
+        result,
+        columns=tuple(columns),
+        types=tuple(types),
+        rows=tuple(rows),
+        accuracy=tuple(accuracy),
+    )
 
 
 def _show_value(value: object) -> str:

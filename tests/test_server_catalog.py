@@ -324,3 +324,21 @@ def test_show_budget_gives_the_callers_share(tmp_path: Path, users: Path) -> Non
         with connect(server.port, "bob") as conn:
             (line,) = conn.execute("SHOW dpsql.budget").fetchone()  # type: ignore[misc]
         assert line.startswith("analyst bob: epsilon 0 spent of their share 3 (3 left)")
+
+
+def test_accuracy_columns_over_the_wire(served: ServerThread) -> None:
+    """psql and BI tools see a ± per value of a grouped answer as a column of its own."""
+    with connect(served.port, "bob") as conn:
+        conn.execute("SET dpsql.accuracy_columns = on")
+        cursor = conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
+        assert [d.name for d in cursor.description or []] == ["region", "n", "n ±"]
+        rows = cursor.fetchall()
+        assert len(rows) == 5 and all(isinstance(r[2], float) and r[2] > 0 for r in rows)
+    out = psql(
+        served.port,
+        "bob",
+        "SET dpsql.accuracy_columns = on;\nSELECT COUNT(*) AS n FROM visits WHERE age > 20;\n",
+        args=("-X", "-A", "-v", "ON_ERROR_STOP=1"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "n|n ±" in out.stdout

@@ -27,7 +27,13 @@ import numpy as np
 import numpy.typing as npt
 from sqlglot import exp
 
-from dpsql.errors import CHECK_OUT_OF_MEMORY, BoundsError, EngineError, UnsupportedQueryError
+from dpsql.errors import (
+    CHECK_OUT_OF_MEMORY,
+    BoundsError,
+    EngineError,
+    ParameterError,
+    UnsupportedQueryError,
+)
 from dpsql.noise.exponential import exponential_mechanism, quantile_scores
 from dpsql.noise.samplers import (
     MAX_SCALE,
@@ -344,6 +350,31 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     if len(_TYPED) >= _MAX_TYPED:
         _TYPED.pop(next(iter(_TYPED)), None)
     _TYPED[text] = None
+
+
+ACCURACY_SUFFIX = " ±"
+
+
+def accuracy_columns(plan: Plan) -> list[tuple[int, str]]:
+    """For ``SET dpsql.accuracy_columns = on``: (output index, column name) of the half-width
+    column added after each output that is exactly an aggregate (``<name> ±``). A name that
+    would repeat a result column's (or another one's), in any letter case, is refused before
+    the charge (``ParameterError``)."""
+    names = [o.name for o in plan.analysis.outputs]
+    extra = [
+        (i, names[i] + ACCURACY_SUFFIX)
+        for i, agg in enumerate(_bare_aggregate(plan))
+        if agg is not None
+    ]
+    seen: set[str] = set()
+    for name in [*names, *(n for _, n in extra)]:
+        if name.lower() in seen:
+            raise ParameterError(
+                f"the accuracy column {name!r} would repeat a column name of the result; "
+                "rename that column or SET dpsql.accuracy_columns = off"
+            )
+        seen.add(name.lower())
+    return extra
 
 
 def _bare_aggregate(plan: Plan) -> list[int | None]:

@@ -171,8 +171,8 @@ def _parse_set(tokens: list[Token]) -> SetOption:
     token = rest[0]
     if token.token_type == TokenType.DEFAULT or token.text.upper() == "DEFAULT":
         return SetOption(name, None)
-    if token.token_type in (TokenType.TRUE, TokenType.FALSE):
-        return SetOption(name, token.text.lower())  # SET dpsql.fresh = true
+    if token.token_type in (TokenType.TRUE, TokenType.FALSE, TokenType.ON):
+        return SetOption(name, token.text.lower())  # SET dpsql.fresh = true (or on)
     if token.token_type not in (TokenType.NUMBER, TokenType.STRING, TokenType.VAR):
         raise ParseError(f"SET dpsql.{name} takes a number or a quoted string")
     return SetOption(name, token.text)
