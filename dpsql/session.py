@@ -27,6 +27,7 @@ from dpsql.errors import (
     ParameterError,
     UnsupportedQueryError,
 )
+from dpsql.interfaces import frames
 from dpsql.noise.release import (
     Release,
     accuracy_columns,
@@ -136,6 +137,15 @@ class Result:
     charge: Charge | None = None
     message: str = ""
     cached_from: int | None = None  # the ledger record of the release served again, if any
+
+    def __repr__(self) -> str:
+        shown = ", ".join(self.columns[:6]) + (", ..." if len(self.columns) > 6 else "")
+        what = f"{len(self.rows)} row(s) of {shown}" if self.columns else self.message or "empty"
+        return f"<Result: {what}; {frames.summary(self)}>"
+
+    def _repr_html_(self) -> str:
+        """A notebook's display: the values with their ±, and the cost."""
+        return frames.to_html(self)
 
 
 def _positive_int(value: object, name: str) -> int:

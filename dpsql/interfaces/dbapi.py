@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from dpsql import errors
 from dpsql.accounting.filter import BudgetReport
+from dpsql.interfaces import frames
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Result, Session
 
@@ -339,6 +340,26 @@ class Cursor:
         chunk = rows[self._position : self._position + count]
         self._position += len(chunk)
         return list(chunk)
+
+    @_pep249
+    def fetch_df(self, accuracy: bool = False) -> Any:
+        """The remaining rows as a pandas DataFrame (``accuracy``: a ``<name> ±`` column after
+        each column with half-widths); the cost in ``DataFrame.attrs``. Needs pandas."""
+        result, rows = self._remaining()
+        return frames.to_pandas(result, rows, accuracy)
+
+    @_pep249
+    def fetch_arrow_table(self, accuracy: bool = False) -> Any:
+        """The remaining rows as a pyarrow Table (``accuracy`` as for ``fetch_df``); the cost
+        in the schema's metadata. Needs pyarrow."""
+        result, rows = self._remaining()
+        return frames.to_arrow(result, rows, accuracy)
+
+    def _remaining(self) -> tuple[Result, tuple[tuple[Any, ...], ...]]:
+        rows = self._rows()[self._position :]
+        assert self._result is not None  # _rows raised otherwise
+        self._position += len(rows)
+        return self._result, rows
 
     def fetchall(self) -> list[tuple[Any, ...]]:
         rows = self._rows()

@@ -1,0 +1,190 @@
+"""A result as a pandas DataFrame, an Arrow table, or a notebook's HTML, with its ± and cost.
+
+pandas and pyarrow are optional (``pip install 'dpsql[frames]'``): without them, ``fetch_df``
+and ``fetch_arrow_table`` raise an ``ImportError`` that says what to install; the HTML needs
+neither. With ``accuracy=True`` each column that has half-widths is followed by a ``<name> ±``
+column (noise only, at the result's confidence). What the answer cost travels with it:
+``DataFrame.attrs`` and the Arrow schema's metadata hold ``epsilon``, ``delta`` (exact, as
+text), ``confidence``, ``ledger_record`` (the charge) or ``cached_from`` (the release served
+again), so a frame saved or passed on still says what it is.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from dpsql.noise.release import ACCURACY_SUFFIX
+
+if TYPE_CHECKING:
+    from dpsql.session import Result
+
+MAX_HTML_ROWS = 50  # a notebook shows the first rows; the caption says how many there are
+
+
+def _optional(module: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package = "pandas" if module == "pandas" else "pyarrow"
+        raise ImportError(
+            f"{what} needs {package}, which is not installed: pip install 'dpsql[frames]' "
+            f"(or pip install {package})"
+        ) from None
+
+
+def cost_metadata(result: Result) -> dict[str, str]:
+    """What the result cost, as text: for ``DataFrame.attrs`` and Arrow schema metadata."""
+    meta: dict[str, str] = {}
+    if result.confidence is not None:
+        meta["confidence"] = repr(result.confidence)
+    if result.charge is not None:
+        meta["epsilon"] = str(result.charge.epsilon)
+        meta["delta"] = str(result.charge.delta)
+        meta["ledger_record"] = str(result.charge.seq)
+    elif result.cached_from is not None:
+        meta["epsilon"] = meta["delta"] = "0"
+        meta["cached_from"] = str(result.cached_from)
+    if result.confidence is not None:
+        meta["accuracy"] = "half-widths of the noise only, not confidence intervals of the truth"
+    return meta
+
+
+def _columns(
+    result: Result, rows: Sequence[Sequence[Any]], accuracy: bool
+) -> list[tuple[str, str, list[Any]]]:
+    """(name, DuckDB type, values) of each output column, and with ``accuracy`` the ± columns
+    after the columns that have half-widths."""
+    start = len(result.rows) - len(rows)  # ``rows`` are the last ones (a cursor's remainder)
+    widths = result.accuracy[start:] if result.accuracy else ()
+    out: list[tuple[str, str, list[Any]]] = []
+    for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
+        out.append((name, dtype, [row[i] for row in rows]))
+        column = [w[i] if i < len(w) else None for w in widths]
+        if accuracy and any(w is not None for w in column):
+            out.append((name + ACCURACY_SUFFIX, "DOUBLE", column))
+    return out
+
+
+def to_pandas(
+    result: Result, rows: Sequence[Sequence[Any]] | None = None, accuracy: bool = False
+) -> Any:
+    """``result`` (or its last ``rows``) as a pandas DataFrame; see the module's docstring."""
+    pd = _optional("pandas", "fetch_df()")
+    chosen = result.rows if rows is None else rows
+    columns = _columns(result, chosen, accuracy)
+    frame = pd.DataFrame({name: pd.Series(values, dtype=_pandas_dtype(dtype, values))
+                          for name, dtype, values in columns})  # fmt: skip
+    frame.attrs.update(cost_metadata(result))
+    return frame
+
+
+def _pandas_dtype(dtype: str, values: Sequence[Any]) -> str | None:
+    """A nullable pandas dtype for integers and booleans (a NULL keeps the column integral);
+    None (inferred) for the rest."""
+    upper = dtype.upper()
+    if upper in ("BIGINT", "INTEGER", "SMALLINT", "TINYINT", "UBIGINT", "UINTEGER", "USMALLINT",
+                 "UTINYINT"):  # fmt: skip
+        return "Int64" if upper != "UBIGINT" else "UInt64"
+    if upper == "BOOLEAN":
+        return "boolean"
+    if upper in ("DOUBLE", "FLOAT", "REAL"):
+        return "float64"
+    if upper == "VARCHAR":
+        return "string" if any(v is not None for v in values) else "object"
+    return None
+
+
+def to_arrow(
+    result: Result, rows: Sequence[Sequence[Any]] | None = None, accuracy: bool = False
+) -> Any:
+    """``result`` (or its last ``rows``) as a pyarrow Table, each column in the Arrow type of
+    its DuckDB type; the cost in the schema's metadata."""
+    pa = _optional("pyarrow", "fetch_arrow_table()")
+    chosen = result.rows if rows is None else rows
+    arrays, fields = [], []
+    for name, dtype, values in _columns(result, chosen, accuracy):
+        kind = _arrow_type(pa, dtype)
+        arrays.append(pa.array(values, type=kind))
+        fields.append(pa.field(name, arrays[-1].type))
+    schema = pa.schema(fields, metadata=cost_metadata(result))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _arrow_type(pa: Any, dtype: str) -> Any:
+    upper = " ".join(dtype.upper().split())
+    simple = {
+        "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(),
+        "INTEGER": pa.int32(), "BIGINT": pa.int64(), "UTINYINT": pa.uint8(),
+        "USMALLINT": pa.uint16(), "UINTEGER": pa.uint32(), "UBIGINT": pa.uint64(),
+        "FLOAT": pa.float32(), "REAL": pa.float32(), "DOUBLE": pa.float64(),
+        "VARCHAR": pa.string(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us"),
+        "TIMESTAMP WITH TIME ZONE": pa.timestamp("us", tz="UTC"),
+        "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"), "BLOB": pa.binary(),
+        "HUGEINT": pa.decimal128(38, 0),
+    }  # fmt: skip
+    if upper in simple:
+        return simple[upper]
+    if upper.startswith("DECIMAL(") and upper.endswith(")"):
+        precision, scale = (int(x) for x in upper[8:-1].split(","))
+        return pa.decimal128(precision, scale)
+    return None  # inferred from the values
+
+
+def to_html(result: Result) -> str:
+    """The result as an HTML table for notebooks: each value with its ± where it has one, and a
+    caption with the cost and what the ± covers. Every value is escaped: data values are text
+    an attacker may have written."""
+    n = len(result.rows)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in result.columns)
+    body = []
+    for r, row in enumerate(result.rows[:MAX_HTML_ROWS]):
+        widths = result.accuracy[r] if r < len(result.accuracy) else ()
+        cells = []
+        for i, value in enumerate(row):
+            text = html.escape("NULL" if value is None else _shown(value))
+            width = widths[i] if i < len(widths) else None
+            if width is not None:
+                text += f" ± {html.escape(_shown(width))}"
+            cells.append(f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = f"; first {MAX_HTML_ROWS} shown" if n > MAX_HTML_ROWS else ""
+    caption = html.escape(f"{n} row(s){more}; {summary(result)}")
+    return (
+        f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def summary(result: Result) -> str:
+    """One line: what the answer cost, and what its ± covers."""
+    if result.charge is not None:
+        cost = (
+            f"charged epsilon {_decimal(result.charge.epsilon)}, delta "
+            f"{_decimal(result.charge.delta)} (ledger record #{result.charge.seq})"
+        )
+    elif result.cached_from is not None:
+        cost = f"served from the cache (release #{result.cached_from}), no charge"
+    else:
+        cost = "nothing was charged"
+    if result.confidence is not None and any(w is not None for r in result.accuracy for w in r):
+        cost += f"; ± at {result.confidence:.4g} confidence, noise only"
+    return cost
+
+
+def _decimal(value: Any) -> str:
+    if isinstance(value, Fraction) and value.denominator != 1:
+        return f"{float(value):.6g}"
+    return str(value)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+__all__ = ["cost_metadata", "summary", "to_arrow", "to_html", "to_pandas"]
