@@ -7,6 +7,8 @@ invokes the commands through a fresh ``DpsqlGroup`` carrying the ``dpsql`` group
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from fractions import Fraction
@@ -19,7 +21,13 @@ from click.testing import CliRunner, Result
 
 from dpsql.accounting.ledger import Ledger
 from dpsql.interfaces import cli
-from dpsql.interfaces.batch import explain_command, plan_file, run_command, split_statements
+from dpsql.interfaces.batch import (
+    explain_command,
+    plan_file,
+    query_command,
+    run_command,
+    split_statements,
+)
 from dpsql.interfaces.report import exact
 from dpsql.session import Session
 from dpsql.sql.options import KEYS, PRIVACY_UNIT
@@ -74,6 +82,7 @@ def _example_data() -> None:
 GROUP = cli.DpsqlGroup(name="dpsql", callback=cli.cli.callback, params=cli.cli.params)
 GROUP.add_command(run_command)
 GROUP.add_command(explain_command)
+GROUP.add_command(query_command)
 
 
 def invoke(policy: Path, *args: str) -> Result:
@@ -181,7 +190,9 @@ def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fm
     first = out / f"02.{fmt}"
     if fmt == "csv":
         lines = first.read_text(encoding="utf-8").splitlines()
-        assert lines[0] == "region,n" and len(lines) == 6 and lines[1].startswith("central,")
+        # The half-widths stay with the values: a <name> ± column after each noisy one.
+        assert lines[0] == "region,n,n ±" and len(lines) == 6 and lines[1].startswith("central,")
+        assert all(float(line.split(",")[2]) > 0 for line in lines[1:])
     elif fmt == "json":
         doc = json.loads(first.read_text(encoding="utf-8"))
         assert doc["columns"] == ["region", "n"] and len(doc["rows"]) == 5
@@ -389,3 +400,32 @@ def test_each_statement_reads_the_settings_before_the_next_set(
         ("set", "free"),
         ("query", "charge"),
     ]
+
+
+# -- dpsql query ------------------------------------------------------------------------------
+ONE = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+
+
+def test_query_prints_one_answer_in_each_format(policy: Path) -> None:
+    table = invoke(policy, "query", ONE)
+    assert table.exit_code == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["region", "n"] and " ± " in lines[1]
+    assert lines[-1].startswith("charged epsilon 0.25, delta 0")
+    csv_out = invoke(policy, "query", ONE, "--format", "csv")
+    assert csv_out.exit_code == 0, csv_out.stderr
+    rows = list(csv.reader(io.StringIO(csv_out.stdout)))
+    assert rows[0] == ["region", "n", "n ±"] and len(rows) == 6
+    doc = json.loads(invoke(policy, "query", ONE, "--format", "json").stdout)
+    assert doc["columns"] == ["region", "n"] and doc["cached_from"] is not None
+    assert doc["epsilon"] == "0" and len(doc["rows"]) == 5 and doc["sql"] == ONE
+    assert charges(policy) == ["0.25"]  # the later two were served from the cache, free
+
+
+def test_query_errors_have_their_exit_codes(policy: Path) -> None:
+    bad = invoke(policy, "query", "SELECT user_id FROM visits")
+    assert bad.exit_code == 3 and bad.stderr.startswith("Error: ")
+    big = invoke(policy, "query", "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 9) "
+                 "COUNT(*) FROM visits")  # fmt: skip
+    assert big.exit_code == 4
+    assert charges(policy) == []

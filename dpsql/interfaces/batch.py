@@ -34,6 +34,7 @@ from rich.progress import Progress
 from dpsql import cache
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
 from dpsql.errors import BudgetExceededError, DpsqlError, OutputError
+from dpsql.interfaces import frames
 from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
 from dpsql.plan.planner import Plan
@@ -247,6 +248,12 @@ def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequen
     return out.getvalue()
 
 
+def _csv_with_accuracy(result: Result) -> str:
+    columns = frames.columns(result, result.rows, accuracy=True)
+    rows = zip(*(values for _, _, values in columns), strict=True) if columns else iter(())
+    return _csv([name for name, _, _ in columns], list(rows))
+
+
 def _parquet(path: Path, schema: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> None:
     """Write with DuckDB (pyarrow is a development dependency only)."""
     names: list[str] = []
@@ -326,10 +333,8 @@ def write_results(
         if fmt == "json":
             text = json.dumps(_document(step, result), indent=2) + "\n"
             write: Callable[[], object] = functools.partial(path.write_text, text, encoding="utf-8")
-        elif fmt == "csv":
-            write = functools.partial(
-                path.write_text, _csv(result.columns, result.rows), encoding="utf-8"
-            )
+        elif fmt == "csv":  # with a <name> ± column after each column that has half-widths
+            write = functools.partial(path.write_text, _csv_with_accuracy(result), encoding="utf-8")
         else:
             schema = list(zip(result.columns, result.types, strict=True))
             write = functools.partial(_parquet, path, schema, result.rows)
@@ -347,14 +352,14 @@ def echo(text: str = "", nl: bool = True) -> None:
 
 
 def _text_table(result: Result) -> list[str]:
-    """An aligned table; a noisy value shows its accuracy half-width (``± a``)."""
+    """An aligned table; a noisy value shows its accuracy half-width (``± a``, rounded up)."""
     cells = []
     for i, row in enumerate(result.rows):
         accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+        halves = [accuracy[j] if j < len(accuracy) else None for j in range(len(row))]
         cells.append([
-            str(v) + (f" ± {accuracy[j]:.4g}" if j < len(accuracy) and accuracy[j] is not None
-                      else "")
-            for j, v in enumerate(row)
+            str(v) + ("" if h is None else f" ± {frames.half_width(h)}")
+            for v, h in zip(row, halves, strict=True)
         ])  # fmt: skip
     widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths, strict=True))]
@@ -533,4 +538,48 @@ def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
         session.close()
 
 
-__all__ = ["explain_command", "plan_file", "plan_lines", "run_command", "split_statements"]
+@click.command("query")
+@click.argument("sql")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("table", "csv", "json")),
+    default="table",
+    show_default=True,
+    help="How the answer is printed: an aligned table, CSV (a <name> ± column after each "
+    "value with a half-width), or one JSON document.",
+)
+@pass_config
+@click.pass_context
+def query_command(ctx: click.Context, config: Config, sql: str, fmt: str) -> None:
+    """Answer one statement SQL and print it to standard output (charged like any query; a
+    released answer is served from the cache, free), for scripts and pipes (jq, csvkit)."""
+    try:
+        session = Session(config.policy(), config.analyst)
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    try:
+        result = session.execute(sql)
+        if fmt == "json":
+            document = _document(Step(Piece(1, 1, sql), "query"), result)
+            echo(json.dumps({k: v for k, v in document.items() if k not in ("statement", "line")}))
+        elif fmt == "csv":
+            echo(_csv_with_accuracy(result), nl=False)
+        else:
+            if result.columns:
+                echo("\n".join(_text_table(result)))
+            echo(frames.summary(result) if result.columns else result.message)
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    finally:
+        session.close()
+
+
+__all__ = [
+    "explain_command",
+    "plan_file",
+    "plan_lines",
+    "query_command",
+    "run_command",
+    "split_statements",
+]

@@ -437,12 +437,17 @@ cli.add_command(demo_command)  # dpsql demo
 def _register_interfaces() -> None:
     # The shell and the batch commands use this module's exit codes and group context, so they
     # are imported once those exist rather than at the top (which would be circular).
-    from dpsql.interfaces.batch import explain_command, run_command  # noqa: PLC0415
+    from dpsql.interfaces.batch import (  # noqa: PLC0415
+        explain_command,
+        query_command,
+        run_command,
+    )
     from dpsql.interfaces.shell import shell_command  # noqa: PLC0415
 
     cli.add_command(shell_command)  # dpsql shell
     cli.add_command(run_command, "run")  # dpsql run FILE.sql
     cli.add_command(explain_command, "explain")  # dpsql explain "SQL"
+    cli.add_command(query_command, "query")  # dpsql query "SQL"
     from dpsql.interfaces.serve_cli import serve_command  # noqa: PLC0415
     from dpsql.interfaces.users_cli import users  # noqa: PLC0415
 

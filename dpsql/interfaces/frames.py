@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import html
 import importlib
+import math
 from collections.abc import Sequence
+from decimal import ROUND_CEILING, Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +55,7 @@ def cost_metadata(result: Result) -> dict[str, str]:
     return meta
 
 
-def _columns(
+def columns(
     result: Result, rows: Sequence[Sequence[Any]], accuracy: bool
 ) -> list[tuple[str, str, list[Any]]]:
     """(name, DuckDB type, values) of each output column, and with ``accuracy`` the ± columns
@@ -75,9 +77,9 @@ def to_pandas(
     """``result`` (or its last ``rows``) as a pandas DataFrame; see the module's docstring."""
     pd = _optional("pandas", "fetch_df()")
     chosen = result.rows if rows is None else rows
-    columns = _columns(result, chosen, accuracy)
+    chosen_columns = columns(result, chosen, accuracy)
     frame = pd.DataFrame({name: pd.Series(values, dtype=_pandas_dtype(dtype, values))
-                          for name, dtype, values in columns})  # fmt: skip
+                          for name, dtype, values in chosen_columns})  # fmt: skip
     frame.attrs.update(cost_metadata(result))
     return frame
 
@@ -106,7 +108,7 @@ def to_arrow(
     pa = _optional("pyarrow", "fetch_arrow_table()")
     chosen = result.rows if rows is None else rows
     arrays, fields = [], []
-    for name, dtype, values in _columns(result, chosen, accuracy):
+    for name, dtype, values in columns(result, chosen, accuracy):
         kind = _arrow_type(pa, dtype)
         arrays.append(pa.array(values, type=kind))
         fields.append(pa.field(name, arrays[-1].type))
@@ -148,7 +150,7 @@ def to_html(result: Result) -> str:
             text = html.escape("NULL" if value is None else _shown(value))
             width = widths[i] if i < len(widths) else None
             if width is not None:
-                text += f" ± {html.escape(_shown(width))}"
+                text += f" ± {html.escape(half_width(width))}"
             cells.append(f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f"; first {MAX_HTML_ROWS} shown" if n > MAX_HTML_ROWS else ""
@@ -181,10 +183,25 @@ def _decimal(value: Any) -> str:
     return str(value)
 
 
+def half_width(value: float, digits: int = 4) -> str:
+    """A half-width as people read it, to ``digits`` significant digits, rounded **up** (so
+    that rounding never makes an answer look more accurate than it is).
+
+    >>> half_width(12.3441), half_width(0.000123456), half_width(150.0), half_width(2e7)
+    ('12.35', '0.0001235', '150', '2e+07')
+    """
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.{digits}g}"
+    exponent = math.floor(math.log10(value)) - digits + 1
+    scaled = Decimal(repr(value)).scaleb(-exponent)
+    up = int(scaled.to_integral_value(rounding=ROUND_CEILING))
+    return f"{float(Decimal(up).scaleb(exponent)):.{digits}g}"
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
 
 
-__all__ = ["cost_metadata", "summary", "to_arrow", "to_html", "to_pandas"]
+__all__ = ["columns", "cost_metadata", "half_width", "summary", "to_arrow", "to_html", "to_pandas"]
