@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml
 examples/data/visits.parquet: examples/make_data.py | $(STAMP)
 	$(BIN)/python examples/make_data.py
 
-demo: $(STAMP) examples/data/visits.parquet
+# The durable example's ledger, created once by the owner command (no other command creates a
+# ledger: a new ledger is a fresh budget).
+examples/data/visits.ledger: | $(STAMP) examples/data/visits.parquet
+	$(BIN)/dpsql --policy examples/durable.toml init
+
+demo: $(STAMP) examples/data/visits.parquet examples/data/visits.ledger
 	$(BIN)/python examples/demo.py
+	@echo "next: $(BIN)/dpsql --policy examples/durable.toml shell   (or explain, run, query, budget)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check dpsql tests benchmarks examples

@@ -163,7 +163,9 @@ def main() -> None:
         print(
             f"\n{report.queries} queries charged. This policy has no [ledger], so the budget lives"
         )
-        print("in memory and resets when the process ends; `dpsql init` creates a durable ledger.")
+        print("in memory and resets when the process ends. examples/durable.toml is the same data")
+        print("with a durable ledger (`make demo` created it with `dpsql init`): try")
+        print("`.venv/bin/dpsql --policy examples/durable.toml shell`.")
         print("In-process use trusts the analyst not to open the data file directly.")
 
         too_much = report.epsilon_remaining + Fraction(1, 2)

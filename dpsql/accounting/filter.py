@@ -47,7 +47,7 @@ from dpsql.accounting.events import (
     flatten,
 )
 from dpsql.accounting.gdp import GdpAccountant
-from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, Record
+from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, Record, anchor_path
 from dpsql.accounting.optimal import OptimalAccountant
 from dpsql.accounting.parallel import Cell, View, choices, member, views, views_with, worst
 from dpsql.accounting.pld import PldAccountant
@@ -797,6 +797,19 @@ def create_ledger(policy: Policy, by: str | None = None) -> Ledger:
     path = policy.resolve(policy.ledger.path)
     anchor = policy.resolve(policy.ledger.anchor) if policy.ledger.anchor is not None else None
     return Ledger.create(path, policy.dataset.id, anchor, budget=budget_caps(policy.budget), by=by)
+
+
+def ledger_exists(policy: Policy) -> bool:
+    """Whether the policy's ledger or its anchor is on disk (either: a ledger that lost one of
+    them fails closed when opened, rather than passing for one never created)."""
+    assert policy.ledger is not None
+    path = policy.resolve(policy.ledger.path)
+    given = policy.ledger.anchor
+    anchor = policy.resolve(given) if given is not None else anchor_path(path)
+    try:
+        return path.exists() or anchor.exists()
+    except OSError:
+        return True  # cannot tell: opened, so that it fails closed
 
 
 def open_store(policy: Policy) -> Store:

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from dpsql import cache
-from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
+from dpsql.accounting.filter import Budget, MemoryLedger, budget_for, ledger_exists
 from dpsql.errors import BudgetExceededError, DpsqlError, OutputError
 from dpsql.interfaces import frames
 from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
@@ -522,8 +522,16 @@ def _run(
 def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
     """Print the plan of the query SQL (its mechanisms, cost and bounded SQL); nothing is
     charged and nothing runs."""
+    note = None
     try:
-        session = Session(config.policy(), config.analyst)
+        policy = config.policy(ledger=False)
+        if policy.ledger is not None and not ledger_exists(policy):
+            # Nothing to charge or serve: the plan needs no ledger, and none is created.
+            policy = policy.model_copy(update={"ledger": None})
+            note = "no ledger yet (dpsql init creates it): nothing is released or cached"
+        elif policy.ledger is None:
+            note = "the policy has no [ledger]: nothing is released or cached"
+        session = Session(policy, config.analyst)
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
@@ -532,6 +540,8 @@ def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
         hit = session.cache.lookup(plan, cache.keys(plan, session.policy))
         if hit is not None:
             click.echo(f"cache: served from release {hit.release_seq}; it would cost nothing")
+        if note is not None:
+            click.echo(note)
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     finally:

@@ -158,11 +158,13 @@ class Config:
     policy_path: Path | None
     analyst: str | None
 
-    def policy(self) -> Policy:
+    def policy(self, ledger: bool = True) -> Policy:
+        """The policy; ``ledger``: it must name a ledger (every command that spends, reports or
+        administers the budget; not ``explain``, which charges nothing)."""
         if self.policy_path is None:
             raise click.UsageError("give --policy or set DPSQL_POLICY")
         policy = load_policy(self.policy_path)
-        if policy.ledger is None:
+        if ledger and policy.ledger is None:
             raise PolicyError("the policy has no [ledger] section; the dpsql command needs one")
         return policy
 
