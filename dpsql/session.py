@@ -25,6 +25,7 @@ from dpsql.errors import (
     EngineError,
     LedgerError,
     ParameterError,
+    PolicyError,
     UnsupportedQueryError,
 )
 from dpsql.interfaces import frames
@@ -43,6 +44,7 @@ from dpsql.policy import (
     ColumnSpec,
     Policy,
     TableSpec,
+    check_against_schema,
     check_delta,
     check_epsilon,
     load_policy,
@@ -245,6 +247,11 @@ class Session:
         # session bounds the same rows; any value is private (the choice depends only on the
         # unit's own rows), secrecy only stops prediction.
         self.engine = DuckDBEngine(self.policy, int(store.identity["salt"]), memory_limit)
+        try:
+            check_against_schema(self.policy, self.engine.catalog)
+        except PolicyError:
+            self.engine.close()
+            raise
         self.filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
         self.cache = cache.ReleaseCache(store)
         self._settings: dict[str, object] = {}

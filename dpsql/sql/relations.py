@@ -31,7 +31,7 @@ from fractions import Fraction
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, UnsupportedQueryError
-from dpsql.policy import ColumnSpec, Policy, TableSpec
+from dpsql.policy import ColumnSpec, Policy, TableSpec, did_you_mean
 from dpsql.sql.intervals import Interval, interval_of
 from dpsql.sql.totality import WIDENED, as_boolean
 from dpsql.sql.tree import transform
@@ -93,15 +93,22 @@ class Relation:
         if qualifier is not None:
             names = self.scope.get(qualifier)
             if names is None:
-                raise SchemaError(f"unknown table or alias {qualifier}")
+                hint = did_you_mean(qualifier, self.scope)
+                raise SchemaError(f"unknown table or alias {qualifier}{hint}")
             if name not in names:
-                raise SchemaError(f"unknown column {name} in {qualifier}")
+                raise SchemaError(
+                    f"unknown column {name} in {qualifier}{did_you_mean(name, names)}"
+                )
             return names[name]
         found = {names[name] for names in self.scope.values() if name in names}
         if not found and name in self.columns and not name.startswith("_dpsql"):
             return name
         if not found:
-            raise SchemaError(f"unknown column {name} in table {self.table}")
+            visible = {n for names in self.scope.values() for n in names} | {
+                c for c in self.columns if not c.startswith("_dpsql")
+            }
+            hint = did_you_mean(name, visible)
+            raise SchemaError(f"unknown column {name} in table {self.table}{hint}")
         if len(found) > 1:
             raise SchemaError(f"column {name} is ambiguous; qualify it with its table")
         return found.pop()
@@ -198,7 +205,10 @@ class Builder:
     def table(self, name: str, alias: str | None) -> Relation:
         spec = self.policy.tables.get(name)
         if spec is None or name not in self.catalog:
-            raise SchemaError(f"unknown table {name}")
+            # Suggested from the policy's tables only: a table of the data it does not declare
+            # is never named.
+            hint = did_you_mean(name, [t for t in self.policy.tables if t in self.catalog])
+            raise SchemaError(f"unknown table {name}{hint}")
         types = self.catalog[name]
         unit = spec.privacy_unit
         if unit is not None:
