@@ -270,6 +270,8 @@ def test_psql_show_budget(main: Served) -> None:
     out = psql(main.port, "bob", "SHOW dpsql.budget;")
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(
+        r"analyst bob: epsilon [\d.e-]+ spent of their share 3 \([\d.e-]+ left\), delta \S+ of "
+        r"1e-07; \d+ charged queries; "
         r"dataset server-test: epsilon [\d.e-]+ spent of 6 \([\d.e-]+ left\), delta \S+ of "
         r"1e-06; \d+ charged queries; basic composition decides\n",
         out.stdout,
@@ -287,8 +289,9 @@ def test_psql_budget_exhaustion_shows_its_sqlstate(fresh: Callable[..., Served])
     assert out.returncode == 3
     assert out.stdout.count("\n") == 2  # SET, then the one answer
     assert re.search(
-        r"^ERROR:  53R01: this query would take analyst alice over their share of the budget; "
-        r"nothing was charged$",
+        r"^ERROR:  53R01: this query \(epsilon 0\.6\) would take analyst alice over their share of "
+        r"the budget \(epsilon 0\.4 of 1 left, delta 0\.0000001 of 0\.0000001\); nothing was "
+        r"charged$",
         out.stderr,
         re.MULTILINE,
     ), out.stderr
@@ -408,7 +411,8 @@ def test_psycopg_budget_exhaustion(fresh: Callable[..., Served]) -> None:
         with pytest.raises(psycopg.OperationalError) as info:
             conn.execute(COUNT, [22])
         assert info.value.sqlstate == "53R01"
-        assert "over their share of the budget; nothing was charged" in str(info.value)
+        assert "over their share of the budget (epsilon " in str(info.value)
+        assert str(info.value).endswith("delta 0.0000001 of 0.0000001); nothing was charged")
         assert records(served.ledger) == before  # the refused query charged nothing
         # A released answer is served again for free, even with the share spent.
         with notices(conn) as seen:

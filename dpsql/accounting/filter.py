@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -128,6 +129,26 @@ class BudgetReport:
             f"charged queries; {self.accountant} composition decides"
             + ("" if self.durable else "; in memory: resets when the process ends")
         )
+
+
+def _shown(value: Fraction) -> str:
+    """An exact number as a decimal people read (never 19/2): exact when short, else 6
+    significant digits."""
+    if value.denominator == 1 or 10**12 % value.denominator == 0:
+        text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return f"{float(value):.6g}"
+
+
+def _down(value: Fraction) -> str:
+    """What is left, never below zero, rounded down to 6 significant digits."""
+    if value <= 0:
+        return "0"
+    if value.denominator == 1 or 10**12 % value.denominator == 0:
+        return _shown(value)
+    digits = 6 - 1 - math.floor(math.log10(value))
+    scale = Fraction(10) ** digits
+    return _shown(Fraction(math.floor(value * scale)) / scale)
 
 
 @dataclass(frozen=True)
@@ -472,10 +493,13 @@ class Budget:
             self._decide_on(self._state(records), event, analyst)
 
     def _decide_on(self, state: _State, event: Composite, analyst: str | None) -> None:
-        if not self._admits(self._rule((state.epsilon, state.delta), True), state, "*", event):
+        rule = self._rule((state.epsilon, state.delta), True)
+        if not self._admits(rule, state, "*", event):
+            left = self._left(state, rule, "*", (state.epsilon, state.delta))
             raise BudgetExceededError(
-                f"this query (epsilon {event.epsilon}, delta {event.delta}) would take the data "
-                f"set over its budget under the {self.name} filter; nothing was charged"
+                f"this query (epsilon {_shown(event.epsilon)}, delta {_shown(event.delta)}) "
+                f"would take the data set over its budget under the {self.name} filter "
+                f"({left}); nothing was charged"
             )
         if state.shares and (analyst is None or analyst not in state.shares):
             # With shares declared, only the analysts they name may spend anything.
@@ -484,12 +508,31 @@ class Budget:
                 "has no share; nothing was charged"
             )
         if analyst is not None and analyst in state.shares:
-            rule = self._rule(state.shares[analyst], False)
-            if not self._admits(rule, state, analyst, event):
+            share = self._rule(state.shares[analyst], False)
+            if not self._admits(share, state, analyst, event):
+                left = self._left(state, share, analyst, state.shares[analyst])
                 raise BudgetExceededError(
-                    f"this query would take analyst {analyst} over their share of the budget; "
-                    "nothing was charged"
+                    f"this query (epsilon {_shown(event.epsilon)}) would take analyst "
+                    f"{analyst} over their share of the budget ({left}); nothing was charged"
                 )
+
+    def _left(
+        self,
+        state: _State,
+        rule: Filter | tuple[Fraction, Fraction],
+        who: str,
+        cap: tuple[Fraction, Fraction],
+    ) -> str:
+        """How much of ``cap`` is left for ``who``, read as ``rule`` reads the spend (rounded
+        down: a refusal never overstates what remains)."""
+        if isinstance(rule, tuple):
+            eps, delta = state.worst(who, None)
+        else:
+            eps, delta = self._deciding(state, rule, len(state.charges), who, float(cap[1]))
+        return (
+            f"epsilon {_down(cap[0] - eps)} of {_shown(cap[0])} left, "
+            f"delta {_down(cap[1] - delta)} of {_shown(cap[1])}"
+        )
 
     def charge(
         self,
