@@ -35,7 +35,7 @@ from dpsql.interfaces.budget_view import (
     show_command,
     whatif_command,
 )
-from dpsql.interfaces.charts import CURVES, history_curves, label
+from dpsql.interfaces.charts import CURVES, history_curves, label, write_chart
 from dpsql.interfaces.html_report import render_html, schedule_curves
 from dpsql.interfaces.report import build_report, render_markdown
 from dpsql.policy import load_policy
@@ -484,3 +484,35 @@ def test_budget_alone_shows_the_budget(policy: Path) -> None:
     explicit = CliRunner().invoke(cli.cli, ["--policy", str(policy), "budget", "show"])
     assert shown.exit_code == 0, shown.output
     assert shown.output == explicit.output and "decides" in shown.output
+
+
+def test_bare_budget_takes_the_options_of_show(policy: Path) -> None:
+    """``dpsql budget --chart F`` is ``dpsql budget show --chart F`` (the real command group)."""
+    chart = policy.parent / "bare.svg"
+    result = CliRunner().invoke(cli.cli, ["--policy", str(policy), "budget", "--chart", str(chart)])
+    assert result.exit_code == 0, result.output
+    assert "budget cap ε = 1" in svg_texts(chart)
+    misplaced = CliRunner().invoke(
+        cli.cli, ["--policy", str(policy), "budget", "--chart", str(chart), "what-if"]
+    )
+    assert misplaced.exit_code == 2 and "--chart goes with" in misplaced.output
+
+
+def test_the_chart_marks_top_ups_and_the_cap_as_it_was(policy: Path) -> None:
+    added = CliRunner().invoke(
+        cli.cli,
+        ["--policy", str(policy), "budget", "add", "--epsilon", "0.5", "--delta", "0",
+         "--by", "olga", "--why", "more"],
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    with dpsql.connect(policy) as conn:
+        conn.cursor().execute("SELECT COUNT(*) FROM visits WHERE age > 40", epsilon="0.1")
+    loaded = load_policy(policy)
+    budget = budget_for(loaded.dataset.id, loaded.budget, open_store(loaded))
+    curves = history_curves(budget)
+    charged = len(QUERIES)
+    assert curves.cap_steps == ((0, 1.0), (charged, 1.5))
+    assert curves.cap == 1.5 and curves.queries[-1] == charged + 1
+    chart = policy.parent / "topped.svg"
+    write_chart(curves, chart)
+    assert "top-up" in svg_texts(chart)

@@ -21,7 +21,7 @@ import io
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -86,6 +86,9 @@ class Curves:
     cap: float
     cap_label: str
     title: str
+    # The cap as it was over time: (queries charged before it, the cap from then on), one per
+    # top-up after the first entry (the cap the ledger started with); empty: ``cap`` throughout.
+    cap_steps: tuple[tuple[int, float], ...] = ()
 
 
 def points(n: int, most: int = MAX_POINTS) -> list[int]:
@@ -125,17 +128,34 @@ def composite_curves(
 
 
 def history_curves(budget: Budget) -> Curves:
-    """The ledger's actual history, at the budget's delta, with the budget's epsilon cap."""
+    """The ledger's actual history, at the budget's delta, with the budget's epsilon cap as it
+    was over time (each top-up raises it from the query it came after)."""
     charges = budget.charges
     report = budget.report()
     delta = float(report.delta_total)
-    return composite_curves(
+    curves = composite_curves(
         lambda k: budget.views(charges[:k]),
         len(charges),
         delta,
         (float(report.epsilon_total), f"budget cap ε = {float(report.epsilon_total):g}"),
         f"Data set {report.dataset}: ε of the actual history at δ = {delta:g}",
     )
+    count, added, steps = 0, Fraction(0), []
+    for record in budget.store.records():
+        if record.kind == "charge":
+            count += 1
+        elif record.kind == "budget_add":
+            amount = Fraction(str(record.payload["epsilon"]))
+            added += amount
+            steps.append((count, amount))
+    if not steps:
+        return curves
+    cap, running = report.epsilon_total - added, []
+    running.append((0, float(cap)))
+    for at, amount in steps:
+        cap += amount
+        running.append((at, float(cap)))
+    return replace(curves, cap_steps=tuple(running))
 
 
 def chart_format(path: Path) -> str:
@@ -162,7 +182,16 @@ def draw(curves: Curves, fmt: str) -> bytes:
             ys = [y if math.isfinite(y) else math.nan for y in curves.epsilons[name]]
             entry = label(name) if any(math.isfinite(y) for y in ys) else f"{label(name)}: ∞"
             axes.plot(curves.queries, ys, STYLES[name], linewidth=1.8, label=entry)
-        axes.axhline(curves.cap, color="black", linewidth=1.2, label=curves.cap_label)
+        if curves.cap_steps:
+            # The cap as it was: a step at each top-up, marked by a dotted line.
+            xs = [x for x, _ in curves.cap_steps] + [max(1, curves.queries[-1])]
+            ys = [y for _, y in curves.cap_steps] + [curves.cap_steps[-1][1]]
+            axes.step(xs, ys, where="post", color="black", linewidth=1.2, label=curves.cap_label)
+            for i, (x, _) in enumerate(curves.cap_steps[1:]):
+                axes.axvline(x, color="grey", linestyle=":", linewidth=1.0,
+                             label="top-up" if i == 0 else None)  # fmt: skip
+        else:
+            axes.axhline(curves.cap, color="black", linewidth=1.2, label=curves.cap_label)
         axes.set_xlabel("number of queries")
         axes.set_ylabel(f"cumulative ε at δ = {curves.delta:g}")
         axes.set_title(curves.title, fontsize=10)

@@ -38,7 +38,7 @@ from dpsql.errors import (
     PolicyError,
     QueryError,
 )
-from dpsql.interfaces.budget_view import demo_command, show_command, whatif_command
+from dpsql.interfaces.budget_view import CHART, demo_command, show_command, whatif_command
 from dpsql.interfaces.charts import history_curves
 from dpsql.interfaces.html_report import render_html
 from dpsql.interfaces.report import build_report, render_json, render_markdown
@@ -339,14 +339,17 @@ def pin_budget(config: Config, by: str | None, why: str) -> None:
 
 
 @cli.group(invoke_without_command=True)
+@CHART
 @click.pass_context
-def budget(ctx: click.Context) -> None:
+def budget(ctx: click.Context, chart: Path | None) -> None:
     """The budget: show it, ask what-if, and (owners) top it up or set analysts' shares.
 
-    Without a subcommand, the same as `dpsql budget show`.
+    Without a subcommand, the same as `dpsql budget show` (with its options).
     """
     if ctx.invoked_subcommand is None:
-        ctx.invoke(show_command)
+        ctx.invoke(show_command, chart=chart)
+    elif chart is not None:
+        raise click.UsageError("--chart goes with `dpsql budget` or `dpsql budget show`")
 
 
 @budget.command()
