@@ -429,3 +429,19 @@ def test_query_errors_have_their_exit_codes(policy: Path) -> None:
                  "COUNT(*) FROM visits")  # fmt: skip
     assert big.exit_code == 4
     assert charges(policy) == []
+
+
+def test_a_syntax_error_names_the_construct_and_its_line_in_the_file(
+    policy: Path, tmp_path: Path
+) -> None:
+    text = (
+        "SELECT COUNT(*) AS n FROM visits;\n\n"
+        "SELECT region,\n  COUNT(*) AS n\nFROM visits\nWHERE age >\nGROUP BY region;\n"
+    )
+    result = invoke(policy, "run", str(sql_file(tmp_path, text)))
+    assert result.exit_code == 3
+    message = result.stderr.strip()
+    assert message.startswith("Error: ParseError: statement 2 (line 3): syntax error at or near")
+    assert "the comparison is incomplete" in message
+    assert message.endswith("(line 7, column 8)")  # GROUP, on the file's seventh line
+    assert "<class" not in message and "sqlglot" not in message

@@ -33,7 +33,7 @@ from rich.progress import Progress
 
 from dpsql import cache
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for, ledger_exists
-from dpsql.errors import BudgetExceededError, DpsqlError, OutputError
+from dpsql.errors import BudgetExceededError, DpsqlError, OutputError, ParseError
 from dpsql.interfaces import frames
 from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
@@ -109,7 +109,13 @@ def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
 
 
 def _located(exc: DpsqlError, piece: Piece) -> DpsqlError:
-    return type(exc)(f"statement {piece.number} (line {piece.line}): {exc}")
+    where = f"statement {piece.number} (line {piece.line})"
+    if isinstance(exc, ParseError) and exc.line is not None:
+        # The position in the file, not in the statement.
+        line = piece.line + exc.line - 1
+        message = str(exc).rsplit(" (line ", 1)[0]
+        return ParseError(f"{where}: {message}", line, exc.column)
+    return type(exc)(f"{where}: {exc}")
 
 
 def _complete(piece: Piece, finish: Callable[[], Step]) -> Step:

@@ -214,11 +214,7 @@ def parse_select(text: str) -> exp.Select:
         statements = sqlglot.parse(text, read=DIALECT)
     except GlotParseError as exc:
         detail = exc.errors[0] if exc.errors else {}
-        raise ParseError(
-            f"syntax error: {detail.get('description', 'invalid SQL')}",
-            detail.get("line"),
-            detail.get("col"),
-        ) from None
+        raise ParseError(syntax_message(detail), detail.get("line"), detail.get("col")) from None
     except TokenError as exc:
         raise ParseError(f"cannot read the SQL text: {_first_line(str(exc))}") from None
     except RecursionError:
@@ -235,6 +231,42 @@ def parse_select(text: str) -> exp.Select:
             "queries (and SET/SHOW/RESET dpsql.*, EXPLAIN and ESTIMATE BOUNDS)"
         )
     return statement
+
+
+# What sqlglot's node names mean to a person, for "the ... is incomplete".
+_CONSTRUCTS = {
+    "eq": "comparison", "neq": "comparison", "gt": "comparison", "gte": "comparison",
+    "lt": "comparison", "lte": "comparison", "like": "LIKE", "in": "IN list",
+    "where": "WHERE clause", "having": "HAVING clause", "group": "GROUP BY",
+    "order": "ORDER BY", "limit": "LIMIT", "join": "JOIN", "from": "FROM clause",
+    "and": "AND condition", "or": "OR condition", "not": "NOT", "add": "arithmetic",
+    "sub": "arithmetic", "mul": "arithmetic", "div": "arithmetic", "cast": "CAST",
+    "case": "CASE", "if": "CASE", "between": "BETWEEN", "alias": "alias", "with": "WITH",
+    "cte": "WITH", "select": "SELECT", "subquery": "subquery", "is": "IS",
+}  # fmt: skip
+_REQUIRED = re.compile(r"Required keyword: '\w+' missing for <class '[\w.]*?(\w+)'>")
+_EXPECTING = re.compile(r"^Expecting (.{1,20})$")
+
+
+def syntax_message(detail: Mapping[str, object]) -> str:
+    """A syntax error as PostgreSQL words it, ``syntax error at or near "x"``, with what was
+    expected when that is clear, and never the parser's internals (class names, its own
+    wording of tokens). The quoted text is the query's own, cut to 30 characters."""
+    near = " ".join(str(detail.get("highlight") or "").split())
+    where = f' at or near "{near[:30]}{"..." if len(near) > 30 else ""}"' if near else ""
+    description = str(detail.get("description") or "")
+    hint = ""
+    if (found := _REQUIRED.search(description)) is not None:
+        construct = _CONSTRUCTS.get(found.group(1).lower())
+        hint = f"; the {construct} is incomplete" if construct else "; something is missing"
+    elif (found := _EXPECTING.match(description)) is not None:
+        hint = f"; expected {found.group(1)}"
+    elif "number of provided arguments" in description:
+        few = "less than the minimum" in description
+        hint = f"; too {'few' if few else 'many'} arguments for the function"
+    elif description.startswith("Expected ") and "<" not in description:
+        hint = "; " + description[0].lower() + description[1:]
+    return f"syntax error{where}{hint}"
 
 
 def statement_kind(node: exp.Expression) -> str:
