@@ -269,7 +269,7 @@ def test_explain_prints_the_plan_and_charges_nothing(policy: Path) -> None:
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.2) COUNT(*) AS n FROM visits"
     result = invoke(policy, "explain", sql)
     assert result.exit_code == 0, result.stderr
-    assert "cost: epsilon 1/5, delta 0" in result.stdout
+    assert "cost: epsilon 0.2, delta 0" in result.stdout
     assert "bounded SQL:" in result.stdout and "cache:" not in result.stdout
     assert charges(policy) == []
     path = sql_file(policy.parent, sql + ";")

@@ -124,7 +124,7 @@ def test_dbapi_and_explain_accept_the_clause(tiny_policy) -> None:  # type: igno
         cursor = conn.cursor()
         cursor.execute("EXPLAIN " + BQ)
         lines = [row[0] for row in cursor.fetchall()]
-        assert "cost: epsilon 1/5, delta 0" in lines
+        assert "cost: epsilon 0.2, delta 0" in lines
         assert "bounds: L0 = 1 group(s) per unit, C = 10 row(s) per unit and group" in lines
         assert conn.budget().epsilon_spent == 0  # EXPLAIN charges nothing
         cursor.execute(BQ)

@@ -40,7 +40,7 @@ def test_explain_works_before_the_ledger_exists_and_creates_none(
 ) -> None:
     out = dpsql(policy, "explain", QUERY)
     assert out.exit_code == 0, out.stderr
-    assert "cost: epsilon 1/2, delta 0" in out.stdout
+    assert "cost: epsilon 0.5, delta 0" in out.stdout
     assert "no ledger yet (dpsql init creates it)" in out.stdout
     assert not (tmp_path / "visits.ledger").exists()
     # The commands that spend or report need the ledger, and say how to make one.

@@ -260,7 +260,7 @@ def test_psql_explain_shows_the_bounded_sql(main: Served) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "table visits: privacy unit user_id; user-level, add/remove one unit"
-    assert "cost: epsilon 1/100, delta 0" in lines
+    assert "cost: epsilon 0.01, delta 0" in lines
     assert "bounded SQL:" in lines
     assert any("LEAST(_n0, 5)" in line for line in lines)  # C = 5 is applied in the SQL
     assert "NOTICE" not in out.stderr
@@ -270,10 +270,10 @@ def test_psql_show_budget(main: Served) -> None:
     out = psql(main.port, "bob", "SHOW dpsql.budget;")
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(
-        r"analyst bob: epsilon [\d.e-]+ spent of their share 3 \([\d.e-]+ left\), delta \S+ of "
-        r"1e-07; \d+ charged queries; "
-        r"dataset server-test: epsilon [\d.e-]+ spent of 6 \([\d.e-]+ left\), delta \S+ of "
-        r"1e-06; \d+ charged queries; basic composition decides\n",
+        r"analyst bob: epsilon [\d.]+ spent of their share 3 \([\d.]+ left\), delta \S+ of "
+        r"0\.0000001; \d+ charged queries; "
+        r"dataset server-test: epsilon [\d.]+ spent of 6 \([\d.]+ left\), delta \S+ of "
+        r"0\.000001; \d+ charged queries; basic composition decides\n",
         out.stdout,
     ), out.stdout
 

@@ -147,7 +147,7 @@ def test_several_statements_and_settings_in_one_input(shell: Shell) -> None:
 
 def test_sql_explain_charges_nothing(shell: Shell) -> None:
     shown = shell.handle("EXPLAIN " + COUNT + ";")
-    assert "cost: epsilon 1/4, delta 0" in shown and shown.endswith("nothing was charged\n")
+    assert "cost: epsilon 0.25, delta 0" in shown and shown.endswith("nothing was charged\n")
     assert shell.report.queries == 0
 
 
@@ -206,7 +206,7 @@ def test_ledger_shows_the_last_records(shell: Shell) -> None:
 
 def test_explain_plans_without_charging_and_knows_the_cache(shell: Shell) -> None:
     shown = shell.handle("\\explain " + COUNT)
-    assert "cost: epsilon 1/4, delta 0" in shown
+    assert "cost: epsilon 0.25, delta 0" in shown
     assert "would charge epsilon 0.25, delta 0; nothing was charged" in shown
     assert shell.report.queries == 0
     assert [r.kind for r in shell.session.filter.store.records()] == ["budget"]

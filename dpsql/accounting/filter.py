@@ -121,11 +121,13 @@ class BudgetReport:
         return self.delta_total - self.delta_spent
 
     def __str__(self) -> str:
+        """Decimals people read (never 19/2 nor 1e-06): spent rounded up, what is left rounded
+        down and never below zero."""
         mine = "" if self.share is None else f"{self.share}; "
         return mine + (
-            f"dataset {self.dataset}: epsilon {float(self.epsilon_spent):.6g} spent of "
-            f"{float(self.epsilon_total):.6g} ({float(self.epsilon_remaining):.6g} left), delta "
-            f"{float(self.delta_spent):.3g} of {float(self.delta_total):.3g}; {self.queries} "
+            f"dataset {self.dataset}: epsilon {_up(self.epsilon_spent)} spent of "
+            f"{_shown(self.epsilon_total)} ({_down(self.epsilon_remaining)} left), delta "
+            f"{_up(self.delta_spent)} of {_shown(self.delta_total)}; {self.queries} "
             f"charged queries; {self.accountant} composition decides"
             + ("" if self.durable else "; in memory: resets when the process ends")
         )
@@ -134,6 +136,7 @@ class BudgetReport:
 def _shown(value: Fraction) -> str:
     """An exact number as a decimal people read (never 19/2): exact when short, else 6
     significant digits."""
+    value = Fraction(value)  # an int, or a float of a reading
     if value.denominator == 1 or 10**12 % value.denominator == 0:
         text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
         return text.rstrip("0").rstrip(".") if "." in text else text
@@ -142,13 +145,22 @@ def _shown(value: Fraction) -> str:
 
 def _down(value: Fraction) -> str:
     """What is left, never below zero, rounded down to 6 significant digits."""
+    return _rounded(value, math.floor)
+
+
+def _up(value: Fraction) -> str:
+    """What was spent, rounded up to 6 significant digits (never understated)."""
+    return _rounded(value, math.ceil)
+
+
+def _rounded(value: Fraction, way: Callable[[Fraction], int]) -> str:
     if value <= 0:
         return "0"
     if value.denominator == 1 or 10**12 % value.denominator == 0:
         return _shown(value)
     digits = 6 - 1 - math.floor(math.log10(value))
     scale = Fraction(10) ** digits
-    return _shown(Fraction(math.floor(value * scale)) / scale)
+    return _shown(Fraction(way(value * scale)) / scale)
 
 
 @dataclass(frozen=True)
@@ -174,9 +186,9 @@ class ShareReport:
 
     def __str__(self) -> str:
         return (
-            f"analyst {self.analyst}: epsilon {float(self.epsilon_spent):.6g} spent of their "
-            f"share {float(self.epsilon_share):.6g} ({float(self.epsilon_remaining):.6g} left), "
-            f"delta {float(self.delta_spent):.3g} of {float(self.delta_share):.3g}; "
+            f"analyst {self.analyst}: epsilon {_up(self.epsilon_spent)} spent of their "
+            f"share {_shown(self.epsilon_share)} ({_down(self.epsilon_remaining)} left), "
+            f"delta {_up(self.delta_spent)} of {_shown(self.delta_share)}; "
             f"{self.queries} charged queries"
         )
 

@@ -15,6 +15,7 @@ Laplace with scale = sensitivity / epsilon_j, so the charged epsilon is exactly 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from fractions import Fraction
 from functools import cached_property
 
@@ -187,9 +188,9 @@ class Plan:
         if self.selection is not None:
             lines.append(
                 f"partition selection: release a group iff its noisy distinct-unit count >= "
-                f"{self.selection.threshold}; delta {self.selection.delta}"
+                f"{self.selection.threshold}; delta {_decimal(self.selection.delta)}"
             )
-        lines.append(f"cost: epsilon {self.epsilon}, delta {self.delta}")
+        lines.append(f"cost: epsilon {_decimal(self.epsilon)}, delta {_decimal(self.delta)}")
         lines.append("bounded SQL:")
         if sql:
             lines.extend("  " + line for line in self.bounded_sql.splitlines())
@@ -393,19 +394,19 @@ def _explain_measurement(m: Measurement) -> str:
             f"measurement {m.label}: exponential mechanism over the grid candidates of each "
             f"group; one unit moves {m.groups} group(s)' scores by <= {m.per_group}; "
             f"score sensitivity {m.sensitivity}, weights exp(-score/(2*{m.scale})), "
-            f"epsilon {m.epsilon}"
+            f"epsilon {_decimal(m.epsilon)}"
         )
     head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
     if m.scale is not None:
         return (
             f"{head}; L1 sensitivity {m.sensitivity * m.unit} (= {m.sensitivity} units of "
             f"{m.unit}); DiscreteLaplace scale {m.scale * m.unit} (= {m.scale} units), "
-            f"epsilon {m.epsilon}"
+            f"epsilon {_decimal(m.epsilon)}"
         )
     assert m.sigma2 is not None
     return (
         f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
-        f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {m.rho}"
+        f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {_decimal(m.rho)}"
     )
 
 
@@ -601,3 +602,16 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         skipped=steps.skipped,
         bounding=bounding,
     )
+
+
+def _decimal(value: Fraction) -> str:
+    """An exact cost as a decimal (1/5 as 0.2, 1/1000000 as 0.000001); one that has no finite
+    decimal also in its exact form (``0.333333 (exactly 1/3)``)."""
+    den = value.denominator
+    for prime in (2, 5):
+        while den % prime == 0:
+            den //= prime
+    if den == 1:
+        text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return f"{float(value):.6g} (exactly {value})"
