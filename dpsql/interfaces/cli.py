@@ -263,8 +263,12 @@ def init(config: Config) -> None:
     ledger = create_ledger(policy, config.analyst)
     click.echo(f"created ledger {ledger.identity['ledger_id']} for data set {policy.dataset.id}")
     budget = policy.budget
-    cap = f"epsilon {budget.epsilon}" if budget.epsilon is not None else f"rho {budget.rho}"
-    click.echo(f"budget: {cap}, delta {budget.delta}, {budget.accountant} filter")
+    cap = (
+        f"epsilon {_decimal(budget.epsilon)}"
+        if budget.epsilon is not None
+        else f"rho {_decimal(budget.rho)}"
+    )
+    click.echo(f"budget: {cap}, delta {_decimal(budget.delta)}, {budget.accountant} filter")
     click.echo(f"ledger: {ledger.path}")
     click.echo(f"anchor: {ledger.anchor}")
     ledger.close()  # the connection is not left to the garbage collector
@@ -403,7 +407,8 @@ def allocate(
             param_hint="'--delta'",
         )
     record = owned.allocate(analyst, epsilon, delta, by, why)
-    click.echo(f"record {record.seq}: {analyst} may spend epsilon {epsilon}, delta {delta}")
+    shown = f"epsilon {_decimal(epsilon)}, delta {_decimal(delta)}"
+    click.echo(f"record {record.seq}: {analyst} may spend {shown}")
 
 
 @cli.command()
@@ -493,3 +498,10 @@ if __name__ == "__main__":  # pragma: no cover
     from dpsql.interfaces.cli import main as imported_main  # the module, with the shell
 
     imported_main(sys.argv[1:])
+
+
+def _decimal(value: Fraction | None) -> str:
+    """An exact policy or command-line number as the decimal it was written as."""
+    from dpsql.plan.planner import decimal_text  # noqa: PLC0415
+
+    return "none" if value is None else decimal_text(value)

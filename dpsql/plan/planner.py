@@ -188,9 +188,11 @@ class Plan:
         if self.selection is not None:
             lines.append(
                 f"partition selection: release a group iff its noisy distinct-unit count >= "
-                f"{self.selection.threshold}; delta {_decimal(self.selection.delta)}"
+                f"{self.selection.threshold}; delta {decimal_text(self.selection.delta)}"
             )
-        lines.append(f"cost: epsilon {_decimal(self.epsilon)}, delta {_decimal(self.delta)}")
+        lines.append(
+            f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}"
+        )
         lines.append("bounded SQL:")
         if sql:
             lines.extend("  " + line for line in self.bounded_sql.splitlines())
@@ -394,19 +396,19 @@ def _explain_measurement(m: Measurement) -> str:
             f"measurement {m.label}: exponential mechanism over the grid candidates of each "
             f"group; one unit moves {m.groups} group(s)' scores by <= {m.per_group}; "
             f"score sensitivity {m.sensitivity}, weights exp(-score/(2*{m.scale})), "
-            f"epsilon {_decimal(m.epsilon)}"
+            f"epsilon {decimal_text(m.epsilon)}"
         )
     head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
     if m.scale is not None:
         return (
             f"{head}; L1 sensitivity {m.sensitivity * m.unit} (= {m.sensitivity} units of "
             f"{m.unit}); DiscreteLaplace scale {m.scale * m.unit} (= {m.scale} units), "
-            f"epsilon {_decimal(m.epsilon)}"
+            f"epsilon {decimal_text(m.epsilon)}"
         )
     assert m.sigma2 is not None
     return (
         f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
-        f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {_decimal(m.rho)}"
+        f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {decimal_text(m.rho)}"
     )
 
 
@@ -604,7 +606,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     )
 
 
-def _decimal(value: Fraction) -> str:
+def decimal_text(value: Fraction) -> str:
     """An exact cost as a decimal (1/5 as 0.2, 1/1000000 as 0.000001); one that has no finite
     decimal also in its exact form (``0.333333 (exactly 1/3)``)."""
     den = value.denominator
