@@ -1,0 +1,183 @@
+"""Every code block of README.md and docs/ runs, so that none can go stale.
+
+Fenced blocks tagged ``python``, ``sh``, ``sql`` and ``toml`` are run; untagged blocks are
+transcripts (a terminal's output) and are not. A block may be preceded by one directive line,
+``<!-- docs-test: ... -->``:
+
+- ``setup=cursor``: a fragment that uses ``conn``, ``cur`` and ``sql``: run after a prelude that
+  connects to the example policy;
+- ``cwd=durable``: run in a folder holding ``policy.toml``, the durable example with its ledger
+  created (``dpsql init``), as the page's walk-through has it;
+- ``server``: run against a live ``dpsql serve`` of the durable example, with the users the page
+  names (``alice``/``secret``, ``ann``/``ann-secret-1``), its address put in place of the page's;
+- ``skip: why``: not run, for the reason given (shown when the test is skipped).
+
+Python blocks run in a fresh interpreter from the repository root; ``sh`` blocks line by line
+(``make test`` itself excepted: it is the command that runs this test); ``sql`` blocks through a
+session of the example policy (statements are charged and answered); ``toml`` blocks are loaded
+as policies when they have a ``[dataset]``, else parsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from server_fixtures import ServerThread
+
+from dpsql.interfaces import cli
+from dpsql.policy import PolicyError, load_policy
+from dpsql.server.auth import add_user
+from dpsql.session import Session
+from dpsql.sql.split import split_statements
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DATA = ROOT / "examples" / "data" / "visits.parquet"
+FENCE = re.compile(
+    r"(?:<!-- docs-test: (?P<directive>[^>]*?) -->\n)?```(?P<lang>\w+)\n(?P<code>.*?)```", re.S
+)
+RUN = {"python", "sh", "sql", "toml"}
+PRELUDE = """import dpsql
+conn = dpsql.connect("examples/policy.toml")
+cur = conn.cursor()
+sql = "SELECT COUNT(*) FROM visits"
+"""
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    code: str
+    directive: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}:{self.lang}"
+
+
+def _blocks() -> list[Block]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            if match.group("lang") in RUN:
+                line = text[: match.start("code")].count("\n")
+                directive = (match.group("directive") or "").strip()
+                lang, code = match.group("lang"), match.group("code")
+                found.append(Block(page.name, line, lang, code, directive))
+    return found
+
+
+BLOCKS = _blocks()
+
+
+def test_the_blocks_are_found() -> None:
+    langs = {b.lang for b in BLOCKS}
+    assert {"python", "sh", "sql", "toml"} <= langs
+    assert sum(b.lang == "python" for b in BLOCKS) >= 8
+
+
+@pytest.fixture(autouse=True)
+def _example_data() -> None:
+    if not DATA.exists():
+        pytest.skip("run `make demo` (or examples/make_data.py) to create the example data")
+
+
+def _durable(folder: Path) -> Path:
+    """``folder/policy.toml``: the durable example, its data absolute, its ledger created."""
+    text = (ROOT / "examples" / "durable.toml").read_text(encoding="utf-8")
+    text = text.replace('"data/visits.parquet"', f'"{DATA}"')
+    path = folder / "policy.toml"
+    path.write_text(text.replace('"data/visits.ledger"', '"visits.ledger"'), encoding="utf-8")
+    done = CliRunner().invoke(cli.cli, ["--policy", str(path), "init"])
+    assert done.exit_code == 0, done.output
+    return path
+
+
+def _python(code: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@contextlib.contextmanager
+def _served(folder: Path) -> Iterator[int]:
+    """A live ``dpsql serve`` of the durable example, with the users the pages name."""
+    policy = _durable(folder)
+    users = folder / "users.json"
+    for name, password in (("alice", "secret"), ("ann", "ann-secret-1"), ("bob", "bob-secret")):
+        add_user(users, name, password, "analyst")
+    with ServerThread(policy, users) as server:
+        yield server.port
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_the_block_runs(block: Block, tmp_path: Path) -> None:
+    directive = block.directive
+    if directive.startswith("skip:"):
+        pytest.skip(directive[len("skip:") :].strip())
+    if block.lang == "python":
+        if directive == "server":
+            with _served(tmp_path) as port:
+                code = block.code.replace("db-proxy:5433", f"127.0.0.1:{port}")
+                _python(code.replace("port=5433", f"port={port}"), tmp_path)
+            return
+        if directive == "cwd=durable":
+            _durable(tmp_path)
+            _python(block.code, tmp_path)
+            return
+        code = PRELUDE + block.code if directive == "setup=cursor" else block.code
+        _python(code, ROOT)
+    elif block.lang == "sh":
+        for line in block.code.splitlines():
+            command = line.split("#", 1)[0].strip()
+            if not command or command == "make test":
+                continue  # make test is the command that runs this test
+            done = subprocess.run(
+                command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+    elif block.lang == "sql":
+        session = Session(ROOT / "examples" / "policy.toml")
+        # Statements end with ";", or a block of session commands lists one per line.
+        lines = [line for line in block.code.splitlines() if line.split("--")[0].strip()]
+        commands = all(line.split()[0].upper() in ("SET", "RESET", "SHOW") for line in lines)
+        if ";" in block.code:
+            texts = [p.text for p in split_statements(block.code)]
+        else:
+            texts = lines if commands else [block.code]
+        try:
+            for text in texts:
+                session.execute(text)
+        finally:
+            session.close()
+    else:
+        data = tomllib.loads(block.code)
+        if "dataset" in data or "budget" in data or "tables" in data or "ledger" in data:
+            # A whole policy, or sections of one: merged over the example policy, so that a
+            # field that is not (or no longer) in the policy fails.
+            merged = tomllib.loads((ROOT / "examples" / "policy.toml").read_text("utf-8"))
+            for key, value in data.items():
+                if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                    merged[key] = {**merged[key], **value}
+                else:
+                    merged[key] = value
+            try:
+                load_policy(merged, base_dir=ROOT / "examples")
+            except PolicyError as exc:
+                pytest.fail(f"{block.id}: {exc}")
