@@ -35,7 +35,7 @@ from dpsql import cache
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for, ledger_exists
 from dpsql.errors import BudgetExceededError, DpsqlError, OutputError, ParseError
 from dpsql.interfaces import frames
-from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
+from dpsql.interfaces.context import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
 from dpsql.plan.planner import Plan
 from dpsql.policy import read_limited

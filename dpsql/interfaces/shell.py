@@ -40,7 +40,15 @@ from sqlglot.tokenizer_core import TokenType
 
 from dpsql import cache
 from dpsql.errors import DpsqlError, InputError
-from dpsql.interfaces.cli import EXIT_INTERNAL, Config, cli, exit_code, fail, pass_config
+from dpsql.interfaces.context import (
+    ANALYST_OPTION,
+    EXIT_INTERNAL,
+    POLICY_OPTION,
+    Config,
+    exit_code,
+    fail,
+    pass_config,
+)
 from dpsql.interfaces.report import exact, iso_time
 from dpsql.session import SETTINGS, Result, Session
 from dpsql.sql.parse import DIALECT, MAX_QUERY_LENGTH
@@ -517,10 +525,7 @@ def _standalone(policy_path: Path | None, analyst: str | None, **options: Any) -
 # ``python -m dpsql.interfaces.shell``; errors map to the same exit codes as under ``dpsql``.
 standalone = click.Command(
     "shell",
-    params=[
-        *(p for p in cli.params if p.name in ("policy_path", "analyst")),
-        *shell_command.params,
-    ],
+    params=[POLICY_OPTION, ANALYST_OPTION, *shell_command.params],
     callback=_standalone,
     help=shell_command.help,
 )
