@@ -10,367 +10,49 @@ not fit is refused as a whole (exit 4, nothing charged) unless ``--partial`` run
 Both commands are click command objects (``run_command``, ``explain_command``) that take the
 ``dpsql`` group's ``Config``; every failure is one line on stderr with its code from
 ``cli.EXIT_CODES``.
+
+This module holds the commands (``run``, ``explain``, ``query``) and running a planned file.
+Planning the file is in ``batch_plan.py``, writing and printing results in ``batch_output.py``;
+their names are re-exported here.
 """
 
 from __future__ import annotations
 
-import csv
-import functools
-import io
 import json
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import click
-import duckdb
 from rich.console import Console
 from rich.progress import Progress
 
 from dpsql import cache
-from dpsql.accounting.filter import Budget, MemoryLedger, budget_for, ledger_exists
-from dpsql.errors import BudgetExceededError, DpsqlError, OutputError, ParseError
+from dpsql.accounting.filter import ledger_exists
+from dpsql.errors import BudgetExceededError, DpsqlError
 from dpsql.interfaces import frames
-from dpsql.interfaces.cli import Config, exit_code, fail, pass_config
+from dpsql.interfaces.batch_output import (
+    FORMATS,
+    LONG,
+    _csv_with_accuracy,
+    _document,
+    _text_table,
+    echo,
+    prepare_output,
+    write_results,
+)
+from dpsql.interfaces.batch_plan import Step, _totals, plan_file, plan_lines
+from dpsql.interfaces.context import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
-from dpsql.plan.planner import Plan
 from dpsql.policy import read_limited
-from dpsql.session import Planned, Result, Session
-from dpsql.sql.parse import Explain, SetOption, ShowOption, parse_statement
+from dpsql.session import Result, Session
 from dpsql.sql.split import Piece, split_statements
 
-FORMATS = ("csv", "json", "parquet")
 # A SQL file is read whole (to plan it as a whole), so its size is bounded: 16 MiB is far more
 # than any hand-written file, and stops a FIFO or /dev/zero from exhausting memory.
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_BYTES_CAP = 1 << 30
-
-
-@dataclass(frozen=True)
-class Step:
-    """A planned statement: its kind, its plan (queries), where its answer comes from."""
-
-    piece: Piece
-    kind: str  # "set", "show", "explain" or "query"
-    plan: Plan | None = None
-    source: str = "free"  # "free", "charge", "cache" or "refused"
-    note: str = ""
-
-    @property
-    def charged(self) -> bool:
-        return self.source == "charge"
-
-
-def _kind(piece: Piece) -> str:
-    statement = parse_statement(piece.text)
-    if isinstance(statement, SetOption):
-        return "set"
-    if isinstance(statement, ShowOption):
-        return "show"
-    return "explain" if isinstance(statement, Explain) else "query"
-
-
-def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
-    """Plan every statement in order, admitting the charges on a copy of the budget; nothing
-    is charged and the session's settings are left as they were (a fresh session's)."""
-    copy = MemoryLedger()  # decides on its records in place: O(1) per trial charge
-    for record in session.filter.store.records():
-        copy.append(record.kind, record.payload, record.analyst)
-    trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
-    planned: dict[str, int] = {}  # exact cache key -> the statement that will release it
-    steps: list[Step] = []
-    applied: set[str] = set()
-    # Pipelined: while the engine checks statement i's bounded SQL (in its worker, without the
-    # interpreter), statement i + 1 is parsed and planned here. Steps still complete in order
-    # (statement i's trial charge before statement i + 1's), and the first statement in the
-    # file's order that fails is the one reported.
-    pending: tuple[Piece, Callable[[], Step]] | None = None
-    try:
-        for piece in pieces:
-            try:
-                finish = _plan_soon(session, piece, trial, planned, applied)
-            except DpsqlError as exc:
-                if pending is not None:
-                    steps.append(_complete(*pending))
-                raise _located(exc, piece) from None
-            if pending is not None:
-                steps.append(_complete(*pending))
-            pending = (piece, finish)
-        if pending is not None:
-            steps.append(_complete(*pending))
-    finally:
-        for name in applied:
-            session.set_option(name, None)
-    return steps
-
-
-def _located(exc: DpsqlError, piece: Piece) -> DpsqlError:
-    where = f"statement {piece.number} (line {piece.line})"
-    if isinstance(exc, ParseError) and exc.line is not None:
-        # The position in the file, not in the statement.
-        line = piece.line + exc.line - 1
-        message = str(exc).rsplit(" (line ", 1)[0]
-        return ParseError(f"{where}: {message}", line, exc.column)
-    return type(exc)(f"{where}: {exc}")
-
-
-def _complete(piece: Piece, finish: Callable[[], Step]) -> Step:
-    try:
-        return finish()
-    except DpsqlError as exc:
-        raise _located(exc, piece) from None
-
-
-def _plan_soon(
-    session: Session, piece: Piece, trial: Budget, planned: dict[str, int], applied: set[str]
-) -> Callable[[], Step]:
-    """Plan ``piece`` now (a SET is applied now, for the statements after it) and start the
-    engine's check; the function returned waits for the check and decides the step."""
-    # A SELECT or EXPLAIN seen before (same text, same settings) reuses its plan: no parse.
-    # The ledger's bounds estimates were read when the file's planning began (current=False):
-    # the file is planned on one reading of the ledger, and every statement is planned again,
-    # on a fresh reading, when it runs.
-    checked = session.planned_soon(piece.text, None, {}, current=piece.number == 1)
-    if checked is None:
-        kind = _kind(piece)
-        if kind == "set":
-            statement = parse_statement(piece.text)
-            assert isinstance(statement, SetOption)
-            session.set_option(statement.name, statement.value)
-            applied.add(statement.name)
-        return lambda: Step(piece, kind)
-    fresh = bool(session.settings()["fresh"])  # as SET before this statement left it
-    return lambda: _decide(session, piece, checked(), trial, planned, fresh=fresh)
-
-
-def _decide(
-    session: Session, piece: Piece, known: Planned, trial: Budget, planned: dict[str, int],
-    *, fresh: bool,
-) -> Step:  # fmt: skip
-    if known.explain:  # planned, so a bad EXPLAIN refuses the file like a bad query
-        return Step(piece, "explain")
-    plan, keys = known.plan, known.keys
-    if not fresh:
-        hit = session.cache.lookup(plan, keys)
-        if hit is not None:
-            return Step(piece, "query", plan, "cache", f"release {hit.release_seq}")
-        if keys.exact in planned:
-            return Step(piece, "query", plan, "cache", f"statement {planned[keys.exact]}")
-    try:
-        trial.charge(plan.event, plan.query, session.analyst)
-    except BudgetExceededError:
-        return Step(piece, "query", plan, "refused", "does not fit")
-    planned[keys.exact] = piece.number
-    return Step(piece, "query", plan, "charge")
-
-
-def _one_line(text: str, width: int = 60) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 3] + "..."
-
-
-def _totals(steps: Sequence[Step], source: str) -> tuple[Fraction, Fraction]:
-    chosen = [s.plan for s in steps if s.source == source and s.plan is not None]
-    return sum((p.epsilon for p in chosen), Fraction(0)), sum(
-        (p.delta for p in chosen), Fraction(0)
-    )
-
-
-def plan_lines(session: Session, name: str, steps: Sequence[Step]) -> list[str]:
-    """The cost plan of a file, as printed by ``dpsql run`` before anything runs."""
-    lines = [f"plan of {name}: {len(steps)} statement(s)"]
-    lines.append(f"{'#':>3}  {'line':>4}  {'kind':<7}  {'epsilon':<10}  {'delta':<12}  source")
-    for s in steps:
-        cost = (exact(s.plan.epsilon), exact(s.plan.delta)) if s.plan else ("-", "-")
-        source = s.source + (f" ({s.note})" if s.note else "")
-        lines.append(
-            f"{s.piece.number:>3}  {s.piece.line:>4}  {s.kind:<7}  {cost[0]!s:<10}  "
-            f"{cost[1]!s:<12}  "
-            f"{source:<26}  {_one_line(s.piece.text)}"
-        )
-    eps, delta = _totals(steps, "charge")
-    report = session.budget()
-    refused = [s.piece.number for s in steps if s.source == "refused"]
-    lines.append(
-        f"to charge (basic composition, the sum): epsilon {exact(eps)}, delta {exact(delta)}"
-    )
-    lines.append(
-        f"remaining under the {report.accountant} filter: epsilon "
-        f"{exact(report.epsilon_remaining)}, delta {exact(report.delta_remaining)}"
-    )
-    if refused:
-        listed = ", ".join(map(str, refused))
-        lines.append(f"fits: no: the {report.accountant} filter refuses statement(s) {listed}")
-    else:
-        lines.append(f"fits: yes (every charge admitted by the {report.accountant} filter)")
-    return lines
-
-
-# -- results ----------------------------------------------------------------------------------
-def _plain(value: Any) -> Any:
-    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
-
-
-def _document(step: Step, result: Result) -> dict[str, Any]:
-    return {
-        "statement": step.piece.number,
-        "line": step.piece.line,
-        "sql": step.piece.text,
-        "columns": list(result.columns),
-        "types": list(result.types),
-        "rows": [[_plain(v) for v in row] for row in result.rows],
-        "accuracy": [list(row) for row in result.accuracy],
-        "confidence": result.confidence,
-        "epsilon": exact(result.charge.epsilon) if result.charge else "0",
-        "delta": exact(result.charge.delta) if result.charge else "0",
-        "cached_from": result.cached_from,
-    }
-
-
-def _long_rows(done: Sequence[tuple[Step, Result]]) -> Iterator[tuple[Any, ...]]:
-    """One row per released cell: the combined CSV and Parquet layout."""
-    for step, result in done:
-        for i, row in enumerate(result.rows):
-            accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
-            for j, value in enumerate(row):
-                half = accuracy[j] if j < len(accuracy) else None
-                text = None if value is None else str(_plain(value))
-                yield step.piece.number, i + 1, result.columns[j], text, half
-
-
-LONG = (("statement", "INTEGER"), ("row", "INTEGER"), ("column", "VARCHAR"),
-        ("value", "VARCHAR"), ("accuracy", "DOUBLE"))  # fmt: skip
-
-
-def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows([_plain(v) for v in row] for row in rows)
-    return out.getvalue()
-
-
-def _csv_with_accuracy(result: Result) -> str:
-    columns = frames.columns(result, result.rows, accuracy=True)
-    rows = zip(*(values for _, _, values in columns), strict=True) if columns else iter(())
-    return _csv([name for name, _, _ in columns], list(rows))
-
-
-def _parquet(path: Path, schema: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> None:
-    """Write with DuckDB (pyarrow is a development dependency only)."""
-    names: list[str] = []
-    for name, _ in schema:  # duplicate output names (two COUNT(*)) need distinct columns
-        unique, n = name, 1
-        while unique in names:
-            n, unique = n + 1, f"{name}_{n + 1}"
-        names.append(unique)
-    columns = ", ".join(
-        '"' + n.replace('"', '""') + '" ' + t for n, (_, t) in zip(names, schema, strict=True)
-    )
-    with duckdb.connect() as con:
-        con.execute(f"CREATE TABLE result ({columns})")
-        if rows:
-            marks = ", ".join("?" * len(schema))
-            con.executemany(f"INSERT INTO result VALUES ({marks})", [list(r) for r in rows])
-        target = str(path).replace("'", "''")
-        con.execute(f"COPY result TO '{target}' (FORMAT PARQUET)")
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a write failed, in the OS's words (never a value: only the file is named)."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return "the engine could not write the file" if isinstance(exc, duckdb.Error) else "failed"
-
-
-def prepare_output(folder: Path) -> None:
-    """Create ``folder`` and check that a file can be written in it, before anything runs (so
-    that a folder that cannot hold the results costs nothing)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpsql-", suffix=".probe"):
-            pass
-    except OSError as exc:
-        raise OutputError(
-            f"cannot write results to the folder {folder}: {_reason(exc)}; nothing was run"
-        ) from None
-
-
-def _write_one(path: Path, what: str, write: Callable[[], object]) -> Path:
-    try:
-        write()
-    except (OSError, duckdb.Error) as exc:
-        raise OutputError(
-            f"cannot write {path} ({what}): {_reason(exc)}; the statements ran and their charges "
-            "stand (run the file again to write the results: the cache serves them free)"
-        ) from None
-    return path
-
-
-def write_results(
-    done: Sequence[tuple[Step, Result]], folder: Path, fmt: str, combined: bool, width: int
-) -> list[Path]:
-    """Write each result (``01.csv``, ...) or all of them (``results.csv``); return the files.
-    A file that cannot be written is an ``OutputError`` naming it and its statement."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create the folder {folder}: {_reason(exc)}") from None
-    if combined:
-        path = folder / f"results.{fmt}"
-        what = "the results of every statement"
-        if fmt == "json":
-            docs = [_document(s, r) for s, r in done]
-            text = json.dumps(docs, indent=2) + "\n"
-            return [_write_one(path, what, lambda: path.write_text(text, encoding="utf-8"))]
-        if fmt == "csv":
-            text = _csv([n for n, _ in LONG], _long_rows(done))
-            return [_write_one(path, what, lambda: path.write_text(text, encoding="utf-8"))]
-        rows = list(_long_rows(done))
-        return [_write_one(path, what, lambda: _parquet(path, LONG, rows))]
-    paths = []
-    for step, result in done:
-        path = folder / f"{step.piece.number:0{width}d}.{fmt}"
-        what = f"the result of statement {step.piece.number}, line {step.piece.line}"
-        if fmt == "json":
-            text = json.dumps(_document(step, result), indent=2) + "\n"
-            write: Callable[[], object] = functools.partial(path.write_text, text, encoding="utf-8")
-        elif fmt == "csv":  # with a <name> ± column after each column that has half-widths
-            write = functools.partial(path.write_text, _csv_with_accuracy(result), encoding="utf-8")
-        else:
-            schema = list(zip(result.columns, result.types, strict=True))
-            write = functools.partial(_parquet, path, schema, result.rows)
-        paths.append(_write_one(path, what, write))
-    return paths
-
-
-def echo(text: str = "", nl: bool = True) -> None:
-    """``click.echo``, but a standard output that cannot be written (a full disk, a closed pipe)
-    is an ``OutputError`` rather than an internal error."""
-    try:
-        click.echo(text, nl=nl)
-    except OSError as exc:
-        raise OutputError(f"cannot write to standard output: {_reason(exc)}") from None
-
-
-def _text_table(result: Result) -> list[str]:
-    """An aligned table; a noisy value shows its accuracy half-width (``± a``, rounded up)."""
-    cells = []
-    for i, row in enumerate(result.rows):
-        accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
-        halves = [accuracy[j] if j < len(accuracy) else None for j in range(len(row))]
-        cells.append([
-            str(v) + ("" if h is None else f" ± {frames.half_width(h)}")
-            for v, h in zip(row, halves, strict=True)
-        ])  # fmt: skip
-    widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return [line.rstrip() for line in lines]
 
 
 # -- the commands -----------------------------------------------------------------------------
@@ -592,10 +274,16 @@ def query_command(ctx: click.Context, config: Config, sql: str, fmt: str) -> Non
 
 
 __all__ = [
+    "FORMATS",
+    "LONG",
+    "Step",
+    "echo",
     "explain_command",
     "plan_file",
     "plan_lines",
+    "prepare_output",
     "query_command",
     "run_command",
     "split_statements",
+    "write_results",
 ]

@@ -13,7 +13,8 @@ single (epsilon, delta) of its own, so basic and advanced composition read each 
 (epsilon_0, delta_0) its exact curve gives for an equal share delta_0 of the delta they may use.
 
 These are click commands for the ``dpsql`` group (``cli.py`` registers them); they read the
-group's ``Config`` from the context object and never import ``cli`` (no import cycle).
+group's ``Config`` (``context.py``) from the context object and never import ``cli`` (no import
+cycle).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
 from dpsql.session import check_setting
 
 if TYPE_CHECKING:
-    from dpsql.interfaces.cli import Config
+    from dpsql.interfaces.context import Config
 
 __all__ = ["demo_command", "fit_count", "show_command", "whatif_command", "whatif_fits"]
 

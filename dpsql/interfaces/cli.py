@@ -9,6 +9,10 @@ Errors map to exit codes in one table, ``EXIT_CODES`` (documented in ``docs/cli.
 ``dpsql --help``). An error prints one line to stderr: the dpsql message, which names the
 construct and never a data value, and never a traceback. An unexpected exception is a dpsql
 bug: only its class name is printed (its message might quote data), with exit code 70.
+
+The table, the group's ``Config`` and its ``--policy`` / ``--analyst`` options are defined in
+``context.py``, which the command modules registered here import instead of this one; they are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,41 +28,29 @@ import click
 
 from dpsql.accounting.filter import Budget, budget_caps, budget_for, create_ledger
 from dpsql.accounting.ledger import BUDGET_RECORD, GENESIS, Ledger, Record
-from dpsql.errors import (
-    BudgetExceededError,
-    DpsqlError,
-    EngineError,
-    EntropyError,
-    InputError,
-    InternalError,
-    LedgerError,
-    OutputError,
-    ParameterError,
-    PolicyError,
-    QueryError,
-)
+from dpsql.errors import DpsqlError, LedgerError, OutputError, ParameterError
+from dpsql.interfaces.batch import explain_command, query_command, run_command
 from dpsql.interfaces.budget_view import CHART, demo_command, show_command, whatif_command
 from dpsql.interfaces.charts import history_curves
+from dpsql.interfaces.context import (
+    ANALYST_OPTION,
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    POLICY_OPTION,
+    Config,
+    exit_code,
+    fail,
+    pass_config,
+)
 from dpsql.interfaces.html_report import render_html
 from dpsql.interfaces.report import build_report, render_json, render_markdown
-from dpsql.policy import MAX_TOTAL_EPSILON, Policy, check_delta, check_epsilon, load_policy
+from dpsql.interfaces.serve_cli import serve_command
+from dpsql.interfaces.shell import shell_command
+from dpsql.interfaces.users_cli import users
+from dpsql.policy import MAX_TOTAL_EPSILON, Policy, check_delta, check_epsilon
 
-EXIT_OK = 0
-EXIT_USAGE = 2  # click's own code for usage errors; also bad option values
-EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a dpsql bug
-# The one table: the first class in an error's MRO found here gives its code.
-EXIT_CODES: dict[type[DpsqlError], int] = {
-    # A file that cannot be read or written is the caller's to fix, like a bad option value.
-    InputError: EXIT_USAGE,
-    OutputError: EXIT_USAGE,
-    QueryError: 3,
-    BudgetExceededError: 4,
-    EngineError: 5,
-    LedgerError: 6,
-    PolicyError: 7,
-    EntropyError: 8,
-    InternalError: EXIT_INTERNAL,
-}
 _MEANINGS = {
     EXIT_OK: "success",
     EXIT_USAGE: "usage error: unknown command or option, bad option value, an input file that "
@@ -75,24 +66,10 @@ _MEANINGS = {
 }
 
 
-def exit_code(error: BaseException) -> int:
-    """The exit code of an error under ``EXIT_CODES`` (70 for anything unexpected)."""
-    for cls in type(error).__mro__:
-        if cls in EXIT_CODES:
-            return EXIT_CODES[cls]
-    return EXIT_INTERNAL
-
-
 def _epilog() -> str:
     lines = ["\b", "Exit codes:"]
     lines += [f"  {code:>2}  {meaning}" for code, meaning in sorted(_MEANINGS.items())]
     return "\n".join(lines)
-
-
-def fail(ctx: click.Context, message: str, code: int) -> NoReturn:
-    """One line on stderr, then exit with ``code``."""
-    click.echo("Error: " + " ".join(message.split()), err=True)
-    ctx.exit(code)
 
 
 # -- parameter types --------------------------------------------------------------------------
@@ -151,31 +128,6 @@ EPSILON, DELTA, TEXT = EpsilonType(), DeltaType(), NonEmpty()
 
 
 # -- the group and its context ----------------------------------------------------------------
-@dataclass
-class Config:
-    """The group's options; the policy is loaded only by the command that needs it."""
-
-    policy_path: Path | None
-    analyst: str | None
-
-    def policy(self, ledger: bool = True) -> Policy:
-        """The policy; ``ledger``: it must name a ledger (every command that spends, reports or
-        administers the budget; not ``explain``, which charges nothing)."""
-        if self.policy_path is None:
-            raise click.UsageError("give --policy or set DPSQL_POLICY")
-        policy = load_policy(self.policy_path)
-        if ledger and policy.ledger is None:
-            raise PolicyError("the policy has no [ledger] section; the dpsql command needs one")
-        return policy
-
-    def actor(self, by: str | None) -> str:
-        """Who does an owner action: ``--by``, else the group's ``--analyst``."""
-        name = by if by is not None else self.analyst
-        if name is None or not name.strip():
-            raise click.UsageError("give --by (or --analyst / DPSQL_ANALYST)")
-        return " ".join(name.split())
-
-
 class DpsqlGroup(click.Group):
     """Maps every error raised by a command to its exit code and one line on stderr."""
 
@@ -192,29 +144,17 @@ class DpsqlGroup(click.Group):
             fail(ctx, message, EXIT_INTERNAL)
 
 
-@click.group(cls=DpsqlGroup, epilog=_epilog(), context_settings={"max_content_width": 100})
-@click.option(
-    "--policy",
-    "policy_path",
-    envvar="DPSQL_POLICY",
-    type=click.Path(dir_okay=False, path_type=Path),
-    show_envvar=True,
-    help="The policy TOML file (its [ledger] section names the ledger).",
-)
-@click.option(
-    "--analyst",
-    envvar="DPSQL_ANALYST",
-    show_envvar=True,
-    help="Who is acting (self-declared): the default of the owner commands' --by.",
+@click.group(
+    cls=DpsqlGroup,
+    params=[POLICY_OPTION, ANALYST_OPTION],
+    epilog=_epilog(),
+    context_settings={"max_content_width": 100},
 )
 @click.version_option(package_name="dpsql")
 @click.pass_context
 def cli(ctx: click.Context, policy_path: Path | None, analyst: str | None) -> None:
     """dpsql: differentially private SQL over a policy, its ledger and its budget."""
     ctx.obj = Config(policy_path, analyst)
-
-
-pass_config = click.make_pass_decorator(Config)
 
 
 def _paths(policy: Policy) -> tuple[Path, Path | None]:
@@ -444,29 +384,12 @@ budget.add_command(whatif_command)  # dpsql budget what-if
 cli.add_command(demo_command)  # dpsql demo
 
 
-def _register_interfaces() -> None:
-    # The shell and the batch commands use this module's exit codes and group context, so they
-    # are imported once those exist rather than at the top (which would be circular).
-    from dpsql.interfaces.batch import (  # noqa: PLC0415
-        explain_command,
-        query_command,
-        run_command,
-    )
-    from dpsql.interfaces.shell import shell_command  # noqa: PLC0415
-
-    cli.add_command(shell_command)  # dpsql shell
-    cli.add_command(run_command, "run")  # dpsql run FILE.sql
-    cli.add_command(explain_command, "explain")  # dpsql explain "SQL"
-    cli.add_command(query_command, "query")  # dpsql query "SQL"
-    from dpsql.interfaces.serve_cli import serve_command  # noqa: PLC0415
-    from dpsql.interfaces.users_cli import users  # noqa: PLC0415
-
-    cli.add_command(serve_command, "serve")  # dpsql serve --users-file F
-    cli.add_command(users, "users")  # dpsql users add|remove|passwd|list
-
-
-if __name__ != "__main__":  # run as a script, the imported module below registers it
-    _register_interfaces()
+cli.add_command(shell_command)  # dpsql shell
+cli.add_command(run_command, "run")  # dpsql run FILE.sql
+cli.add_command(explain_command, "explain")  # dpsql explain "SQL"
+cli.add_command(query_command, "query")  # dpsql query "SQL"
+cli.add_command(serve_command, "serve")  # dpsql serve --users-file F
+cli.add_command(users, "users")  # dpsql users add|remove|passwd|list
 
 
 def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:
@@ -492,12 +415,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.exit(EXIT_OK)  # pragma: no cover - cli.main exits in standalone mode
 
 
-__all__ = ["EXIT_CODES", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "cli", "exit_code", "main"]
-
-if __name__ == "__main__":  # pragma: no cover
-    from dpsql.interfaces.cli import main as imported_main  # the module, with the shell
-
-    imported_main(sys.argv[1:])
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_INTERNAL",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Config",
+    "cli",
+    "exit_code",
+    "fail",
+    "main",
+    "pass_config",
+]
 
 
 def _decimal(value: Fraction | None) -> str:
@@ -505,3 +434,7 @@ def _decimal(value: Fraction | None) -> str:
     from dpsql.plan.planner import decimal_text  # noqa: PLC0415
 
     return "none" if value is None else decimal_text(value)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

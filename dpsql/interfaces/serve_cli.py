@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dpsql.interfaces.cli import Config, pass_config
+from dpsql.interfaces.context import Config, pass_config
 from dpsql.server.server import DpsqlServer, Limits, ServerConfig, serve
 from dpsql.server.worker import LOG_FORMAT
 

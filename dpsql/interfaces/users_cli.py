@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from dpsql.errors import DpsqlError, ParameterError
+from dpsql.interfaces.context import exit_code, fail
 from dpsql.policy import read_limited
 from dpsql.server.auth import (
     ROLES,
@@ -91,9 +92,6 @@ class UsersGroup(click.Group):
     ``dpsql`` group does, so that ``users`` behaves the same when it is invoked on its own."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        # Imported here: cli.py imports this module while it registers its commands.
-        from dpsql.interfaces.cli import exit_code, fail  # noqa: PLC0415
-
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):

@@ -1,0 +1,421 @@
+"""``Budget``: check-and-charge under the policy's filter, over a ledger's records.
+
+The deciding filter is the one the policy names (``_decider``), fixed when the budget is
+created. ``Budget.charge`` decides and records a charge in one ledger transaction, from the
+history folded incrementally (``budget_state.py``: O(views) per decision), or with
+``replay=True`` by replaying the whole history through the filters' stateless ``admits``;
+analyst shares are decided the same way on their own history. ``Budget.add`` and
+``Budget.allocate`` are the recorded owner acts, and ``Budget.report`` the odometer report
+(``budget_report.py``). ``filter.py`` builds a budget from a policy (``budget_for``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from dpsql.accounting.advanced import AdvancedFilter, AdvancedTally, wrrw_bound
+from dpsql.accounting.base import Accountant, Filter, Tally
+from dpsql.accounting.budget_report import BudgetReport, Charge, Figure, ShareReport, _down, _shown
+from dpsql.accounting.budget_state import _add, _additive_delta, _State, _Views, events_for
+from dpsql.accounting.events import Composite, composite_from_json, composite_to_json
+from dpsql.accounting.ledger import Record
+from dpsql.accounting.parallel import Cell, View, member, views, views_with
+from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter, RdpTally
+from dpsql.accounting.store import MemoryLedger, Store
+from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter, ZcdpTally
+from dpsql.errors import BudgetExceededError
+from dpsql.policy import BudgetSpec
+
+__all__ = ["Budget"]
+
+
+class Budget:
+    """Check-and-charge under the policy's filter, atomic across threads and (with a durable
+    ledger) processes; analyst shares; budget administration; the odometer report.
+
+    Every decision is taken inside the ledger's transaction on the records committed so far, so
+    its inputs are public (earlier charges, the policy, top-ups and allocations), never data.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        spec: BudgetSpec,
+        store: Store | None = None,
+        accountants: Sequence[Accountant] = (),
+        *,
+        replay: bool = False,
+    ):
+        self.dataset = dataset
+        self.spec = spec
+        self.store: Store = store if store is not None else MemoryLedger()
+        self._accountants = tuple(accountants)
+        self._parsed: dict[int, Composite] = {}
+        self._folded: _State | None = None
+        self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter | None] = {}
+        self._lock = threading.RLock()  # _state builds deciders under it
+        # Decide by replaying the whole history through the filters' stateless ``admits``
+        # (O(history) per charge): the reference the incremental path is tested against.
+        self.replay = replay
+
+    @property
+    def name(self) -> str:
+        return self.spec.accountant
+
+    def _decider(
+        self, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None
+    ) -> Filter | None:
+        key = (epsilon, delta, rho)
+        with self._lock:
+            if key not in self._deciders:  # building a filter may solve for its cap: keep it
+                self._deciders[key] = _decider(self.spec, epsilon, delta, rho)
+            return self._deciders[key]
+
+    def _state(self, records: Sequence[Record]) -> _State:
+        """The ledger folded into a state, reading only the records since the last call (the
+        store guarantees that earlier records never change under a session). The state is the
+        live one: callers hold ``_lock`` while they read it."""
+        with self._lock:
+            state = self._folded
+            if state is None or len(records) < state.seen:
+                spec = self.spec
+                shares = {n: (a.epsilon, a.delta) for n, a in spec.analysts.items()}
+                state = _State([], _epsilon_total(self, spec), spec.delta, shares, {})
+                rule = self._rule((state.epsilon, state.delta), True)
+                # A tally holds sums only, never a cap: one kind serves every cap of the filter.
+                state.new_tally = None if isinstance(rule, tuple) else rule.tally
+            for r in records[state.seen :]:
+                self._fold(state, r)
+            state.seen = len(records)
+            self._folded = state
+            return state
+
+    def _fold(self, state: _State, r: Record) -> None:
+        if r.kind == "charge":
+            event = self._parsed.get(r.seq)
+            if event is None:
+                event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
+            state.charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
+            _add(state, "*", event)
+            if r.analyst is not None:
+                _add(state, r.analyst, event)
+            if state.new_tally is not None:
+                events = events_for(self.name, [event])
+                for who in ("*", r.analyst) if r.analyst is not None else ("*",):
+                    mine = state.views.get(who)
+                    if mine is None:
+                        mine = state.views[who] = _Views(state.new_tally)
+                    mine.add(event.cell, events, _additive_delta([event]))
+        elif r.kind == "budget_add":
+            state.epsilon += Fraction(str(r.payload["epsilon"]))
+            state.delta += Fraction(str(r.payload["delta"]))
+        elif r.kind == "allocate":
+            share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
+            state.shares[str(r.payload["analyst"])] = share
+
+    def _rule(
+        self, cap: tuple[Fraction, Fraction], total: bool
+    ) -> Filter | tuple[Fraction, Fraction]:
+        """The filter for a cap; a tuple stands for basic composition with that cap."""
+        rho = self.spec.rho if total and cap[0] == _epsilon_total(self, self.spec) else None
+        decider = self._decider(None if rho is not None else cap[0], cap[1], rho)
+        return decider if decider is not None else cap
+
+    def _admits(
+        self,
+        rule: Filter | tuple[Fraction, Fraction],
+        state: _State,
+        who: str,
+        new: Composite,
+    ) -> bool:
+        """Whether ``rule`` admits ``new`` in every view of ``who``'s history it belongs to.
+
+        Parallel composition (McSherry 2009) within a partition family only
+        (``dpsql.accounting.parallel``): a view per cell holds every query except those pinned
+        to another cell of that cell's family; ``new`` must fit every view that holds it.
+        """
+        if isinstance(rule, tuple):
+            # Basic composition from the running sums, the worst view in closed form.
+            eps, delta = state.worst(who, new.cell)
+            return eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
+        if self.replay or state.new_tally is None:
+            return self._admits_replay(rule, state, who, new)
+        mine = state.views.get(who)
+        if mine is None:
+            mine = _Views(state.new_tally)  # an empty history (not kept: it may be refused)
+        events = events_for(rule.name, [new])
+        # The filter's own decision on each view's running tally (``base.Tally``): exactly
+        # ``admits`` on that view's history (tests/test_incremental_filters.py).
+        return all(rule.admits_tally(tally, events) for tally in mine.holding(new.cell))
+
+    def _admits_replay(self, rule: Filter, state: _State, who: str, new: Composite) -> bool:
+        """``_admits`` by replaying every view's whole history through ``rule.admits``."""
+        mine = state.charges if who == "*" else [c for c in state.charges if c.analyst == who]
+        history = [c.event for c in mine]
+        for seen in views_with(history, new, _cell_of):
+            if not rule.admits(events_for(rule.name, seen[:-1]), events_for(rule.name, [new])):
+                return False
+        return True
+
+    def _decide(self, event: Composite, analyst: str | None, records: Sequence[Record]) -> None:
+        with self._lock:
+            self._decide_on(self._state(records), event, analyst)
+
+    def _decide_on(self, state: _State, event: Composite, analyst: str | None) -> None:
+        rule = self._rule((state.epsilon, state.delta), True)
+        if not self._admits(rule, state, "*", event):
+            left = self._left(state, rule, "*", (state.epsilon, state.delta))
+            raise BudgetExceededError(
+                f"this query (epsilon {_shown(event.epsilon)}, delta {_shown(event.delta)}) "
+                f"would take the data set over its budget under the {self.name} filter "
+                f"({left}); nothing was charged"
+            )
+        if state.shares and (analyst is None or analyst not in state.shares):
+            # With shares declared, only the analysts they name may spend anything.
+            raise BudgetExceededError(
+                "the budget is shared among named analysts only, and this connection's analyst "
+                "has no share; nothing was charged"
+            )
+        if analyst is not None and analyst in state.shares:
+            share = self._rule(state.shares[analyst], False)
+            if not self._admits(share, state, analyst, event):
+                left = self._left(state, share, analyst, state.shares[analyst])
+                raise BudgetExceededError(
+                    f"this query (epsilon {_shown(event.epsilon)}) would take analyst "
+                    f"{analyst} over their share of the budget ({left}); nothing was charged"
+                )
+
+    def _left(
+        self,
+        state: _State,
+        rule: Filter | tuple[Fraction, Fraction],
+        who: str,
+        cap: tuple[Fraction, Fraction],
+    ) -> str:
+        """How much of ``cap`` is left for ``who``, read as ``rule`` reads the spend (rounded
+        down: a refusal never overstates what remains)."""
+        if isinstance(rule, tuple):
+            eps, delta = state.worst(who, None)
+        else:
+            eps, delta = self._deciding(state, rule, len(state.charges), who, float(cap[1]))
+        return (
+            f"epsilon {_down(cap[0] - eps)} of {_shown(cap[0])} left, "
+            f"delta {_down(cap[1] - delta)} of {_shown(cap[1])}"
+        )
+
+    def charge(
+        self,
+        event: Composite,
+        query: str,
+        analyst: str | None,
+        details: Mapping[str, Any] | None = None,
+    ) -> Charge:
+        """Decide and record the charge in one ledger transaction, or raise
+        ``BudgetExceededError`` and record nothing."""
+        payload = {
+            "query": query,
+            "event": composite_to_json(event),
+            "epsilon": str(event.epsilon),
+            "delta": str(event.delta),
+            "accountant": self.name,
+            **(details or {}),
+        }
+        record = self.store.append(
+            "charge", payload, analyst, lambda records: self._decide(event, analyst, records)
+        )
+        self._parsed[record.seq] = event
+        return Charge(record.time, analyst, query, event, record.seq)
+
+    def add(self, epsilon: Fraction, delta: Fraction, by: str, why: str) -> Record:
+        """A top-up of the data set's budget, recorded with who did it and why."""
+        payload = {"epsilon": str(epsilon), "delta": str(delta), "by": by, "why": why}
+        return self.store.append("budget_add", payload, None)
+
+    def allocate(
+        self, analyst: str, epsilon: Fraction, delta: Fraction, by: str, why: str
+    ) -> Record:
+        """Set an analyst's share (replacing the policy's or an earlier one), recorded."""
+        payload = {"analyst": analyst, "epsilon": str(epsilon), "delta": str(delta), "by": by,
+                   "why": why}  # fmt: skip
+        return self.store.append("allocate", payload, None)
+
+    @property
+    def charges(self) -> tuple[Charge, ...]:
+        records = self.store.records()
+        with self._lock:
+            return tuple(self._state(records).charges)
+
+    def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
+        """The histories that bound every unit's (``dpsql.accounting.parallel``: one per cell of
+        a partition family, or the whole history when no query was pinned). The guarantee is
+        the worst view."""
+        composites = [c.event for c in (charges if charges is not None else self.charges)]
+        return views(composites, _cell_of)
+
+    def report(self, analyst: str | None = None) -> BudgetReport:
+        """Spent and remaining budget now, with ``analyst``'s share when they have one. The
+        deciding filter's figure is read from the running tallies (O(views)); every
+        accountant's figure (``BudgetReport.figures``) is computed on first use, over the
+        history as it was at this call."""
+        records = self.store.records()
+        with self._lock:
+            state = self._state(records)
+            # Not copied: the list only grows, so its first ``count`` items stay this history.
+            charges, count = state.charges, len(state.charges)
+            basic = state.worst("*", None)  # what basic composition decides on
+            decider = self._rule((state.epsilon, state.delta), True)
+            eps, delta = basic
+            if not isinstance(decider, tuple):
+                eps, delta = self._deciding(state, decider, count)
+            share = None
+            if analyst is not None and analyst in state.shares:
+                share = self._share(state, analyst)
+        return BudgetReport(
+            self.dataset,
+            self.name,
+            state.epsilon,
+            state.delta,
+            eps,
+            delta,
+            count,
+            self.store.durable,
+            functools.partial(self._figures, charges, count, float(state.delta), basic[0]),
+            share,
+        )
+
+    def _share(self, state: _State, analyst: str) -> ShareReport:
+        """What ``analyst`` spent of their share, as the filter that decides their queries
+        (``_decide_on``: the share's cap, their own history) reads it."""
+        cap = state.shares[analyst]
+        rule = self._rule(cap, False)
+        mine = [c for c in state.charges if c.analyst == analyst]
+        eps, delta = state.worst(analyst, None)
+        if not isinstance(rule, tuple):
+            eps, delta = self._deciding(state, rule, len(state.charges), analyst, float(cap[1]))
+        return ShareReport(analyst, cap[0], cap[1], eps, delta, len(mine))
+
+    def _odometer(self, name: str) -> Accountant | None:
+        return next((a for a in self._accountants if a.name == name), None)
+
+    def _deciding(
+        self,
+        state: _State,
+        decider: Filter,
+        count: int,
+        who: str = "*",
+        cap_delta: float | None = None,
+    ) -> tuple[Fraction, Fraction]:
+        """The deciding filter's (epsilon, additive delta) spent, worst view, of ``who``'s
+        history ("*": the data set's) at ``cap_delta`` (default: the data set's delta): its own
+        bound where it has one (advanced), else its family's odometer reading; Fraction(repr)
+        keeps the rounded-up float exactly. From the tallies, the same numbers as from the
+        views' histories (``_deciding_replay``), which serves the cases the tallies cannot."""
+        delta = float(state.delta) if cap_delta is None else cap_delta
+        history = state.charges[:count]
+        if who != "*":
+            history = [c for c in history if c.analyst == who]
+        mine = state.views.get(who)
+        odometer = self._odometer(self.name)
+        tallies = [] if mine is None else list(mine.tallies.values())
+        readings: list[float] = []
+        pairs: list[tuple[View, Tally | None]] = [*tallies] or [({}, None)]
+        for view, tally in pairs:
+            empty = mine is None or not any(
+                counts for cell, counts in mine.atoms.items() if member(cell, view)
+            )
+            if isinstance(tally, AdvancedTally) and isinstance(decider, AdvancedFilter):
+                # WRRW 2023 section 3: the filter's own epsilon of the view's history
+                bound = wrrw_bound(float(tally.eps_sq), float(decider.delta_prime))
+                readings.append(bound if tally.bounded else math.inf)
+            elif empty:
+                readings.append(0.0)
+            elif isinstance(tally, RdpTally) and isinstance(odometer, RdpAccountant):
+                if tally.orders != odometer.orders:  # a single order decides: read the grid
+                    return self._deciding_replay(decider, history, delta)
+                readings.append(odometer.epsilon_of(*tally.with_events(()), delta))
+            elif isinstance(tally, ZcdpTally):
+                readings.append(ZcdpAccountant.epsilon_of(tally.rho, tally.delta, delta))
+            else:
+                return self._deciding_replay(decider, history, delta)
+        additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]
+        return Fraction(repr(max(readings))), max(additive)
+
+    def _deciding_replay(
+        self, decider: Filter, charges: list[Charge], delta: float
+    ) -> tuple[Fraction, Fraction]:
+        """``_deciding`` from the views' whole histories (O(history))."""
+        seen = self.views(charges)
+        bound = getattr(decider, "bound", None)
+        odometer = self._odometer(self.name)
+        if bound is not None:
+            readings = [float(bound(events_for(self.name, v))) for v in seen]
+        elif odometer is not None:
+            readings = [
+                odometer.epsilon(events_for(self.name, v), delta) if v else 0.0 for v in seen
+            ]
+        else:
+            raise AssertionError(f"no reading for the {self.name} filter")  # odometers() has one
+        return Fraction(repr(max(readings))), max(_additive_delta(v) for v in seen)
+
+    def _figures(
+        self, charges: list[Charge], count: int, delta: float, basic: Fraction
+    ) -> tuple[Figure, ...]:
+        """Every accountant's reading of the first ``count`` charges, worst view, labelled."""
+        with self._lock:  # the list grows under it
+            history = charges[:count]
+        seen = self.views(history)
+        figures = [
+            Figure("basic", float(basic), "decides" if self.name == "basic" else "valid adaptively")
+        ]
+        for accountant in self._accountants:
+            note = "as if fixed in advance" if accountant.fixed_in_advance else "valid adaptively"
+            if accountant.name == self.name:
+                suffix = "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
+                note = "decides" + suffix
+            readings = [
+                accountant.epsilon(events_for(accountant.name, v), delta) if v else 0.0
+                for v in seen
+            ]
+            figures.append(Figure(accountant.name, max(readings), note))
+        return tuple(figures)
+
+
+def _decider(
+    spec: BudgetSpec, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None = None
+) -> Filter | None:
+    """The filter the policy names, for a cap (epsilon, delta) or (rho, delta); None is basic
+    composition."""
+    if spec.accountant == "advanced":
+        assert spec.advanced_delta_prime is not None and epsilon is not None  # policy-validated
+        return AdvancedFilter(epsilon, delta, spec.advanced_delta_prime)
+    # The part of delta reserved for partition selection's additive deltas, as a fraction of
+    # the total (half by default), applied alike to the data set's cap and to analyst shares.
+    part = spec.selection_delta / spec.delta if spec.selection_delta is not None else Fraction(1, 2)
+    selection = delta * part
+    if spec.accountant == "rdp":
+        assert epsilon is not None
+        orders = (spec.rdp_order,) if spec.rdp_order is not None else DEFAULT_ORDERS
+        return RdpFilter(epsilon, delta, orders, approx_delta_cap=selection)
+    if spec.accountant == "zcdp":
+        if rho is not None:
+            return ZcdpFilter(delta_cap=delta, rho_cap=rho, approx_delta_cap=selection)
+        return ZcdpFilter(epsilon, delta, approx_delta_cap=selection)
+    return None
+
+
+def _cell_of(event: Composite) -> Cell | None:
+    return event.cell
+
+
+def _epsilon_total(budget: Budget, spec: BudgetSpec) -> Fraction:
+    """The policy's epsilon, or with a rho budget the epsilon the zCDP filter certifies."""
+    if spec.epsilon is not None:
+        return spec.epsilon
+    decider = budget._decider(None, spec.delta, spec.rho)
+    assert isinstance(decider, ZcdpFilter)  # a rho budget goes with the zcdp filter
+    return Fraction(decider.epsilon_cap)
