@@ -18,7 +18,7 @@ The steps of DESIGN.md section 3, each a CTE:
 6. the cross-unit aggregate per group; with a public domain, every key of the domain.
 
 With a total row cap R, ``_rows`` keeps R rows per unit first (``_row_cap``). Steps the plan
-proves unable to bind are left out (``dpsql.plan.planner._steps``); with ``Bounding.direct``
+proves unable to bind are left out (``dpsql.plan.steps._steps``); with ``Bounding.direct``
 steps 3 to 5 are the identity and the aggregate reads the rows. Every choice between two forms
 of a step rests on public numbers only, and both forms return the same totals.
 
