@@ -18,7 +18,7 @@ from dpsql.errors import ParameterError
 from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.mechanisms import partition_threshold
 from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection, decimal_text
-from dpsql.plan.sensitivity import _check_loss, _gaussian, _laplace
+from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
 from dpsql.policy import Policy
 from dpsql.sql.analyze import Analysis
@@ -95,6 +95,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
 
 __all__ = [
     "MAX_PUBLIC_GROUPS",
+    "Calibrated",
     "Estimate",
     "Measurement",
     "Plan",
