@@ -1,8 +1,9 @@
 """Resolve a validated SELECT against the policy: the table, its unit, the group keys (with their
 public domains), the aggregates (with the bounds of their arguments) and the outputs.
 
-The result is frozen data and a pure function of the query, the policy and the catalog (column
-names and types, which are public). It decides nothing about noise; the planner does.
+The result, an :class:`Analysis` (``dpsql.sql.analysis``), is frozen data and a pure function
+of the query, the policy and the catalog (column names and types, which are public). It decides
+nothing about noise; the planner does.
 
 Outputs, HAVING and ORDER BY are rewritten to refer to released values only: each aggregate call
 becomes a column ``_a{i}`` and each group key ``_k{j}``, so that they can run as
@@ -11,18 +12,28 @@ post-processing over noisy values and never in the engine over private rows.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
 
 from sqlglot import exp
 
 from dpsql.errors import BoundsError, SchemaError, UnsupportedQueryError
-from dpsql.policy import Policy, PublicValue, TableSpec
-from dpsql.sql.cells import Cell, keyable_literal
+from dpsql.policy import Policy, TableSpec
+from dpsql.sql.analysis import (
+    _REF,
+    _SPREAD,
+    SPREAD_KINDS,
+    Aggregate,
+    AggregateKind,
+    Analysis,
+    GroupKey,
+    Output,
+    aggregate_ref,
+    key_ref,
+)
+from dpsql.sql.cells import keyable_literal
 from dpsql.sql.intervals import Interval, interval_of
+from dpsql.sql.keys import _case_literals, _date_domain
 from dpsql.sql.relations import NUMERIC, Builder, Describe, Relation, resolve_expr
 from dpsql.sql.totality import total
 from dpsql.sql.tree import transform
@@ -30,112 +41,6 @@ from dpsql.sql.validate import AGGREGATES, QUANTILES
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
-
-AggregateKind = Literal[
-    "count_rows", "count", "count_units", "count_distinct", "sum", "avg",
-    "var_pop", "var_samp", "stddev_pop", "stddev_samp", "quantile",
-]  # fmt: skip
-# Variances and standard deviations with DuckDB's meanings (VARIANCE = VAR_SAMP, STDDEV =
-# STDDEV_SAMP); like AVG, their argument needs finite bounds.
-_SPREAD: dict[type[exp.Expression], AggregateKind] = {
-    exp.Variance: "var_samp",
-    exp.VariancePop: "var_pop",
-    exp.Stddev: "stddev_samp",
-    exp.StddevSamp: "stddev_samp",
-    exp.StddevPop: "stddev_pop",
-}
-SPREAD_KINDS: frozenset[str] = frozenset(_SPREAD.values())
-
-
-@dataclass(frozen=True)
-class Aggregate:
-    """One aggregate call of the query (deduplicated by kind and argument)."""
-
-    kind: AggregateKind
-    arg: exp.Expression | None  # row-level argument, columns unqualified
-    bounds: Interval | None  # finite range of the argument, for SUM, AVG, spreads, quantiles
-    p: Fraction | None = None  # the quantile's order, in [0, 1]
-
-    @property
-    def signature(self) -> str:
-        arg = self.arg.sql("duckdb") if self.arg is not None else ""
-        return f"{self.kind}:{arg}:{self.p}"
-
-
-@dataclass(frozen=True)
-class GroupKey:
-    """A GROUP BY key: a row-level expression and, if public, its domain of values."""
-
-    expr: exp.Expression
-    name: str
-    domain: tuple[PublicValue, ...] | None = None  # declared or written in the query
-    domain_table: tuple[str, str] | None = None  # (public table, column) holding the domain
-    # The key's type as the engine types the key expression. Once set (by the session, before
-    # the charge), ``domain`` holds the engine's text of each distinct value of that type
-    # (``dpsql.sql.domains``): a set as the engine compares keys.
-    engine_type: str | None = None
-
-    @property
-    def public(self) -> bool:
-        return self.domain is not None or self.domain_table is not None
-
-
-@dataclass(frozen=True)
-class Output:
-    """One output column: its name and an expression over ``_a{i}`` and ``_k{j}``."""
-
-    name: str
-    expr: exp.Expression
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """Everything the planner needs to know about a query, and nothing about the data."""
-
-    table: str
-    spec: TableSpec
-    unit: str
-    columns: Mapping[str, str]
-    where: exp.Expression | None
-    keys: tuple[GroupKey, ...]
-    aggregates: tuple[Aggregate, ...]
-    outputs: tuple[Output, ...]
-    having: exp.Expression | None
-    order: tuple[exp.Ordered, ...]
-    limit: int | None
-    offset: int | None
-    # (column, literal SQL) when WHERE requires a constant-per-unit column to equal a literal;
-    # the session has the engine key it (``dpsql.sql.cells``) into ``cell``, which the bounded
-    # query then enforces: the query touches only the units of that cell.
-    cell_predicate: tuple[str, str] | None = None
-    cell: Cell | None = None
-    # The relation the rows come from: the table itself, or the SQL of a join or subquery.
-    source: str = ""
-    base: bool = True
-    tables: tuple[str, ...] = ()
-    # Finite bounds of the relation's columns (declared, or derived by interval arithmetic).
-    bounds: Mapping[str, tuple[Fraction, Fraction]] = field(default_factory=dict)
-    # Rows per unit the relation holds at most by construction (1 after GROUP BY the unit).
-    unit_rows: int | None = None
-
-    @property
-    def grouped(self) -> bool:
-        return bool(self.keys)
-
-
-_REF = "dpsql_ref"
-
-
-def key_ref(index: int) -> exp.Column:
-    ref = exp.column(f"_k{index}")
-    ref.meta[_REF] = True  # marks references dpsql made; a user cannot write one
-    return ref
-
-
-def aggregate_ref(index: int) -> exp.Column:
-    ref = exp.column(f"_a{index}")
-    ref.meta[_REF] = True
-    return ref
 
 
 class _Analyzer:
@@ -390,111 +295,6 @@ def _output_name(node: exp.Expression, index: int) -> str:
     return f"col{index}"
 
 
-def _case_literals(expr: exp.Expression) -> tuple[PublicValue, ...] | None:
-    """The values of a CASE whose every branch is a literal (the keys the query writes)."""
-    if not isinstance(expr, exp.Case):
-        return None
-    branches = [b.args.get("true") for b in expr.args.get("ifs") or []]
-    default = expr.args.get("default")
-    values: list[PublicValue] = []
-    for branch in [*branches, default]:
-        if branch is None or isinstance(branch, exp.Null):
-            value: PublicValue = None
-        elif isinstance(branch, exp.Literal):
-            value = branch.this if branch.is_string else _number(str(branch.this))
-        elif isinstance(branch, exp.Boolean):
-            value = bool(branch.this)
-        else:
-            return None
-        if value not in values:
-            values.append(value)
-    return tuple(values)
-
-
-# Date parts whose values are public whatever the data: every month, weekday, hour, ...
-_FIXED_PARTS: dict[str, range] = {
-    "month": range(1, 13),
-    "quarter": range(1, 5),
-    "dayofweek": range(7),
-    "dow": range(7),
-    "day": range(1, 32),
-    "hour": range(24),
-    "minute": range(60),
-}
-_PART_OF: dict[type[exp.Expression], str] = {
-    exp.Month: "month",
-    exp.Quarter: "quarter",
-    exp.DayOfWeek: "dayofweek",
-    exp.Day: "day",
-    exp.Hour: "hour",
-    exp.Minute: "minute",
-    exp.Year: "year",
-}
-_TRUNC_UNITS = ("day", "month", "quarter", "year")
-
-
-def _date_domain(expr: exp.Expression, relation: Relation) -> tuple[PublicValue, ...] | None:
-    """The public domain of a date key: a fixed part (month, weekday, ...) of any date column,
-    or date_trunc/year of a column whose policy declares its ``date_range``. Rows outside the
-    domain are dropped before bounding, like those of any public key."""
-    part: str | None = None
-    column: exp.Expression | None = None
-    if isinstance(expr, exp.Extract):
-        part, column = expr.this.name.lower(), expr.expression
-    elif type(expr) in _PART_OF:
-        part, column = _PART_OF[type(expr)], expr.this
-    if part is not None and isinstance(column, exp.Column):
-        if part in _FIXED_PARTS:
-            return tuple(_FIXED_PARTS[part])
-        first_last = _declared_dates(column, relation)
-        if part == "year" and first_last is not None:
-            return tuple(range(first_last[0].year, first_last[1].year + 1))
-        return None
-    if isinstance(expr, exp.TimestampTrunc | exp.DateTrunc) and isinstance(expr.this, exp.Column):
-        unit = expr.args.get("unit")
-        first_last = _declared_dates(expr.this, relation)
-        name = unit.name.lower() if unit is not None else ""
-        if first_last is None or name not in _TRUNC_UNITS:
-            return None
-        return tuple(_truncated(name, *first_last))
-    return None
-
-
-def _declared_dates(column: exp.Column, relation: Relation) -> tuple[dt.date, dt.date] | None:
-    col = relation.columns.get(column.name)
-    if col is None or col.spec is None or col.spec.date_range is None:
-        return None
-    first, last = col.spec.date_range
-    as_date = [d.date() if isinstance(d, dt.datetime) else d for d in (first, last)]
-    return as_date[0], as_date[1]
-
-
-def _truncated(unit: str, first: dt.date, last: dt.date) -> list[PublicValue]:
-    """Every value of date_trunc(unit, d) for d in [first, last] (DuckDB returns TIMESTAMP)."""
-    if unit == "day":
-        start = first
-    else:
-        months = {"month": 1, "quarter": 3, "year": 12}[unit]
-        month = (first.month - 1) // months * months + 1
-        start = dt.date(first.year, month, 1)
-    values: list[PublicValue] = []
-    current = start
-    while current <= last:
-        values.append(dt.datetime(current.year, current.month, current.day))
-        if unit == "day":
-            current += dt.timedelta(days=1)
-        else:
-            step = {"month": 1, "quarter": 3, "year": 12}[unit]
-            index = current.year * 12 + current.month - 1 + step
-            current = dt.date(index // 12, index % 12 + 1, 1)
-    return values
-
-
-def _number(text: str) -> int | float:
-    value = Fraction(text)
-    return int(value) if value.denominator == 1 else float(value)
-
-
 def _cell_predicate(where: exp.Expression | None, spec: TableSpec) -> tuple[str, str] | None:
     """The first top-level conjunct ``column = constant`` of WHERE on a constant-per-unit
     column, as (column, constant SQL). Only the engine can say which cell the constant names
@@ -582,3 +382,17 @@ def analyze(
             if c.interval.lower is not None and c.interval.upper is not None
         },
     )
+
+
+__all__ = [
+    "SPREAD_KINDS",
+    "Aggregate",
+    "AggregateKind",
+    "Analysis",
+    "Catalog",
+    "GroupKey",
+    "Output",
+    "aggregate_ref",
+    "analyze",
+    "key_ref",
+]

@@ -1,0 +1,203 @@
+"""The plan of one query and what it is made of: the options it runs with, its measurements,
+the estimates computed from them, partition selection, and EXPLAIN's account of it all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from functools import cached_property
+
+from sqlglot import exp
+
+from dpsql.accounting.events import Composite
+from dpsql.policy import Mechanism
+from dpsql.sql.analyze import AggregateKind, Analysis
+from dpsql.sql.grid import Grid
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.rewrite import Bounding, MeasurementSpec, parse_bounded
+
+
+@dataclass(frozen=True)
+class QueryOptions:
+    """The privacy parameters and bounds one query runs with (public values)."""
+
+    epsilon: Fraction
+    delta: Fraction
+    max_groups_per_unit: int | None
+    max_rows_per_unit_per_group: int | None
+    confidence: float = 0.95
+    mechanism: Mechanism = "laplace"
+    rho: Fraction | None = None  # with the gaussian: the query's rho instead of (epsilon, delta)
+    sigma: Fraction | None = (
+        None  # or a noise multiplier: rho is then 1/(2 sigma^2) per measurement
+    )
+    max_rows_per_unit: int | None = None  # R: a unit's rows across all groups
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One noisy measurement: an integer total per group plus discrete noise.
+
+    One unit moves at most ``groups`` groups' totals (L0, or 1 without GROUP BY), each by at most
+    ``per_group`` integer units: L1 = groups·per_group, L2 = sqrt(groups)·per_group.
+    Exactly one of ``scale`` (discrete Laplace) and ``sigma2`` (discrete Gaussian) is set.
+    """
+
+    spec: MeasurementSpec
+    label: str
+    per_group: int
+    groups: int
+    unit: Fraction  # the value of one integer unit (1 for counts, g or g/2 for sums)
+    scale: Fraction | None = None
+    sigma2: Fraction | None = None
+    # With a total row cap R: R times what one row can move a total (None without R).
+    row_bound: int | None = None
+    grid: Grid | None = None  # the candidates of a quantile
+
+    @property
+    def sensitivity(self) -> int:
+        """L1 sensitivity in integer units: L0·(per group), and at most R·(per row) when the
+        unit's rows are capped at R in total (DESIGN.md section 3: L1 = min(L0'·C', R))."""
+        full = self.groups * self.per_group
+        return full if self.row_bound is None else min(full, self.row_bound)
+
+    @property
+    def exponential(self) -> bool:
+        """A quantile: the exponential mechanism with ``scale`` (Smith 2011)."""
+        return self.spec.kind == "quantile"
+
+    @property
+    def epsilon(self) -> Fraction:
+        """The pure epsilon of a discrete Laplace measurement."""
+        assert self.scale is not None
+        return self.sensitivity / self.scale
+
+    @property
+    def rho(self) -> Fraction:
+        """The zCDP rho of a discrete Gaussian measurement."""
+        assert self.sigma2 is not None
+        return self.groups * self.per_group**2 / (2 * self.sigma2)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How one aggregate of the query is computed from measurements (post-processing)."""
+
+    kind: AggregateKind
+    # sum: (sum,); avg: (centred, count); counts: (count,); quantile: (quantile,);
+    # var_* and stddev_*: (centred_squares, centred, count)
+    measurements: tuple[int, ...]
+    grid: Grid | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Private-key partition selection on the noisy count of distinct units per group."""
+
+    measurement: int
+    threshold: int
+    delta: Fraction
+
+
+@dataclass(frozen=True)
+class Plan:
+    analysis: Analysis
+    measurements: tuple[Measurement, ...]
+    estimates: tuple[Estimate, ...]
+    selection: Selection | None
+    event: Composite
+    max_groups: int
+    max_rows: int
+    options: QueryOptions
+    query: str  # the parameter-bound query text the plan answers
+    engine_sql: str  # the bounded query as the engine runs it (generated once)
+    skipped: tuple[str, ...] = ()  # bounding steps proven unable to bind, and why
+    bounding: Bounding | None = None  # the public numbers the bounded query enforces
+
+    @property
+    def epsilon(self) -> Fraction:
+        return self.event.epsilon
+
+    @property
+    def delta(self) -> Fraction:
+        return self.event.delta
+
+    @cached_property
+    def bounded(self) -> exp.Select:
+        """The bounded query's tree, parsed from ``engine_sql`` on first use."""
+        return parse_bounded(self.engine_sql)
+
+    @property
+    def bounded_sql(self) -> str:
+        return self.bounded.sql(dialect=DIALECT, pretty=True)
+
+    def explain(self, sql: bool = True) -> list[str]:
+        """EXPLAIN's lines; with ``sql``, the bounded SQL pretty-printed at the end."""
+        a = self.analysis
+        rows = self.options.max_rows_per_unit
+        source = ", ".join(a.tables) if a.base else f"{', '.join(a.tables)} (joined or derived)"
+        lines = [
+            f"table {source}: privacy unit {a.unit}; user-level, add/remove one unit",
+            f"bounds: L0 = {self.max_groups} group(s) per unit, C = {self.max_rows} row(s) per "
+            "unit and group" + (f", R = {rows} row(s) per unit in total" if rows else ""),
+            "keys: "
+            + (
+                ", ".join(
+                    f"{k.name} ({'public domain' if k.public else 'private'})" for k in a.keys
+                )
+                or "none (one global group)"
+            ),
+        ]
+        lines.extend(f"skipped: {why}" for why in self.skipped)
+        for m in self.measurements:
+            lines.append(_explain_measurement(m))
+        if self.selection is not None:
+            lines.append(
+                f"partition selection: release a group iff its noisy distinct-unit count >= "
+                f"{self.selection.threshold}; delta {decimal_text(self.selection.delta)}"
+            )
+        lines.append(
+            f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}"
+        )
+        lines.append("bounded SQL:")
+        if sql:
+            lines.extend("  " + line for line in self.bounded_sql.splitlines())
+        return lines
+
+
+def _explain_measurement(m: Measurement) -> str:
+    if m.exponential:
+        assert m.scale is not None
+        return (
+            f"measurement {m.label}: exponential mechanism over the grid candidates of each "
+            f"group; one unit moves {m.groups} group(s)' scores by <= {m.per_group}; "
+            f"score sensitivity {m.sensitivity}, weights exp(-score/(2*{m.scale})), "
+            f"epsilon {decimal_text(m.epsilon)}"
+        )
+    head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
+    if m.scale is not None:
+        return (
+            f"{head}; L1 sensitivity {m.sensitivity * m.unit} (= {m.sensitivity} units of "
+            f"{m.unit}); DiscreteLaplace scale {m.scale * m.unit} (= {m.scale} units), "
+            f"epsilon {decimal_text(m.epsilon)}"
+        )
+    assert m.sigma2 is not None
+    return (
+        f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
+        f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {decimal_text(m.rho)}"
+    )
+
+
+def decimal_text(value: Fraction) -> str:
+    """An exact cost as a decimal (1/5 as 0.2, 1/1000000 as 0.000001); one that has no finite
+    decimal also in its exact form (``0.333333 (exactly 1/3)``)."""
+    den = value.denominator
+    for prime in (2, 5):
+        while den % prime == 0:
+            den //= prime
+    if den == 1:
+        text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return f"{float(value):.6g} (exactly {value})"

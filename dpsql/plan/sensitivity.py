@@ -1,0 +1,189 @@
+"""Sensitivities and noise: how far one unit moves each measurement, the noise scale or
+variance that calibrates it, and the check of the planned loss against the query's parameters.
+
+Sensitivities (add/remove one unit, DESIGN.md section 3), with L0 groups per unit (1 without
+GROUP BY) and C rows per unit and group, in integer units of each measurement:
+COUNT L0·C; COUNT(DISTINCT unit) L0; SUM on grid g L0·C·max(|lo|, |hi|)/g; centred SUM
+L0·C·(hi - lo)/g in units of g/2; centred sum of squares (VARIANCE, STDDEV) L0·C·((hi - lo)/g)²
+in units of (g/2)², that is L0·C·((hi - lo)/2)² in value units. The query's epsilon is split
+equally across measurements (sequential composition), and each is sampled from the discrete
+Laplace with scale = sensitivity / epsilon_j, so the charged epsilon is exactly the query's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+
+from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, Event, Exponential
+from dpsql.errors import InternalError
+from dpsql.noise.exponential import score_sensitivity
+from dpsql.plan import calibration
+from dpsql.plan.estimates import _Builder
+from dpsql.plan.plans import Measurement, QueryOptions
+from dpsql.sql.grid import Grid
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.rewrite import MeasurementSpec, ValueSpec
+
+
+def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) -> str:
+    arg = values[spec.value].expr.sql(DIALECT) if spec.value is not None else ""
+    if spec.kind == "quantile":
+        return f"QUANTILE({arg}, {spec.p})"
+    if spec.kind == "distinct":
+        return f"COUNT(DISTINCT {arg})"
+    if spec.kind == "rows":
+        return "COUNT(*)"
+    if spec.kind == "units":
+        return "COUNT(DISTINCT unit)"
+    if spec.kind == "count":
+        return f"COUNT({arg})"
+    if spec.kind == "sum":
+        return f"SUM({arg})"
+    assert grid is not None
+    if spec.kind == "centred_squares":
+        return f"SUM(({arg} - {grid.centre})^2)"
+    return f"SUM({arg} - {grid.centre})"
+
+
+def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
+    """How far one unit can move one group's total, in integer units (DESIGN.md section 3)."""
+    if spec.kind == "units":
+        return 1
+    if spec.kind in ("rows", "count", "distinct"):
+        return c  # C rows, or C distinct values, per unit and group
+    if spec.kind == "quantile":
+        assert spec.p is not None
+        return c * score_sensitivity(spec.p)  # C rows, each moving every score by <= this
+    assert spec.value is not None
+    grid = values[spec.value].grid
+    assert grid is not None
+    if spec.kind == "centred_squares":
+        return c * grid.width**2  # each centred row value lies in ±width units of g/2
+    return c * (grid.magnitude if spec.kind == "sum" else grid.width)
+
+
+def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
+    if spec.kind in ("rows", "count", "units", "distinct"):
+        return Fraction(1)
+    assert spec.value is not None
+    grid = values[spec.value].grid
+    assert grid is not None
+    if spec.kind == "centred_squares":
+        return (grid.step / 2) ** 2
+    return grid.step if spec.kind in ("sum", "quantile") else grid.step / 2
+
+
+Calibrated = tuple[list[Measurement], list[Event], "tuple[Fraction, Fraction] | None"]
+
+
+def _measurement(
+    builder: _Builder, spec: MeasurementSpec, l0: int, c: int, r: int | None
+) -> Measurement:
+    grid = builder.values[spec.value].grid if spec.value is not None else None
+    label = _label(spec, builder.values, grid)
+    per_group = _per_group(spec, builder.values, c)
+    # Every per-group bound is C times a per-row bound (units: one per group, not per row).
+    row_bound = r * (per_group // c) if r is not None and spec.kind != "units" else None
+    return Measurement(
+        spec,
+        label,
+        per_group,
+        l0,
+        _unit(spec, builder.values),
+        row_bound=row_bound,
+        grid=grid if spec.kind == "quantile" else None,
+    )
+
+
+def _laplace(
+    builder: _Builder, l0: int, c: int, options: QueryOptions, selection: int | None
+) -> Calibrated:
+    """Discrete Laplace on every measurement, epsilon split equally (sequential composition):
+    scale_j = k·L1_j/epsilon, so Σ L1_j/scale_j = epsilon exactly."""
+    k = len(builder.specs)
+    measurements: list[Measurement] = []
+    events: list[Event] = []
+    for spec in builder.specs:
+        base = _measurement(builder, spec, l0, c, options.max_rows_per_unit)
+        scale = Fraction(base.sensitivity) * k / options.epsilon
+        measurements.append(replace(base, scale=scale))
+        events.append(_pure_event(replace(base, scale=scale)))
+    return measurements, events, None
+
+
+def _pure_event(m: Measurement) -> Event:
+    """The event of a discrete Laplace or exponential-mechanism measurement."""
+    assert m.scale is not None
+    if m.exponential:
+        # EM with weights exp(-score/(2·scale)) and score sensitivity Δ is Δ/scale-DP (McSherry
+        # and Talwar 2007); per group, with the unit's L0 groups composed (basic composition).
+        return Exponential(m.epsilon, m.label)
+    return DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label)
+
+
+def _gaussian(
+    builder: _Builder, l0: int, c: int, options: QueryOptions, selection: int | None
+) -> Calibrated:
+    """Discrete Gaussians on the measurements; partition selection stays a discrete Laplace.
+
+    With selection, it takes epsilon/k and half of delta, the Gaussians the rest: the query is
+    the sequential composition of the two parts, so its (epsilon, delta) is the sum.
+    """
+    k = len(builder.specs)
+    # Partition selection and quantiles are pure-epsilon mechanisms: each takes epsilon/k.
+    pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
+    eps_sel = options.epsilon * len(pure) / k
+    delta_sel = options.delta / 2 if selection is not None else Fraction(0)
+    eps_g, delta_g = options.epsilon - eps_sel, options.delta - delta_sel
+    gaussian = [j for j in range(k) if j not in pure]
+    base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
+    if options.sigma is not None:
+        # A noise multiplier: sigma_j = sigma * L2_j, so each measurement is 1/(2 sigma^2)-zCDP.
+        rho = len(gaussian) / (2 * options.sigma**2)
+        eps_g = calibration.epsilon_for(rho, delta_g)
+    elif options.rho is not None:
+        rho = options.rho
+        eps_g = calibration.epsilon_for(rho, delta_g)
+    elif len(gaussian) == 1 and base[gaussian[0]].groups == 1:
+        only = base[gaussian[0]]
+        sigma2 = calibration.single_sigma2(only.per_group, eps_g, delta_g)
+        rho = Fraction(only.per_group**2) / (2 * sigma2)
+    else:
+        rho = calibration.rho_for(eps_g, delta_g)
+    measurements: list[Measurement] = []
+    events: list[Event] = []
+    for j, m in enumerate(base):
+        if j in pure:
+            scale = Fraction(m.sensitivity) * len(pure) / eps_sel
+            measurements.append(replace(m, scale=scale))
+            events.append(_pure_event(replace(m, scale=scale)))
+        else:
+            # rho split equally: Σ rho_j <= rho (zCDP composition, Bun-Steinke 2016); equal
+            # but for the rounding up of each variance.
+            sigma2 = calibration.sigma2_for(m.per_group, m.groups, rho / len(gaussian))
+            measurements.append(replace(m, sigma2=sigma2))
+            events.append(
+                DiscreteGaussian(sigma2, Fraction(m.per_group), label=m.label, dimensions=m.groups)
+            )
+    return measurements, events, (eps_sel + eps_g, delta_sel + delta_g)
+
+
+def _check_loss(event: Composite, options: QueryOptions, private_keys: bool) -> None:
+    """Recompute the loss from the event and compare with what the query asked for: a mismatch
+    is a planner bug, and nothing may be charged or released on a wrong figure."""
+    if options.mechanism == "laplace":
+        expected = (options.epsilon, options.delta if private_keys else Fraction(0))
+        if (event.epsilon, event.delta) != expected:
+            raise InternalError("the planned privacy loss does not match the query's parameters")
+        return
+    gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
+    # Variances are rounded up (more noise), so the planned rho may only fall short of the ask.
+    if options.sigma is not None:
+        if any(e.rho > 1 / (2 * options.sigma**2) for e in gaussians):
+            raise InternalError("the planned rho exceeds the query's noise multiplier")
+        return
+    if options.rho is not None and sum(e.rho for e in gaussians) > options.rho:
+        raise InternalError("the planned rho exceeds the query's rho")
+    if options.rho is None and (event.epsilon, event.delta) != (options.epsilon, options.delta):
+        raise InternalError("the planned privacy loss does not match the query's parameters")

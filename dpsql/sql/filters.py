@@ -1,0 +1,130 @@
+"""The groups and units a bounded query is held to: the domains of public keys (rows outside
+them are dropped, and the answer lists every key of the domain) and the one cell a query pinned
+to a constant-per-unit column touches; with the literals and key SQL they print.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from sqlglot import exp
+
+from dpsql.sql.analysis import Analysis, GroupKey
+from dpsql.sql.bounding import SALT_PARAMETER
+from dpsql.sql.cells import normal_text
+from dpsql.sql.domains import domain_sql, text_literal
+from dpsql.sql.params import literal_for
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.totality import WIDENED, total
+
+
+def _sql(node: exp.Expression) -> str:
+    """Print a tree of its own: every caller passes a new one (``total``, ``literal_for``), so
+    the generator may change it in place instead of copying it first."""
+    return node.sql(dialect=DIALECT, copy=False)
+
+
+def _domain_filter(key: GroupKey, index: int, name: str) -> str | None:
+    if key.engine_type is not None:
+        # The canonical domain (dpsql.sql.domains), held by the CTE _dom{index}.
+        test = f"{name} IN (SELECT _k{index} FROM _dom{index})"
+        return f"({test} OR {name} IS NULL)" if key.domain and None in key.domain else test
+    if key.domain is not None:
+        values = [v for v in key.domain if v is not None]
+        parts = []
+        if values:
+            parts.append(f"{name} IN ({', '.join(_literal(v) for v in values)})")
+        if None in key.domain:
+            parts.append(f"{name} IS NULL")
+        return "(" + " OR ".join(parts) + ")"
+    if key.domain_table is not None:
+        table, column = key.domain_table
+        return f'{name} IN (SELECT "{column}" FROM "{table}")'
+    return None
+
+
+def _literal(value: object) -> str:
+    return _sql(literal_for(value, 0))
+
+
+def literal_sql(value: object) -> str:
+    """A public value (of a policy domain, a CASE branch, a date range) as an SQL literal; a
+    policy may list NaN or an infinity, which have no literal of their own."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"CAST('{value!r}' AS DOUBLE)"
+    return _literal(value)
+
+
+def key_sql(analysis: Analysis, index: int) -> str:
+    """Key ``index`` as the bounded query computes it (total, over ``analysis.source``)."""
+    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in WIDENED)
+    return _sql(total(analysis.keys[index].expr, ints))
+
+
+def _domain_ctes(analysis: Analysis, total_sql: Callable[[exp.Expression], str]) -> str:
+    """``_dom{i}``: the domain of each public key as a set in the key's engine type."""
+    ctes = ""
+    for i, key in enumerate(analysis.keys):
+        if key.engine_type is not None and key.public:
+            texts = [None if v is None else str(v) for v in key.domain] if key.domain else None
+            relation = domain_sql(
+                i, key.engine_type, texts=texts, table=key.domain_table,
+                source=analysis.source, key_sql=total_sql(key.expr),
+            )  # fmt: skip
+            ctes += f"_dom{i} AS ({relation}), "
+    return ctes
+
+
+def _domain_relation(keys: tuple[GroupKey, ...]) -> str:
+    parts = []
+    for i, key in enumerate(keys):
+        if key.engine_type is not None:
+            parts.append(f"_dom{i}")
+        elif key.domain is not None:
+            rows = ", ".join(f"({_literal(v)})" for v in key.domain)
+            parts.append(f"(VALUES {rows}) AS _d{i}(_k{i})")
+        else:
+            assert key.domain_table is not None
+            table, column = key.domain_table
+            parts.append(f'(SELECT DISTINCT "{column}" AS _k{i} FROM "{table}") AS _d{i}')
+    return " CROSS JOIN ".join(parts)
+
+
+def _enforced_cell(analysis: Analysis) -> str:
+    """For a query pinned to a cell of a constant-per-unit column: each unit's one value,
+    chosen by keyed hash among all its rows before any filter, so it depends only on the unit's
+    own rows; only the units whose chosen value's normal form renders to the cell's key are
+    kept (``dpsql.sql.cells``). Every unit then lies in at most one cell, whatever the data and
+    whatever the query's WHERE says, which parallel composition across cells relies on."""
+    cell = analysis.cell
+    if cell is None:
+        return ""
+    column, unit = f'"{cell.column}"', f'"{analysis.unit}"'
+    order = f"hash({unit}, {column}, CAST(${SALT_PARAMETER} AS BIGINT))"
+    text = normal_text("_cv", analysis.columns[cell.column], cell.collation)
+    assert text is not None  # the session keys only cells with a normal form
+    key = text_literal(cell.key)
+    return (
+        f"_picked AS (SELECT {unit} AS _cu, arg_min({column}, {order}) AS _cv "
+        f'FROM "{analysis.table}" GROUP BY {unit}), '
+        f"_chosen AS (SELECT _cu, _cv FROM _picked WHERE {text} = {key}), "
+    )
+
+
+def _cell_join(analysis: Analysis) -> str:
+    if analysis.cell is None:
+        return ""
+    column, unit = f'"{analysis.cell.column}"', f'"{analysis.unit}"'
+    return (
+        f' SEMI JOIN _chosen ON "{analysis.table}".{unit} = _chosen._cu '
+        f'AND "{analysis.table}".{column} = _chosen._cv'
+    )
+
+
+def public_size(keys: Sequence[GroupKey]) -> int | None:
+    """The number of public key combinations, when there are keys and every one lists its
+    domain (rows outside it are dropped before bounding)."""
+    if not keys or not all(k.domain is not None for k in keys):
+        return None
+    return math.prod(len(k.domain or ()) for k in keys)
