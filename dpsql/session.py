@@ -418,21 +418,6 @@ class Session:
 
         return finish
 
-    def _plan(
-        self,
-        select: Any,
-        params: Sequence[object] | None,
-        options: Mapping[str, object],
-        inline: Mapping[str, object] = EMPTY,
-        estimates: bool = True,
-    ) -> Plan:
-        """``inline``: the statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, under the
-        call's keyword ``options`` (a keyword option given wins), over SET values.
-        ``estimates``: use bounds estimated earlier where the policy declares none."""
-        plan = self._prepare(select, params, options, inline, estimates)
-        self._check_soon(plan, soon=False)()
-        return plan
-
     def _prepare(
         self,
         select: Any,
@@ -441,7 +426,10 @@ class Session:
         inline: Mapping[str, object] = EMPTY,
         estimates: bool = True,
     ) -> Plan:
-        """The plan, before the engine's check of its bounded SQL (``_check_soon``)."""
+        """The plan, before the engine's check of its bounded SQL (``_check_soon``).
+        ``inline``: the statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, under the
+        call's keyword ``options`` (a keyword option given wins), over SET values.
+        ``estimates``: use bounds estimated earlier where the policy declares none."""
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
@@ -630,7 +618,8 @@ class Session:
             self.policy, self.engine.catalog, statement.table, statement.column
         )
         # On the declared policy: an earlier estimate must not clamp the values of a new one.
-        plan = self._plan(parse_select(sql), None, options, estimates=False)
+        plan = self._prepare(parse_select(sql), None, options, estimates=False)
+        self._check_soon(plan, soon=False)()
         answer = self._answer(plan, bool(self.settings(options)["fresh"]))
         lower_index, upper_index = answer.rows[0]
         lower, upper = bounds.from_release(float(lower_index), float(upper_index))
