@@ -342,3 +342,27 @@ def test_accuracy_columns_over_the_wire(served: ServerThread) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "n|n ±" in out.stdout
+
+
+def test_psql_tab_completion_queries_answer(served: ServerThread) -> None:
+    """psql completes table and column names with quote_ident over pg_class and pg_attribute;
+    the answer columns are named as PostgreSQL names them."""
+    completion = (
+        "SELECT pg_catalog.quote_ident(c.relname) FROM pg_catalog.pg_class c WHERE c.relkind IN "
+        "('r', 'S', 'v', 'm', 'f', 'p') AND substring(pg_catalog.quote_ident(c.relname),1,2)='vi'"
+        " AND pg_catalog.pg_table_is_visible(c.oid) LIMIT 1000"
+    )
+    columns = (
+        "SELECT pg_catalog.quote_ident(attname) FROM pg_catalog.pg_attribute a, "
+        "pg_catalog.pg_class c WHERE c.oid = a.attrelid AND a.attnum > 0 AND NOT a.attisdropped "
+        "AND substring(pg_catalog.quote_ident(attname),1,1)='r' AND "
+        "(pg_catalog.quote_ident(relname)='visits' OR '\"' || relname || '\"'='visits') "
+        "AND pg_catalog.pg_table_is_visible(c.oid) LIMIT 1000"
+    )
+    with nothing_recorded(served), connect(served.port, "alice") as conn:
+        cursor = conn.execute(completion)
+        assert [d.name for d in cursor.description or []] == ["quote_ident"]
+        assert cursor.fetchall() == [("visits",)]
+        assert conn.execute(columns).fetchall() == [("region",)]
+        named = conn.execute("SELECT pg_catalog.version(), current_database()")
+        assert [d.name for d in named.description or []] == ["version", "current_database"]

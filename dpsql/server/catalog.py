@@ -53,6 +53,13 @@ _WIRE_TYPES = {
 }  # fmt: skip
 # PostgreSQL's names for the types above (DuckDB's format_type gives its own, e.g. int8);
 # DuckDB's typmod of a DECIMAL(p, s) is p * 1000 + s.
+# PostgreSQL's quote_ident (psql's tab completion calls it): a name as it may be written in SQL,
+# in double quotes unless it is a plain lower-case identifier (keywords aside).
+_QUOTE_IDENT = """
+CREATE TEMP MACRO dpsql_quote_ident(x) AS CASE
+    WHEN regexp_full_match(x, '[a-z_][a-z0-9_$]*') THEN x
+    ELSE '"' || replace(x, '"', '""') || '"' END
+"""
 _FORMAT_TYPE = """
 CREATE TEMP MACRO dpsql_format_type(t, m) AS CASE t
     WHEN 16 THEN 'boolean' WHEN 17 THEN 'bytea' WHEN 20 THEN 'bigint' WHEN 21 THEN 'smallint'
@@ -87,6 +94,7 @@ class Catalog:
             body = ", ".join(f"{_quote(c)} {wire_type(t)}" for c, t in columns.items())
             self._con.execute(f"CREATE TABLE main.{_quote(table)} ({body})")
         self._con.execute(_FORMAT_TYPE)
+        self._con.execute(_QUOTE_IDENT)
         self._con.execute("SET lock_configuration = true")
 
     def answer(

@@ -145,7 +145,22 @@ def _function_name(node: exp.Func) -> str:
     return str(node.sql_name()).lower()
 
 
+def _named(tree: exp.Expr) -> None:
+    """Name each unnamed function call of a select list as PostgreSQL does (by the function's
+    name), before the rewrite replaces it by a constant or a macro of another name."""
+    for select in tree.find_all(exp.Select):
+        named = []
+        for item in select.expressions:
+            call = item.expression if isinstance(item, exp.Dot) else item
+            if isinstance(call, exp.Func) and not isinstance(call, exp.Binary | exp.Connector):
+                named.append(exp.alias_(item, _function_name(call), quoted=True))
+            else:
+                named.append(item)
+        select.set("expressions", named)
+
+
 def _rewrite(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
+    _named(tree)
     user = settings["session_authorization"]
     constants: dict[str, str] = {
         "version": f"PostgreSQL {settings['server_version']}",
@@ -189,6 +204,16 @@ def _rewrite(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
                 ).limit(1).subquery()  # fmt: skip
             if name == "format_type":
                 return exp.Anonymous(this="dpsql_format_type", expressions=node.expressions)
+            if name == "pg_table_is_visible" and node.expressions:
+                # Visible on the search path (main): not DuckDB's own catalog views.
+                visible = sqlglot.parse_one(
+                    "SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                    "ON n.oid = c.relnamespace WHERE n.nspname = 'main'",
+                    read="duckdb",
+                )
+                return exp.In(this=node.expressions[0], query=exp.Subquery(this=visible))
+            if name == "quote_ident":
+                return exp.Anonymous(this="dpsql_quote_ident", expressions=node.expressions)
             if name == "json_build_object":  # DuckDB's name for it
                 return exp.Anonymous(this="json_object", expressions=node.expressions)
             if name in _NO_DEFINITIONS:  # no default, constraint, index, view or sequence
