@@ -14,6 +14,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from conftest import TinyPolicy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dpsql
 from dpsql.interfaces import frames
@@ -91,7 +93,7 @@ def test_html_escapes_values_and_shows_cost_and_half_widths(cursor: Any) -> None
         ("k", "n"), ("VARCHAR", "BIGINT"), (("<script>x</script>", 3),), ((None, 1.5),)
     )
     shown = hostile._repr_html_()
-    assert "<script>" not in shown and "&lt;script&gt;" in shown and "3 ± 1.5" in shown
+    assert "<script>" not in shown and "&lt;script&gt;" in shown and "3.0 ± 1.5" in shown
 
 
 def test_repr_is_short(cursor: Any) -> None:
@@ -122,3 +124,16 @@ def test_a_missing_optional_library_says_what_to_install(
         cursor.fetch_arrow_table()
     assert "<table>" in cursor.result._repr_html_()  # the HTML needs neither
     assert pd.__name__ == "pandas" and Fraction(1) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.floats(-1e9, 1e9, allow_nan=False),
+    width=st.floats(1e-9, 1e9, allow_nan=False),
+)
+def test_a_printed_half_width_never_understates_the_noise(value: float, width: float) -> None:
+    """Every text interface prints ``frames.cell``: its half-width is at least the true one."""
+    shown = frames.cell(value, width)
+    printed = float(shown.split(" ± ")[1])
+    assert printed >= width
+    assert float(frames.half_width(width)) >= width

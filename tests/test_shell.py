@@ -262,7 +262,7 @@ def test_input_is_complete_at_a_semicolon_token() -> None:
 def test_cells_show_value_plus_minus_half_width() -> None:
     assert _cell(18120, 719.0) == "18120 ± 719"
     assert _cell(31.4452, 8.26) == "31.4 ± 8.3"
-    assert _cell(0.123456, 0.0123) == "0.123 ± 0.012"
+    assert _cell(0.123456, 0.0123) == "0.123 ± 0.013"  # a half-width is rounded up
     assert _cell(31.4452, None) == "31.4452" and _cell(None, 3.0) == "NULL"
     assert _cell("east", None) == "east"
 

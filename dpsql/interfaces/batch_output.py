@@ -185,7 +185,7 @@ def _text_table(result: Result) -> list[str]:
         accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
         halves = [accuracy[j] if j < len(accuracy) else None for j in range(len(row))]
         cells.append([
-            str(v) + ("" if h is None else f" ± {frames.half_width(h)}")
+            frames.cell(v, h)
             for v, h in zip(row, halves, strict=True)
         ])  # fmt: skip
     widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]

@@ -147,11 +147,8 @@ def to_html(result: Result) -> str:
         widths = result.accuracy[r] if r < len(result.accuracy) else ()
         cells = []
         for i, value in enumerate(row):
-            text = html.escape("NULL" if value is None else _shown(value))
             width = widths[i] if i < len(widths) else None
-            if width is not None:
-                text += f" ± {html.escape(half_width(width))}"
-            cells.append(f"<td>{text}</td>")
+            cells.append(f"<td>{html.escape(cell(value, width))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f"; first {MAX_HTML_ROWS} shown" if n > MAX_HTML_ROWS else ""
     caption = html.escape(f"{n} row(s){more}; {summary(result)}")
@@ -183,6 +180,26 @@ def _decimal(value: Any) -> str:
     return str(value)
 
 
+def cell(value: Any, width: float | None) -> str:
+    """``value ± half-width`` as every text interface prints it (the shell, ``dpsql run`` and
+    ``dpsql query`` tables, notebooks): the value rounded to the precision its accuracy
+    supports, the half-width at the same precision rounded **up**, so that rounding never
+    makes an answer look more accurate than it is.
+
+    >>> cell(1234.56, 12.4), cell(0.5123, 0.0123), cell(7, None), cell(2.0, 0.25)
+    ('1235 ± 13', '0.512 ± 0.013', '7', '2.00 ± 0.25')
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if width is None or not math.isfinite(width):
+        return f"{value:.6g}" if isinstance(value, float) else str(value)
+    digits = 0 if width >= 10 or width <= 0 else min(6, 1 - math.floor(math.log10(width)))
+    up = math.ceil(Decimal(repr(float(width))).scaleb(digits)) / Decimal(10) ** digits
+    return f"{value:.{digits}f} ± {float(up):.{digits}f}"
+
+
 def half_width(value: float, digits: int = 4) -> str:
     """A half-width as people read it, to ``digits`` significant digits, rounded **up** (so
     that rounding never makes an answer look more accurate than it is).
@@ -204,4 +221,13 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["columns", "cost_metadata", "half_width", "summary", "to_arrow", "to_html", "to_pandas"]
+__all__ = [
+    "cell",
+    "columns",
+    "cost_metadata",
+    "half_width",
+    "summary",
+    "to_arrow",
+    "to_html",
+    "to_pandas",
+]

@@ -11,7 +11,6 @@ and the ``dpsql shell`` command are in ``shell.py``.
 from __future__ import annotations
 
 import io
-import math
 from fractions import Fraction
 from typing import Any
 
@@ -22,6 +21,7 @@ from rich.text import Text
 
 from dpsql import cache
 from dpsql.errors import DpsqlError
+from dpsql.interfaces import frames
 from dpsql.interfaces.report import exact, iso_time
 from dpsql.interfaces.shell_input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
 from dpsql.session import Result, Session
@@ -42,15 +42,8 @@ def _error(message: str) -> str:
 
 
 def _cell(value: Any, width: float | None) -> str:
-    """``value ± half-width``, the value rounded to the precision its accuracy supports."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if width is None or not math.isfinite(width):
-        return f"{value:.6g}" if isinstance(value, float) else str(value)
-    digits = 0 if width >= 10 or width <= 0 else min(6, 1 - math.floor(math.log10(width)))
-    return f"{value:.{digits}f} ± {width:.{digits}f}"
+    """``value ± half-width`` as every text interface prints it (``frames.cell``)."""
+    return frames.cell(value, width)
 
 
 class Shell:
