@@ -4,578 +4,75 @@ A policy is a TOML file (see ``docs/policy.md``) loaded into frozen pydantic mod
 parameters and value bounds are exact rationals parsed from their decimal text: TOML floats are
 read as ``Decimal`` so that ``0.01`` is exactly 1/100 (``Fraction(0.01)`` is slightly above it,
 and a budget check on it would be off by one query in a hundred).
+
+Its parts: ``dpsql.policy_numbers`` (exact numbers and their limits), ``dpsql.policy_spec``
+(the pydantic models), ``dpsql.policy_load`` (reading and validating a policy) and
+``dpsql.policy_schema`` (the check against the data's schema); this module re-exports them.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import difflib
-import hashlib
-import json
-import math
-import re
-import tomllib
-from collections.abc import Iterable, Mapping
-from decimal import Decimal
-from fractions import Fraction
-from pathlib import Path
-from typing import IO, Annotated, Any, Literal
-
-import sqlglot
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    ValidationError,
-    field_validator,
-    model_validator,
+from dpsql.errors import PolicyError  # noqa: F401  (imported from here)
+from dpsql.policy_load import MAX_POLICY_BYTES, load_policy, read_limited
+from dpsql.policy_numbers import (
+    LARGEST_NUMBER,
+    MAX_ABS_BOUND,
+    MAX_CONTRIBUTION_BOUND,
+    MAX_NUMBER_BITS,
+    MAX_NUMBER_TEXT,
+    MAX_QUERY_EPSILON,
+    MAX_TOTAL_EPSILON,
+    SMALLEST_NUMBER,
+    Exact,
+    check_delta,
+    check_epsilon,
+    to_fraction,
 )
-from sqlglot import exp
-
-from dpsql.errors import DpsqlError, InputError, ParameterError, PolicyError
-
-# A per-query epsilon above this is refused as absurd: at epsilon 20 one answer may change odds
-# by a factor of e^20 ~ 5e8, which protects nothing. Totals may be larger (many queries).
-MAX_QUERY_EPSILON = Fraction(20)
-MAX_TOTAL_EPSILON = Fraction(10_000)
-# Contribution bounds above this are almost surely a typo and make noise useless.
-MAX_CONTRIBUTION_BOUND = 1_000_000
-# Bounds beyond 2**52 in magnitude lose exactness when the engine clamps in DOUBLE.
-MAX_ABS_BOUND = Fraction(2**52)
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-# Numbers from users are read as exact rationals, so their size is bounded before any exact
-# arithmetic: Fraction("1e999999999") computes 10**999999999 (minutes of CPU, gigabytes of
-# memory), and a float conversion of a huge integer raises OverflowError far downstream.
-MAX_NUMBER_TEXT = 100  # characters (or significant digits) of one number
-MAX_NUMBER_BITS = 2048  # bits of an integer, or of a Fraction's numerator and denominator
-# A nonzero number lies within [1e-300, 1e300] in magnitude: beyond, no float the accountants
-# and samplers compute with can hold it (5e-324 is a denormal, 1e309 overflows).
-SMALLEST_NUMBER = Fraction(1, 10**300)
-LARGEST_NUMBER = Fraction(10**300)
-_SPACES = " \t\n\r\f\v"
-_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_RATIO_TEXT = re.compile(r"[+-]?[0-9]+/[0-9]+")
-_RANGE = "0 or between 1e-300 and 1e300 in magnitude"
-
-
-def to_fraction(value: object, name: str) -> Fraction:
-    """An exact rational from decimal text, an integer, a Decimal, a Fraction or a float.
-
-    A float is read through its shortest round-trip decimal text (``repr``), so ``0.01`` gives
-    exactly 1/100: the number the user wrote, not the binary double nearest to it. Text is
-    ASCII decimal notation (``0.5``, ``1e-6``) or a ratio of integers (``1/3``), at most
-    ``MAX_NUMBER_TEXT`` characters; a nonzero value must lie within [1e-300, 1e300] in
-    magnitude. Every check runs before any exact arithmetic on the value, and the message names
-    ``name``, never the value.
-    """
-    if isinstance(value, bool):
-        raise ParameterError(f"{name} must be a number, not a boolean")
-    if isinstance(value, Fraction):
-        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_NUMBER_BITS:
-            raise ParameterError(f"{name} must be {_RANGE}")
-        result = value
-    elif isinstance(value, int):
-        if value.bit_length() > MAX_NUMBER_BITS:
-            raise ParameterError(f"{name} must be {_RANGE}")
-        result = Fraction(value)
-    elif isinstance(value, Decimal):
-        result = _from_decimal(value, name)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ParameterError(f"{name} must be a finite number")
-        result = _from_decimal(Decimal(repr(value)), name)
-    elif isinstance(value, str):
-        result = _from_text(value, name)
-    else:
-        raise ParameterError(f"{name} must be a number")
-    if result != 0 and not SMALLEST_NUMBER <= abs(result) <= LARGEST_NUMBER:
-        raise ParameterError(f"{name} must be {_RANGE}")
-    return result
-
-
-def _from_decimal(value: Decimal, name: str) -> Fraction:
-    if not value.is_finite():  # NaN, sNaN (is_finite does not signal) and the infinities
-        raise ParameterError(f"{name} must be a finite number")
-    # adjusted() reads the exponent without expanding it; a few hundred digits then convert
-    # at once, and the exact range check follows.
-    if value and (len(value.as_tuple().digits) > MAX_NUMBER_TEXT or abs(value.adjusted()) > 400):
-        raise ParameterError(f"{name} must be {_RANGE}")
-    return Fraction(value)
-
-
-def _from_text(value: str, name: str) -> Fraction:
-    text = value.strip(_SPACES)
-    if len(text) > MAX_NUMBER_TEXT:
-        raise ParameterError(f"{name} must be a number of at most {MAX_NUMBER_TEXT} characters")
-    # The grammar is ASCII on purpose: Python's own parsers also take other scripts' digits
-    # ("١"), underscores ("1_0") and words ("Infinity"), which no SQL or TOML reader would.
-    if _DECIMAL_TEXT.fullmatch(text):
-        return _from_decimal(Decimal(text), name)
-    if _RATIO_TEXT.fullmatch(text):
-        numerator, denominator = text.split("/")
-        if int(denominator) == 0:
-            raise ParameterError(f"{name} must not divide by zero")
-        return Fraction(int(numerator), int(denominator))
-    raise ParameterError(f"{name} must be a decimal number (e.g. 0.5 or 1e-6) or a ratio (1/3)")
-
-
-def check_epsilon(value: object, name: str, cap: Fraction) -> Fraction:
-    """A positive, finite epsilon no larger than ``cap``."""
-    eps = to_fraction(value, name)
-    if eps <= 0:
-        raise ParameterError(f"{name} must be positive")
-    if eps > cap:
-        raise ParameterError(f"{name} must be at most {cap}")
-    return eps
-
-
-def check_delta(value: object, name: str) -> Fraction:
-    """A delta in [0, 1)."""
-    delta = to_fraction(value, name)
-    if not 0 <= delta < 1:
-        raise ParameterError(f"{name} must be in [0, 1)")
-    return delta
-
-
-def _exact(value: Any) -> Fraction:
-    try:
-        return to_fraction(value, "value")
-    except ParameterError as exc:
-        raise ValueError(str(exc)) from None
-
-
-Exact = Annotated[
-    Fraction,
-    BeforeValidator(_exact),
-    PlainSerializer(str, return_type=str),
-]
-PublicValue = str | int | float | bool | dt.date | dt.datetime | None
-MAX_DATE_RANGE_DAYS = 36_600  # a century of days: the largest domain date_trunc('day') gets
-
-
-def _as_date(value: dt.date) -> dt.date:
-    return value.date() if isinstance(value, dt.datetime) else value
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
-
-class DatasetSpec(_Frozen):
-    """Identity of the data set: the budget belongs to ``id``; ``data_version`` keys the cache."""
-
-    id: str = Field(min_length=1, max_length=200)
-    data_version: str = Field(default="1", min_length=1, max_length=200)
-
-
-class DataSpec(_Frozen):
-    """Where the data lives: a DuckDB file, and/or Parquet or CSV files mapped to table names."""
-
-    database: Path | None = None
-    tables: dict[str, Path] = Field(default_factory=dict)
-    # CSV files are read one physical line per row, split on this character, without quoting,
-    # so a malformed line can only drop itself (DESIGN.md section 5): never sniffed.
-    csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
-
-    @field_validator("csv_delimiter")
-    @classmethod
-    def _delimiter(cls, value: str) -> str:
-        if value in ("\n", "\r", '"', "'") or (not value.isprintable() and value != "\t"):
-            raise ValueError("csv_delimiter must be one printable character (or a tab)")
-        return value
-
-    @model_validator(mode="after")
-    def _some_data(self) -> DataSpec:
-        if self.database is None and not self.tables:
-            raise ValueError("give data.database or data.tables")
-        for name, path in self.tables.items():
-            if not _IDENTIFIER.match(name):
-                raise ValueError(f"data.tables: {name!r} is not a plain SQL identifier")
-            if path.suffix.lower() not in {".parquet", ".csv"}:
-                raise ValueError(f"data.tables.{name}: only .parquet and .csv files are supported")
-        return self
-
-
-Mechanism = Literal["laplace", "gaussian"]
-# The filters that may decide admission: each is valid under fully adaptive composition.
-FilterName = Literal["basic", "advanced", "rdp", "zcdp"]
-
-
-class ShareSpec(_Frozen):
-    """An analyst's share of the data set's budget, under the same filter."""
-
-    epsilon: Exact
-    delta: Exact = Fraction(0)
-
-
-class BudgetSpec(_Frozen):
-    """The total budget of the data set, the filter that guards it, per-query defaults."""
-
-    epsilon: Exact | None = None
-    delta: Exact = Fraction(0)
-    # A zCDP budget instead of epsilon (with accountant = "zcdp"): the filter caps the summed
-    # rho, and the epsilon it certifies at delta is the report's total.
-    rho: Exact | None = None
-    query_epsilon: Exact = Fraction(1, 10)
-    query_delta: Exact = Fraction(0)
-    mechanism: Mechanism = "laplace"
-    accountant: FilterName = "basic"
-    advanced_delta_prime: Exact | None = None
-    rdp_order: float | None = Field(default=None, gt=1, le=1024)
-    # Under the rdp and zcdp filters: the part of delta reserved for the additive deltas of
-    # partition selection (approximate RDP / zCDP); the rest goes to the conversion.
-    selection_delta: Exact | None = None
-    analysts: dict[str, ShareSpec] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _valid(self) -> BudgetSpec:
-        if (self.epsilon is None) == (self.rho is None):
-            raise ValueError("give budget.epsilon, or budget.rho with accountant = 'zcdp'")
-        if self.rho is not None and self.accountant != "zcdp":
-            raise ValueError("budget.rho needs accountant = 'zcdp'")
-        try:
-            if self.epsilon is not None:
-                check_epsilon(self.epsilon, "budget.epsilon", MAX_TOTAL_EPSILON)
-            if self.rho is not None:
-                check_epsilon(self.rho, "budget.rho", MAX_TOTAL_EPSILON)
-            check_epsilon(self.query_epsilon, "budget.query_epsilon", MAX_QUERY_EPSILON)
-            check_delta(self.delta, "budget.delta")
-            check_delta(self.query_delta, "budget.query_delta")
-        except ParameterError as exc:
-            raise ValueError(str(exc)) from None
-        if self.mechanism == "gaussian" and (self.delta == 0 or self.query_delta == 0):
-            raise ValueError("the gaussian mechanism needs delta > 0 and query_delta > 0")
-        if self.accountant == "advanced":
-            prime = self.advanced_delta_prime
-            if prime is None or not 0 < prime < self.delta:
-                raise ValueError("the advanced filter needs 0 < advanced_delta_prime < delta")
-        elif self.advanced_delta_prime is not None:
-            raise ValueError("advanced_delta_prime is only used by accountant = 'advanced'")
-        if self.rdp_order is not None and self.accountant != "rdp":
-            raise ValueError("rdp_order is only used by accountant = 'rdp'")
-        if self.selection_delta is not None and (
-            self.accountant not in ("rdp", "zcdp") or not 0 <= self.selection_delta < self.delta
-        ):
-            raise ValueError("selection_delta needs accountant rdp or zcdp and 0 <= it < delta")
-        if self.accountant in ("rdp", "zcdp") and self.delta == 0:
-            raise ValueError(f"the {self.accountant} filter needs delta > 0")
-        for name, share in self.analysts.items():
-            within = self.epsilon is None or share.epsilon <= self.epsilon
-            if not (share.epsilon > 0 and within and 0 <= share.delta <= self.delta):
-                raise ValueError(f"analysts.{name}: a share must lie within the total budget")
-            if self.accountant in ("rdp", "zcdp") and share.delta == 0:
-                raise ValueError(f"analysts.{name}: the {self.accountant} filter needs delta > 0")
-        return self
-
-
-class ColumnSpec(_Frozen):
-    """What is public about a column: its clamping bounds and/or its domain of key values."""
-
-    lower: Exact | None = None
-    upper: Exact | None = None
-    public_values: tuple[PublicValue, ...] | None = None
-    public_values_from: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")
-    # For a DATE or TIMESTAMP column: the public first and last date. GROUP BY date_trunc(...)
-    # or year(...) of the column then has a public domain (DESIGN.md section 4).
-    date_range: tuple[dt.date, dt.date] | None = None
-    # For a column of a CSV table: its DuckDB type. CSV columns are read as text and cast with
-    # TRY_CAST (a value that does not parse is NULL, never an error); undeclared ones stay
-    # VARCHAR: types never come from sniffing a sample of the rows.
-    type: str | None = Field(default=None, max_length=200)
-
-    @field_validator("type")
-    @classmethod
-    def _type(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        try:  # parsed as the target of a cast: a type and nothing else
-            cast = sqlglot.parse_one(f"CAST(NULL AS {value})", read="duckdb")
-        except (sqlglot.errors.SqlglotError, ValueError, RecursionError):
-            cast = None
-        parsed = cast.args.get("to") if isinstance(cast, exp.Cast) else None
-        if not isinstance(parsed, exp.DataType) or parsed.this == exp.DataType.Type.USERDEFINED:
-            raise ValueError(f"{value!r} is not a built-in DuckDB type")
-        return parsed.sql(dialect="duckdb")
-
-    @model_validator(mode="after")
-    def _valid(self) -> ColumnSpec:
-        if (self.lower is None) != (self.upper is None):
-            raise ValueError("give both lower and upper, or neither")
-        if self.lower is not None and self.upper is not None:
-            if not self.lower < self.upper:
-                raise ValueError("lower must be below upper")
-            if max(abs(self.lower), abs(self.upper)) > MAX_ABS_BOUND:
-                raise ValueError("bounds must be within ±2**52")
-        if self.public_values is not None and self.public_values_from is not None:
-            raise ValueError("give public_values or public_values_from, not both")
-        if self.date_range is not None:
-            first, last = (_as_date(d) for d in self.date_range)
-            if not first <= last:
-                raise ValueError("date_range must be [first, last] with first <= last")
-            if (last - first).days > MAX_DATE_RANGE_DAYS:
-                raise ValueError(f"date_range spans more than {MAX_DATE_RANGE_DAYS} days")
-        if self.public_values is not None and len(set(self.public_values)) != len(
-            self.public_values
-        ):
-            raise ValueError("public_values has duplicates")
-        return self
-
-    @property
-    def bounds(self) -> tuple[Fraction, Fraction] | None:
-        if self.lower is None or self.upper is None:
-            return None
-        return (self.lower, self.upper)
-
-
-class TableSpec(_Frozen):
-    """A private table (with a privacy unit and contribution bounds) or a public table."""
-
-    privacy_unit: str | None = None
-    public: bool = False
-    max_groups_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
-    max_rows_per_unit_per_group: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
-    # R: rows one unit may contribute in total, across groups (DESIGN.md section 3); optional.
-    max_rows_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
-    # Private tables with equal unit_domain hold the same kind of unit (say, one person) under
-    # the same identifiers, so they may be joined on their unit columns.
-    unit_domain: str | None = Field(default=None, min_length=1, max_length=200)
-    columns: dict[str, ColumnSpec] = Field(default_factory=dict)
-    # Columns with one value per unit (e.g. a home region): queries filtered to different values
-    # touch disjoint units and compose in parallel. Enforced, not trusted: each unit keeps the
-    # rows of one value, chosen by keyed hash, in every query that relies on it.
-    constant_per_unit: tuple[str, ...] = ()
-
-    @field_validator("columns")
-    @classmethod
-    def _lower(cls, columns: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
-        # SQL identifiers are case-insensitive in DuckDB; the policy matches them the same way.
-        return {name.lower(): spec for name, spec in columns.items()}
-
-    @field_validator("privacy_unit")
-    @classmethod
-    def _lower_unit(cls, unit: str | None) -> str | None:
-        return unit.lower() if unit is not None else None
-
-    @field_validator("constant_per_unit")
-    @classmethod
-    def _lower_constant(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        for name in names:
-            if not _IDENTIFIER.match(name):
-                raise ValueError(f"{name!r} is not a plain SQL identifier")
-        return tuple(name.lower() for name in names)
-
-    @model_validator(mode="after")
-    def _valid(self) -> TableSpec:
-        if self.public == (self.privacy_unit is not None):
-            raise ValueError("a table is either public = true or has a privacy_unit")
-        if self.public and (
-            self.max_groups_per_unit or self.max_rows_per_unit_per_group or self.max_rows_per_unit
-        ):
-            raise ValueError("a public table has no contribution bounds")
-        if self.public and self.unit_domain:
-            raise ValueError("a public table has no unit_domain")
-        if self.public and self.constant_per_unit:
-            raise ValueError("a public table has no privacy unit to be constant for")
-        if self.privacy_unit in self.constant_per_unit:
-            raise ValueError("constant_per_unit lists other columns than the privacy unit")
-        return self
-
-    @property
-    def is_private(self) -> bool:
-        return self.privacy_unit is not None
-
-
-class LedgerSpec(_Frozen):
-    """Where the durable ledger lives (created by ``dpsql init``) and its anchor."""
-
-    path: Path
-    anchor: Path | None = None  # default: beside the ledger, named <path>.anchor
-
-
-# DuckDB's own size syntax: a number and a unit, or a share of the machine's memory.
-_MEMORY = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,3})? ?(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB|%)$", re.I)
-
-
-class EngineSpec(_Frozen):
-    """How the embedded engine runs: its memory cap (beyond it, work spills to disk), where it
-    spills, and its threads. Public settings: they change the speed, never an answer."""
-
-    name: Literal["duckdb"] = "duckdb"
-    # Half the machine's memory: DuckDB's own default (80%) leaves too little for the rest.
-    memory_limit: str = Field(default="50%", max_length=20)
-    temp_directory: Path | None = None  # default: a private directory under the system's
-    threads: int | None = Field(default=None, ge=1, le=1024)  # default: every core
-
-    @field_validator("memory_limit")
-    @classmethod
-    def _memory(cls, value: str) -> str:
-        match = _MEMORY.match(value.strip())
-        if match is None:
-            raise ValueError("memory_limit must be a size like '4GB', '512MiB' or '50%'")
-        if match.group(2) == "%" and not 0 < float(value.strip()[:-1]) <= 100:
-            raise ValueError("a memory_limit share must be above 0% and at most 100%")
-        return value.strip()
-
-
-class Policy(_Frozen):
-    """The whole policy. ``base_dir`` resolves relative data paths (it is not part of it)."""
-
-    dataset: DatasetSpec
-    data: DataSpec
-    budget: BudgetSpec
-    tables: dict[str, TableSpec]
-    ledger: LedgerSpec | None = None  # without it the budget lives in memory
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    base_dir: Path = Field(default=Path("."), exclude=True)
-
-    @field_validator("tables")
-    @classmethod
-    def _names(cls, tables: dict[str, TableSpec]) -> dict[str, TableSpec]:
-        for name in tables:
-            if not _IDENTIFIER.match(name):
-                raise ValueError(f"{name!r} is not a plain SQL identifier")
-        return {name.lower(): spec for name, spec in tables.items()}
-
-    @model_validator(mode="after")
-    def _references(self) -> Policy:
-        for tname, table in self.tables.items():
-            for cname, col in table.columns.items():
-                ref = col.public_values_from
-                if ref is None:
-                    continue
-                other = self.tables.get(ref.split(".")[0].lower())
-                if other is None or not other.public:
-                    raise ValueError(
-                        f"tables.{tname}.columns.{cname}.public_values_from must name a column "
-                        "of a public table"
-                    )
-        return self
-
-    @property
-    def version(self) -> str:
-        """A hash of the policy's canonical form: any change to it changes the version."""
-        # The engine's settings change the speed, never an answer: not part of the version.
-        body = self.model_dump(mode="json", exclude={"engine"})
-        canonical = json.dumps(body, sort_keys=True, default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-    def resolve(self, path: Path) -> Path:
-        return path if path.is_absolute() else (self.base_dir / path).resolve()
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """``"; did you mean x?"`` for the closest of ``known`` names (schema names the caller may
-    see, never a data value), else ``""``."""
-    close = difflib.get_close_matches(name.lower(), sorted({k.lower() for k in known}), 1, 0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def check_against_schema(policy: Policy, catalog: Mapping[str, Mapping[str, str]]) -> None:
-    """Every table and column the policy names exists in the data: checked at connect, on the
-    names (and, for CSV files, the declared types, ``dpsql.engine``), never on row values, so a
-    typo is a ``PolicyError`` naming the field, not a puzzling error at the first query."""
-    for tname, table in policy.tables.items():
-        if tname not in catalog:
-            hint = did_you_mean(tname, catalog)
-            raise PolicyError(f"tables.{tname}: the data has no table {tname}{hint}")
-        columns = catalog[tname]
-        named = [("privacy_unit", table.privacy_unit)] if table.privacy_unit else []
-        named += [("constant_per_unit", c) for c in table.constant_per_unit]
-        named += [(f"columns.{c}", c) for c in table.columns]
-        for field, column in named:
-            if column.lower() not in columns:
-                hint = did_you_mean(column, columns)
-                raise PolicyError(
-                    f"tables.{tname}.{field}: the table {tname} has no column {column}{hint}"
-                )
-        for cname, spec in table.columns.items():
-            ref = spec.public_values_from
-            if ref is None:
-                continue
-            other, column = (part.lower() for part in ref.split("."))
-            if column not in catalog.get(other, {}):
-                hint = did_you_mean(column, catalog.get(other, {}))
-                raise PolicyError(
-                    f"tables.{tname}.columns.{cname}.public_values_from: the table {other} "
-                    f"has no column {column}{hint}"
-                )
-
-
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "policy"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
-
-
-# A policy is a page of TOML; a megabyte of it is a mistake, or an attempt to exhaust memory.
-MAX_POLICY_BYTES = 1 << 20
-
-
-def read_limited(
-    source: Path | IO[bytes], limit: int, what: str, error: type[DpsqlError] = InputError
-) -> str:
-    """The UTF-8 text of a file (or a binary stream such as standard input), reading at most
-    ``limit + 1`` bytes: a FIFO, ``/dev/zero`` or a huge file cannot exhaust memory.
-
-    ``what`` names the input in the messages of ``error`` ("the policy file p.toml"), which
-    never quote its content.
-    """
-    try:
-        if isinstance(source, Path):
-            with source.open("rb") as handle:
-                data = handle.read(limit + 1)
-        else:
-            data = source.read(limit + 1)
-    except OSError:
-        raise error(f"cannot read {what}") from None
-    if len(data) > limit:
-        raise error(f"{what} is larger than {limit} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} is not UTF-8 text (byte {exc.start} is invalid)") from None
-
-
-def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = None) -> Policy:
-    """Load and validate a policy from a TOML path or a dict; raises ``PolicyError``."""
-    if isinstance(source, dict):
-        raw = dict(source)
-        base = base_dir or Path.cwd()
-    elif isinstance(source, str | Path):
-        path = Path(source)
-        text = read_limited(path, MAX_POLICY_BYTES, f"the policy file {path}", PolicyError)
-        try:
-            raw = tomllib.loads(text, parse_float=Decimal)
-        except tomllib.TOMLDecodeError as exc:
-            raise PolicyError(f"the policy file is not valid TOML: {exc}") from None
-        except ValueError:  # an integer of 4,300 digits or more, which int() refuses
-            raise PolicyError("the policy file holds a number too long to read") from None
-        base = base_dir or path.resolve().parent
-    else:
-        raise PolicyError("a policy is a TOML file's path, a Policy or a dict")
-    try:
-        return Policy.model_validate({**raw, "base_dir": base})
-    except ValidationError as exc:
-        raise PolicyError(f"invalid policy: {_describe(exc)}") from None
-
+from dpsql.policy_schema import check_against_schema, did_you_mean
+from dpsql.policy_spec import (
+    MAX_DATE_RANGE_DAYS,
+    BudgetSpec,
+    ColumnSpec,
+    DatasetSpec,
+    DataSpec,
+    EngineSpec,
+    FilterName,
+    LedgerSpec,
+    Mechanism,
+    Policy,
+    PublicValue,
+    ShareSpec,
+    TableSpec,
+)
 
 __all__ = [
+    "LARGEST_NUMBER",
+    "MAX_ABS_BOUND",
+    "MAX_CONTRIBUTION_BOUND",
+    "MAX_DATE_RANGE_DAYS",
+    "MAX_NUMBER_BITS",
+    "MAX_NUMBER_TEXT",
+    "MAX_POLICY_BYTES",
     "MAX_QUERY_EPSILON",
+    "MAX_TOTAL_EPSILON",
+    "SMALLEST_NUMBER",
     "BudgetSpec",
     "ColumnSpec",
     "DataSpec",
     "DatasetSpec",
+    "EngineSpec",
+    "Exact",
+    "FilterName",
+    "LedgerSpec",
+    "Mechanism",
     "Policy",
+    "PublicValue",
+    "ShareSpec",
     "TableSpec",
+    "check_against_schema",
     "check_delta",
     "check_epsilon",
+    "did_you_mean",
     "load_policy",
     "read_limited",
     "to_fraction",

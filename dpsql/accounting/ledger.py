@@ -1,16 +1,11 @@
 """The durable ledger: an append-only, hash-chained, anchored record of every privacy decision.
 
 SQLite in WAL mode with ``synchronous=FULL``: a commit is on disk when it returns, several
-processes may share the file, and a transaction is atomic. Every record (a charge, a release, a
-cache re-serve, a budget top-up or allocation) carries the SHA-256 of its canonical JSON and of
-the record before it, so editing or dropping any record breaks the chain.
-
-The chain alone cannot notice a truncated tail, an older copy put back, or a deleted file: the
-head of the chain is therefore also written *outside* the ledger, to an anchor file (by default
-beside it; put it on storage the ledger's writers cannot roll back). Opening the ledger checks
-the whole chain against the anchor and fails closed on any mismatch. The anchor has two slots,
-written in turn in place with one sync each (``_write_anchor``), so a torn write leaves the
-previous head.
+processes may share the file, and a transaction is atomic. Every record is chained to the one
+before it by its SHA-256 (``ledger_chain``), and the chain's head is also written outside the
+ledger, to an anchor file (``ledger_anchor``; the other files beside it: ``ledger_files``).
+Opening the ledger checks the whole chain against the anchor and fails closed on any mismatch.
+This module holds the ``Ledger`` and re-exports the names once defined here.
 
 Threat model: this detects accidental corruption and tampering by anyone who can change the
 ledger file but not also rewrite the anchor consistently (recomputing a valid chain needs no
@@ -33,24 +28,50 @@ changed refuses everything from then on.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import secrets
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpsql.accounting.ledger_anchor import (
+    _SLOT,  # noqa: F401  (its old home: read from here)
+    MAX_ANCHOR_BYTES,
+    _anchor,
+    _read_anchor,
+    _write_anchor,
+    anchor_path,
+    read_anchor,
+)
+from dpsql.accounting.ledger_chain import (
+    GENESIS,
+    Record,
+    _chain,
+    _identity_digest,
+    canonical,
+    record_hash,
+)
+from dpsql.accounting.ledger_files import _exists, _file_id, _file_lock, _reason, _sidecars
 from dpsql.errors import BudgetExceededError, LedgerError
 
+__all__ = [
+    "BUDGET_RECORD",
+    "FORMAT",
+    "GENESIS",
+    "MAX_ANCHOR_BYTES",
+    "Ledger",
+    "Record",
+    "anchor_path",
+    "canonical",
+    "read_anchor",
+    "record_hash",
+]
+
 FORMAT = 1
-GENESIS = "0" * 64
 # The first record of every ledger: the budget's caps, its deciding filter and the filter's
 # fixed parameters, written by ``dpsql init``. Sessions take the caps from it, never from the
 # policy they were opened with (a policy that disagrees is refused), so editing a policy file
@@ -68,35 +89,6 @@ CREATE TABLE IF NOT EXISTS records (
     hash TEXT NOT NULL
 );
 """
-
-
-@dataclass(frozen=True)
-class Record:
-    """One ledger record; ``payload`` is plain JSON data."""
-
-    seq: int
-    time: float
-    kind: str
-    analyst: str | None
-    payload: Mapping[str, Any]
-    prev: str
-    hash: str
-
-
-def canonical(data: Any) -> str:
-    """The canonical JSON of ``data``: sorted keys, no spaces, exact."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def record_hash(prev: str, fields: tuple[int, float, str, str | None, str]) -> str:
-    """SHA-256 of the previous hash and the record's (seq, time, kind, analyst, payload)."""
-    seq, when, kind, analyst, payload = fields
-    body = canonical([prev, seq, repr(when), kind, analyst, payload])
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
-def anchor_path(path: Path) -> Path:
-    return path.with_name(path.name + ".anchor")
 
 
 class Ledger:
@@ -420,59 +412,12 @@ class Ledger:
             }
 
 
-def _chain(
-    rows: list[tuple[Any, ...]], records: list[Record], raw: list[tuple[Any, ...]]
-) -> tuple[list[Record], list[tuple[Any, ...]]]:
-    """Verify ``rows`` as the continuation of the verified ``records`` (their raw rows ``raw``)
-    and append them to both lists in place; raises LedgerError on the first broken link."""
-    prev = records[-1].hash if records else GENESIS
-    for expected, (seq, when, kind, analyst, payload, link, digest) in enumerate(
-        rows, len(records) + 1
-    ):
-        if seq != expected or link != prev:
-            raise LedgerError(f"the ledger's chain is broken at record {expected}")
-        if record_hash(prev, (seq, when, kind, analyst, payload)) != digest:
-            raise LedgerError(f"ledger record {seq} was altered")
-        try:
-            body = json.loads(payload)
-        except (TypeError, ValueError):  # a chain forged over a payload that is not JSON
-            raise LedgerError(f"ledger record {seq} is malformed: fail closed") from None
-        records.append(Record(seq, when, kind, analyst, body, link, digest))
-        raw.append((seq, when, kind, analyst, payload, link, digest))
-        prev = digest
-    return records, raw
-
-
 def _data_version(con: sqlite3.Connection) -> int:
     """SQLite's counter of commits made by *other* connections since this one last looked."""
     try:
         return int(con.execute("PRAGMA data_version").fetchone()[0])
     except sqlite3.Error:
         raise LedgerError("the ledger file cannot be read: fail closed") from None
-
-
-def _file_id(path: Path) -> tuple[int, int]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        raise LedgerError(
-            "the ledger file is missing under a running session: fail closed"
-        ) from None
-    return info.st_dev, info.st_ino
-
-
-def _identity_digest(identity: Mapping[str, str]) -> str:
-    return hashlib.sha256(canonical(dict(identity)).encode()).hexdigest()
-
-
-def _anchor(identity: Mapping[str, str], seq: int, head: str) -> dict[str, Any]:
-    """The anchor: which ledger, the digest of its identity, and the head of its chain."""
-    return {
-        "ledger_id": identity["ledger_id"],
-        "identity": _identity_digest(identity),
-        "seq": seq,
-        "head": head,
-    }
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -482,160 +427,3 @@ def _connect(path: Path) -> sqlite3.Connection:
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")
     return con
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Serialize writers across processes (SQLite's lock covers the file, this the anchor)."""
-    lock = path.with_name(path.name + ".lock")
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
-    except OSError as exc:
-        raise LedgerError(
-            f"the ledger's lock file {lock} cannot be opened: {_reason(exc)}"
-        ) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            raise LedgerError(
-                f"the ledger's lock file {lock} cannot be locked: {_reason(exc)}"
-            ) from None
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-# An anchor is a line of JSON of about two hundred bytes; no more than this is ever read (the
-# policy names its path, which could be a FIFO or /dev/zero).
-MAX_ANCHOR_BYTES = 1 << 16
-
-
-# The anchor holds two fixed slots, written in turn in place (slot seq % 2) with one fdatasync:
-# a write torn by a crash spoils only its own slot, and the other still holds an earlier head
-# of the same chain, which the ledger extends (consistent, as after a crash before the write).
-_SLOT = 512
-
-
-def _slot(data: Mapping[str, Any]) -> bytes:
-    """One anchor slot: the anchor's canonical JSON with its own digest, padded to _SLOT."""
-    body = dict(data)
-    body["check"] = hashlib.sha256(canonical(body).encode()).hexdigest()
-    text = canonical(body).encode()
-    if len(text) >= _SLOT:
-        raise LedgerError("the ledger's anchor does not fit its slot")
-    return text + b" " * (_SLOT - 1 - len(text)) + b"\n"
-
-
-def _parse_slot(part: bytes) -> dict[str, Any] | None:
-    try:
-        data = json.loads(part.decode("utf-8"))
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    check = data.pop("check", None)
-    if check != hashlib.sha256(canonical(data).encode()).hexdigest():
-        return None  # torn or altered: the other slot decides
-    seq = data.get("seq")
-    return data if isinstance(seq, int) and not isinstance(seq, bool) else None
-
-
-def _read_anchor(path: Path) -> dict[str, Any]:
-    try:
-        # Non-blocking, so that a FIFO without a writer cannot hang the open; then only a
-        # regular file of at most MAX_ANCHOR_BYTES is read.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise ValueError("not a regular file")
-            text = handle.read(MAX_ANCHOR_BYTES + 1)
-        if len(text) > MAX_ANCHOR_BYTES:
-            raise ValueError("too long")
-        if len(text) == 2 * _SLOT and text[_SLOT - 1 : _SLOT] == b"\n":
-            slots = [d for d in (_parse_slot(text[:_SLOT]), _parse_slot(text[_SLOT:])) if d]
-            if not slots:
-                raise LedgerError("the ledger's anchor is malformed: fail closed")
-            return max(slots, key=lambda d: int(d["seq"]))
-        data = json.loads(text.decode("utf-8"))  # an anchor written before the slots
-    except (OSError, ValueError):
-        raise LedgerError(f"the ledger's anchor {path} cannot be read: fail closed") from None
-    if not isinstance(data, dict):
-        raise LedgerError("the ledger's anchor is malformed: fail closed")
-    return data
-
-
-def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
-    """Write the anchor's slot for ``data["seq"]`` in place and fdatasync it; the first time (or
-    over an anchor of the older single-JSON form) replace the file atomically with both slots:
-    write, fsync, rename, fsync the folder."""
-    slot = _slot(data)
-    try:
-        # O_NONBLOCK: a FIFO put in the anchor's place fails the open instead of hanging it.
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        fd = None
-    except OSError as exc:
-        raise LedgerError(
-            f"the ledger's anchor {path} could not be written: {_reason(exc)}"
-        ) from None
-    if fd is not None:
-        try:
-            info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode) and info.st_size == 2 * _SLOT:
-                os.pwrite(fd, slot, (int(data["seq"]) % 2) * _SLOT)
-                os.fdatasync(fd)
-                return
-        except OSError as exc:
-            raise LedgerError(
-                f"the ledger's anchor {path} could not be written: {_reason(exc)}"
-            ) from None
-        finally:
-            os.close(fd)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(slot + slot)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise LedgerError(
-            f"the ledger's anchor {path} could not be written: {_reason(exc)}"
-        ) from None
-
-
-def read_anchor(path: Path) -> dict[str, Any]:
-    """The anchor's newest valid head (``ledger_id``, ``identity``, ``seq``, ``head``)."""
-    return _read_anchor(path)
-
-
-def _exists(path: Path) -> bool:
-    """Whether ``path`` exists; a path that cannot even be looked up is a LedgerError."""
-    try:
-        return path.exists()
-    except OSError as exc:
-        raise LedgerError(f"cannot look up {path}: {_reason(exc)}") from None
-
-
-def _sidecars(path: Path) -> tuple[Path, ...]:
-    """SQLite's files beside a WAL database."""
-    return tuple(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
-
-
-def _reason(exc: BaseException) -> str:
-    """Why an operation on a file failed, without any content: the OS's words, or SQLite's."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    if isinstance(exc, sqlite3.Error):
-        return "SQLite cannot open or write it"
-    return str(exc) if isinstance(exc, LedgerError) else type(exc).__name__

@@ -1,0 +1,74 @@
+"""The ledger's files on disk, beside the SQLite database itself.
+
+Looking a path up (``_exists``), SQLite's files beside a WAL database (``_sidecars``), the
+identity of the file a session verified (``_file_id``), the lock file that serializes writers
+across processes (``_file_lock``), and why an operation on a file failed, in the OS's or
+SQLite's words and never with any content (``_reason``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from dpsql.errors import LedgerError
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        raise LedgerError(
+            "the ledger file is missing under a running session: fail closed"
+        ) from None
+    return info.st_dev, info.st_ino
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Serialize writers across processes (SQLite's lock covers the file, this the anchor)."""
+    lock = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise LedgerError(
+            f"the ledger's lock file {lock} cannot be opened: {_reason(exc)}"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise LedgerError(
+                f"the ledger's lock file {lock} cannot be locked: {_reason(exc)}"
+            ) from None
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a path that cannot even be looked up is a LedgerError."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise LedgerError(f"cannot look up {path}: {_reason(exc)}") from None
+
+
+def _sidecars(path: Path) -> tuple[Path, ...]:
+    """SQLite's files beside a WAL database."""
+    return tuple(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an operation on a file failed, without any content: the OS's words, or SQLite's."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    if isinstance(exc, sqlite3.Error):
+        return "SQLite cannot open or write it"
+    return str(exc) if isinstance(exc, LedgerError) else type(exc).__name__
