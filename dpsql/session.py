@@ -5,6 +5,12 @@ over ``Session``.
 Every step before the charge is a pure function of the query, the policy, the settings and the
 catalog; the charge is committed before the engine runs, so a crash after it loses budget,
 never privacy. A rejected query is never charged.
+
+The parts of ``Session`` that stand on their own are its bases, each in a module beside this
+one: the settings, SET and SHOW (``dpsql.session_settings``), the keys of the plans it keeps
+(``dpsql.session_plans``), the bounds estimated from the data (``dpsql.session_bounds``) and
+the engine's values of a query's constants (``dpsql.session_probes``); ``Result`` is
+``dpsql.session_result``. This module keeps the pipeline, and re-exports their public names.
 """
 
 from __future__ import annotations
@@ -12,23 +18,19 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql import bounds, cache
+from dpsql import cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.errors import (
-    BoundsError,
     EngineError,
     LedgerError,
     ParameterError,
     PolicyError,
-    UnsupportedQueryError,
 )
-from dpsql.interfaces import frames
 from dpsql.noise.release import (
     Release,
     accuracy_columns,
@@ -37,22 +39,21 @@ from dpsql.noise.release import (
     measure,
     publish,
 )
-from dpsql.plan.planner import Plan, QueryOptions, plan_query
-from dpsql.policy import (
-    MAX_CONTRIBUTION_BOUND,
-    MAX_QUERY_EPSILON,
-    ColumnSpec,
-    Policy,
-    TableSpec,
-    check_against_schema,
-    check_delta,
-    check_epsilon,
-    load_policy,
-    to_fraction,
+from dpsql.plan.planner import Plan, plan_query
+from dpsql.policy import Policy, check_against_schema, load_policy
+from dpsql.session_bounds import EstimatedBounds
+from dpsql.session_plans import PlanKeys, Planned
+from dpsql.session_probes import Probes
+from dpsql.session_result import Result, _with_accuracy
+from dpsql.session_settings import (
+    DEFAULT_CONFIDENCE,
+    MAX_NOISE_MULTIPLIER,
+    MAX_QUERY_RHO,
+    SETTINGS,
+    Settings,
+    check_setting,
 )
-from dpsql.sql.analyze import Analysis, analyze
-from dpsql.sql.cells import Cell
-from dpsql.sql.domains import probe_sql
+from dpsql.sql.analyze import analyze
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import (
@@ -63,173 +64,31 @@ from dpsql.sql.parse import (
     SetOption,
     ShowOption,
     Statement,
-    parse_select,
     parse_statement,
 )
-from dpsql.sql.rewrite import key_sql, literal_sql
 from dpsql.sql.validate import validate
+
+__all__ = [
+    "DEFAULT_CONFIDENCE",
+    "MAX_KEPT_PLANS",
+    "MAX_NOISE_MULTIPLIER",
+    "MAX_QUERY_RHO",
+    "SETTINGS",
+    "VERSION",
+    "Planned",
+    "Result",
+    "Session",
+    "check_setting",
+]
 
 log = logging.getLogger("dpsql")
 VERSION = "0.1.0"
 
-SETTINGS = (
-    "epsilon",
-    "delta",
-    "max_groups_per_unit",
-    "max_rows_per_unit_per_group",
-    "max_rows_per_unit",
-    "confidence",
-    "mechanism",
-    "rho",
-    "sigma",
-    "fresh",
-    "accuracy_columns",
-)
-# A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
-MAX_QUERY_RHO = Fraction(10)
-# sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
-MAX_NOISE_MULTIPLIER = Fraction(10**6)
-DEFAULT_CONFIDENCE = 0.95
 # Plans a session keeps for statements it sees again, the oldest dropped first.
 MAX_KEPT_PLANS = 256
-# Values a plan key may hold: with their type name, they identify the input exactly.
-_KEYABLE = (type(None), bool, int, float, str, Fraction)
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A statement planned once, kept under its ``Session.plan_key``: everything before the
-    check that a repeat of the same key may reuse. Never a charge, never noise: each fresh
-    answer is still checked, charged and noised on its own."""
-
-    explain: bool
-    plan: Plan
-    keys: cache.Keys
-    details: Mapping[str, object]
-
-
-def _keyable(values: Sequence[object] | Mapping[str, object] | None) -> tuple[object, ...] | None:
-    """``values`` as a hashable tuple that tells any two inputs apart (each value with its type
-    name; a float by its repr, since -0.0 == 0.0), or None when one value is of a type outside
-    ``_KEYABLE`` (the plan is then not kept). No value is converted to decimal text: a huge
-    integer is refused by validation later, not here."""
-    if values is None:
-        return ()
-    named: list[tuple[str | None, object]] = (
-        sorted(values.items()) if isinstance(values, Mapping) else [(None, v) for v in values]
-    )
-    if any(type(value) not in _KEYABLE for _, value in named):
-        return None
-    return tuple(
-        (name, type(value).__name__, repr(value) if isinstance(value, float) else value)
-        for name, value in named
-    )
-
-
-@dataclass(frozen=True)
-class Result:
-    """What one statement returns: a table (possibly empty) and, for queries, the plan."""
-
-    columns: tuple[str, ...]
-    types: tuple[str, ...]
-    rows: tuple[tuple[Any, ...], ...]
-    accuracy: tuple[tuple[float | None, ...], ...] = ()
-    confidence: float | None = None
-    plan: Plan | None = None
-    charge: Charge | None = None
-    message: str = ""
-    cached_from: int | None = None  # the ledger record of the release served again, if any
-
-    def __repr__(self) -> str:
-        shown = ", ".join(self.columns[:6]) + (", ..." if len(self.columns) > 6 else "")
-        what = f"{len(self.rows)} row(s) of {shown}" if self.columns else self.message or "empty"
-        return f"<Result: {what}; {frames.summary(self)}>"
-
-    def _repr_html_(self) -> str:
-        """A notebook's display: the values with their ±, and the cost."""
-        return frames.to_html(self)
-
-
-def _positive_int(value: object, name: str) -> int:
-    message = f"{name} must be an integer from 1 to {MAX_CONTRIBUTION_BOUND}"
-    # to_fraction bounds the text before any arithmetic ("1e999999999" is refused unexpanded).
-    number = to_fraction(value, name)
-    if number.denominator != 1 or not 1 <= number <= MAX_CONTRIBUTION_BOUND:
-        raise ParameterError(message)
-    return int(number)
-
-
-_TRUE, _FALSE = ("true", "on", "1", "yes"), ("false", "off", "0", "no")
-
-
-def _boolean(value: object, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    # Only a word or 0/1 is read: str() of an arbitrary object (or of a 5,000-digit integer,
-    # which raises ValueError) is never taken.
-    if isinstance(value, int) and value in (0, 1):
-        return value == 1
-    text = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ParameterError(f"{name} must be true or false")
-
-
-def _confidence(value: object) -> float:
-    message = "confidence must be a number in [0.5, 0.9999]"
-    try:
-        number = to_fraction(value, "confidence")
-    except ParameterError:
-        raise ParameterError(message) from None
-    if not Fraction(1, 2) <= number <= Fraction(9999, 10000):
-        raise ParameterError(message)
-    return float(number)
-
-
-def _mechanism(value: object) -> str:
-    mechanism = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
-    if mechanism not in ("laplace", "gaussian"):
-        raise ParameterError("mechanism must be 'laplace' or 'gaussian'")
-    return mechanism
-
-
-def _setting_name(name: object) -> str:
-    """A setting's name as a message may show it: the user's text, cut short."""
-    text = name if isinstance(name, str) else type(name).__name__
-    return text if len(text) <= 64 else text[:61] + "..."
-
-
-def check_setting(name: str, value: object) -> object:
-    """Validate one per-query setting; returns its normalised value."""
-    if name == "epsilon":
-        return check_epsilon(value, "epsilon", MAX_QUERY_EPSILON)
-    if name == "delta":
-        return check_delta(value, "delta")
-    if name in ("max_groups_per_unit", "max_rows_per_unit_per_group", "max_rows_per_unit"):
-        return _positive_int(value, name)
-    if name == "confidence":
-        return _confidence(value)
-    if name == "mechanism":
-        return _mechanism(value)
-    if name == "rho":
-        return check_epsilon(value, "rho", MAX_QUERY_RHO)
-    if name == "sigma":
-        sigma = check_epsilon(value, "sigma", MAX_NOISE_MULTIPLIER)
-        # Below this noise multiplier one measurement of sensitivity 1 alone costs more than
-        # the largest per-query rho (rho = 1/(2 sigma^2)): refused as absurd, like that rho.
-        if 2 * sigma * sigma * MAX_QUERY_RHO < 1:
-            raise ParameterError(f"sigma must be at least sqrt(1/{2 * MAX_QUERY_RHO})")
-        return sigma
-    if name in ("fresh", "accuracy_columns"):
-        return _boolean(value, name)
-    raise ParameterError(
-        f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
-    )
-
-
-class Session:
+class Session(Settings, PlanKeys, EstimatedBounds, Probes):
     """A connection's state: policy, engine, budget filter, settings, analyst."""
 
     def __init__(
@@ -261,65 +120,6 @@ class Session:
         self._plans: dict[tuple[object, ...], Planned] = {}
         self._version: tuple[Policy, str] | None = None
 
-    # -- settings ------------------------------------------------------------------------------
-    def set_option(self, name: str, value: object) -> None:
-        """``SET dpsql.name = value``; ``None`` resets to the policy default."""
-        name = name.lower()
-        if value is None:
-            if name not in SETTINGS:
-                raise ParameterError(f"unknown setting dpsql.{name}")
-            self._settings.pop(name, None)
-            return
-        self._settings[name] = check_setting(name, value)
-
-    def settings(self, overrides: Mapping[str, object] | None = None) -> dict[str, object]:
-        """The effective settings: policy defaults, then SET values, then ``overrides``."""
-        budget = self.policy.budget
-        merged: dict[str, object] = {
-            "epsilon": budget.query_epsilon,
-            "delta": budget.query_delta,
-            "max_groups_per_unit": None,
-            "max_rows_per_unit_per_group": None,
-            "max_rows_per_unit": None,
-            "confidence": DEFAULT_CONFIDENCE,
-            "mechanism": budget.mechanism,
-            "rho": None,
-            "sigma": None,
-            "fresh": False,
-            "accuracy_columns": False,
-        }
-        merged.update(self._settings)
-        for name, value in (overrides or {}).items():
-            if value is not None:
-                merged[name] = check_setting(name, value)
-        return merged
-
-    def _options(self, settings: Mapping[str, object], spec: TableSpec) -> QueryOptions:
-        epsilon, delta = settings["epsilon"], settings["delta"]
-        groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
-        rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
-        total_rows = settings["max_rows_per_unit"] or spec.max_rows_per_unit
-        confidence, mechanism = settings["confidence"], settings["mechanism"]
-        rho, sigma = settings["rho"], settings["sigma"]
-        # check_setting normalised every value; these asserts only narrow the types.
-        assert isinstance(epsilon, Fraction) and isinstance(delta, Fraction)
-        assert groups is None or isinstance(groups, int)
-        assert rows is None or isinstance(rows, int)
-        assert total_rows is None or isinstance(total_rows, int)
-        assert isinstance(confidence, float)
-        assert mechanism in ("laplace", "gaussian")
-        assert rho is None or isinstance(rho, Fraction)
-        assert sigma is None or isinstance(sigma, Fraction)
-        if mechanism == "gaussian" and delta == 0:
-            raise ParameterError("the gaussian mechanism needs delta > 0; SET dpsql.delta")
-        if (rho is not None or sigma is not None) and mechanism != "gaussian":
-            raise ParameterError("rho and sigma set the noise of the gaussian mechanism only")
-        if rho is not None and sigma is not None:
-            raise ParameterError("give rho or sigma, not both")
-        return QueryOptions(
-            epsilon, delta, groups, rows, confidence, mechanism, rho, sigma, total_rows
-        )
-
     # -- planning --------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
         """Plan a SELECT without running or charging anything (what EXPLAIN shows)."""
@@ -327,38 +127,6 @@ class Session:
         if planned is None:
             raise ParameterError("only a SELECT query can be planned")
         return planned.plan
-
-    def policy_version(self) -> str:
-        """The policy's content digest, computed once per policy object (a Policy is frozen)."""
-        if self._version is None or self._version[0] is not self.policy:
-            self._version = (self.policy, self.policy.version)
-        return self._version[1]
-
-    def plan_key(
-        self,
-        sql: str,
-        params: Sequence[object] | None,
-        options: Mapping[str, object],
-        current: bool = True,
-    ) -> tuple[object, ...] | None:
-        """What a plan is a pure function of: the statement's text, its parameters and options,
-        every SET value, the analyst, the policy's content digest, the data version the owner
-        declares and the bounds estimated so far (the engine's key domains and cell keys are
-        functions of the query and the schema, which the data version covers). None when a
-        value cannot be keyed exactly: the statement is then planned afresh. ``current=False``
-        keys on the bounds estimates read so far, without reading the ledger again (a caller
-        planning many statements at once reads it once)."""
-        # Only a list or tuple is read here: a generator would be used up before binding.
-        bound = _keyable(params) if params is None or isinstance(params, list | tuple) else None
-        given = _keyable(options)
-        settings = _keyable(self._settings)
-        if not isinstance(sql, str) or bound is None or given is None or settings is None:
-            return None
-        if current:
-            self._effective_policy()  # reads bounds estimated since the last statement
-        estimated = tuple(sorted((k, str(lo), str(hi)) for k, (lo, hi) in self._estimated.items()))
-        data = self.policy.dataset.data_version
-        return (sql, bound, given, settings, self.analyst, self.policy_version(), data, estimated)
 
     def planned(
         self,
@@ -470,43 +238,6 @@ class Session:
 
         return finish
 
-    def _engine_values(self, analysis: Analysis) -> Analysis:
-        """What only the engine can say about a query's constants, asked before the check
-        (reading no rows, so it depends on the query and the schema only): the key of the cell
-        a WHERE pins (``dpsql.sql.cells``, on a connection without data; None composes
-        sequentially), and each public key's type and domain as a set in that type
-        (``dpsql.sql.domains``)."""
-        cell = None
-        if analysis.cell_predicate is not None:
-            column, literal = analysis.cell_predicate
-            text = self.engine.cell_key(analysis.table, column, literal)
-            if text is not None:
-                collation = self.engine.collations.get((analysis.table, column))
-                cell = Cell(column, text, collation)
-        keys = []
-        for index, key in enumerate(analysis.keys):
-            if not key.public:
-                keys.append(key)
-                continue
-            expression = key_sql(analysis, index)
-            ((_, engine_type),) = self.engine.describe(
-                f"SELECT {expression} AS _k FROM {analysis.source}"
-            )
-            if engine_type.upper() == "NULL":
-                raise UnsupportedQueryError(f"GROUP BY key {key.name} is NULL on every row")
-            domain = key.domain
-            if domain is not None:
-                literals = [None if v is None else literal_sql(v) for v in domain]
-                probe = probe_sql(analysis.source, expression, engine_type, literals)
-                domain = tuple(self.engine.key_domain(probe))
-                if not domain:
-                    raise BoundsError(
-                        f"the public domain of GROUP BY key {key.name} holds no value of the "
-                        f"key's type {engine_type}"
-                    )
-            keys.append(replace(key, domain=domain, engine_type=engine_type))
-        return replace(analysis, cell=cell, keys=tuple(keys))
-
     # -- execution -------------------------------------------------------------------------------
     def execute(
         self, sql: str, params: Sequence[object] | None = None, **options: object
@@ -610,73 +341,6 @@ class Session:
             cached_from=cached,
         )
 
-    # -- bounds estimated from the data ------------------------------------------------------
-    def _estimate_bounds(self, statement: EstimateBounds, options: Mapping[str, object]) -> Result:
-        """Two quantile releases on a fixed ladder give the bounds (``dpsql.bounds``); they are
-        charged and cached like any query, then recorded for later queries to use."""
-        sql = bounds.bounds_query(
-            self.policy, self.engine.catalog, statement.table, statement.column
-        )
-        # On the declared policy: an earlier estimate must not clamp the values of a new one.
-        plan = self._prepare(parse_select(sql), None, options, estimates=False)
-        self._check_soon(plan, soon=False)()
-        answer = self._answer(plan, bool(self.settings(options)["fresh"]))
-        lower_index, upper_index = answer.rows[0]
-        lower, upper = bounds.from_release(float(lower_index), float(upper_index))
-        if answer.charge is not None:
-            # Post-processing of the release just charged: recorded, never charged again.
-            payload = {
-                "table": statement.table,
-                "column": statement.column,
-                "lower": str(lower),
-                "upper": str(upper),
-                "charge": answer.charge.seq,
-                "policy": self.policy_version(),
-                "data": self.policy.dataset.data_version,
-            }
-            self.filter.store.append(bounds.RECORD_KIND, payload, self.analyst)
-        row = (statement.table, statement.column, float(lower), float(upper))
-        return Result(
-            ("table", "column", "lower", "upper"),
-            ("VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE"),
-            (row,),
-            accuracy=((None, None, None, None),),
-            plan=plan,
-            charge=answer.charge,
-            cached_from=answer.cached_from,
-        )
-
-    def _effective_policy(self) -> Policy:
-        """The policy with the bounds estimated so far (same policy and data version) filled in
-        for columns that declare none; declared bounds always win."""
-        records = self.filter.store.records_since(self._bounds_seen)
-        for record in records:
-            p = record.payload
-            if (
-                record.kind == bounds.RECORD_KIND
-                and p.get("policy") == self.policy_version()
-                and p.get("data") == self.policy.dataset.data_version
-            ):
-                key = (str(p["table"]), str(p["column"]))
-                self._estimated[key] = (Fraction(str(p["lower"])), Fraction(str(p["upper"])))
-                self._with_estimates = None
-        self._bounds_seen += len(records)
-        if not self._estimated:
-            return self.policy
-        if self._with_estimates is None:
-            tables = dict(self.policy.tables)
-            for (table, column), (lower, upper) in self._estimated.items():
-                spec = tables.get(table)
-                if spec is None:
-                    continue
-                declared = spec.columns.get(column)
-                if declared is not None and declared.bounds is not None:
-                    continue
-                col = (declared or ColumnSpec()).model_copy(update={"lower": lower, "upper": upper})
-                tables[table] = spec.model_copy(update={"columns": {**spec.columns, column: col}})
-            self._with_estimates = self.policy.model_copy(update={"tables": tables})
-        return self._with_estimates
-
     def _details(self, plan: Plan) -> dict[str, object]:
         """What the ledger keeps beside a charge, so that a report can be reproduced later."""
         # The plan's lines without its bounded SQL (kept below as the engine runs it), since
@@ -690,66 +354,9 @@ class Session:
             "dpsql_version": VERSION,
         }
 
-    def _show(self, name: str) -> Result:
-        if name == "budget":
-            report = self.budget()
-            return Result(("budget",), ("VARCHAR",), ((str(report),),))
-        settings = self.settings()
-        if name == "all":
-            rows = tuple((k, _show_value(settings[k])) for k in SETTINGS)
-            return Result(("name", "setting"), ("VARCHAR", "VARCHAR"), rows)
-        if name not in settings:
-            raise ParameterError(
-                f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}, budget, all"
-            )
-        return Result((name,), ("VARCHAR",), ((_show_value(settings[name]),),))
-
     def budget(self) -> BudgetReport:
         """A frozen report of the spent and remaining budget."""
         return self.filter.report(self.analyst)
 
     def close(self) -> None:
         self.engine.close()
-
-
-def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
-    """``result`` with a column of half-widths after each output that has them
-    (``SET dpsql.accuracy_columns = on``): for clients that show columns only (psql, BI tools)."""
-    after = {i: name for i, name in extra}
-    columns: list[str] = []
-    types: list[str] = []
-    for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
-        columns.append(name)
-        types.append(dtype)
-        if i in after:
-            columns.append(after[i])
-            types.append("DOUBLE")
-    rows, accuracy = [], []
-    for r, row in enumerate(result.rows):
-        widths = result.accuracy[r] if r < len(result.accuracy) else ()
-        out: list[Any] = []
-        kept: list[float | None] = []
-        for i, value in enumerate(row):
-            width = widths[i] if i < len(widths) else None
-            out.append(value)
-            kept.append(width)
-            if i in after:
-                out.append(width)
-                kept.append(None)  # a half-width column has none of its own
-        rows.append(tuple(out))
-        accuracy.append(tuple(kept))
-    return replace(
-        result,
-        columns=tuple(columns),
-        types=tuple(types),
-        rows=tuple(rows),
-        accuracy=tuple(accuracy),
-    )
-
-
-def _show_value(value: object) -> str:
-    if value is None:
-        return "(policy default)"
-    if isinstance(value, Fraction):
-        return str(float(value)) if value.denominator != 1 else str(value.numerator)
-    return str(value)

@@ -7,222 +7,43 @@ SQL can read other files, ATTACH databases or change settings. The analyst's SQL
 anyway: it is validated against an allow-list and rewritten first; this is the second wall.
 
 Engine error text is never passed on: DuckDB quotes offending data values in its messages.
+
+This module holds :class:`DuckDBEngine`; the SQL of the tables' views is ``dpsql.engine.views``,
+and the lock-down, the database instance one process shares, the check worker's connection,
+their release and the spill folder are ``dpsql.engine.connections``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import os
-import shutil
-import stat
-import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import duckdb
 import sqlglot
 from sqlglot import exp
 
+from dpsql.engine.connections import (
+    _Checker,
+    _DatabaseKey,
+    _lock_down,
+    _release,
+    _shared_database,
+    _spill_directory,
+)
+from dpsql.engine.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
 from dpsql.sql.cells import key_query
 from dpsql.sql.rewrite import SALT_PARAMETER
 
+__all__ = ["DuckDBEngine"]
+
 log = logging.getLogger("dpsql")
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> None:
-    """Only the policy's files may be read, and no setting may change afterwards."""
-    allowed = ", ".join(_string(str(p)) for p in files.values())
-    con.execute(f"SET allowed_paths = [{allowed}]")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-
-
-_MAX_HEADER = 1 << 20
 _MAX_KEPT_DOMAINS = 256  # key domains a session keeps, the oldest dropped first
-
-
-def _csv_header(path: Path, delimiter: str) -> list[str]:
-    """The column names of a CSV file: its first line, split on the delimiter."""
-    try:
-        with open(path, "rb") as handle:
-            line = handle.readline(_MAX_HEADER + 1)
-    except OSError:
-        raise PolicyError(f"cannot read the CSV file {path}") from None
-    if len(line) > _MAX_HEADER or not line.endswith(b"\n"):
-        raise PolicyError(f"the CSV file {path} has no header line of at most 1 MiB")
-    try:
-        names = line.decode("utf-8-sig").rstrip("\r\n").split(delimiter)
-    except UnicodeDecodeError:
-        raise PolicyError(f"the header line of the CSV file {path} is not UTF-8") from None
-    names = [n.strip() for n in names]
-    if not all(names) or len({n.lower() for n in names}) != len(names):
-        raise PolicyError(f"the header line of {path} has empty or repeated column names")
-    return names
-
-
-def _csv_view(policy: Policy, name: str, path: Path) -> str:
-    """A CSV table read so that no row can make a query fail or touch another row.
-
-    Every column is read as VARCHAR (never sniffed: DuckDB infers types from a sample of rows,
-    and one row that does not parse then fails the whole query, after the charge) and cast to
-    the policy's declared type with TRY_CAST. The dialect is fixed: one physical line is one
-    row, split on ``data.csv_delimiter`` with no quoting, so an unbalanced quote cannot swallow
-    the lines after it; a line with too few fields, invalid UTF-8 or over the line size limit is
-    dropped on its own (``ignore_errors``), a per-row rule; extra fields are ignored. Strict mode
-    stays off: with it, a carriage return inside one line fails the whole read.
-    """
-    delimiter = policy.data.csv_delimiter
-    names = _csv_header(path, delimiter)
-    spec = policy.tables.get(name)
-    declared = {c: col.type for c, col in (spec.columns.items() if spec else ()) if col.type}
-    unknown = sorted(set(declared) - {n.lower() for n in names})
-    if unknown:
-        raise PolicyError(f"tables.{name}.columns.{unknown[0]}.type names no column of {path}")
-    columns = ", ".join(f"{_string(n)}: 'VARCHAR'" for n in names)
-    reader = (
-        f"read_csv({_string(str(path))}, header = true, auto_detect = false, "
-        f"columns = {{{columns}}}, delim = {_string(delimiter)}, quote = '', escape = '', "
-        "ignore_errors = true, strict_mode = false, null_padding = false)"
-    )
-    items = []
-    for n in names:
-        ctype = declared.get(n.lower())
-        value = f"TRY_CAST({_quote(n)} AS {ctype})" if ctype else _quote(n)
-        items.append(f"{value} AS {_quote(n)}")
-    return f"SELECT {', '.join(items)} FROM {reader}"
-
-
-def _check_declared_types(policy: Policy) -> None:
-    """A declared column type applies to CSV tables, whose files carry no types of their own."""
-    csv = {n for n, p in policy.data.tables.items() if p.suffix.lower() == ".csv"}
-    for name, spec in policy.tables.items():
-        for column, col in spec.columns.items():
-            if col.type is not None and name not in csv:
-                raise PolicyError(
-                    f"tables.{name}.columns.{column}.type applies to CSV tables only; the types "
-                    "of Parquet and DuckDB tables come from their files"
-                )
-
-
-# One process opens a database file once: DuckDB shares the instance between connections to a
-# path, and its locked configuration with it. Each engine takes its own cursor on it, and the
-# instance is closed with the last engine that uses it, so the file is released (the owner can
-# then open it read-write in the same process).
-_DatabaseKey = tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]]
-_DATABASES: dict[_DatabaseKey, tuple[duckdb.DuckDBPyConnection, int]] = {}
-_DATABASES_LOCK = threading.Lock()
-
-
-def _shared_database(
-    path: Path, config: Mapping[str, str | bool | int | float | list[str]],
-    files: Mapping[str, Path],
-) -> tuple[_DatabaseKey, duckdb.DuckDBPyConnection]:  # fmt: skip
-    settings = tuple(sorted((k, str(v)) for k, v in config.items()))
-    key = (str(path), settings, tuple(sorted(map(str, files.values()))))
-    with _DATABASES_LOCK:
-        base, users = _DATABASES.get(key, (None, 0))
-        if base is None:
-            base = duckdb.connect(str(path), read_only=True, config=dict(config))
-            _lock_down(base, files)
-        cursor = base.cursor()
-        _DATABASES[key] = (base, users + 1)
-        return key, cursor
-
-
-_WORKER = "dpsql-check"
-
-
-class _Checker:
-    """A second connection to an engine's database, with its views, and one worker thread that
-    runs checks on it (``DuckDBEngine.check_soon``): DuckDB releases the interpreter while it
-    binds and plans, so the caller's Python work goes on meanwhile."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, views: Sequence[str]):
-        self.con = con.cursor()
-        for statement in views:
-            self.con.execute(statement)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER)
-
-    def close(self) -> None:
-        # A collection that happens to run in the worker itself cannot wait for it; it is idle
-        # then (a running check holds the engine, so the engine is not garbage yet).
-        idle = threading.current_thread().name.startswith(_WORKER)
-        self.pool.shutdown(wait=not idle, cancel_futures=True)
-        with contextlib.suppress(duckdb.Error):
-            self.con.close()
-
-
-def _release(
-    key: _DatabaseKey | None,
-    connections: Sequence[duckdb.DuckDBPyConnection],
-    checkers: list[_Checker],
-) -> None:
-    """Close an engine's connections (its checker's first), and the shared instance with its
-    last user. Called by ``close`` or, for an engine never closed, when it is garbage-collected
-    (weakref.finalize: it holds no reference to the engine, so it cannot keep it alive)."""
-    for checker in checkers:
-        checker.close()
-    for con in connections:
-        with contextlib.suppress(duckdb.Error):
-            con.close()
-    if key is None:
-        return
-    with _DATABASES_LOCK:
-        base, users = _DATABASES.get(key, (None, 0))
-        if base is None:
-            return
-        if users > 1:
-            _DATABASES[key] = (base, users - 1)
-            return
-        del _DATABASES[key]
-    with contextlib.suppress(duckdb.Error):
-        base.close()
-
-
-_SPILL: list[str] = []
-
-
-def _spill_directory() -> str:
-    """Where the engine spills: ``<pid>`` inside one private folder per user (mode 0700, owned by
-    the user, not a link) under the system's temporary directory; not the working directory
-    (DuckDB's default), which may be read-only or shared. DuckDB creates the ``<pid>`` folder
-    only when it first spills; it is removed at exit."""
-    with _DATABASES_LOCK:
-        if _SPILL:
-            return _SPILL[0]
-        parent = Path(tempfile.gettempdir()) / f"dpsql-spill-{os.getuid()}"
-        try:
-            parent.mkdir(mode=0o700, exist_ok=True)
-            info = os.lstat(parent)
-            private = (
-                stat.S_ISDIR(info.st_mode)
-                and info.st_uid == os.getuid()
-                and info.st_mode & 0o077 == 0
-            )
-        except OSError:
-            private = False
-        if not private:  # someone else's, or a link: a fresh folder of our own instead
-            parent = Path(tempfile.mkdtemp(prefix="dpsql-spill-"))
-        folder = str(parent / str(os.getpid()))
-        atexit.register(shutil.rmtree, folder, True)
-        _SPILL[:] = [folder]
-        return folder
 
 
 class DuckDBEngine:
