@@ -366,3 +366,14 @@ def test_psql_tab_completion_queries_answer(served: ServerThread) -> None:
         assert conn.execute(columns).fetchall() == [("region",)]
         named = conn.execute("SELECT pg_catalog.version(), current_database()")
         assert [d.name for d in named.description or []] == ["version", "current_database"]
+
+
+def test_an_overlong_catalog_text_is_refused_unparsed(served: ServerThread) -> None:
+    """The length limit of every query holds before the catalog parses anything."""
+    padding = " OR relname = 'x'" * 8000  # ~136,000 characters
+    text = f"SELECT relname FROM pg_catalog.pg_class WHERE relname = 'visits'{padding}"
+    assert catalog_sql(text, public_settings("alice", "visits")) is None
+    with nothing_recorded(served), connect(served.port, "alice") as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(text)
+        assert info.value.sqlstate in ("42601", "54000"), info.value  # the loop refuses it first

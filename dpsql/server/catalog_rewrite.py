@@ -34,6 +34,7 @@ from dpsql.server.catalog_objects import (
     _SET_FUNCTIONS,
     CATALOG_SCHEMAS,
 )
+from dpsql.sql.parse import MAX_QUERY_LENGTH
 
 # sqlglot parses these to typed nodes whose names differ from the SQL's: their SQL names.
 _NODE_NAMES: Mapping[type[exp.Expression], str] = {
@@ -69,6 +70,8 @@ def catalog_sql(text: str, settings: Mapping[str, str]) -> tuple[str, list[int]]
     parameter: the argument of a definition the catalog never has); or None when ``text`` is
     not a catalog query (it then goes to the DP pipeline). Raises ``UnsupportedQueryError`` for
     a catalog query dpsql cannot answer (a catalog relation or function it does not provide)."""
+    if len(text) > MAX_QUERY_LENGTH:
+        return None  # the pipeline refuses it unparsed, whatever it names
     lowered = text.lower()
     if not any(word in lowered for word in ("pg_", "information_schema", "version", "current_")):
         return None  # cheap: an ordinary query never parses twice
