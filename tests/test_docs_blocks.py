@@ -1,8 +1,8 @@
 """Every code block of README.md and docs/ runs, so that none can go stale.
 
-Fenced blocks tagged ``python``, ``sh``, ``sql`` and ``toml`` are run; untagged blocks are
-transcripts (a terminal's output) and are not. A block may be preceded by one directive line,
-``<!-- docs-test: ... -->``:
+Fenced blocks tagged ``python``, ``sh``, ``sql``, ``toml`` and ``console`` are run; untagged
+blocks are synopses or a program's output, and are not. A block may be preceded by one
+directive line, ``<!-- docs-test: ... -->``:
 
 - ``setup=cursor``: a fragment that uses ``conn``, ``cur`` and ``sql``: run after a prelude that
   connects to the example policy;
@@ -10,7 +10,11 @@ transcripts (a terminal's output) and are not. A block may be preceded by one di
   created (``dpsql init``), as the page's walk-through has it;
 - ``server``: run against a live ``dpsql serve`` of the durable example, with the users the page
   names (``alice``/``secret``, ``ann``/``ann-secret-1``), its address put in place of the page's;
-- ``skip: why``: not run, for the reason given (shown when the test is skipped).
+- ``walkthrough`` (``console`` blocks): the ``$ `` lines of this block, after those of the
+  page's earlier walkthrough blocks, as one shell script in a folder holding ``policy.toml``
+  (the durable example, its ledger not created yet);
+- ``skip: why``: not run, for the reason given (shown when the test is skipped). A
+  ``console`` block needs one of these two.
 
 Python blocks run in a fresh interpreter from the repository root; ``sh`` blocks line by line
 (``make test`` itself excepted: it is the command that runs this test); ``sql`` blocks through a
@@ -46,7 +50,7 @@ DATA = ROOT / "examples" / "data" / "visits.parquet"
 FENCE = re.compile(
     r"(?:<!-- docs-test: (?P<directive>[^>]*?) -->\n)?```(?P<lang>\w+)\n(?P<code>.*?)```", re.S
 )
-RUN = {"python", "sh", "sql", "toml"}
+RUN = {"python", "sh", "sql", "toml", "console"}
 PRELUDE = """import dpsql
 conn = dpsql.connect("examples/policy.toml")
 cur = conn.cursor()
@@ -85,7 +89,7 @@ BLOCKS = _blocks()
 
 def test_the_blocks_are_found() -> None:
     langs = {b.lang for b in BLOCKS}
-    assert {"python", "sh", "sql", "toml"} <= langs
+    assert {"python", "sh", "sql", "toml", "console"} <= langs
     assert sum(b.lang == "python" for b in BLOCKS) >= 8
 
 
@@ -97,12 +101,18 @@ def _example_data() -> None:
 
 def _durable(folder: Path) -> Path:
     """``folder/policy.toml``: the durable example, its data absolute, its ledger created."""
+    path = _walkthrough_folder(folder)
+    done = CliRunner().invoke(cli.cli, ["--policy", str(path), "init"])
+    assert done.exit_code == 0, done.output
+    return path
+
+
+def _walkthrough_folder(folder: Path) -> Path:
+    """``folder/policy.toml``: the durable example, its data absolute, no ledger yet."""
     text = (ROOT / "examples" / "durable.toml").read_text(encoding="utf-8")
     text = text.replace('"data/visits.parquet"', f'"{DATA}"')
     path = folder / "policy.toml"
     path.write_text(text.replace('"data/visits.ledger"', '"visits.ledger"'), encoding="utf-8")
-    done = CliRunner().invoke(cli.cli, ["--policy", str(path), "init"])
-    assert done.exit_code == 0, done.output
     return path
 
 
@@ -161,6 +171,23 @@ def test_the_block_runs(block: Block, tmp_path: Path) -> None:
                 check=False, env={**os.environ, "PATH": path},
             )  # fmt: skip
             assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+    elif block.lang == "console":
+        assert directive == "walkthrough", f"{block.id}: a console block needs a directive"
+        steps = [b for b in BLOCKS if b.page == block.page and b.directive == "walkthrough"]
+        commands = [
+            line[2:]
+            for b in steps[: steps.index(block) + 1]
+            for line in b.code.splitlines()
+            if line.startswith("$ ")
+        ]
+        _walkthrough_folder(tmp_path)
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPSQL_")}
+        done = subprocess.run(
+            ["bash", "-e", "-c", "\n".join(commands)], cwd=tmp_path, capture_output=True,
+            text=True, timeout=300, check=False, env={**env, "PATH": path},
+        )  # fmt: skip
+        assert done.returncode == 0, (commands, done.stdout[-2000:], done.stderr[-2000:])
     elif block.lang == "sql":
         session = Session(ROOT / "examples" / "policy.toml")
         # Statements end with ";", or a block of session commands lists one per line.
