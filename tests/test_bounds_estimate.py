@@ -71,14 +71,16 @@ def test_estimate_is_charged_once_then_cached_and_used(policy: Policy) -> None:
     session = Session(policy)
     with pytest.raises(errors.BoundsError):
         session.plan("SELECT SUM(spend) FROM visits")
-    result = session.execute("ESTIMATE BOUNDS FOR visits.spend")
-    assert result.charge is not None and _spent(session) == 4
+    # At epsilon 16 the noisy quantiles miss their rungs with negligible probability (at the
+    # policy's 4, about once in 40 runs: a test that failed now and then).
+    result = session.execute("ESTIMATE BOUNDS FOR visits.spend", epsilon="16")
+    assert result.charge is not None and _spent(session) == 16
     table, column, lower, upper = result.rows[0]
     assert (table, column) == ("visits", "spend")
     # The 1% and 99% quantiles of spend lie in [10, 59]: rounded out to the ladder's rungs.
     assert 4 <= lower <= 8 and 64 <= upper <= 128, (lower, upper)
-    again = session.execute("ESTIMATE BOUNDS FOR visits.spend")
-    assert again.charge is None and again.rows == result.rows and _spent(session) == 4
+    again = session.execute("ESTIMATE BOUNDS FOR visits.spend", epsilon="16")
+    assert again.charge is None and again.rows == result.rows and _spent(session) == 16
     plan = session.plan("SELECT SUM(spend) FROM visits")  # no BoundsError now
     grid = plan.estimates[0].grid
     assert grid is not None
