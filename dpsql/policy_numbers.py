@@ -150,3 +150,31 @@ Exact = Annotated[
     BeforeValidator(_exact),
     PlainSerializer(str, return_type=str),
 ]
+
+
+def exact(value: Fraction | None) -> str | None:
+    """An exact rational as text: an integer or a finite decimal as such, otherwise ``p/q``."""
+    if value is None:
+        return None
+    if value.denominator == 1:
+        return str(value.numerator)
+    den, twos, fives = value.denominator, 0, 0
+    while den % 2 == 0:
+        den, twos = den // 2, twos + 1
+    while den % 5 == 0:
+        den, fives = den // 5, fives + 1
+    if den != 1:
+        return str(value)
+    places = max(twos, fives)
+    scaled = abs(value) * 10**places
+    assert scaled.denominator == 1  # a terminating decimal: the loops above prove it
+    digits = str(scaled.numerator).rjust(places + 1, "0")
+    sign = "-" if value < 0 else ""
+    return f"{sign}{digits[:-places]}.{digits[-places:]}"
+
+
+def decimal_text(value: Fraction) -> str:
+    """An exact number as a decimal (1/5 as 0.2, 1/1000000 as 0.000001); one that has no finite
+    decimal also in its exact form (``0.333333 (exactly 1/3)``)."""
+    text = exact(value) or ""
+    return text if "/" not in text else f"{float(value):.6g} (exactly {value})"

@@ -12,10 +12,10 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from fractions import Fraction
 
 from dpsql.accounting.events import Composite
+from dpsql.policy_numbers import exact
 
 __all__ = ["BudgetReport", "Charge", "Figure", "ShareReport"]
 
@@ -100,8 +100,7 @@ def _shown(value: Fraction) -> str:
     significant digits."""
     value = Fraction(value)  # an int, or a float of a reading
     if value.denominator == 1 or 10**12 % value.denominator == 0:
-        text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
+        return exact(value) or ""
     return f"{float(value):.6g}"
 
 

@@ -50,6 +50,7 @@ from dpsql.interfaces.serve_cli import serve_command
 from dpsql.interfaces.shell import shell_command
 from dpsql.interfaces.users_cli import users
 from dpsql.policy import MAX_TOTAL_EPSILON, Policy, check_delta, check_epsilon
+from dpsql.policy_numbers import decimal_text
 
 _MEANINGS = {
     EXIT_OK: "success",
@@ -431,8 +432,6 @@ __all__ = [
 
 def _decimal(value: Fraction | None) -> str:
     """An exact policy or command-line number as the decimal it was written as."""
-    from dpsql.plan.planner import decimal_text  # noqa: PLC0415
-
     return "none" if value is None else decimal_text(value)
 
 

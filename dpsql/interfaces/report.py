@@ -22,6 +22,7 @@ from dpsql.accounting.events import composite_from_json
 from dpsql.accounting.filter import Budget
 from dpsql.accounting.ledger import GENESIS, Record
 from dpsql.policy import Policy, TableSpec
+from dpsql.policy_numbers import exact
 
 REPORT_FORMAT = 1
 ADJACENCY = (
@@ -41,27 +42,6 @@ NOTES = {
         "guarantee"
     ),
 }
-
-
-def exact(value: Fraction | None) -> str | None:
-    """An exact rational as text: an integer or a finite decimal as such, otherwise ``p/q``."""
-    if value is None:
-        return None
-    if value.denominator == 1:
-        return str(value.numerator)
-    den, twos, fives = value.denominator, 0, 0
-    while den % 2 == 0:
-        den, twos = den // 2, twos + 1
-    while den % 5 == 0:
-        den, fives = den // 5, fives + 1
-    if den != 1:
-        return str(value)
-    places = max(twos, fives)
-    scaled = abs(value) * 10**places
-    assert scaled.denominator == 1  # a terminating decimal: the loops above prove it
-    digits = str(scaled.numerator).rjust(places + 1, "0")
-    sign = "-" if value < 0 else ""
-    return f"{sign}{digits[:-places]}.{digits[-places:]}"
 
 
 def iso_time(seconds: float) -> str:

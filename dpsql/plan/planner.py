@@ -17,10 +17,11 @@ from dpsql.accounting.events import Composite, LaplacePartitionSelection
 from dpsql.errors import ParameterError
 from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.mechanisms import partition_threshold
-from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection, decimal_text
+from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
 from dpsql.policy import Policy
+from dpsql.policy_numbers import decimal_text
 from dpsql.sql.analyze import Analysis
 from dpsql.sql.rewrite import Bounding, MeasurementSpec, bounded_query
 

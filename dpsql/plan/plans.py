@@ -5,7 +5,6 @@ the estimates computed from them, partition selection, and EXPLAIN's account of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
 from fractions import Fraction
 from functools import cached_property
 
@@ -13,6 +12,7 @@ from sqlglot import exp
 
 from dpsql.accounting.events import Composite
 from dpsql.policy import Mechanism
+from dpsql.policy_numbers import decimal_text
 from dpsql.sql.analyze import AggregateKind, Analysis
 from dpsql.sql.grid import Grid
 from dpsql.sql.parse import DIALECT
@@ -188,16 +188,3 @@ def _explain_measurement(m: Measurement) -> str:
         f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
         f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {decimal_text(m.rho)}"
     )
-
-
-def decimal_text(value: Fraction) -> str:
-    """An exact cost as a decimal (1/5 as 0.2, 1/1000000 as 0.000001); one that has no finite
-    decimal also in its exact form (``0.333333 (exactly 1/3)``)."""
-    den = value.denominator
-    for prime in (2, 5):
-        while den % prime == 0:
-            den //= prime
-    if den == 1:
-        text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    return f"{float(value):.6g} (exactly {value})"
