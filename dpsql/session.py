@@ -41,6 +41,7 @@ from dpsql.noise.release import (
 )
 from dpsql.plan.planner import Plan, plan_query
 from dpsql.policy import Policy, check_against_schema, load_policy
+from dpsql.policy_numbers import decimal_text
 from dpsql.session_bounds import EstimatedBounds
 from dpsql.session_plans import PlanKeys, Planned
 from dpsql.session_probes import Probes
@@ -297,7 +298,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         charge = self.filter.charge(plan.event, canonical, self.analyst, details)
         log.info(
             "charged query %s: epsilon=%s delta=%s analyst=%s",
-            digest, plan.epsilon, plan.delta, self.analyst,
+            digest, decimal_text(plan.epsilon), decimal_text(plan.delta), self.analyst,
         )  # fmt: skip
         try:
             _, rows = self.engine.run(plan.engine_sql)

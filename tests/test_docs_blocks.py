@@ -13,8 +13,12 @@ directive line, ``<!-- docs-test: ... -->``:
 - ``walkthrough`` (``console`` blocks): the ``$ `` lines of this block, after those of the
   page's earlier walkthrough blocks, as one shell script in a folder holding ``policy.toml``
   (the durable example, its ledger not created yet);
+- ``server-walkthrough`` (``console`` blocks): the page's transcript of a server, its users and
+  their psql sessions, replayed once in a terminal (``docs_transcript``) in a folder holding the
+  page's step-2 policy and its ``analysis.py``; each block's lines that do not depend on noise,
+  time or process ids must come out again;
 - ``skip: why``: not run, for the reason given (shown when the test is skipped). A
-  ``console`` block needs one of these two.
+  ``console`` block needs one of these three.
 
 Python blocks run in a fresh interpreter from the repository root; ``sh`` blocks line by line
 (``make test`` itself excepted: it is the command that runs this test); ``sql`` blocks through a
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -34,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import docs_transcript
 import pytest
 from click.testing import CliRunner
 from server_fixtures import ServerThread
@@ -135,11 +141,70 @@ def _served(folder: Path) -> Iterator[int]:
         yield server.port
 
 
+# The page's analysis.py connects as ann with this password, so its transcript types it.
+TRANSCRIPT_PASSWORDS = {"ann": "ann-secret-1"}
+
+
+def _transcript_folder(page: str, folder: Path, port: int) -> None:
+    """The page's step-2 policy (a ``toml`` block naming a ``[ledger]``) with the example's
+    ``[tables.visits]``, and its ``# analysis.py`` block as a file (connecting to ``port``)."""
+    policy = next(b.code for b in BLOCKS if b.page == page and "[ledger]" in b.code)
+    policy = policy.replace('"data/visits.parquet"', f'"{DATA}"')
+    example = (ROOT / "examples" / "policy.toml").read_text(encoding="utf-8")
+    tables = example[example.index("[tables.visits]") :]
+    (folder / "policy.toml").write_text(policy + "\n" + tables, encoding="utf-8")
+    for block in BLOCKS:
+        if block.page == page and block.code.startswith("# analysis.py"):
+            code = block.code.replace("port=5433", f"port={port}")
+            (folder / "analysis.py").write_text(code, encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def transcripts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, list[docs_transcript.Step]]]:
+    """Each page's server walk-through, replayed once when a block first asks for it."""
+    done: dict[str, list[docs_transcript.Step]] = {}
+
+    class Replays(dict[str, list[docs_transcript.Step]]):
+        def __missing__(self, page: str) -> list[docs_transcript.Step]:
+            if shutil.which("psql") is None:
+                pytest.skip("needs the psql client")
+            folder = tmp_path_factory.mktemp("transcript")
+            port = docs_transcript.free_port()
+            _transcript_folder(page, folder, port)
+            blocks = [
+                (b.line, b.code)
+                for b in BLOCKS
+                if b.page == page and b.directive == "server-walkthrough"
+            ]
+            steps = docs_transcript.parse(blocks)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSQL_", "PG"))}
+            path = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            env.update(
+                PATH=path, HOME=str(folder), PSQLRC=os.devnull, PSQL_PAGER="cat", PAGER="cat",
+                TERM="dumb", PYTHONPATH=str(ROOT),
+            )  # fmt: skip
+            docs_transcript.replay(steps, folder, env, TRANSCRIPT_PASSWORDS, port)
+            self[page] = steps
+            return steps
+
+    replays = Replays(done)
+    yield replays
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_the_block_runs(block: Block, tmp_path: Path) -> None:
+def test_the_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     directive = block.directive
     if directive.startswith("skip:"):
         pytest.skip(directive[len("skip:") :].strip())
+    if directive == "server-walkthrough":
+        steps = request.getfixturevalue("transcripts")[block.page]
+        mine = [step for step in steps if step.block == block.line]
+        assert sum(len(step.checked) for step in mine) > 0, "a transcript block checks nothing"
+        missing = [(step.text, step.missing()) for step in mine if step.missing()]
+        assert not missing, missing
+        return
     if block.lang == "python":
         if directive == "server":
             with _served(tmp_path) as port:
