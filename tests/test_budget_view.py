@@ -145,7 +145,9 @@ def test_show_lists_every_accountant_with_its_label_and_charges_nothing(policy: 
     assert result.exit_code == 0, result.output
     assert ledger_bytes(policy) == before
     assert "The basic filter decides admission" in result.output
-    assert f"epsilon {SPENT} spent of 1 ({1 - SPENT} remaining)" in result.output
+    # In decimals (never 2/5), spent rounded up and what is left rounded down.
+    assert "epsilon 0.4 spent of 1 (0.6 remaining)" in result.output
+    assert "/" not in result.output.split("\n")[1]
     table = rows(result.output)
     expected = {
         "basic": "decides",

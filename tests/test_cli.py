@@ -235,7 +235,7 @@ def test_a_query_fits_only_after_the_top_up(policy: Path) -> None:
     result = run(policy, "budget", "add", "--epsilon", "0.1", "--delta", "0", "--by", "owner",
                  "--why", "second quarter")  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    assert "epsilon 11/10" in result.stdout
+    assert "epsilon 1.1, delta 0.000001" in result.stdout  # decimals, never 11/10
     ask(policy, QUERIES[1], epsilon="0.2")  # 0.9 + 0.2 = 1.1 exactly: fits
     with pytest.raises(BudgetExceededError):
         ask(policy, QUERIES[2], epsilon="0.0001")

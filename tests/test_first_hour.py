@@ -4,12 +4,17 @@ charges nothing and needs no ledger), and nothing but ``dpsql init`` creates a l
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
+from dpsql.accounting.events import DiscreteLaplace, describe
 from dpsql.interfaces import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,3 +91,46 @@ def test_make_demo_creates_the_ledger_with_the_owner_command() -> None:
     if "visits.ledger' is up to date" in done.stdout:
         return  # created by an earlier make demo
     assert "dpsql --policy examples/durable.toml init" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_shell_on_the_durable_example_in_a_terminal(policy: Path, tmp_path: Path) -> None:
+    """As after ``make demo``: ``dpsql --policy ... shell`` in a terminal spends from the example's
+    ledger, and what it spent is there for ``dpsql budget`` after it quits."""
+    pexpect = pytest.importorskip("pexpect")
+    assert dpsql(policy, "init").exit_code == 0
+    executable = Path(sys.executable).parent / "dpsql"
+    env = {**os.environ, "TERM": "dumb"}
+    child = pexpect.spawn(
+        str(executable), ["--policy", str(policy), "shell", "--no-history"],
+        env=env, encoding="utf-8", timeout=60, dimensions=(40, 160),
+    )  # fmt: skip
+    try:
+        child.expect(re.escape("dpsql (eps 0/10)> "))
+        child.send(QUERY + ";\r")
+        child.expect(r"central\s+│\s+\d+ ± \d+")
+        child.expect(re.escape("charged epsilon 0.5, delta 0"))
+        child.expect(re.escape("dpsql (eps 0.5/10)> "))
+        child.send(QUERY + ";\r")  # the same text again: from the ledger's cache, free
+        child.expect(re.escape("served from the cache"))
+        child.expect(re.escape("dpsql (eps 0.5/10)> "))
+        child.send("\\ledger\r")
+        child.expect("release")
+        child.expect(re.escape("dpsql (eps 0.5/10)> "))
+        child.send("\\quit\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    report = dpsql(policy, "budget")
+    assert report.exit_code == 0 and "epsilon 0.5 spent of 10" in report.stdout, report.stdout
+
+
+def test_mechanisms_and_labels_are_in_decimals(policy: Path) -> None:
+    """EXPLAIN and the report name a mechanism's parameters as decimals (0.25, never 1/4)."""
+    out = dpsql(policy, "explain", "SELECT MEDIAN(age) AS m, COUNT(*) AS n FROM visits")
+    assert out.exit_code == 0, out.stderr
+    assert 'QUANTILE("age", 0.5)' in out.stdout
+    assert describe(DiscreteLaplace(scale=Fraction(5, 2), sensitivity=Fraction(1))) == (
+        "DiscreteLaplace(scale=2.5, L1=1)"
+    )
+    assert "(exactly 1/3)" in describe(DiscreteLaplace(Fraction(1, 3), Fraction(1)))

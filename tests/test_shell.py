@@ -198,7 +198,7 @@ def test_ledger_shows_the_last_records(shell: Shell) -> None:
     shown = shell.handle("\\ledger")
     for seq, kind in ((1, "budget"), (2, "charge"), (3, "release"), (4, "reserve")):
         assert re.search(rf"│ {seq}\s+│ [\dT:.Z-]+ │ {kind}\s+│", shown), (seq, kind)
-    assert "epsilon 1/4" in shown and "ann" in shown and "last 4 of 4 ledger record(s)" in shown
+    assert "epsilon 0.25" in shown and "ann" in shown and "last 4 of 4 ledger record(s)" in shown
     last = shell.handle("\\ledger 1")
     assert "reserve" in last and "charge " not in last and "last 1 of 4" in last
     assert one_error(shell.handle("\\ledger many")).startswith("Error: \\ledger takes a number")

@@ -17,7 +17,7 @@ from fractions import Fraction
 from dpsql.accounting.events import Composite
 from dpsql.policy_numbers import exact
 
-__all__ = ["BudgetReport", "Charge", "Figure", "ShareReport"]
+__all__ = ["BudgetReport", "Charge", "Figure", "ShareReport", "cap_text", "left_text", "spent_text"]
 
 
 @dataclass(frozen=True)
@@ -152,3 +152,9 @@ class ShareReport:
             f"delta {_up(self.delta_spent)} of {_shown(self.delta_share)}; "
             f"{self.queries} charged queries"
         )
+
+
+# The same roundings for every interface that prints a budget: spent up, left down.
+spent_text = _up
+left_text = _down
+cap_text = _shown

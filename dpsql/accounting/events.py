@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dpsql.policy_numbers import decimal_text
+
 
 @dataclass(frozen=True)
 class DiscreteLaplace:
@@ -242,26 +244,27 @@ class Composite:
 def describe(event: Event) -> str:
     """One line naming the mechanism and its parameters."""
     suffix = f" {event.label}" if event.label else ""
+    n = _decimal  # decimals people read (0.25, never 1/4)
     if isinstance(event, DiscreteLaplace | Laplace):
         name = type(event).__name__
-        return f"{name}(scale={event.scale}, L1={event.sensitivity}){suffix}"
+        return f"{name}(scale={n(event.scale)}, L1={n(event.sensitivity)}){suffix}"
     if isinstance(event, DiscreteGaussian):
         return (
-            f"DiscreteGaussian(sigma^2={event.sigma2}, shift<={event.sensitivity} on "
-            f"{event.dimensions} coordinate(s), rho={event.rho}){suffix}"
+            f"DiscreteGaussian(sigma^2={n(event.sigma2)}, shift<={n(event.sensitivity)} on "
+            f"{event.dimensions} coordinate(s), rho={n(event.rho)}){suffix}"
         )
     if isinstance(event, Gaussian):
-        return f"Gaussian(sigma={event.sigma}, L2={event.sensitivity}){suffix}"
+        return f"Gaussian(sigma={n(event.sigma)}, L2={n(event.sensitivity)}){suffix}"
     if isinstance(event, LaplacePartitionSelection):
         return (
-            f"LaplacePartitionSelection(scale={event.scale}, L1={event.sensitivity}, "
-            f"threshold={event.threshold}, delta={event.delta_bound}){suffix}"
+            f"LaplacePartitionSelection(scale={n(event.scale)}, L1={n(event.sensitivity)}, "
+            f"threshold={n(event.threshold)}, delta={n(event.delta_bound)}){suffix}"
         )
     if isinstance(event, ZCDP):
-        return f"zCDP(rho={event.rho}, delta={event.delta_zcdp}){suffix}"
+        return f"zCDP(rho={n(event.rho)}, delta={n(event.delta_zcdp)}){suffix}"
     if isinstance(event, ApproxDP):
-        return f"ApproxDP(epsilon={event.epsilon}, delta={event.delta}){suffix}"
-    return f"{type(event).__name__}(epsilon={event.epsilon}){suffix}"
+        return f"ApproxDP(epsilon={n(event.epsilon)}, delta={n(event.delta)}){suffix}"
+    return f"{type(event).__name__}(epsilon={n(event.epsilon)}){suffix}"
 
 
 def flatten(history: list[Composite] | tuple[Composite, ...]) -> list[Event]:
@@ -333,3 +336,10 @@ def composite_from_json(data: dict[str, object]) -> Composite:
         tuple(_exact(x) for x in certified) if certified else None,  # type: ignore[arg-type, attr-defined]
         pinned,
     )
+
+
+def _decimal(value: Fraction | float | int) -> str:
+    """A mechanism parameter as a decimal: exact when it terminates, else exact in parentheses."""
+    if isinstance(value, Fraction):
+        return decimal_text(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)

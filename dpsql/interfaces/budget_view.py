@@ -36,6 +36,7 @@ from rich.table import Table
 
 from dpsql.accounting.advanced import AdvancedAccountant
 from dpsql.accounting.base import Accountant
+from dpsql.accounting.budget_report import cap_text, left_text, spent_text
 from dpsql.accounting.events import Composite, DiscreteLaplace, Event, Gaussian
 from dpsql.accounting.filter import Budget, BudgetReport, budget_for, open_store
 from dpsql.accounting.pld import PldAccountant
@@ -45,6 +46,7 @@ from dpsql.errors import LedgerError, ParameterError
 from dpsql.interfaces.charts import chart_format, composite_curves, history_curves, write_chart
 from dpsql.interfaces.report import NOTES
 from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
+from dpsql.policy_numbers import decimal_text
 from dpsql.session import check_setting
 
 if TYPE_CHECKING:
@@ -122,12 +124,12 @@ def show_table(report: BudgetReport) -> Table:
     """Every accountant's reading of the history beside what it leaves of the cap."""
     table = Table(
         title=f"Budget of data set {report.dataset}: "
-        f"epsilon at delta = {float(report.delta_total):g}",
+        f"epsilon at delta = {cap_text(report.delta_total)}",
         title_justify="left",
     )
     table.add_column("accountant")
     table.add_column("epsilon spent", justify="right")
-    table.add_column(f"epsilon remaining of {float(report.epsilon_total):g}", justify="right")
+    table.add_column(f"epsilon remaining of {cap_text(report.epsilon_total)}", justify="right")
     table.add_column("label")
     total = float(report.epsilon_total)
     for figure in report.figures:
@@ -145,10 +147,10 @@ def show_text(report: BudgetReport) -> str:
     labels = [f"  {note}: {meaning}" for note, meaning in NOTES.items()]
     lines = [
         f"The {report.accountant} filter decides admission; its cap is the guarantee.",
-        f"Deciding filter: epsilon {report.epsilon_spent} spent of {report.epsilon_total} "
-        f"({report.epsilon_remaining} remaining); delta {report.delta_spent} spent of "
-        f"{report.delta_total} ({report.delta_remaining} remaining); "
-        f"{report.queries} charged queries.",
+        f"Deciding filter: epsilon {spent_text(report.epsilon_spent)} spent of "
+        f"{cap_text(report.epsilon_total)} ({left_text(report.epsilon_remaining)} remaining); "
+        f"delta {spent_text(report.delta_spent)} spent of {cap_text(report.delta_total)} "
+        f"({left_text(report.delta_remaining)} remaining); {report.queries} charged queries.",
         "",
     ]
     tail = ["", "Labels:", *labels]
@@ -179,8 +181,9 @@ class Query:
 
     def describe(self) -> str:
         if self.epsilon is not None:
-            return f"discrete Laplace of epsilon {self.epsilon} (sensitivity 1)"
-        return f"Gaussian of noise multiplier sigma {self.sigma} (sensitivity 1)"
+            return f"discrete Laplace of epsilon {decimal_text(self.epsilon)} (sensitivity 1)"
+        assert self.sigma is not None
+        return f"Gaussian of noise multiplier sigma {decimal_text(self.sigma)} (sensitivity 1)"
 
     def event(self, delta0: float = 0.0) -> Event:
         """The query's event; a Gaussian read at (epsilon_0, delta_0) when delta_0 > 0."""
@@ -279,7 +282,7 @@ def whatif_text(
 ) -> str:
     eps_n = after_n(query, n, float(delta))
     table = Table(
-        title=f"{n} queries, each a {query.describe()}; epsilon at delta {float(delta):g}",
+        title=f"{n} queries, each a {query.describe()}; epsilon at delta {cap_text(delta)}",
         title_justify="left",
     )
     table.add_column("theorem")
@@ -290,8 +293,9 @@ def whatif_text(
         shown = f"at least {count}" if count >= MAX_FIT else str(count)
         table.add_row(name, number(eps_n[name]), shown, LABELS[name])
     head = [
-        f"Remaining budget of data set {report.dataset}: epsilon {report.epsilon_remaining}, "
-        f"delta {report.delta_remaining} (the {report.accountant} filter decides).",
+        f"Remaining budget of data set {report.dataset}: epsilon "
+        f"{left_text(report.epsilon_remaining)}, delta {left_text(report.delta_remaining)} "
+        f"(the {report.accountant} filter decides).",
         "Counts read the remaining (epsilon, delta) as the budget of these queries alone; the "
         f"{report.accountant} filter decides what is actually admitted.",
     ]

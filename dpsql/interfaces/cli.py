@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from dpsql.accounting.budget_report import cap_text
 from dpsql.accounting.filter import Budget, budget_caps, budget_for, create_ledger
 from dpsql.accounting.ledger import BUDGET_RECORD, GENESIS, Ledger, Record
 from dpsql.errors import DpsqlError, LedgerError, OutputError, ParameterError
@@ -319,7 +320,7 @@ def add(config: Config, epsilon: Fraction, delta: Fraction, by: str | None, why:
     after = owned.report()
     click.echo(
         f"record {record.seq}: budget of {policy.dataset.id} is now epsilon "
-        f"{after.epsilon_total}, delta {after.delta_total}"
+        f"{cap_text(after.epsilon_total)}, delta {cap_text(after.delta_total)}"
     )
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dpsql import cache
+from dpsql.accounting.budget_report import cap_text, left_text, spent_text
 from dpsql.errors import DpsqlError
 from dpsql.interfaces import frames
 from dpsql.interfaces.report import exact, iso_time
@@ -35,6 +36,14 @@ def _num(value: Fraction | float) -> str:
         text = exact(value) or ""
         return text if len(text) <= 10 else f"{float(value):.6g}"
     return f"{value:.6g}"
+
+
+def _stored(payload: dict[str, Any], key: str) -> str:
+    """A ledger record's exact number (kept as ``p/q`` text) as a decimal people read."""
+    try:
+        return _num(Fraction(str(payload.get(key))))
+    except (ValueError, ZeroDivisionError):
+        return str(payload.get(key))
 
 
 def _error(message: str) -> str:
@@ -65,14 +74,14 @@ class Shell:
 
     def prompt(self) -> str:
         r = self.report
-        return f"dpsql (eps {_num(r.epsilon_spent)}/{_num(r.epsilon_total)})> "
+        return f"dpsql (eps {spent_text(r.epsilon_spent)}/{cap_text(r.epsilon_total)})> "
 
     def toolbar(self) -> str:
         r = self.report
         return (
-            f"epsilon {_num(r.epsilon_spent)} spent of {_num(r.epsilon_total)} "
-            f"({_num(r.epsilon_remaining)} left) | delta {_num(r.delta_spent)} of "
-            f"{_num(r.delta_total)} | {r.accountant} decides | {r.queries} charged queries"
+            f"epsilon {spent_text(r.epsilon_spent)} spent of {cap_text(r.epsilon_total)} "
+            f"({left_text(r.epsilon_remaining)} left) | delta {spent_text(r.delta_spent)} of "
+            f"{cap_text(r.delta_total)} | {r.accountant} decides | {r.queries} charged queries"
         )
 
     # -- one input ------------------------------------------------------------------------------
@@ -179,7 +188,8 @@ class Shell:
         for record in records[-count:] if count else []:
             p = dict(record.payload)
             if record.kind == "charge":
-                what = f"epsilon {p.get('epsilon')}, delta {p.get('delta')}: {p.get('query')}"
+                cost = f"epsilon {_stored(p, 'epsilon')}, delta {_stored(p, 'delta')}"
+                what = f"{cost}: {p.get('query')}"
             elif record.kind == "release":
                 what = f"release of charge #{p.get('charge')}"
             elif record.kind == "reserve":
@@ -188,7 +198,10 @@ class Shell:
                 what = f"charge #{p.get('charge')} failed in the engine; its charge stands"
             elif record.kind in ("budget_add", "allocate"):
                 who = f"{p['analyst']}: " if "analyst" in p else "+"
-                what = f"{who}epsilon {p.get('epsilon')}, delta {p.get('delta')} ({p.get('why')})"
+                what = (
+                    f"{who}epsilon {_stored(p, 'epsilon')}, delta {_stored(p, 'delta')} "
+                    f"({p.get('why')})"
+                )
             else:
                 what = ""
             analyst = record.analyst or p.get("by") or ""

@@ -21,6 +21,7 @@ from dpsql.noise.exponential import score_sensitivity
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions
+from dpsql.policy_numbers import decimal_text
 from dpsql.sql.grid import Grid
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.rewrite import MeasurementSpec, ValueSpec
@@ -29,7 +30,8 @@ from dpsql.sql.rewrite import MeasurementSpec, ValueSpec
 def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) -> str:
     arg = values[spec.value].expr.sql(DIALECT) if spec.value is not None else ""
     if spec.kind == "quantile":
-        return f"QUANTILE({arg}, {spec.p})"
+        assert spec.p is not None  # a quantile always has its rank
+        return f"QUANTILE({arg}, {decimal_text(spec.p)})"
     if spec.kind == "distinct":
         return f"COUNT(DISTINCT {arg})"
     if spec.kind == "rows":
