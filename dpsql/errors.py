@@ -9,6 +9,7 @@ a column, an SQL node, a policy field), never a value taken from the data.
     ├── QueryError                 the query cannot be answered as written; nothing is charged
     │   ├── ParseError             not valid SQL (carries line and column)
     │   ├── UnsupportedQueryError  valid SQL that dpsql does not answer (names the construct)
+    │   │   └── NotSupportedOnEngineError  answered on DuckDB, not on the policy's engine
     │   ├── SchemaError            unknown table or column, or a unit column in the output
     │   ├── BoundsError            a contribution or value bound is missing or unusable
     │   └── ParameterError         a privacy parameter or bound parameter is invalid
@@ -48,6 +49,11 @@ class ParseError(QueryError):
 
 class UnsupportedQueryError(QueryError):
     """Valid SQL that dpsql does not answer; the message names the construct."""
+
+
+class NotSupportedOnEngineError(UnsupportedQueryError):
+    """Valid SQL that dpsql answers on DuckDB but cannot run on the policy's engine with the
+    same guarantees (exact sums, totality, determinism); names the construct and the engine."""
 
 
 class SchemaError(QueryError):

@@ -4,7 +4,8 @@ the estimates computed from them, partition selection, and EXPLAIN's account of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
 
@@ -115,6 +116,8 @@ class Plan:
     engine_sql: str  # the bounded query as the engine runs it (generated once)
     skipped: tuple[str, ...] = ()  # bounding steps proven unable to bind, and why
     bounding: Bounding | None = None  # the public numbers the bounded query enforces
+    # The engine's own text of engine_sql for EXPLAIN (Spark SQL on Spark); default DuckDB's.
+    shown: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def epsilon(self) -> Fraction:
@@ -163,7 +166,8 @@ class Plan:
         )
         lines.append("bounded SQL:")
         if sql:
-            lines.extend("  " + line for line in self.bounded_sql.splitlines())
+            text = self.bounded_sql if self.shown is None else self.shown(self.engine_sql)
+            lines.extend("  " + line for line in text.splitlines())
         return lines
 
 
