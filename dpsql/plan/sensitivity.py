@@ -16,7 +16,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, Event, Exponential
-from dpsql.errors import InternalError
+from dpsql.errors import BoundsError, InternalError
 from dpsql.noise.exponential import score_sensitivity
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
@@ -77,6 +77,8 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
 
 
 Calibrated = tuple[list[Measurement], list[Event], "tuple[Fraction, Fraction] | None"]
+MAX_ROWS = 2**63 - 1  # the rows (so units) any table can hold: a row count is a BIGINT
+MAX_EXACT_TOTAL = 10**38 - 1  # DECIMAL(38,0); DuckDB's HUGEINT holds more
 
 
 def _measurement(
@@ -85,6 +87,15 @@ def _measurement(
     grid = builder.values[spec.value].grid if spec.value is not None else None
     label = _label(spec, builder.values, grid)
     per_group = _per_group(spec, builder.values, c)
+    # A group's exact total sums at most per_group from each unit, and no table holds more than
+    # 2^63 - 1 units: proven to fit 38 digits, the range of Spark's DECIMAL(38,0) (and within
+    # DuckDB's HUGEINT), it can neither overflow nor fail on any data. Both engines refuse the
+    # same queries.
+    if per_group * MAX_ROWS > MAX_EXACT_TOTAL:
+        raise BoundsError(
+            f"{label}: its exact total could exceed 38 digits on some data; tighten the "
+            "bounds of its value or max_rows_per_unit_per_group"
+        )
     # Every per-group bound is C times a per-row bound (units: one per group, not per row).
     row_bound = r * (per_group // c) if r is not None and spec.kind != "units" else None
     return Measurement(
