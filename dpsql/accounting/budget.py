@@ -6,35 +6,36 @@ history folded incrementally (``budget_state.py``: O(views) per decision), or wi
 ``replay=True`` by replaying the whole history through the filters' stateless ``admits``;
 analyst shares are decided the same way on their own history. ``Budget.add`` and
 ``Budget.allocate`` are the recorded owner acts, and ``Budget.report`` the odometer report
-(``budget_report.py``). ``filter.py`` builds a budget from a policy (``budget_for``).
+(``budget_report.py``), its figures read by the ``Readings`` base (``budget_readings.py``).
+``filter.py`` builds a budget from a policy (``budget_for``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from dpsql.accounting.advanced import AdvancedFilter, AdvancedTally, wrrw_bound
-from dpsql.accounting.base import Accountant, Filter, Tally
-from dpsql.accounting.budget_report import BudgetReport, Charge, Figure, ShareReport, _down, _shown
+from dpsql.accounting.advanced import AdvancedFilter
+from dpsql.accounting.base import Accountant, Filter
+from dpsql.accounting.budget_readings import Readings
+from dpsql.accounting.budget_report import BudgetReport, Charge, _down, _shown
 from dpsql.accounting.budget_state import _add, _additive_delta, _State, _Views, events_for
 from dpsql.accounting.events import Composite, composite_from_json, composite_to_json
 from dpsql.accounting.ledger import Record
-from dpsql.accounting.parallel import Cell, View, member, views, views_with
-from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter, RdpTally
+from dpsql.accounting.parallel import Cell, views, views_with
+from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpFilter
 from dpsql.accounting.store import MemoryLedger, Store
-from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter, ZcdpTally
+from dpsql.accounting.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError
 from dpsql.policy import BudgetSpec
 
 __all__ = ["Budget"]
 
 
-class Budget:
+class Budget(Readings):
     """Check-and-charge under the policy's filter, atomic across threads and (with a durable
     ledger) processes; analyst shares; budget administration; the odometer report.
 
@@ -287,102 +288,6 @@ class Budget:
             functools.partial(self._figures, charges, count, float(state.delta), basic[0]),
             share,
         )
-
-    def _share(self, state: _State, analyst: str) -> ShareReport:
-        """What ``analyst`` spent of their share, as the filter that decides their queries
-        (``_decide_on``: the share's cap, their own history) reads it."""
-        cap = state.shares[analyst]
-        rule = self._rule(cap, False)
-        mine = [c for c in state.charges if c.analyst == analyst]
-        eps, delta = state.worst(analyst, None)
-        if not isinstance(rule, tuple):
-            eps, delta = self._deciding(state, rule, len(state.charges), analyst, float(cap[1]))
-        return ShareReport(analyst, cap[0], cap[1], eps, delta, len(mine))
-
-    def _odometer(self, name: str) -> Accountant | None:
-        return next((a for a in self._accountants if a.name == name), None)
-
-    def _deciding(
-        self,
-        state: _State,
-        decider: Filter,
-        count: int,
-        who: str = "*",
-        cap_delta: float | None = None,
-    ) -> tuple[Fraction, Fraction]:
-        """The deciding filter's (epsilon, additive delta) spent, worst view, of ``who``'s
-        history ("*": the data set's) at ``cap_delta`` (default: the data set's delta): its own
-        bound where it has one (advanced), else its family's odometer reading; Fraction(repr)
-        keeps the rounded-up float exactly. From the tallies, the same numbers as from the
-        views' histories (``_deciding_replay``), which serves the cases the tallies cannot."""
-        delta = float(state.delta) if cap_delta is None else cap_delta
-        history = state.charges[:count]
-        if who != "*":
-            history = [c for c in history if c.analyst == who]
-        mine = state.views.get(who)
-        odometer = self._odometer(self.name)
-        tallies = [] if mine is None else list(mine.tallies.values())
-        readings: list[float] = []
-        pairs: list[tuple[View, Tally | None]] = [*tallies] or [({}, None)]
-        for view, tally in pairs:
-            empty = mine is None or not any(
-                counts for cell, counts in mine.atoms.items() if member(cell, view)
-            )
-            if isinstance(tally, AdvancedTally) and isinstance(decider, AdvancedFilter):
-                # WRRW 2023 section 3: the filter's own epsilon of the view's history
-                bound = wrrw_bound(float(tally.eps_sq), float(decider.delta_prime))
-                readings.append(bound if tally.bounded else math.inf)
-            elif empty:
-                readings.append(0.0)
-            elif isinstance(tally, RdpTally) and isinstance(odometer, RdpAccountant):
-                if tally.orders != odometer.orders:  # a single order decides: read the grid
-                    return self._deciding_replay(decider, history, delta)
-                readings.append(odometer.epsilon_of(*tally.with_events(()), delta))
-            elif isinstance(tally, ZcdpTally):
-                readings.append(ZcdpAccountant.epsilon_of(tally.rho, tally.delta, delta))
-            else:
-                return self._deciding_replay(decider, history, delta)
-        additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]
-        return Fraction(repr(max(readings))), max(additive)
-
-    def _deciding_replay(
-        self, decider: Filter, charges: list[Charge], delta: float
-    ) -> tuple[Fraction, Fraction]:
-        """``_deciding`` from the views' whole histories (O(history))."""
-        seen = self.views(charges)
-        bound = getattr(decider, "bound", None)
-        odometer = self._odometer(self.name)
-        if bound is not None:
-            readings = [float(bound(events_for(self.name, v))) for v in seen]
-        elif odometer is not None:
-            readings = [
-                odometer.epsilon(events_for(self.name, v), delta) if v else 0.0 for v in seen
-            ]
-        else:
-            raise AssertionError(f"no reading for the {self.name} filter")  # odometers() has one
-        return Fraction(repr(max(readings))), max(_additive_delta(v) for v in seen)
-
-    def _figures(
-        self, charges: list[Charge], count: int, delta: float, basic: Fraction
-    ) -> tuple[Figure, ...]:
-        """Every accountant's reading of the first ``count`` charges, worst view, labelled."""
-        with self._lock:  # the list grows under it
-            history = charges[:count]
-        seen = self.views(history)
-        figures = [
-            Figure("basic", float(basic), "decides" if self.name == "basic" else "valid adaptively")
-        ]
-        for accountant in self._accountants:
-            note = "as if fixed in advance" if accountant.fixed_in_advance else "valid adaptively"
-            if accountant.name == self.name:
-                suffix = "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
-                note = "decides" + suffix
-            readings = [
-                accountant.epsilon(events_for(accountant.name, v), delta) if v else 0.0
-                for v in seen
-            ]
-            figures.append(Figure(accountant.name, max(readings), note))
-        return tuple(figures)
 
 
 def _decider(

@@ -12,27 +12,35 @@ bug: only its class name is printed (its message might quote data), with exit co
 
 The table, the group's ``Config`` and its ``--policy`` / ``--analyst`` options are defined in
 ``context.py``, which the command modules registered here import instead of this one; they are
-re-exported here.
+re-exported here, as are the parameter types (``cli_params.py``) and ``dpsql init`` and
+``dpsql ledger`` (``ledger_cli.py``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from dpsql.accounting.budget_report import cap_text
-from dpsql.accounting.filter import Budget, budget_caps, budget_for, create_ledger
-from dpsql.accounting.ledger import BUDGET_RECORD, GENESIS, Ledger, Record
-from dpsql.errors import DpsqlError, LedgerError, OutputError, ParameterError
+from dpsql.accounting.filter import Budget, budget_for
+from dpsql.errors import DpsqlError
 from dpsql.interfaces.batch import explain_command, query_command, run_command
 from dpsql.interfaces.budget_view import CHART, demo_command, show_command, whatif_command
 from dpsql.interfaces.charts import history_curves
+from dpsql.interfaces.cli_params import (
+    DELTA,
+    EPSILON,
+    TEXT,
+    DeltaType,
+    EpsilonType,
+    NonEmpty,
+    _decimal,
+)
 from dpsql.interfaces.context import (
     ANALYST_OPTION,
     EXIT_CODES,
@@ -46,12 +54,12 @@ from dpsql.interfaces.context import (
     pass_config,
 )
 from dpsql.interfaces.html_report import render_html
+from dpsql.interfaces.ledger_cli import _open, _write, export, init, ledger, pin_budget, verify
 from dpsql.interfaces.report import build_report, render_json, render_markdown
 from dpsql.interfaces.serve_cli import serve_command
 from dpsql.interfaces.shell import shell_command
 from dpsql.interfaces.users_cli import users
-from dpsql.policy import MAX_TOTAL_EPSILON, Policy, check_delta, check_epsilon
-from dpsql.policy_numbers import decimal_text
+from dpsql.policy import MAX_TOTAL_EPSILON, Policy
 
 _MEANINGS = {
     EXIT_OK: "success",
@@ -72,61 +80,6 @@ def _epilog() -> str:
     lines = ["\b", "Exit codes:"]
     lines += [f"  {code:>2}  {meaning}" for code, meaning in sorted(_MEANINGS.items())]
     return "\n".join(lines)
-
-
-# -- parameter types --------------------------------------------------------------------------
-if TYPE_CHECKING:  # ParamType is generic from click 8.2 on; the project allows click 8.1
-    _FractionParam = click.ParamType[Fraction]
-    _TextParam = click.ParamType[str]
-else:
-    _FractionParam = _TextParam = click.ParamType
-
-
-class EpsilonType(_FractionParam):
-    """A positive epsilon, exact from its decimal text, at most the total-budget cap."""
-
-    name = "epsilon"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> Fraction:
-        if isinstance(value, Fraction):
-            return value
-        try:
-            return check_epsilon(value, param.name if param else "epsilon", MAX_TOTAL_EPSILON)
-        except ParameterError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class DeltaType(_FractionParam):
-    """A delta in [0, 1), exact from its decimal text."""
-
-    name = "delta"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> Fraction:
-        if isinstance(value, Fraction):
-            return value
-        try:
-            return check_delta(value, param.name if param else "delta")
-        except ParameterError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class NonEmpty(_TextParam):
-    """A name or reason: one line of text, not blank."""
-
-    name = "text"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        text = " ".join(str(value).split())
-        if not text:
-            self.fail("must not be blank", param, ctx)
-        return text
-
-
-EPSILON, DELTA, TEXT = EpsilonType(), DeltaType(), NonEmpty()
 
 
 # -- the group and its context ----------------------------------------------------------------
@@ -159,131 +112,11 @@ def cli(ctx: click.Context, policy_path: Path | None, analyst: str | None) -> No
     ctx.obj = Config(policy_path, analyst)
 
 
-def _paths(policy: Policy) -> tuple[Path, Path | None]:
-    assert policy.ledger is not None  # Config.policy checked it
-    anchor = policy.resolve(policy.ledger.anchor) if policy.ledger.anchor is not None else None
-    return policy.resolve(policy.ledger.path), anchor
-
-
-def _open(policy: Policy) -> Ledger:
-    """The policy's ledger, verified against its anchor and checked to be this data set's."""
-    ledger = Ledger(*_paths(policy))
-    if ledger.identity.get("dataset") != policy.dataset.id:
-        ledger.close()
-        raise LedgerError("the ledger belongs to another data set than the policy names")
-    return ledger
-
-
 def _budget(policy: Policy) -> Budget:
     return budget_for(policy.dataset.id, policy.budget, _open(policy))
 
 
-def _write(text: str, output: Path | None) -> None:
-    """Write a report or an export to ``output`` (or standard output); a file that cannot be
-    written (a full disk, a folder that is not one) is an ``OutputError`` naming it."""
-    try:
-        if output is None:
-            click.echo(text, nl=False)
-        else:
-            output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        where = "standard output" if output is None else str(output)
-        reason = exc.strerror.lower() if exc.strerror else "failed"
-        raise OutputError(f"cannot write {where}: {reason}") from None
-
-
 # -- commands ---------------------------------------------------------------------------------
-@cli.command()
-@pass_config
-def init(config: Config) -> None:
-    """Create the ledger named by the policy's [ledger] section (refuses to overwrite).
-
-    Its first record pins the policy's budget: the caps, the deciding filter and its fixed
-    parameters, the analysts' shares. Sessions refuse a policy that disagrees with it.
-    """
-    policy = config.policy()
-    ledger = create_ledger(policy, config.analyst)
-    click.echo(f"created ledger {ledger.identity['ledger_id']} for data set {policy.dataset.id}")
-    budget = policy.budget
-    cap = (
-        f"epsilon {_decimal(budget.epsilon)}"
-        if budget.epsilon is not None
-        else f"rho {_decimal(budget.rho)}"
-    )
-    click.echo(f"budget: {cap}, delta {_decimal(budget.delta)}, {budget.accountant} filter")
-    click.echo(f"ledger: {ledger.path}")
-    click.echo(f"anchor: {ledger.anchor}")
-    ledger.close()  # the connection is not left to the garbage collector
-
-
-@cli.group()
-def ledger() -> None:
-    """Verify or export the ledger."""
-
-
-@ledger.command()
-@pass_config
-def verify(config: Config) -> None:
-    """Verify the whole chain against the anchor; print the record count and the head."""
-    opened = _open(config.policy())
-    try:
-        records = opened.records()
-        count = opened.verify()
-    finally:
-        opened.close()
-    head = records[-1].hash if records else GENESIS
-    click.echo(f"ledger {opened.identity['ledger_id']} ({opened.identity['dataset']}): ok")
-    click.echo(f"records: {count}")
-    click.echo(f"head: {head}")
-
-
-@ledger.command()
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["jsonl", "json"]),
-    default="jsonl",
-    show_default=True,
-    help="One record per line, or one JSON document with the ledger's identity.",
-)
-@click.option(
-    "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write to this file instead of standard output.",
-)
-@pass_config
-def export(config: Config, fmt: str, output: Path | None) -> None:
-    """Every record with its chain (seq, time, kind, analyst, payload, prev, hash)."""
-    opened = _open(config.policy())
-    records = list(opened.export())
-    if fmt == "jsonl":
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
-    else:
-        # The salt of the group-selection hash stays private: it is not part of the history.
-        identity = {k: v for k, v in opened.identity.items() if k != "salt"}
-        text = json.dumps({"ledger": identity, "records": records}, indent=2) + "\n"
-    _write(text, output)
-
-
-@ledger.command("pin-budget")
-@click.option("--by", type=TEXT, help="Who pins the budget (default: --analyst).")
-@click.option("--why", type=TEXT, required=True, help="Why (kept in the ledger).")
-@pass_config
-def pin_budget(config: Config, by: str | None, why: str) -> None:
-    """Record the policy's budget in a ledger created before ledgers pinned it (once)."""
-    by = config.actor(by)
-    policy = config.policy()
-    opened = _open(policy)
-
-    def once(records: list[Record]) -> None:  # decided inside the append's transaction
-        if any(r.kind == BUDGET_RECORD for r in records):
-            raise LedgerError("the ledger already records its budget; it cannot be pinned again")
-
-    payload = {**budget_caps(policy.budget), "why": why}
-    record = opened.append(BUDGET_RECORD, payload, by, once)
-    click.echo(f"record {record.seq}: the ledger's budget is now the policy's")
-
-
 @cli.group(invoke_without_command=True)
 @CHART
 @click.pass_context
@@ -381,6 +214,8 @@ def report(config: Config, fmt: str, output: Path | None) -> None:
     _write(text, output)
 
 
+cli.add_command(init)  # dpsql init
+cli.add_command(ledger)  # dpsql ledger verify|export|pin-budget
 budget.add_command(show_command)  # dpsql budget show
 budget.add_command(whatif_command)  # dpsql budget what-if
 cli.add_command(demo_command)  # dpsql demo
@@ -418,22 +253,28 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 
 __all__ = [
+    "DELTA",
+    "EPSILON",
     "EXIT_CODES",
     "EXIT_INTERNAL",
     "EXIT_OK",
     "EXIT_USAGE",
+    "TEXT",
     "Config",
+    "DeltaType",
+    "EpsilonType",
+    "NonEmpty",
     "cli",
     "exit_code",
+    "export",
     "fail",
+    "init",
+    "ledger",
     "main",
     "pass_config",
+    "pin_budget",
+    "verify",
 ]
-
-
-def _decimal(value: Fraction | None) -> str:
-    """An exact policy or command-line number as the decimal it was written as."""
-    return "none" if value is None else decimal_text(value)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,183 +1,92 @@
 """PEP 249 (DB-API 2.0) over ``Session``.
 
-The exception classes of PEP 249 are defined here over the ``DpsqlError`` tree: each dpsql leaf
-has a class that is both the PEP 249 class and the dpsql class, e.g. ``BudgetExceededError`` is
-an ``OperationalError`` and a ``dpsql.errors.BudgetExceededError``::
-
-    Warning
-    Error
-    ├── InterfaceError                 (closed connection or cursor, misuse of the API)
-    └── DatabaseError
-        ├── OperationalError
-        │   ├── BudgetExceededError    (budget cap reached; nothing charged)
-        │   ├── EngineFailure          (engine failed after the charge)
-        │   ├── EntropyFailure         (no secure randomness; fails closed)
-        │   └── LedgerFailure
-        ├── ProgrammingError
-        │   ├── QuerySyntaxError       (ParseError)
-        │   ├── UnknownObjectError     (SchemaError)
-        │   ├── MissingBoundsError     (BoundsError)
-        │   └── InvalidParameterError  (ParameterError)
-        ├── NotSupportedError
-        │   └── UnsupportedQuery       (UnsupportedQueryError)
-        ├── IntegrityError, DataError  (never raised: dpsql does not write data)
-        └── InternalError
-            └── DpsqlInternalError     (a dpsql bug)
-    PolicyFailure                      (an InterfaceError: the policy given to connect())
-    InputFailure, OutputFailure        (InterfaceErrors: a file to read or write; the CLI's)
+The exception classes of PEP 249, each dpsql leaf both the PEP 249 class and the dpsql class,
+are defined in ``dbapi_errors.py`` (their tree is in its docstring), with the one mapping from
+the ``DpsqlError`` tree to them; they are re-exported here, and carry this module's name.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from dpsql import errors
 from dpsql.accounting.filter import BudgetReport
 from dpsql.interfaces import frames
+from dpsql.interfaces.dbapi_errors import (
+    _MAPPING,  # noqa: F401  (its old home: read from here)
+    BudgetExceededError,
+    DatabaseError,
+    DataError,
+    DpsqlInternalError,
+    EngineFailure,
+    EntropyFailure,
+    Error,
+    InputFailure,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    InvalidParameterError,
+    LedgerFailure,
+    MissingBoundsError,
+    NotSupportedError,
+    OperationalError,
+    OutputFailure,
+    PolicyFailure,
+    ProgrammingError,
+    QuerySyntaxError,
+    UnknownObjectError,
+    UnsupportedQuery,
+    Warning,
+    _pep249,
+    _translate,  # noqa: F401  (likewise)
+)
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Result, Session
+
+__all__ = [
+    "BINARY",
+    "DATETIME",
+    "NUMBER",
+    "ROWID",
+    "STRING",
+    "BudgetExceededError",
+    "Connection",
+    "Cursor",
+    "DataError",
+    "DatabaseError",
+    "Description",
+    "DpsqlInternalError",
+    "EngineFailure",
+    "EntropyFailure",
+    "Error",
+    "InputFailure",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "InvalidParameterError",
+    "LedgerFailure",
+    "MissingBoundsError",
+    "NotSupportedError",
+    "OperationalError",
+    "OutputFailure",
+    "PolicyFailure",
+    "ProgrammingError",
+    "QuerySyntaxError",
+    "UnknownObjectError",
+    "UnsupportedQuery",
+    "Warning",
+    "apilevel",
+    "connect",
+    "paramstyle",
+    "threadsafety",
+]
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
 paramstyle = "qmark"
-
-
-class Warning(Exception):
-    """PEP 249 Warning (dpsql raises none)."""
-
-
-class Error(Exception):
-    """PEP 249 root of all errors."""
-
-
-class InterfaceError(Error):
-    pass
-
-
-class DatabaseError(Error):
-    pass
-
-
-class DataError(DatabaseError):
-    pass
-
-
-class OperationalError(DatabaseError):
-    pass
-
-
-class IntegrityError(DatabaseError):
-    pass
-
-
-class InternalError(DatabaseError):
-    pass
-
-
-class ProgrammingError(DatabaseError):
-    pass
-
-
-class NotSupportedError(DatabaseError):
-    pass
-
-
-class BudgetExceededError(OperationalError, errors.BudgetExceededError):
-    """The query would exceed the budget; nothing was charged."""
-
-
-class EngineFailure(OperationalError, errors.EngineError):
-    pass
-
-
-class EntropyFailure(OperationalError, errors.EntropyError):
-    pass
-
-
-class LedgerFailure(OperationalError, errors.LedgerError):
-    pass
-
-
-class QuerySyntaxError(ProgrammingError, errors.ParseError):
-    pass
-
-
-class UnknownObjectError(ProgrammingError, errors.SchemaError):
-    pass
-
-
-class MissingBoundsError(ProgrammingError, errors.BoundsError):
-    pass
-
-
-class InvalidParameterError(ProgrammingError, errors.ParameterError):
-    pass
-
-
-class UnsupportedQuery(NotSupportedError, errors.UnsupportedQueryError):
-    pass
-
-
-class DpsqlInternalError(InternalError, errors.InternalError):
-    pass
-
-
-class PolicyFailure(InterfaceError, errors.PolicyError):
-    pass
-
-
-class InputFailure(InterfaceError, errors.InputError):
-    pass
-
-
-class OutputFailure(InterfaceError, errors.OutputError):
-    pass
-
-
-# The one mapping from the dpsql tree to PEP 249 (most specific first).
-_MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
-    (errors.BudgetExceededError, BudgetExceededError),
-    (errors.EngineError, EngineFailure),
-    (errors.EntropyError, EntropyFailure),
-    (errors.LedgerError, LedgerFailure),
-    (errors.ParseError, QuerySyntaxError),
-    (errors.SchemaError, UnknownObjectError),
-    (errors.BoundsError, MissingBoundsError),
-    (errors.ParameterError, InvalidParameterError),
-    (errors.UnsupportedQueryError, UnsupportedQuery),
-    (errors.PolicyError, PolicyFailure),
-    (errors.InputError, InputFailure),
-    (errors.OutputError, OutputFailure),
-    (errors.InternalError, DpsqlInternalError),
-)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _translate(exc: errors.DpsqlError) -> Error:
-    for source, target in _MAPPING:
-        if isinstance(exc, source):
-            mapped = target(str(exc))
-            for attr in ("line", "column"):
-                if hasattr(exc, attr):
-                    setattr(mapped, attr, getattr(exc, attr))
-            return mapped
-    return DatabaseError(str(exc))
-
-
-def _pep249(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except errors.DpsqlError as exc:
-            raise _translate(exc) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 # PEP 249 type objects: compare equal to the DuckDB type names in ``description``.
