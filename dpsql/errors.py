@@ -129,6 +129,7 @@ __all__ = [
     "InputError",
     "InternalError",
     "LedgerError",
+    "NotSupportedOnEngineError",
     "OutputError",
     "ParameterError",
     "ParseError",

@@ -19,6 +19,7 @@ Each dpsql leaf has a class that is both the PEP 249 class and the dpsql class, 
         │   └── InvalidParameterError  (ParameterError)
         ├── NotSupportedError
         │   └── UnsupportedQuery       (UnsupportedQueryError)
+        │       └── UnsupportedOnEngine  (NotSupportedOnEngineError)
         ├── IntegrityError, DataError  (never raised: dpsql does not write data)
         └── InternalError
             └── DpsqlInternalError     (a dpsql bug)
@@ -60,6 +61,7 @@ __all__ = [
     "ProgrammingError",
     "QuerySyntaxError",
     "UnknownObjectError",
+    "UnsupportedOnEngine",
     "UnsupportedQuery",
     "Warning",
 ]
@@ -141,6 +143,10 @@ class UnsupportedQuery(NotSupportedError, errors.UnsupportedQueryError):
     pass
 
 
+class UnsupportedOnEngine(UnsupportedQuery, errors.NotSupportedOnEngineError):
+    pass
+
+
 class DpsqlInternalError(InternalError, errors.InternalError):
     pass
 
@@ -167,6 +173,7 @@ _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.SchemaError, UnknownObjectError),
     (errors.BoundsError, MissingBoundsError),
     (errors.ParameterError, InvalidParameterError),
+    (errors.NotSupportedOnEngineError, UnsupportedOnEngine),
     (errors.UnsupportedQueryError, UnsupportedQuery),
     (errors.PolicyError, PolicyFailure),
     (errors.InputError, InputFailure),
