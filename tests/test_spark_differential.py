@@ -156,12 +156,15 @@ def breadth_world(directory: Path, data: breadth.Data) -> Iterator[World]:
     tables = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
 
     def plan(name: str, l0: int | None, r: int | None) -> Plan:
-        options = dict(breadth.CASES[name].options)
+        if name in EXTRA:
+            sql, options = EXTRA[name][0], dict(EXTRA[name][1])
+        else:
+            sql, options = breadth.sql_of(name), dict(breadth.CASES[name].options)
         if l0 is not None:
             options["max_groups_per_unit"] = l0
         if r is not None:
             options["max_rows_per_unit"] = r
-        return session.plan(breadth.sql_of(name), None, **options)
+        return session.plan(sql, None, **options)
 
     try:
         yield World(tables, session.engine.catalog, plan)
@@ -169,7 +172,106 @@ def breadth_world(directory: Path, data: breadth.Data) -> Iterator[World]:
         session.close()
 
 
-CORPORA = {"golden": golden.NAMES, "breadth": breadth.NAMES}
+# Forms of the bounded query the corpora do not reach (planned over the breadth tables): R's
+# window over weighted rows, variances, the direct form with quantiles and COUNT(DISTINCT),
+# row-level arithmetic made total (TRY), date parts and truncation, text functions, CASE and
+# cast keys, a public table's domain, two keys, the Gaussian mechanism's measurements.
+EXTRA: dict[str, tuple[str, Mapping[str, object]]] = {
+    "weighted_row_cap": (
+        "SELECT region, COUNT(*) FROM visits GROUP BY region",
+        {"max_rows_per_unit": 7},
+    ),
+    "variance": ("SELECT region, VARIANCE(spend), STDDEV(age) FROM visits GROUP BY region", {}),
+    "direct_quantiles": (
+        "SELECT MIN(spend), MAX(age), MEDIAN(spend), COUNT(DISTINCT item) FROM visits",
+        {"max_rows_per_unit": 2},
+    ),
+    "per_unit_aggregates": (
+        "WITH t AS (SELECT user_id, MIN(spend) AS lo, MAX(age) AS hi, COUNT(DISTINCT item) AS n, "
+        "SUM(LEAST(GREATEST(spend, 0), 10)) AS s FROM visits GROUP BY user_id) "
+        "SELECT SUM(LEAST(n, 4)), AVG(lo), AVG(hi), SUM(LEAST(GREATEST(s, 0), 50)) FROM t",
+        {},
+    ),
+    "arithmetic": (
+        "SELECT region, SUM(age * 2 + 1), AVG(spend / 2 - age), COUNT(age % 7), "
+        "SUM(CASE WHEN age // 10 = 3 THEN 1 ELSE 0 END) FROM visits "
+        "WHERE age + 1 > 20 AND spend * 3 >= 0 GROUP BY region",
+        {},
+    ),
+    "floor_buckets": (
+        "SELECT FLOOR(age / 10) AS b, COUNT(*), SUM(spend) FROM visits GROUP BY FLOOR(age / 10)",
+        {},
+    ),
+    "date_parts": (
+        "SELECT dayofweek(day) AS w, quarter(day) AS q, COUNT(*) FROM visits "
+        "GROUP BY dayofweek(day), quarter(day)",
+        {},
+    ),
+    "trunc_quarter": (
+        "SELECT date_trunc('quarter', day) AS q, COUNT(*) FROM visits "
+        "GROUP BY date_trunc('quarter', day)",
+        {},
+    ),
+    "case_key": (
+        "SELECT CASE WHEN spend < 50 THEN 'low' WHEN spend IS NULL THEN NULL ELSE 'high' END "
+        "AS b, COUNT(*), SUM(spend) FROM visits GROUP BY b",
+        {},
+    ),
+    "text_filters": (
+        "SELECT COUNT(*), SUM(age) FROM visits WHERE item LIKE 'a%' OR starts_with(region, 'we') "
+        "OR length(region) = 5 OR region || item = 'easta' OR contains(region, 'or') "
+        "OR concat(region, item) = 'northb'",
+        {},
+    ),
+    "public_table_domain": (
+        "SELECT tier, COUNT(*) FROM visits CROSS JOIN tiers WHERE spend >= threshold GROUP BY tier",
+        {"max_rows_per_unit": 3},
+    ),
+}
+# In the full profile only: forms close to the ones above.
+EXTRA_FULL: dict[str, tuple[str, Mapping[str, object]]] = {
+    "year_of_range": ("SELECT year(day) AS y, COUNT(*) FROM visits GROUP BY year(day)", {}),
+    "extract_month": (
+        "SELECT extract(month FROM day) AS m, SUM(spend) FROM visits "
+        "GROUP BY extract(month FROM day)",
+        {},
+    ),
+    "between_in_dates": (
+        "SELECT COUNT(*), SUM(age) FROM visits WHERE age BETWEEN 20 AND 60 "
+        "AND region IN ('east', 'west', 'north') AND day >= '2024-02-01'",
+        {},
+    ),
+    "clamps_and_nulls": (
+        "SELECT SUM(COALESCE(age, 0)), AVG(GREATEST(spend, 10)), "
+        "SUM(LEAST(GREATEST(NULLIF(age, 25), 0), 100)) FROM visits",
+        {},
+    ),
+    "abs_round": (
+        "SELECT SUM(ABS(age - 50)), SUM(ROUND(spend)), AVG(ABS(spend - 100)) FROM visits",
+        {},
+    ),
+    "private_key_median": ("SELECT age, MEDIAN(spend) FROM visits GROUP BY age", {}),
+    "gaussian": (
+        "SELECT region, COUNT(*), SUM(spend) FROM visits GROUP BY region",
+        {"mechanism": "gaussian"},
+    ),
+    "two_keys": (
+        "SELECT region, month(day) AS m, COUNT(*) FROM visits GROUP BY region, month(day)",
+        {},
+    ),
+    "cast_key": (
+        "SELECT CAST(age AS VARCHAR) AS a, COUNT(*) FROM visits GROUP BY CAST(age AS VARCHAR)",
+        {},
+    ),
+    "substring_key": (
+        "SELECT substring(region, 1, 2) AS p, COUNT(*) FROM visits "
+        "GROUP BY substring(region, 1, 2)",
+        {},
+    ),
+}
+if FULL:
+    EXTRA.update(EXTRA_FULL)
+CORPORA = {"golden": golden.NAMES, "breadth": breadth.NAMES, "extra": sorted(EXTRA)}
 CASES = [(corpus, name) for corpus, names in CORPORA.items() for name in names]
 SEEDS = [20261205, 20261206, 20261207] if FULL else [20261205]
 
@@ -189,6 +291,7 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[
             out["golden"].append(golden_world(root / "golden_within", golden.WITHIN))
             within = breadth_world(root / "breadth_within", breadth.WITHIN)
             out["breadth"].append(stack.enter_context(within))
+        out["extra"] = out["breadth"]  # the extra queries read the breadth corpus's tables
         yield out
 
 

@@ -414,10 +414,9 @@ class _Lowerer:
             raise _refuse("UNION of queries with different numbers of columns")
         columns: dict[str, str] = {}
         for (name, lt), rt in zip(lcols.items(), rcols.values(), strict=True):
-            if "NULL" not in (lt, rt) and lt != rt:
-                # Spark and DuckDB widen the columns of a UNION by different rules.
-                raise _refuse(f"UNION of columns of types {lt} and {rt}")
-            columns[name] = rt if lt == "NULL" else lt
+            # Numbers widen alike on both engines (BIGINT with DECIMAL(38, 0) is DECIMAL(38,
+            # 0)); other mixed kinds are refused by _unify.
+            columns[name] = _unify([lt, rt], "UNION")
         distinct = bool(node.args.get("distinct"))
         return exp.Union(this=left, expression=right, distinct=distinct), columns
 
