@@ -55,6 +55,8 @@ class _SparkOut(Spark):
         TRANSFORMS = {  # noqa: RUF012 - sqlglot's own class attribute, extended
             **Spark.Generator.TRANSFORMS,
             exp.NullSafeEQ: lambda self, e: self.binary(e, "<=>"),
+            # Always TRY_CAST: a TRY_CAST printed as CAST would raise where DuckDB's gives NULL.
+            exp.TryCast: lambda self, e: self.cast_sql(e, safe_prefix="TRY_"),
         }
 
 
@@ -270,6 +272,11 @@ def _p(node: exp.Expression) -> exp.Expression:
 
 def _cast(node: exp.Expression, t: str) -> exp.Expression:
     return exp.Cast(this=node, to=_spark_type(t))
+
+
+def _try_cast(node: exp.Expression, t: str) -> exp.Expression:
+    # safe=True: sqlglot prints a TryCast without it as a plain CAST on Spark (which raises).
+    return exp.TryCast(this=node, to=_spark_type(t), safe=True)
 
 
 def _double(text: str) -> exp.Expression:
@@ -969,9 +976,7 @@ def _cast_value(lw: _Lowerer, node: exp.Cast, ctx: _Ctx, total: bool) -> _E:
         if not (ctx.in_try or total):
             raise _refuse(f"a narrowing cast from {s} to {target} outside TRY")
         # Out of range: NULL, as DuckDB's TRY_CAST (or the error TRY catches).
-        return _E(
-            exp.TryCast(this=source.node, to=_spark_type(target)), target, source.fails or may_fail
-        )
+        return _E(_try_cast(source.node, target), target, source.fails or may_fail)
     if _is_float(s) and _is_int(target) and target != "HUGEINT":
         guarded = ctx.in_try or total
         return _float_to_int(source, node.this, target, guarded=guarded, may_fail=may_fail)
@@ -979,9 +984,7 @@ def _cast_value(lw: _Lowerer, node: exp.Cast, ctx: _Ctx, total: bool) -> _E:
         # DuckDB rounds a decimal half away from zero when it casts it to an integer, as
         # Spark's ROUND does; Spark's cast alone would truncate.
         rounded = _fn("ROUND", source.node)
-        return _E(
-            exp.TryCast(this=rounded, to=_spark_type(target)), target, source.fails or may_fail
-        )
+        return _E(_try_cast(rounded, target), target, source.fails or may_fail)
     raise _refuse(f"a cast from {s.lstrip('?')} to {target}")
 
 
@@ -1271,15 +1274,21 @@ def _int_div_mod(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     if result != "HUGEINT" and (not ctx.in_try or (safe and fits)):
         div = exp.IntDiv(this=left, expression=right)
         return _E(div if result == "BIGINT" else _cast(div, result), result, fails, bits)
-    big_a, big_b = _cast(a.node, "HUGEINT"), _cast(b.node, "HUGEINT")
-    if ctx.in_try:
+    big_a = _p(a.node) if a.type == "HUGEINT" else _cast(a.node, "HUGEINT")
+    big_b = _p(b.node) if b.type == "HUGEINT" else _cast(b.node, "HUGEINT")
+    # A quotient below 2^106 (< 10^32) fits the DECIMAL(38, 6) of Spark's division.
+    if ctx.in_try and not (safe and bits is not None and bits <= 106):
         rest = _fn("TRY_MOD", big_a, big_b)
         quotient = _fn("TRY_DIVIDE", exp.Sub(this=big_a, expression=rest), big_b)
-        exact = exp.TryCast(this=quotient, to=_spark_type(result))
-        return _E(exact, result, True)
+        return _E(_try_cast(quotient, result), result, True)
     rest = exp.Mod(this=big_a, expression=big_b)
     quotient = exp.Div(this=exp.Paren(this=exp.Sub(this=big_a, expression=rest)), expression=big_b)
-    return _E(_cast(quotient, "HUGEINT"), result, fails, bits)
+    out = _cast(quotient, "HUGEINT")
+    if result == "HUGEINT":
+        return _E(out, result, fails, bits)
+    if ctx.in_try:  # MIN // -1 leaves the type: NULL, as DuckDB's error inside TRY
+        return _E(_try_cast(out, result), result, True)
+    return _E(_cast(out, result), result, fails, bits)
 
 
 @_handles(exp.Neg)
@@ -1588,14 +1597,25 @@ def _floor_ceil(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
         return a
     if not _is_float(a.type):
         return _E(_fn(node.key.upper(), a.node), a.type, a.fails)
-    # DuckDB's FLOOR of a double is a double; Spark's a BIGINT (saturating). x - pmod(x, 1) is
-    # exact below 2^52; beyond, and for NaN and the infinities, x is its own floor.
+    # DuckDB's FLOOR of a double is a double; Spark's a BIGINT (saturating). Below 2^52,
+    # x - x % 1 (fmod: exact, with x's sign) is x truncated, exactly; one less for a negative x
+    # with a fraction. Beyond 2^52, and for NaN and the infinities, x is its own floor.
     x = a.node if isinstance(node, exp.Floor) else exp.Neg(this=_p(a.node))
     big = exp.Or(
         this=exp.GTE(this=_fn("ABS", x), expression=_double("4503599627370496.0")),
         expression=_fn("ISNAN", x),
     )
-    floor = _case((big, x), default=exp.Sub(this=_p(x), expression=_fn("PMOD", x, _double("1.0"))))
+    truncated = exp.Paren(
+        this=exp.Sub(this=_p(x), expression=exp.Mod(this=_p(x), expression=_double("1.0")))
+    )
+    floor = _case(
+        (big, x),
+        (
+            exp.LT(this=_p(x), expression=truncated),
+            exp.Sub(this=truncated.copy(), expression=_double("1.0")),
+        ),
+        default=truncated.copy(),
+    )
     out = floor if isinstance(node, exp.Floor) else exp.Neg(this=exp.Paren(this=floor))
     return _E(out, a.type, a.fails)
 
