@@ -282,6 +282,20 @@ def test_hash_is_xxhash64_with_its_arguments_as_tie_breakers() -> None:
     assert "HASH(" not in tree.sql("spark").replace("XXHASH64(", "")
 
 
+def test_every_sort_order_says_where_nulls_go() -> None:
+    """DuckDB sorts NULLs last by default, ascending or descending; Spark first ascending."""
+    text = flat(
+        lower(
+            f"SELECT u, SUM(a) OVER (PARTITION BY u ORDER BY {HASH} DESC, k DESC NULLS FIRST "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS b FROM t",
+            CATALOG,
+        )
+    )
+    assert (
+        "ORDER BY XXHASH64(u, k, CAST(:salt AS BIGINT)) DESC NULLS LAST, k DESC NULLS FIRST" in text
+    )
+
+
 def test_tie_breakers_already_in_the_order_are_not_repeated() -> None:
     tree = spark_tree(
         "SELECT * FROM t QUALIFY ROW_NUMBER() OVER (PARTITION BY u ORDER BY "

@@ -40,6 +40,7 @@ from decimal import Decimal, InvalidOperation
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
+from sqlglot.generator import Generator
 
 from dpsql.errors import NotSupportedOnEngineError
 from dpsql.sql.bounding import SALT_PARAMETER
@@ -48,8 +49,16 @@ from dpsql.sql.validate import describe
 __all__ = ["lower"]
 
 
+def _ordered_sql(generator: Generator, node: exp.Ordered) -> str:
+    # Spark sorts NULLs first ascending, DuckDB last: every order states where NULLs go.
+    direction = "DESC" if node.args.get("desc") else "ASC"
+    nulls = "FIRST" if node.args.get("nulls_first") else "LAST"
+    return f"{generator.sql(node, 'this')} {direction} NULLS {nulls}"
+
+
 class _SparkOut(Spark):
-    """Spark SQL as the lowering prints it: null-safe equality as ``<=>``."""
+    """Spark SQL as the lowering prints it: null-safe equality as ``<=>``, every TRY_CAST as
+    TRY_CAST and every sort order with its NULLs spelled out."""
 
     class Generator(Spark.Generator):  # type: ignore[misc, valid-type]
         TRANSFORMS = {  # noqa: RUF012 - sqlglot's own class attribute, extended
@@ -57,6 +66,7 @@ class _SparkOut(Spark):
             exp.NullSafeEQ: lambda self, e: self.binary(e, "<=>"),
             # Always TRY_CAST: a TRY_CAST printed as CAST would raise where DuckDB's gives NULL.
             exp.TryCast: lambda self, e: self.cast_sql(e, safe_prefix="TRY_"),
+            exp.Ordered: _ordered_sql,
         }
 
 
@@ -128,7 +138,7 @@ def _norm_type(text: str) -> str:
     match = _DECIMAL.match(name)
     if match:
         p, s = int(match.group(1)), int(match.group(2) or 0)
-        return "HUGEINT" if s == 0 and p > 18 else f"DECIMAL({p},{s})"
+        return f"DECIMAL({p},{s})"
     name = _TYPE_ALIASES.get(name, name)
     return name if name in _SPARK_NAMES else f"?{name}"
 
@@ -175,9 +185,9 @@ def _unify(types: Sequence[str], what: str) -> str:
     if all(_is_int(t) for t in known):
         return _INT_BY_RANK[max(_INT_RANK[t] for t in known)]
     if all(_is_num(t) for t in known):
-        if "DOUBLE" in known or ("FLOAT" in known and any(not _is_float(t) for t in known)):
+        if "DOUBLE" in known or ("FLOAT" in known and any(_is_decimal(t) for t in known)):
             return "DOUBLE"
-        if "FLOAT" in known:
+        if "FLOAT" in known:  # a FLOAT with integers stays FLOAT on both engines
             return "FLOAT"
         scale = max(int(t[:-1].split(",")[1]) if _is_decimal(t) else 0 for t in known)
         return f"DECIMAL(38,{scale})"
@@ -818,9 +828,7 @@ def _histogram_rewrite(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Sele
     )
     if keys:
         outer.set("group", exp.Group(expressions=[exp.column(n) for n in key_names]))
-    if sel.args.get("with_") is not None:
-        outer.set("with_", sel.args["with_"].copy())
-    return outer
+    return outer  # (a WITH of ``sel`` is lowered by ``query``, around it)
 
 
 _Handler = Callable[[_Lowerer, exp.Expression, _Ctx], _E]
@@ -1440,9 +1448,7 @@ def _in(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
         if len(columns) != 1:
             raise _refuse("IN over a subquery of several columns")
         (t,) = columns.values()
-        _comparable(a, node.this, _E(exp.Null(), t), exp.Null(), "IN")
-        if _kind(a.type) != _kind(t) and "NULL" not in (a.type, t):
-            raise _refuse(f"IN of {a.type} over {t}")
+        _comparable(a, node.this, _E(exp.Null(), t), exp.Null(), "IN")  # one kind, or refused
         return _E(exp.In(this=_p(a.node), query=exp.Subquery(this=body)), "BOOLEAN", a.fails)
     items = [lw.expr(e, ctx) for e in node.expressions]
     lw.absorbing("IN", *items)
@@ -2217,6 +2223,9 @@ def _lower_cached(sql: str, catalog: tuple[tuple[str, tuple[tuple[str, str], ...
     lowerer = _Lowerer({t: dict(cols) for t, cols in catalog})
     try:
         out, _ = lowerer.query(tree, {})
+        # A copy: the lowering shares subtrees between its rewrites (x in x IS NULL OR ...);
+        # copied, every node has its own parent, as the check below reads them.
+        out = out.copy()
         _check_deterministic(out)
         return out.sql(dialect=_SparkOut, pretty=True)
     except RecursionError:
