@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types pytest psql bench clean
+.PHONY: demo demo-spark test lint types pytest psql java bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP) examples/data/visits.parquet examples/data/visits.ledger
 	$(BIN)/python examples/demo.py
 	@echo "next: $(BIN)/dpsql --policy examples/durable.toml shell   (or explain, run, query, budget)"
 
+# The same queries on Apache Spark, in local mode (a Java runtime is installed when missing).
+demo-spark: $(STAMP) examples/data/visits.parquet java
+	$(BIN)/python examples/demo.py examples/spark.toml
+
 lint: $(STAMP)
 	$(BIN)/ruff check dpsql tests benchmarks examples
 	$(BIN)/ruff format --check dpsql tests benchmarks examples
@@ -40,7 +44,16 @@ psql:
 			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client; \
 		else echo "psql is missing: install the PostgreSQL client" >&2; exit 1; fi; }
 
-pytest: $(STAMP) examples/data/visits.parquet psql
+# Spark runs on a Java runtime (Debian openjdk-17-jre-headless) for the Spark engine's tests.
+java:
+	@command -v java >/dev/null 2>&1 || { \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && \
+			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+		else echo "java is missing: install a Java 17 runtime" >&2; exit 1; fi; }
+
+pytest: $(STAMP) examples/data/visits.parquet psql java
 	$(BIN)/pytest -q
 
 test: lint types pytest

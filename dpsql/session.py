@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from dpsql import cache
 from dpsql.accounting.filter import BudgetReport, Charge, budget_for, open_store
-from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.engine.base import open_engine
 from dpsql.errors import (
     EngineError,
     LedgerError,
@@ -106,7 +107,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         # Salt of the keyed hash that picks a unit's groups, kept with the ledger so every
         # session bounds the same rows; any value is private (the choice depends only on the
         # unit's own rows), secrecy only stops prediction.
-        self.engine = DuckDBEngine(self.policy, int(store.identity["salt"]), memory_limit)
+        self.engine = open_engine(self.policy, int(store.identity["salt"]), memory_limit)
         try:
             check_against_schema(self.policy, self.engine.catalog)
         except PolicyError:
@@ -212,6 +213,8 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec)
         plan = plan_query(analysis, options_, policy, query=bound.sql(dialect=DIALECT))
+        if self.engine.name != "duckdb":  # EXPLAIN shows the SQL this engine runs
+            plan = replace(plan, shown=self.engine.shown_sql)
         check_samplable(plan)
         return plan
 
@@ -350,6 +353,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         return {
             "plan": [line for line in header if not line.startswith("  ")],
             "bounded_sql": plan.engine_sql,
+            "engine": self.engine.name,  # the bounded SQL is DuckDB's; Spark runs its lowering
             "policy_version": self.policy_version(),
             "data_version": self.policy.dataset.data_version,
             "dpsql_version": VERSION,

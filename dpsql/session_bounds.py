@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpsql import bounds
 from dpsql.accounting.filter import Budget
-from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.engine.base import Engine
 from dpsql.plan.planner import Plan
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.session_plans import Planned
@@ -29,7 +29,7 @@ class EstimatedBounds:
 
     policy: Policy
     analyst: str | None
-    engine: DuckDBEngine
+    engine: Engine
     filter: Budget
     _estimated: dict[tuple[str, str], tuple[Fraction, Fraction]]
     _bounds_seen: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.engine.base import Engine
 from dpsql.errors import BoundsError, UnsupportedQueryError
 from dpsql.sql.analyze import Analysis
 from dpsql.sql.cells import Cell
@@ -21,7 +21,7 @@ from dpsql.sql.rewrite import key_sql, literal_sql
 class Probes:
     """The probing part of ``Session``: the engine's values of a query's constants."""
 
-    engine: DuckDBEngine
+    engine: Engine
 
     def _engine_values(self, analysis: Analysis) -> Analysis:
         """What only the engine can say about a query's constants, asked before the check

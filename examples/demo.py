@@ -19,7 +19,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import dpsql  # noqa: E402
 
-POLICY = HERE / "policy.toml"
+# `make demo-spark` passes examples/spark.toml: the same queries on Apache Spark.
+POLICY = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "policy.toml"
 
 QUERIES: tuple[tuple[str, str], ...] = (
     (

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -38,7 +38,7 @@ from dpsql.engine.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
 from dpsql.sql.cells import key_query
-from dpsql.sql.rewrite import SALT_PARAMETER
+from dpsql.sql.rewrite import SALT_PARAMETER, parse_bounded
 
 __all__ = ["DuckDBEngine"]
 
@@ -49,7 +49,18 @@ _MAX_KEPT_DOMAINS = 256  # key domains a session keeps, the oldest dropped first
 class DuckDBEngine:
     """One locked-down DuckDB connection over the policy's data; thread-safe by a lock."""
 
-    def __init__(self, policy: Policy, salt: int, memory_limit: str | None = None):
+    name = "duckdb"
+
+    def __init__(
+        self,
+        policy: Policy,
+        salt: int,
+        memory_limit: str | None = None,
+        schemas: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    ):
+        """The policy's tables from their files; or, with ``schemas`` (table -> (column, DuckDB
+        type)), empty tables of those columns and nothing else: a shadow that binds, types and
+        probes the bounded queries another engine runs (``dpsql.engine.spark``)."""
         self._lock = threading.Lock()
         # The secret salt of the keyed hash that picks a unit's groups, bound as $salt.
         self.salt = salt
@@ -68,33 +79,24 @@ class DuckDBEngine:
         if spec.threads is not None:
             config["threads"] = spec.threads
         _check_declared_types(policy)
-        shared: _DatabaseKey | None = None
+        self._shared: _DatabaseKey | None = None  # a database file this process shares
         self._views: list[str] = []  # the statements that made the tables' views
         try:
-            files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
-            for name, path in files.items():
-                if not path.exists():
-                    raise PolicyError(f"data.tables.{name} does not exist: {path}")
-            if policy.data.database is not None:
-                path = policy.resolve(policy.data.database)
-                if not path.exists():
-                    raise PolicyError(f"data.database does not exist: {path}")
-                shared, self._con = _shared_database(path, config, files)
+            if schemas is None:
+                names = self._open_files(policy, config)
             else:
                 self._con = duckdb.connect(":memory:", config=config)
-                _lock_down(self._con, files)
-            for name, path in files.items():
-                if path.suffix.lower() == ".parquet":
-                    view = f"SELECT * FROM read_parquet({_string(str(path))})"
-                else:
-                    view = _csv_view(policy, name, path)
-                self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
-                self._con.execute(self._views[-1])
+                _lock_down(self._con, {})
+                for name, columns in schemas.items():
+                    listed = ", ".join(f"{_quote(c)} {t}" for c, t in columns)
+                    self._views.append(f"CREATE TEMP TABLE {_quote(name)} ({listed})")
+                    self._con.execute(self._views[-1])
+                names = set(schemas)
             self.catalog = self._read_catalog()
-            self.collations = self._read_collations(set(files))
+            self.collations = self._read_collations(names)
         except (duckdb.Error, PolicyError) as exc:
             if hasattr(self, "_con"):
-                _release(shared, [self._con], [])
+                _release(self._shared, [self._con], [])
             if isinstance(exc, PolicyError):
                 raise
             raise PolicyError(f"cannot open the policy's data ({type(exc).__name__})") from None
@@ -105,8 +107,34 @@ class DuckDBEngine:
         self._domains: dict[str, list[tuple[Any, ...]]] = {}
         self._checkers: list[_Checker] = []  # at most one, made by the first check_soon
         self._closed = weakref.finalize(
-            self, _release, shared, [self._con, self._scratch], self._checkers
+            self, _release, self._shared, [self._con, self._scratch], self._checkers
         )
+
+    def _open_files(
+        self, policy: Policy, config: dict[str, str | bool | int | float | list[str]]
+    ) -> set[str]:
+        """``self._con`` over the policy's files (a shared database file, Parquet and CSV views),
+        locked down; the names of the files' views."""
+        files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
+        for name, path in files.items():
+            if not path.exists():
+                raise PolicyError(f"data.tables.{name} does not exist: {path}")
+        if policy.data.database is not None:
+            path = policy.resolve(policy.data.database)
+            if not path.exists():
+                raise PolicyError(f"data.database does not exist: {path}")
+            self._shared, self._con = _shared_database(path, config, files)
+        else:
+            self._con = duckdb.connect(":memory:", config=config)
+            _lock_down(self._con, files)
+        for name, path in files.items():
+            if path.suffix.lower() == ".parquet":
+                view = f"SELECT * FROM read_parquet({_string(str(path))})"
+            else:
+                view = _csv_view(policy, name, path)
+            self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
+            self._con.execute(self._views[-1])
+        return set(files)
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
@@ -240,6 +268,10 @@ class DuckDBEngine:
                     "compared)"
                 ) from None
         return [(str(row[0]).lower(), str(row[1])) for row in rows]
+
+    def shown_sql(self, sql: str) -> str:
+        """The bounded SQL pretty-printed; the salt stays the parameter ``$salt``."""
+        return parse_bounded(sql).sql(dialect="duckdb", pretty=True)
 
     def _parameters(self, sql: str) -> dict[str, int] | None:
         return {SALT_PARAMETER: self.salt} if f"${SALT_PARAMETER}" in sql else None

@@ -1,0 +1,318 @@
+"""Apache Spark as the engine: the same bounded queries, lowered to Spark SQL, on a cluster.
+
+The privacy logic never depends on the engine (DESIGN.md section 7). What this module adds:
+
+- a Spark session per process (``_spark``) with the settings the guarantees need pinned (ANSI
+  mode, so an overflow raises instead of wrapping; UTC; no UI, which would show query text) and
+  Spark's own logs off (its messages quote SQL text and data values);
+- the policy's tables as temporary views of an isolated Spark session: Parquet as stored, CSV
+  through an explicit all-text schema cast to the policy's declared types, never ``inferSchema``;
+- a *shadow*: a DuckDB connection holding empty tables of the very schema Spark reads (mapped
+  to DuckDB's types, ``duckdb_type``). The analysis, the key-domain probes, the cells' keys and
+  the first check bind there, reading no rows, exactly as on DuckDB, so both engines answer the
+  same queries and take the same decisions before the charge;
+- the check before the charge also has Spark analyze the lowered query (``spark.sql`` resolves
+  and types it without running a job), so a query Spark cannot run is refused for free;
+- running the lowered query (``dpsql.engine.spark_lower``) with the salt bound as a named
+  parameter, in a job group that ``interrupt`` cancels; the rows come back in the Python types
+  DuckDB gives for the same columns (``_as_duckdb``), so noise and publishing are unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.engine.spark_lower import lower
+from dpsql.engine.views import _csv_header
+from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
+from dpsql.policy import Policy
+from dpsql.policy_spec import SPARK_PINNED, EngineSpec
+from dpsql.sql.rewrite import SALT_PARAMETER
+
+__all__ = ["SparkEngine", "duckdb_type"]
+
+log = logging.getLogger("dpsql")
+
+# Spark's simple type names -> DuckDB's. A column of any other type (arrays, maps, structs,
+# intervals, variants) is left out of the catalog: a query naming it is refused as unknown.
+_TYPES = {
+    "tinyint": "TINYINT",
+    "smallint": "SMALLINT",
+    "int": "INTEGER",
+    "bigint": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "string": "VARCHAR",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    # Spark's TIMESTAMP is an instant shown in the session's zone (pinned to UTC)
+    "timestamp": "TIMESTAMP WITH TIME ZONE",
+    "timestamp_ntz": "TIMESTAMP",
+    "binary": "BLOB",
+}
+
+
+def duckdb_type(spark_type: str) -> str | None:
+    """DuckDB's name of a Spark type (its ``simpleString()``), or None when it has none here."""
+    name = spark_type.strip().lower()
+    if name in _TYPES:
+        return _TYPES[name]
+    if name.startswith("decimal(") and name.endswith(")"):
+        precision, _, scale = name[len("decimal(") : -1].partition(",")
+        if precision.strip().isdigit() and scale.strip().isdigit():
+            return f"DECIMAL({int(precision)},{int(scale)})"
+    if name.startswith(("varchar(", "char(")):
+        return "VARCHAR"
+    return None
+
+
+def _spark_type(duckdb_name: str) -> str:
+    """Spark's name of a type declared in the policy (DuckDB's spelling), for a CSV cast."""
+    sqlglot = importlib.import_module("sqlglot")
+    return str(sqlglot.exp.DataType.build(duckdb_name, dialect="duckdb").sql("spark"))
+
+
+_SESSIONS: dict[tuple[Any, ...], Any] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _spark(spec: EngineSpec) -> Any:
+    """The process's Spark session for this master (or Spark Connect address) and settings,
+    made once: a Spark session takes seconds to start."""
+    try:
+        sql = importlib.import_module("pyspark.sql")
+    except ImportError:
+        raise PolicyError(
+            'engine.name = "spark" needs pyspark: install dpsql with its spark extra'
+        ) from None
+    # No progress bars on the console (the server's log is its standard error).
+    conf = {"spark.ui.showConsoleProgress": "false", **spec.conf, **SPARK_PINNED}
+    key = (spec.master, spec.remote, tuple(sorted(conf.items())))
+    with _SESSIONS_LOCK:
+        if key in _SESSIONS:
+            return _SESSIONS[key]
+        builder = sql.SparkSession.builder.appName("dpsql")
+        if spec.remote is not None:
+            builder = builder.remote(spec.remote)
+        else:
+            builder = builder.master(spec.master or "local[*]")
+        for name, value in conf.items():
+            builder = builder.config(name, value)
+        try:
+            session = builder.getOrCreate()
+        except Exception as exc:  # no Java, a master that cannot be reached, ...
+            raise PolicyError(f"cannot start the Spark engine ({type(exc).__name__})") from None
+        if spec.remote is None:
+            # Spark's log lines quote SQL text and the data values an error met.
+            session.sparkContext.setLogLevel("OFF")
+        # PySpark logs a failed query's text (and the values its error quotes) through this.
+        logging.getLogger("SQLQueryContextLogger").disabled = True
+        for name in ("spark.sql.ansi.enabled", "spark.sql.session.timeZone"):
+            session.conf.set(name, SPARK_PINNED[name])  # an existing session gets them too
+        _SESSIONS[key] = session
+        return session
+
+
+class SparkEngine:
+    """The policy's tables in Spark, with a DuckDB shadow of their schema for binding."""
+
+    name = "spark"
+
+    def __init__(self, policy: Policy, salt: int):
+        if policy.data.database is not None:
+            raise PolicyError(
+                'data.database is a DuckDB file: engine.name = "spark" reads Parquet and CSV '
+                "files (data.tables)"
+            )
+        self.salt = salt
+        self._lock = threading.Lock()
+        self._group: str | None = None  # the running query's job group, for interrupt
+        base = _spark(policy.engine)
+        # Temporary views and settings of their own: engines in one process do not meet.
+        self._session = base.newSession() if policy.engine.remote is None else base
+        schemas: dict[str, list[tuple[str, str]]] = {}
+        self._views: list[str] = []
+        try:
+            for name, path in policy.data.tables.items():
+                frame = self._read(policy, name, policy.resolve(path))
+                frame.createOrReplaceTempView(name)
+                self._views.append(name)
+                schemas[name] = [
+                    (field.name, mapped)
+                    for field in frame.schema.fields
+                    if (mapped := duckdb_type(field.dataType.simpleString())) is not None
+                ]
+        except PolicyError:
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            cause = type(exc).__name__
+            raise PolicyError(f"cannot open the policy's data in Spark ({cause})") from None
+        self._shadow = DuckDBEngine(policy, salt, schemas=schemas)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-spark-check")
+
+    def _read(self, policy: Policy, name: str, path: Path) -> Any:
+        if not path.exists():
+            raise PolicyError(f"data.tables.{name} does not exist: {path}")
+        reader = self._session.read
+        if path.suffix.lower() == ".parquet":
+            return reader.parquet(str(path))  # the types stored in the file's footer
+        # CSV: every column read as text (never inferred from rows), then cast to the declared
+        # type with try_cast, so that no row can make a query fail; the dialect as on DuckDB:
+        # no quoting, one line one row, a row with too few fields dropped.
+        delimiter = policy.data.csv_delimiter
+        names = _csv_header(path, delimiter)
+        types = importlib.import_module("pyspark.sql.types")
+        schema = types.StructType([types.StructField(n, types.StringType()) for n in names])
+        frame = reader.csv(
+            str(path), schema=schema, header=True, sep=delimiter, quote="", escape="",
+            mode="DROPMALFORMED", enforceSchema=True, encoding="UTF-8",
+        )  # fmt: skip
+        spec = policy.tables.get(name)
+        declared = {c: col.type for c, col in (spec.columns.items() if spec else ()) if col.type}
+        items = []
+        for n in names:
+            quoted = "`" + n.replace("`", "``") + "`"
+            kind = declared.get(n.lower())
+            cast = f"try_cast({quoted} AS {_spark_type(kind)}) AS {quoted}" if kind else quoted
+            items.append(cast)
+        return frame.selectExpr(*items)
+
+    # -- what reads no rows: the shadow, as on DuckDB -------------------------------------------
+    @property
+    def catalog(self) -> Mapping[str, Mapping[str, str]]:
+        return self._shadow.catalog
+
+    @property
+    def collations(self) -> Mapping[tuple[str, str], str]:
+        return self._shadow.collations
+
+    def cell_key(self, table: str, column: str, literal_sql: str) -> str | None:
+        return self._shadow.cell_key(table, column, literal_sql)
+
+    def key_domain(self, probe: str) -> list[str | None]:
+        return self._shadow.key_domain(probe)
+
+    def describe(self, sql: str) -> list[tuple[str, str]]:
+        return self._shadow.describe(sql)
+
+    def lowered(self, sql: str) -> str:
+        """The Spark SQL of a bounded query (``dpsql.engine.spark_lower``)."""
+        return _lowered(sql, _frozen(self._shadow.catalog))
+
+    def check(self, sql: str, types: bool = True) -> list[str]:
+        """As on DuckDB (the shadow binds and plans it), then Spark analyzes the lowered query:
+        it resolves names and types without running a job or reading a row."""
+        found = self._shadow.check(sql, types)
+        text = self.lowered(sql)
+        try:
+            self._session.sql(text, args=self._args(text)).schema  # noqa: B018  (analysis only)
+        except Exception as exc:
+            log.info("Spark rejected a bounded query at analysis: %s", type(exc).__name__)
+            raise NotSupportedOnEngineError(
+                "Spark cannot analyze the lowered query; nothing was charged"
+            ) from None
+        return found
+
+    def check_soon(self, sql: str, types: bool = True) -> Callable[[], list[str]]:
+        return self._pool.submit(self.check, sql, types).result
+
+    def _args(self, text: str) -> dict[str, int]:
+        return {SALT_PARAMETER: self.salt} if f":{SALT_PARAMETER}" in text else {}
+
+    def shown_sql(self, sql: str) -> str:
+        """The Spark SQL that runs; the salt is the named parameter ``:salt``."""
+        return self.lowered(sql)
+
+    def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run the lowered query; any failure is the one generic ``EngineError`` (its cause, the
+        exception's class, for the owner only), as on DuckDB."""
+        text = self.lowered(sql)
+        types = [t for _, t in self._shadow.describe(sql)]
+        with self._lock:
+            context = self._session.sparkContext if hasattr(self._session, "sparkContext") else None
+            try:
+                self._group = uuid.uuid4().hex
+                if context is not None:
+                    context.setJobGroup(self._group, "dpsql", interruptOnCancel=True)
+                frame = self._session.sql(text, args=self._args(text))
+                names = list(frame.columns)
+                rows = [tuple(row) for row in frame.collect()]
+            except Exception as exc:  # every cause gets the one error
+                log.warning("engine failure after charge: %s", type(exc).__name__)
+                raise EngineError(cause=type(exc).__name__) from None
+            finally:
+                self._group = None
+        return names, [_as_duckdb(row, types) for row in rows]
+
+    def interrupt(self) -> None:
+        """Cancel the running query's jobs; it then fails with an EngineError."""
+        group = self._group
+        context = getattr(self._session, "sparkContext", None)
+        if group is not None and context is not None:
+            with contextlib.suppress(Exception):
+                context.cancelJobGroup(group)
+
+    def close(self) -> None:
+        """Drop the engine's views and close its shadow; the process's Spark session stays for
+        the next engine. A second call does nothing."""
+        for name in self._views:
+            with contextlib.suppress(Exception):
+                self._session.catalog.dropTempView(name)
+        self._views = []
+        if hasattr(self, "_shadow"):
+            self._shadow.close()
+        if hasattr(self, "_pool"):
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _frozen(catalog: Mapping[str, Mapping[str, str]]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    return tuple((t, tuple(sorted(cols.items()))) for t, cols in sorted(catalog.items()))
+
+
+@lru_cache(maxsize=256)
+def _lowered(sql: str, catalog: tuple[tuple[str, tuple[Any, ...]], ...]) -> str:
+    """Lowering is a function of the text and the schema: kept by both."""
+    return lower(sql, {table: dict(columns) for table, columns in catalog})
+
+
+_INTEGERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UBIGINT", "UINTEGER")
+
+
+def _as_duckdb(row: Sequence[Any], types: Sequence[str]) -> tuple[Any, ...]:
+    """A Spark row in the Python types DuckDB returns for the same columns: exact integers for
+    integer columns (Spark gives DECIMAL(38,0) sums as Decimal), dates for DATE keys."""
+    out = []
+    for value, kind in zip(row, types, strict=True):
+        out.append(_value(value, kind.upper()))
+    return tuple(out)
+
+
+def _value(value: Any, kind: str) -> Any:
+    if value is None:
+        return None
+    if kind in _INTEGERS and isinstance(value, Decimal):
+        if value != value.to_integral_value():
+            raise EngineError(cause="NonIntegralTotal")  # an exact integer total, or nothing
+        return int(value)
+    if kind == "DATE" and isinstance(value, dt.datetime):
+        return value.date()
+    if kind.endswith("[]") and isinstance(value, list):
+        return [_value(v, kind[:-2]) for v in value]
+    if kind.startswith("MAP(") and isinstance(value, dict):
+        inner = kind[4:-1].split(",", maxsplit=1)[0].strip()
+        return {_value(k, inner): int(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,159 @@
+"""The Spark engine behind the one seam: the policy picks it, every interface works on it, and it
+keeps DuckDB's decisions and exact totals (the lowering's own tests: test_spark_lower.py and
+test_spark_differential.py).
+
+One local Spark serves the whole test run (``spark_fixtures.spark``); each engine has its own
+Spark session on it, so their views never meet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from server_fixtures import ServerThread, psql, write_dataset, write_users
+from server_fixtures import write_policy as write_server_policy
+from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
+
+from dpsql.engine.base import open_engine
+from dpsql.errors import PolicyError
+from dpsql.interfaces import cli
+from dpsql.policy import load_policy
+from dpsql.session import Session
+
+pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "examples" / "data" / "visits.parquet"
+SPARK = '[engine]\nname = "spark"\nmaster = "local[2]"\n\n'
+# Bounds that cannot bind on the example (5 regions, 12 months; at most 10 visits a user and
+# group): the engines' keyed hashes differ, so their totals agree exactly where no cap binds.
+LOOSE = {"max_groups_per_unit": 12, "max_rows_per_unit_per_group": 1000}
+QUERIES = (
+    "SELECT COUNT(*) AS n FROM visits",
+    "SELECT SUM(spend) AS s, AVG(age) AS a FROM visits WHERE region <> 'east'",
+    "SELECT region, COUNT(*) AS n, AVG(spend) AS s FROM visits GROUP BY region",
+    "SELECT date_trunc('month', day) AS m, COUNT(*) AS n FROM visits GROUP BY 1",
+    "SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END AS b, SUM(spend) AS s "
+    "FROM visits GROUP BY b",
+    "SELECT COUNT(DISTINCT user_id) AS users, STDDEV(spend) AS sd FROM visits",
+)
+
+
+def _policy_text(tmp_path: Path, spark_engine: bool, ledger: bool = False) -> Path:
+    text = (ROOT / "examples" / "policy.toml").read_text(encoding="utf-8")
+    text = text.replace('"data/visits.parquet"', f'"{DATA}"')
+    for name, value in LOOSE.items():
+        text = re.sub(rf"^{name} = \d+", f"{name} = {value}", text, flags=re.M)
+    if ledger:
+        text += f'\n[ledger]\npath = "{tmp_path / "visits.ledger"}"\n'
+    path = tmp_path / ("spark.toml" if spark_engine else "duckdb.toml")
+    path.write_text((SPARK if spark_engine else "") + text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def sessions(tmp_path: Path, spark: Any) -> Iterator[tuple[Session, Session]]:  # noqa: F811
+    if not DATA.exists():
+        pytest.skip("run `make demo` (or examples/make_data.py) to create the example data")
+    duck = Session(_policy_text(tmp_path, False))
+    on_spark = Session(_policy_text(tmp_path, True))
+    try:
+        yield duck, on_spark
+    finally:
+        duck.close()
+        on_spark.close()
+
+
+def test_the_policy_picks_the_engine(sessions: tuple[Session, Session]) -> None:
+    duck, on_spark = sessions
+    assert (duck.engine.name, on_spark.engine.name) == ("duckdb", "spark")
+    assert on_spark.engine.catalog == duck.engine.catalog  # Spark's schema, in DuckDB's types
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_the_exact_totals_are_duckdb_s(sessions: tuple[Session, Session], sql: str) -> None:
+    duck, on_spark = sessions
+    plan = duck.plan(sql)
+    assert on_spark.plan(sql).engine_sql == plan.engine_sql  # one bounded query for both
+    _, expected = duck.engine.run(plan.engine_sql)
+    _, got = on_spark.engine.run(plan.engine_sql)
+    assert sorted(map(repr, got)) == sorted(map(repr, expected))  # same values, same types
+
+
+def test_an_answer_is_charged_once_and_published_like_duckdb_s(
+    sessions: tuple[Session, Session],
+) -> None:
+    _, on_spark = sessions
+    sql = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+    result = on_spark.execute(sql)
+    assert [row[0] for row in result.rows] == sorted(row[0] for row in result.rows)
+    assert all(isinstance(row[1], int) for row in result.rows)
+    assert on_spark.budget().epsilon_spent == 1 / 2
+    again = on_spark.execute(sql)
+    assert again.cached_from is not None and on_spark.budget().epsilon_spent == 1 / 2
+
+
+def test_explain_shows_the_spark_sql_with_the_salt_as_a_placeholder(
+    sessions: tuple[Session, Session],
+) -> None:
+    _, on_spark = sessions
+    on_spark.execute("SET dpsql.max_groups_per_unit = 2")  # so that the keyed hash ranks groups
+    result = on_spark.execute("EXPLAIN SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
+    text = "\n".join(row[0] for row in result.rows)
+    assert "XXHASH64(" in text.upper() and ":salt" in text
+    assert str(on_spark.engine.salt) not in text
+    assert on_spark.budget().queries == 0
+
+
+def test_closing_drops_the_engine_s_views(tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    if not DATA.exists():
+        pytest.skip("needs the example data")
+    engine = open_engine(load_policy(_policy_text(tmp_path, True)), salt=7)
+    session = engine._session  # type: ignore[attr-defined]
+    assert session.catalog.tableExists("visits")
+    engine.close()
+    assert not session.catalog.tableExists("visits")
+    engine.close()  # a second close does nothing
+
+
+def test_a_duckdb_database_file_is_refused_on_spark(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data")
+    written, _ = write_server_policy(tmp_path, data, database=True)
+    text = written.read_text(encoding="utf-8")
+    path = tmp_path / "spark.toml"
+    path.write_text(SPARK + text, encoding="utf-8")
+    with pytest.raises(PolicyError, match=r"data\.database"):
+        Session(load_policy(path))
+
+
+def test_the_command_line_runs_on_spark(tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    if not DATA.exists():
+        pytest.skip("needs the example data")
+    policy = _policy_text(tmp_path, True, ledger=True)
+    runner = CliRunner()
+    assert runner.invoke(cli.cli, ["--policy", str(policy), "init"]).exit_code == 0
+    done = runner.invoke(
+        cli.cli, ["--policy", str(policy), "query", "SELECT COUNT(*) AS n FROM visits"]
+    )
+    assert done.exit_code == 0, done.stderr
+    assert "charged epsilon 0.5" in done.stdout
+    report = runner.invoke(cli.cli, ["--policy", str(policy), "budget"])
+    assert "epsilon 0.5 spent of 10" in report.stdout
+
+
+def test_psql_over_the_wire_on_spark(tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    data = write_dataset(tmp_path / "data")
+    written, _ = write_server_policy(tmp_path, data)
+    text = written.read_text(encoding="utf-8")
+    policy = tmp_path / "spark.toml"
+    policy.write_text(SPARK + text, encoding="utf-8")
+    users = write_users(tmp_path / "users.json")
+    with ServerThread(policy, users) as server:
+        out = psql(server.port, "alice", "SELECT COUNT(*) AS n FROM visits;")
+    assert "charged: epsilon 0.01" in out.stderr + out.stdout, out
+    assert re.search(r"^\s*-?\d+\s*$", out.stdout, re.M), out.stdout
