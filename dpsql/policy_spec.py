@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CATALOG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,2}$")
 
 PublicValue = str | int | float | bool | dt.date | dt.datetime | None
 MAX_DATE_RANGE_DAYS = 36_600  # a century of days: the largest domain date_trunc('day') gets
@@ -75,6 +76,8 @@ class DataSpec(_Frozen):
 
     database: Path | None = None
     tables: dict[str, Path] = Field(default_factory=dict)
+    # On Spark: tables of its catalog, by name (catalog.database.table), instead of files.
+    catalog: dict[str, str] = Field(default_factory=dict, max_length=1000)
     # CSV files are read one physical line per row, split on this character, without quoting,
     # so a malformed line can only drop itself (DESIGN.md section 5): never sniffed.
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
@@ -88,8 +91,16 @@ class DataSpec(_Frozen):
 
     @model_validator(mode="after")
     def _some_data(self) -> DataSpec:
-        if self.database is None and not self.tables:
+        if self.database is None and not self.tables and not self.catalog:
             raise ValueError("give data.database or data.tables")
+        for name, identifier in self.catalog.items():
+            if not _IDENTIFIER.match(name) or name.lower() in {t.lower() for t in self.tables}:
+                raise ValueError(f"data.catalog: {name!r} is not a new plain SQL identifier")
+            if not _CATALOG_NAME.match(identifier):
+                raise ValueError(
+                    f"data.catalog.{name} must name a table as table, database.table or "
+                    "catalog.database.table (plain identifiers)"
+                )
         for name, path in self.tables.items():
             if not _IDENTIFIER.match(name):
                 raise ValueError(f"data.tables: {name!r} is not a plain SQL identifier")
@@ -312,6 +323,12 @@ class Policy(_Frozen):
             if not _IDENTIFIER.match(name):
                 raise ValueError(f"{name!r} is not a plain SQL identifier")
         return {name.lower(): spec for name, spec in tables.items()}
+
+    @model_validator(mode="after")
+    def _catalog_on_spark(self) -> Policy:
+        if self.data.catalog and self.engine.name != "spark":
+            raise ValueError('data.catalog names tables of Spark\'s catalog: engine.name = "spark"')
+        return self
 
     @model_validator(mode="after")
     def _references(self) -> Policy:

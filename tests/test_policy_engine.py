@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from dpsql.policy_engine import SPARK_PINNED, EngineSpec
+from dpsql.policy_spec import Policy
 
 
 def test_a_spark_engine_with_its_settings() -> None:
@@ -36,3 +37,27 @@ def test_a_pinned_setting_may_only_be_repeated(name: str) -> None:
     with pytest.raises(ValidationError, match="pinned"):
         EngineSpec(name="spark", conf={name: "something else"})
     EngineSpec(name="spark", conf={name: SPARK_PINNED[name].upper()})  # its own value: fine
+
+
+def _policy(data: dict[str, object], engine: dict[str, object]) -> dict[str, object]:
+    return {
+        "dataset": {"id": "d"},
+        "data": data,
+        "budget": {"epsilon": "1", "query_epsilon": "0.1"},
+        "tables": {"visits": {"privacy_unit": "user_id", "max_rows_per_unit_per_group": 1}},
+        "engine": engine,
+    }
+
+
+def test_catalog_tables_are_spark_s_and_named_plainly() -> None:
+    spark = {"name": "spark", "master": "local[2]"}
+    policy = Policy.model_validate(_policy({"catalog": {"visits": "lake.web.visits"}}, spark))
+    assert policy.data.catalog == {"visits": "lake.web.visits"}
+    with pytest.raises(ValidationError, match=r"engine\.name"):
+        Policy.model_validate(_policy({"catalog": {"visits": "lake.visits"}}, {}))
+    for bad in ("lake.visits; DROP", "`x`", "a.b.c.d", "lake..visits", ""):
+        with pytest.raises(ValidationError, match="must name a table"):
+            Policy.model_validate(_policy({"catalog": {"visits": bad}}, spark))
+    with pytest.raises(ValidationError, match="new plain SQL identifier"):
+        both = {"tables": {"visits": "v.parquet"}, "catalog": {"visits": "lake.visits"}}
+        Policy.model_validate(_policy(both, spark))

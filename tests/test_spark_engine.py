@@ -157,3 +157,34 @@ def test_psql_over_the_wire_on_spark(tmp_path: Path, spark: Any) -> None:  # noq
         out = psql(server.port, "alice", "SELECT COUNT(*) AS n FROM visits;")
     assert "charged: epsilon 0.01" in out.stderr + out.stdout, out
     assert re.search(r"^\s*-?\d+\s*$", out.stdout, re.M), out.stdout
+
+
+def test_a_table_of_spark_s_catalog_answers_as_its_files_do(
+    tmp_path: Path,
+    spark: Any,  # noqa: F811
+) -> None:
+    if not DATA.exists():
+        pytest.skip("needs the example data")
+    # A table of the session catalog over the example's file, as a lake's would be registered.
+    spark.sql("CREATE DATABASE IF NOT EXISTS dpsql_lake")
+    spark.sql(
+        "CREATE TABLE IF NOT EXISTS dpsql_lake.visits USING parquet "
+        f"LOCATION '{DATA.parent.as_uri()}/visits.parquet'"
+    )
+    from_files = _policy_text(tmp_path, True)
+    text = from_files.read_text(encoding="utf-8").replace(
+        f'tables = {{ visits = "{DATA}" }}', 'catalog = { visits = "dpsql_lake.visits" }'
+    )
+    assert "dpsql_lake" in text
+    from_catalog = tmp_path / "catalog.toml"
+    from_catalog.write_text(text, encoding="utf-8")
+    files, lake = Session(from_files), Session(from_catalog)
+    try:
+        assert lake.engine.catalog == files.engine.catalog  # the catalog's stored schema
+        plan = files.plan("SELECT region, SUM(spend) AS s FROM visits GROUP BY region")
+        assert sorted(lake.engine.run(plan.engine_sql)[1]) == sorted(
+            files.engine.run(plan.engine_sql)[1]
+        )
+    finally:
+        files.close()
+        lake.close()

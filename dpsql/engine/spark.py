@@ -145,8 +145,13 @@ class SparkEngine:
         schemas: dict[str, list[tuple[str, str]]] = {}
         self._views: list[str] = []
         try:
-            for name, path in policy.data.tables.items():
-                frame = self._read(policy, name, policy.resolve(path))
+            frames = {
+                n: self._read(policy, n, policy.resolve(p)) for n, p in policy.data.tables.items()
+            }
+            for name, identifier in policy.data.catalog.items():
+                # A catalog table has the schema the catalog stores for it.
+                frames[name] = self._session.table(_quoted(identifier))
+            for name, frame in frames.items():
                 frame.createOrReplaceTempView(name)
                 self._views.append(name)
                 schemas[name] = [
@@ -277,6 +282,11 @@ class SparkEngine:
             self._shadow.close()
         if hasattr(self, "_pool"):
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _quoted(identifier: str) -> str:
+    """A catalog name as Spark reads it, each part quoted (the policy allows plain ones only)."""
+    return ".".join(f"`{part}`" for part in identifier.split("."))
 
 
 def _frozen(catalog: Mapping[str, Mapping[str, str]]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
