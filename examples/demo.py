@@ -19,8 +19,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import dpsql  # noqa: E402
 
-# `make demo-spark` passes examples/spark.toml: the same queries on Apache Spark.
-POLICY = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "policy.toml"
+POLICY = HERE / "policy.toml"
 
 QUERIES: tuple[tuple[str, str], ...] = (
     (
@@ -125,9 +124,11 @@ def explain(cursor: dpsql.Cursor, sql: str) -> None:
     print(f"   ... and {len(lines) - len(shown)} lines of bounded SQL")
 
 
-def main() -> None:
-    print(f"dpsql {dpsql.__version__} demo; policy {POLICY.relative_to(HERE.parent)}")
-    with dpsql.connect(POLICY) as conn:
+def main(policy: Path = POLICY) -> None:
+    inside = policy.is_relative_to(HERE.parent)
+    shown = policy.relative_to(HERE.parent) if inside else policy
+    print(f"dpsql {dpsql.__version__} demo; policy {shown}")
+    with dpsql.connect(policy) as conn:
         cursor = conn.cursor()
         for index, (title, sql) in enumerate(QUERIES):
             run(cursor, title, sql, PARAMETERS.get(index), OPTIONS.get(index, {}))
@@ -180,4 +181,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `make demo-spark` passes examples/spark.toml: the same queries on Apache Spark.
+    main(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else POLICY)

@@ -154,7 +154,11 @@ def test_psql_over_the_wire_on_spark(tmp_path: Path, spark: Any) -> None:  # noq
     policy.write_text(SPARK + text, encoding="utf-8")
     users = write_users(tmp_path / "users.json")
     with ServerThread(policy, users) as server:
-        out = psql(server.port, "alice", "SELECT COUNT(*) AS n FROM visits;")
+        # A worker opens its own Spark session (seconds on a busy machine): wait for it.
+        out = psql(
+            server.port, "alice", "SELECT COUNT(*) AS n FROM visits;", timeout=180,
+            connect_timeout="120",
+        )  # fmt: skip
     assert "charged: epsilon 0.01" in out.stderr + out.stdout, out
     assert re.search(r"^\s*-?\d+\s*$", out.stdout, re.M), out.stdout
 
