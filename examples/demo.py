@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import dpsql  # noqa: E402
+from dpsql.accounting.budget_report import cap_text, left_text, spent_text  # noqa: E402
 
 POLICY = HERE / "policy.toml"
 
@@ -109,7 +110,7 @@ def run(
         [_cell(v, hw) for v, hw in zip(row, accuracy, strict=True)]
         for row, accuracy in zip(cursor.fetchall(), cursor.accuracy, strict=True)
     ]
-    cost = f"epsilon {float(result.charge.epsilon):g}, delta {float(result.charge.delta):g}"
+    cost = f"epsilon {spent_text(result.charge.epsilon)}, delta {spent_text(result.charge.delta)}"
     print(f"\n## {title}\n   {sql}" + (f"   -- parameters {tuple(params)}" if params else ""))
     print(f"   cost: {cost}; ± is the {cursor.confidence:.0%} noise half-width\n")
     print(table(columns, rows) if rows else "(no group passed partition selection)")
@@ -140,7 +141,7 @@ def main(policy: Path = POLICY) -> None:
             table(
                 ["", "total", "spent", "left"],
                 [
-                    [name, f"{float(total):g}", f"{float(spent):g}", f"{float(total - spent):g}"]
+                    [name, cap_text(total), spent_text(spent), left_text(total - spent)]
                     for name, total, spent in (
                         ("epsilon", report.epsilon_total, report.epsilon_spent),
                         ("delta", report.delta_total, report.delta_spent),
