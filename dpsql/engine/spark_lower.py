@@ -868,6 +868,8 @@ def _literal(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     if value is None or not value.is_finite():
         raise _refuse("this number literal")
     t = _literal_type(value, str(node.this))
+    if t == "HUGEINT" and abs(value) >= 10**38:
+        raise _refuse("an integer literal of more than 38 digits")  # beyond DECIMAL(38, 0)
     return _E(exp.Literal.number(node.this), t, bits=_int_bits(value, t))
 
 
@@ -1900,10 +1902,12 @@ def _histogram(lw: _Lowerer, node: exp.Anonymous, ctx: _Ctx) -> _E:
 
 
 def _float_sum(lw: _Lowerer, node: exp.Anonymous, ctx: _Ctx, average: bool) -> _E:
-    """DuckDB's FSUM and FAVG (compensated DOUBLE sums): summed here in sorted order (a result
-    that cannot depend on the order rows arrive in, so a recomputed stage gives the same), by
-    Kahan's compensated sum, with DuckDB's infinities: any NaN, or +inf with -inf, is NaN;
-    otherwise an infinity wins; a finite sum that overflows stays infinite."""
+    """DuckDB's FSUM and FAVG: Neumaier's compensated sum (Kahan-Babuska; FAVG divides it by
+    the count), a NaN or +inf with -inf giving NaN, otherwise an infinity winning, a finite sum
+    that overflows staying infinite. DuckDB adds the values in the order they arrive; here they
+    are added in order of magnitude (then value): a result that cannot depend on the order
+    rows arrive in, so a recomputed stage gives the same, and that equals DuckDB's wherever its
+    compensated sum is exact (small values first keep it so)."""
     if len(node.expressions) != 1:
         raise _refuse(f"{node.name.upper()} of several arguments")
     a = lw.expr(node.expressions[0], ctx)
@@ -1916,38 +1920,52 @@ def _float_sum(lw: _Lowerer, node: exp.Anonymous, ctx: _Ctx, average: bool) -> _
             this=exp.Or(this=_fn("ISNAN", x), expression=exp.EQ(this=_fn("ABS", x), expression=inf))
         )
     )
-    values = _fn(
-        "ARRAY_SORT", exp.Filter(this=_fn("COLLECT_LIST", x), expression=exp.Where(this=finite))
+    by_size = _fn(
+        "NAMED_STRUCT", exp.Literal.string("m"), _fn("ABS", x), exp.Literal.string("v"), x
     )
-    acc, v = exp.column("s", "_dpsql_a"), exp.column("_dpsql_v")
-    acc_c = exp.column("c", "_dpsql_a")
-    y = exp.Paren(this=exp.Sub(this=v, expression=acc_c))
-    t = exp.Paren(this=exp.Add(this=acc, expression=y))
-    c = _case(
+    values = _fn(
+        "ARRAY_SORT",
+        exp.Filter(this=_fn("COLLECT_LIST", by_size), expression=exp.Where(this=finite)),
+    )
+    s, c = exp.column("s", "_dpsql_a"), exp.column("c", "_dpsql_a")
+    v = exp.column("v", "_dpsql_e")
+    t = exp.Paren(this=exp.Add(this=s, expression=v))
+    low = _case(
+        # Past the largest double the sum stays infinite (its compensation is dropped).
         (exp.EQ(this=_fn("ABS", t), expression=inf), _double("0.0")),
-        default=exp.Sub(this=exp.Paren(this=exp.Sub(this=t, expression=acc)), expression=y),
+        (
+            exp.GTE(this=_fn("ABS", s), expression=_fn("ABS", v)),
+            exp.Add(
+                this=c,
+                expression=exp.Paren(
+                    this=exp.Add(this=exp.Paren(this=exp.Sub(this=s, expression=t)), expression=v)
+                ),
+            ),
+        ),
+        default=exp.Add(
+            this=c,
+            expression=exp.Paren(
+                this=exp.Add(this=exp.Paren(this=exp.Sub(this=v, expression=t)), expression=s)
+            ),
+        ),
     )
     step = exp.Lambda(
-        this=_fn("NAMED_STRUCT", exp.Literal.string("s"), t, exp.Literal.string("c"), c),
-        expressions=[exp.to_identifier("_dpsql_a"), exp.to_identifier("_dpsql_v")],
+        this=_fn("NAMED_STRUCT", exp.Literal.string("s"), t, exp.Literal.string("c"), low),
+        expressions=[exp.to_identifier("_dpsql_a"), exp.to_identifier("_dpsql_e")],
     )
-    start = _fn(
-        "NAMED_STRUCT",
-        exp.Literal.string("s"),
-        _double("0.0"),
-        exp.Literal.string("c"),
-        _double("0.0"),
-    )
+    zero = _double("0.0")
+    start = _fn("NAMED_STRUCT", exp.Literal.string("s"), zero, exp.Literal.string("c"), zero.copy())
     finish = exp.Lambda(
-        this=exp.column("s", "_dpsql_a"), expressions=[exp.to_identifier("_dpsql_a")]
+        this=exp.Add(this=s.copy(), expression=c.copy()),
+        expressions=[exp.to_identifier("_dpsql_a")],
     )
-    kahan = _fn("AGGREGATE", values, start, step, finish)
+    total: exp.Expression = _fn("AGGREGATE", values, start, step, finish)
+    if average:  # FAVG is FSUM / COUNT; an infinite or NaN sum stays what it is
+        total = exp.Div(this=total, expression=_cast(exp.Count(this=x), "DOUBLE"))
     nan = _fn("BOOL_OR", _fn("ISNAN", x))
     pos = _fn("BOOL_OR", exp.EQ(this=x, expression=inf))
     neg = _fn("BOOL_OR", exp.EQ(this=x, expression=ninf))
-    if average:  # FAVG is FSUM / COUNT; an infinite or NaN sum stays what it is
-        kahan = exp.Div(this=kahan, expression=_cast(exp.Count(this=x), "DOUBLE"))
-    total = _case(
+    out = _case(
         (
             exp.EQ(this=exp.Count(this=x), expression=exp.Literal.number(0)),
             _cast(exp.Null(), "DOUBLE"),
@@ -1958,9 +1976,9 @@ def _float_sum(lw: _Lowerer, node: exp.Anonymous, ctx: _Ctx, average: bool) -> _
         ),
         (pos, inf),
         (neg, ninf),
-        default=kahan,
+        default=total,
     )
-    return _E(total, "DOUBLE")
+    return _E(out, "DOUBLE")
 
 
 # -- aggregates, windows, UNNEST --------------------------------------------------------------
