@@ -115,6 +115,9 @@ def test_closing_drops_the_engine_s_views(tmp_path: Path, spark: Any) -> None:  
         pytest.skip("needs the example data")
     engine = open_engine(load_policy(_policy_text(tmp_path, True)), salt=7)
     session = engine._session  # type: ignore[attr-defined]
+    # The settings the guarantees rest on hold in the engine's own session.
+    assert session.conf.get("spark.sql.ansi.enabled") == "true"
+    assert session.conf.get("spark.sql.session.timeZone") == "UTC"
     assert session.catalog.tableExists("visits")
     engine.close()
     assert not session.catalog.tableExists("visits")

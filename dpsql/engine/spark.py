@@ -142,6 +142,13 @@ class SparkEngine:
         base = _spark(policy.engine)
         # Temporary views and settings of their own: engines in one process do not meet.
         self._session = base.newSession() if policy.engine.remote is None else base
+        # A new session starts from the context's settings, which an earlier session of the
+        # process may have made: the pinned ones are set on it again, and must take.
+        for name in ("spark.sql.ansi.enabled", "spark.sql.session.timeZone"):
+            self._session.conf.set(name, SPARK_PINNED[name])
+        for name, value in policy.engine.conf.items():
+            with contextlib.suppress(Exception):  # a static setting keeps the context's value
+                self._session.conf.set(name, value)
         schemas: dict[str, list[tuple[str, str]]] = {}
         self._views: list[str] = []
         try:
