@@ -697,13 +697,16 @@ def test_on_spark_lists_histograms_and_float_sums(edges: dict[str, Path], spark:
     sql = (
         "WITH g AS (SELECT a, ARRAY_AGG(u) FILTER (WHERE NOT u IS NULL) AS l, "
         "ARRAY_AGG(DISTINCT x) FILTER (WHERE NOT x IS NULL) AS dl, FSUM(x) AS fs, "
-        "FAVG(x) AS fa, FSUM(y) AS fy FROM e GROUP BY a) "
+        "FAVG(x) AS fa, FSUM(y) AS fy, SUM(u) AS su, SUM(u) FILTER (WHERE x > 0) AS sf, "
+        "COUNT(*) FILTER (WHERE x > 0) AS cf FROM e GROUP BY a) "
         "SELECT a, CASE WHEN LENGTH(l) <= 1 THEN l ELSE list_slice(list_sort(l), 1, LENGTH(l), "
         "GREATEST((LENGTH(l) + 1) // 2, 1)) END AS cut, list_sort(dl) AS dl, fs, fa, fy, "
-        "LENGTH(l) AS n FROM g"
+        "LENGTH(l) AS n, su, sf, cf FROM g"
     )
     duck, on_spark = both(spark, edges, sql)
     assert on_spark == duck
+    # Integer sums past 2^63, exact (Spark's SUM of BIGINT would raise there).
+    assert any(abs(row[-3]) >= 2**63 for row in duck if row[-3] is not None)
     histogram = (
         "SELECT a, HISTOGRAM(b) AS h FROM (SELECT a, UNNEST(l) AS b FROM (SELECT a, "
         "ARRAY_AGG(v) FILTER (WHERE NOT v IS NULL) AS l FROM e GROUP BY a)) GROUP BY a"
