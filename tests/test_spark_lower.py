@@ -12,6 +12,7 @@ integers at 2^63, negative dividends, ties in the hash order) and compares.
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import math
 import random
 import re
@@ -752,6 +753,27 @@ def test_on_spark_float_sums_match_duckdb_where_its_order_does_not_matter(
             compared += 1
             assert repr(mine[group]) == repr(duck[group]), group
     assert compared >= 45
+
+
+@pytest.mark.spark
+def test_on_spark_timestamps_are_zone_less(tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    """DuckDB's TIMESTAMP is Spark's TIMESTAMP_NTZ (as Spark reads DuckDB's Parquet): truncated,
+    its parts taken and compared with a literal, the same wall-clock values on both engines."""
+    stamps = ["2024-03-05 10:11:12", "2023-12-31 23:59:59.999999", "1999-01-01 00:00:00", None]
+    rows = [(i, None if t is None else dt.datetime.fromisoformat(t)) for i, t in enumerate(stamps)]
+    path = tmp_path / "ts.parquet"
+    write_parquet(path, rows, (("i", "BIGINT"), ("ts", "TIMESTAMP")))
+    sql = (
+        "SELECT i, TRY(date_trunc('hour', ts)) AS h, TRY(date_trunc('month', ts)) AS m, "
+        "TRY(hour(ts)) AS hh, TRY(minute(ts)) AS mm, TRY(year(ts)) AS y, "
+        "ts >= CAST('2024-01-01 00:00:00' AS TIMESTAMP) AS late FROM ts"
+    )
+    tables = {"ts": path}
+    register(spark, tables)
+    text = lower(sql, {"ts": {"i": "BIGINT", "ts": "TIMESTAMP"}})
+    duck = sorted_rows(duck_rows(tables, sql, SALT))
+    assert sorted_rows(spark_rows(spark, text, SALT)) == duck
+    assert duck[0][1] == dt.datetime(2024, 3, 5, 10, 0)
 
 
 def row_cap_plan(directory: Path, rows: list[tuple[Any, ...]]) -> tuple[Session, Any]:
