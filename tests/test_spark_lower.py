@@ -788,14 +788,14 @@ def test_on_spark_ties_in_the_hash_order_cannot_change_the_rows_kept(
     spark: Any,  # noqa: F811
 ) -> None:
     """R's window over a unit's rows, many of them identical (they tie on the hash and on every
-    tie-breaker): whatever order Spark meets them in (the file reversed, one shuffle partition
-    or seven), the kept rows and the totals are the same."""
+    tie-breaker): whatever order Spark meets them in (the file as written in four shuffle
+    partitions, or reversed in one), the kept rows and the totals are the same."""
     d = breadth.D(2024, 1, 1)
     base = [(1, "east", 30, 10.0, d, "a")] * 6 + [(1, "west", 30, 10.0, d, "a")] * 4
     base += [(1, "west", 30, None, d, "a")] * 3 + [(None, "north", 40, 5.0, d, "b")] * 5
     base += [(2, r, 20, 1.0, d, "c") for r in breadth.REGIONS] * 2
     outcomes = set()
-    for label, rows, partitions in [("a", base, "4"), ("b", base[::-1], "1"), ("c", base, "7")]:
+    for label, rows, partitions in [("a", base, "4"), ("b", base[::-1], "1")]:
         session, plan = row_cap_plan(tmp_path / label, rows)
         try:
             tables = {n: session.policy.resolve(p) for n, p in session.policy.data.tables.items()}
