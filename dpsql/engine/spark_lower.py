@@ -42,6 +42,7 @@ from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.generator import Generator
 
+from dpsql.engine.spark_shape import reshape
 from dpsql.errors import NotSupportedOnEngineError
 from dpsql.sql.bounding import SALT_PARAMETER
 from dpsql.sql.validate import describe
@@ -2238,6 +2239,7 @@ def _lower_cached(sql: str, catalog: tuple[tuple[str, tuple[tuple[str, str], ...
         raise _refuse("a query nested this deeply") from None
     if not isinstance(tree, exp.Select | exp.Union):
         raise _refuse("a bounded query that is not a SELECT")
+    tree = reshape(tree)
     lowerer = _Lowerer({t: dict(cols) for t, cols in catalog})
     try:
         out, _ = lowerer.query(tree, {})
