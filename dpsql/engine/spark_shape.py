@@ -7,13 +7,21 @@ its window over every unit costs more than finding the few that need it. Spark i
 at each reference, so the split reads the table three times, where the window alone (with
 Spark's per-partition limit) reads it once. ``reshape`` rewrites exactly that shape, checked
 node by node, back into the window over every unit; anything else is left as it is.
+
+A row's key is held to a literal domain by ``key IN (SELECT _k FROM _dom)``, the domain a CTE
+of VALUES (``dpsql.sql.filters``): Spark plans that as a join, where the same list written
+``key IN (v1, ...)`` (equal by definition in SQL: an IN list is an IN over the table of its
+values) is a filter it pushes into the Parquet scan. ``reshape`` writes the list for domains of
+up to ``INLINE_DOMAIN`` values.
 """
 
 from __future__ import annotations
 
 from sqlglot import exp
 
-__all__ = ["reshape"]
+__all__ = ["INLINE_DOMAIN", "reshape"]
+
+INLINE_DOMAIN = 1000  # values; a longer list makes a long SQL text for no gain over the join
 
 
 def _cte(node: exp.Expression, name: str) -> exp.Select | None:
@@ -162,13 +170,58 @@ def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
     return collapsed
 
 
+def _domain_values(node: exp.In) -> list[exp.Expression] | None:
+    """The values of ``node``'s subquery when it is ``SELECT _k FROM _dom`` over a CTE of
+    one-column VALUES (the literal domain of ``dpsql.sql.domains.domain_sql``); else None."""
+    query = node.args.get("query")
+    select = query.this if isinstance(query, exp.Subquery) else None
+    if not isinstance(select, exp.Select) or not _only(select, "from_"):
+        return None
+    name = _table(select.args["from_"].this)
+    if name is None or len(select.expressions) != 1:
+        return None
+    column = select.expressions[0]
+    definition = _cte(node, name)
+    if (
+        not isinstance(column, exp.Column)
+        or column.table
+        or definition is None
+        or not _only(definition, "from_")
+        or definition.expressions != [exp.Star()]
+    ):
+        return None
+    values = definition.args["from_"].this
+    alias = values.args.get("alias") if isinstance(values, exp.Values) else None
+    if (
+        not isinstance(values, exp.Values)
+        or alias is None
+        or [c.name for c in alias.columns] != [column.name]
+        or not 0 < len(values.expressions) <= INLINE_DOMAIN
+    ):
+        return None
+    rows = values.expressions
+    if not all(isinstance(r, exp.Tuple) and len(r.expressions) == 1 for r in rows):
+        return None
+    return [r.expressions[0].copy() for r in rows]
+
+
+def _inline_domains(tree: exp.Expression) -> None:
+    for node in list(tree.find_all(exp.In)):
+        values = _domain_values(node)
+        if values is not None:
+            node.set("query", None)
+            node.set("expressions", values)
+
+
 def _referenced(tree: exp.Expression, name: str) -> bool:
     return any(_table(t) == name for t in tree.find_all(exp.Table))
 
 
 def reshape(tree: exp.Expression) -> exp.Expression:
     """``tree`` with every ranking split by ``caps._ranked_where_needed`` merged into its
-    window over every unit, and the CTEs that only the split read removed."""
+    window over every unit, the CTEs that only the split read removed, and every literal domain
+    of a filter written as an IN list."""
+    _inline_domains(tree)
     changed = False
     for union in list(tree.find_all(exp.Union)):
         collapsed = _ranked_everywhere(union)
