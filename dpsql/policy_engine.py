@@ -26,6 +26,13 @@ SPARK_PINNED = {
     "spark.sql.ansi.enabled": "true",  # overflow raises instead of wrapping silently
     "spark.sql.session.timeZone": "UTC",  # dates and timestamps as DuckDB reads them
     "spark.ui.enabled": "false",  # the UI shows query text: off unless the owner runs one
+    # Parquet dates and timestamps before 1582 read as stored (proleptic Gregorian), as DuckDB
+    # reads them: EXCEPTION would fail a query on one old value, LEGACY would shift it.
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    # A Parquet timestamp without a zone stays TIMESTAMP_NTZ, DuckDB's TIMESTAMP.
+    "spark.sql.parquet.inferTimestampNTZ.enabled": "true",
+    "spark.sql.caseSensitive": "false",  # names resolve as on DuckDB, case-insensitively
 }
 
 

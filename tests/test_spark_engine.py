@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 from server_fixtures import ServerThread, psql, write_dataset, write_users
@@ -195,3 +196,36 @@ def test_a_table_of_spark_s_catalog_answers_as_its_files_do(
     finally:
         files.close()
         lake.close()
+
+
+def test_old_dates_and_timestamps_read_as_on_duckdb(tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    """Parquet dates and timestamps before the Gregorian reform (1582), at year 1 and at 9999
+    read as stored on both engines: no rebasing, and no error for one old value."""
+    path = tmp_path / "old.parquet"
+    con = duckdb.connect()
+    con.execute(
+        "COPY (SELECT * FROM (VALUES (1, DATE '0001-01-01', TIMESTAMP '0001-01-01 00:00:01'), "
+        "(2, DATE '1500-03-01', TIMESTAMP '1500-02-28 23:59:59.5'), "
+        "(3, DATE '1582-10-10', TIMESTAMP '1582-10-05 12:00:00'), "
+        "(4, DATE '9999-12-31', TIMESTAMP '9999-12-31 23:59:59.999999'), (5, NULL, NULL)) "
+        f"AS t(user_id, d, ts)) TO '{path}' (FORMAT PARQUET)"
+    )
+    con.close()
+    table = {"privacy_unit": "user_id", "max_groups_per_unit": 1, "max_rows_per_unit_per_group": 1}
+    policy: dict[str, Any] = {
+        "dataset": {"id": "old"},
+        "data": {"tables": {"old": str(path)}},
+        "budget": {"epsilon": "1", "delta": "0.000001"},
+        "tables": {"old": table},
+    }
+    duck = open_engine(load_policy(policy), 1)
+    on_spark = open_engine(
+        load_policy({**policy, "engine": {"name": "spark", "master": "local[2]"}}), 1
+    )
+    try:
+        sql = "SELECT user_id, d, ts, year(d) AS y, month(ts) AS m FROM old"
+        assert on_spark.catalog == duck.catalog
+        assert sorted(on_spark.run(sql)[1]) == sorted(duck.run(sql)[1])
+    finally:
+        duck.close()
+        on_spark.close()
