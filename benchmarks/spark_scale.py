@@ -412,7 +412,19 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per process")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="print earlier results' table and growth; run nothing")  # fmt: skip
     args = parser.parse_args()
+    if args.report:
+        results = [r for f in args.report for r in json.loads(f.read_text())["results"]]
+        print(HEADER)
+        for row in sorted(
+            results, key=lambda r: (r["rows"], [q.name for q in QUERIES].index(r["query"]))
+        ):
+            print(_line(row))
+        for line in growth(results):
+            print(line)
+        return
     sizes = sorted(set(args.sizes + ([100_000_000] if args.large else [])))
     started = dt.datetime.now(dt.UTC)
     import duckdb  # noqa: PLC0415
