@@ -151,8 +151,8 @@ def policy_dict(data: Path, contract: str, memory_limit: str = MEMORY_LIMIT) -> 
 
 @dataclass(frozen=True)
 class Key:
-    expr: str  # over the visits table
-    domain: tuple[Any, ...]
+    expr: str  # over the query's source (the visits table, or a join of it)
+    domain: tuple[Any, ...] | None  # None: a private key (dpsql selects its groups)
 
 
 REGION = Key("region", REGIONS)
@@ -169,6 +169,7 @@ class ScaleQuery:
     kinds: tuple[str, ...]  # dpsql's measurements, in its order
     where: str | None = None
     value: bool = False  # reads spend
+    source: str = "visits"  # the FROM of the hand SQL (a join: its public table by hand too)
 
 
 QUERIES: tuple[ScaleQuery, ...] = (
@@ -203,27 +204,34 @@ def _lit(v: Any) -> str:
 
 
 def _rows(q: ScaleQuery, b: Bounds) -> str:
-    """Each row's unit, keys (inside their public domains) and grid value."""
+    """Each row's unit, keys (public ones inside their domains) and grid value."""
     cols = ["user_id"] + [f"{k.expr} AS k{i}" for i, k in enumerate(q.keys)]
     if q.value:
         cols.append("spend")
-    tests = [f"{k.expr} IN ({', '.join(map(_lit, k.domain))})" for k in q.keys]
+    tests = [
+        f"{k.expr} IN ({', '.join(map(_lit, k.domain))})" for k in q.keys if k.domain is not None
+    ]
     if q.where:
         tests.append(q.where)
     where = f" WHERE {' AND '.join(tests)}" if tests else ""
-    return f"SELECT {', '.join(cols)} FROM visits{where}"
+    return f"SELECT {', '.join(cols)} FROM {q.source}{where}"
 
 
 def _fill(q: ScaleQuery, measures: list[str], source: str) -> str:
-    """Aggregate ``source`` per key and give every public key combination a row."""
+    """Aggregate ``source`` per key and give every public key combination a row (private keys:
+    the groups that some kept unit has, as dpsql's bounded query returns them before selection)."""
     keys = [f"k{i}" for i in range(len(q.keys))]
     names = [f"m{j}" for j in range(len(measures))]
     select = ", ".join(f"{m} AS {n}" for m, n in zip(measures, names, strict=True))
     if not keys:
         return f"SELECT {', '.join(f'COALESCE({m}, 0)' for m in measures)} FROM {source}"
+    domains_of = [k.domain for k in q.keys if k.domain is not None]
+    if not domains_of:
+        return f"SELECT {', '.join(keys)}, {select} FROM {source} GROUP BY {', '.join(keys)}"
+    assert len(domains_of) == len(keys), f"{q.name}: public and private keys together"
     domains = " CROSS JOIN ".join(
-        f"(VALUES {', '.join(f'({_lit(v)})' for v in k.domain)}) AS d{i}(k{i})"
-        for i, k in enumerate(q.keys)
+        f"(VALUES {', '.join(f'({_lit(v)})' for v in domain)}) AS d{i}(k{i})"
+        for i, domain in enumerate(domains_of)
     )
     on = " AND ".join(f"a.{k} = d{i}.{k}" for i, k in enumerate(keys))
     out = ", ".join(

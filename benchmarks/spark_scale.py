@@ -3,9 +3,23 @@
 Run: ``python benchmarks/spark_scale.py`` (10M and 50M rows), ``--large`` (also 100M),
 ``--sizes N ...``, ``--repeats K`` (after one warm-up; default 3 up to 10M rows, and
 ``--repeats-large``, default 1, above), ``--queries count sum ...``, ``--variants spark_hand
-spark_dpsql ...``. The data and the queries are ``scale.py``'s (``scale.write_data``: rows/5
-units, skewed contributions), under its (L0, C) contract: L0 = 2 groups per unit, C = 10 rows
-per unit and group.
+spark_dpsql ...``, ``--report JSON ...`` (print earlier results; run nothing). The data are
+``scale.py``'s (``scale.write_data``: rows/5 units, skewed contributions), under its (L0, C)
+contract: L0 = 2 groups per unit, C = 10 rows per unit and group.
+
+The queries: ``scale.py``'s (by default those by the public key region, distinct units, a public
+date part and a CASE; see ``DEFAULT_QUERIES``) and two of this benchmark's own, with private
+keys, on which dpsql runs partition selection (its bounded query returns per key the capped
+totals and the number of kept (unit, group) pairs, the distinct-unit count that selection
+thresholds, and only the keys some kept unit has):
+
+* ``private_key_age``: ``SELECT age, COUNT(*) FROM visits GROUP BY age`` (age has bounds in the
+  policy, no public domain);
+* ``join_zone``: ``SELECT zone, COUNT(*), SUM(spend) FROM visits JOIN regions USING (region)
+  GROUP BY zone``: an inner join with the public table ``regions`` (region -> one of three
+  zones, ``regions_file``: written next to the data file, declared ``public = true`` in the
+  policy of this query only), whose zone column declares no domain. dpsql bounds the joined
+  rows as it bounds one table's (each is one visit with its zone attached).
 
 Four variants, each (size, variant, query) in its own process (Spark's driver memory is fixed
 when its JVM starts, and each peak memory is then the query's own):
@@ -14,7 +28,11 @@ when its JVM starts, and each peak memory is then the query's own):
 * ``spark_hand``: a hand-written bounded Spark SQL (``hand_spark``): the semantics of
   ``scale.hand_l0c`` in Spark's dialect (per (unit, group) pre-aggregation, every unit's
   groups ranked by ``xxhash64(unit, keys..., CAST(salt AS BIGINT))`` with the keys as
-  tie-breakers and L0 kept, the C cap in exact DECIMAL(38,0) integers). It must return dpsql's
+  tie-breakers and L0 kept, the C cap in exact DECIMAL(38,0) integers). A public key's rows
+  are filtered to its domain and every key of the domain gets a row; a private key is not
+  filtered, and its totals are per key that kept (unit, group) pairs have, with their count
+  (``COUNT(*)`` of the capped pairs); the join's hand SQL reads the same join (``FROM visits
+  JOIN regions USING (region)``) and bounds its rows the same way. It must return dpsql's
   pre-noise totals exactly: checked on every run (column "same") and by
   ``tests/test_benchmark_spark_sql.py``;
 * ``spark_dpsql``: ``Session.execute(sql, fresh=True)`` end to end with ``[engine] name =
@@ -46,10 +64,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from queries import Bounds
+import pyarrow as pa
+import pyarrow.parquet as pq
+from queries import REGIONS, Bounds
 from scale import (
     L0,
-    QUERIES,
     SALT,
     C,
     Key,
@@ -62,15 +81,39 @@ from scale import (
     policy_dict,
     totals,
 )
+from scale import QUERIES as SCALE_QUERIES
 
 HERE = Path(__file__).resolve().parent
 CONTRACT = "L0C"
 MASTER = "local[2]"
 SPARK_CONF = {"spark.sql.shuffle.partitions": "8", "spark.driver.memory": "12g"}
-# scale.py's queries that this benchmark runs by default: each aggregate by the public key
-# region, distinct units, and the two other kinds of key (a public date part, a CASE)
+
+# The public table of the join: each region's zone, three of them, so that a unit that visits
+# regions of all three zones has more than L0 = 2 groups
+ZONES = {"central": "inland", "east": "coast", "north": "upland", "south": "coast",
+         "west": "upland"}  # fmt: skip
+JOIN = "visits JOIN regions USING (region)"
+# Keys without a public domain: dpsql runs partition selection on them (age has only bounds in
+# the policy; the zone is a column of a public table that declares no domain)
+AGE = Key("age", None)
+ZONE = Key("zone", None)
+# This benchmark's own queries beside scale.py's: a GROUP BY a private key, and a join with a
+# public table grouped by its (private) column. dpsql measures the kept (unit, group) pairs per
+# group ("units") besides the aggregates: partition selection's distinct-unit counts.
+QUERIES: tuple[ScaleQuery, ...] = (
+    *SCALE_QUERIES,
+    ScaleQuery("private_key_age", "SELECT age, COUNT(*) FROM visits GROUP BY age",
+               "SELECT age, COUNT(*) FROM visits GROUP BY age", (AGE,), ("rows", "units")),
+    ScaleQuery("join_zone", f"SELECT zone, COUNT(*), SUM(spend) FROM {JOIN} GROUP BY zone",
+               f"SELECT zone, COUNT(*), SUM(spend) FROM {JOIN} GROUP BY zone", (ZONE,),
+               ("rows", "sum", "units"), value=True, source=JOIN),
+)  # fmt: skip
+# The queries that this benchmark runs by default: each aggregate by the public key region,
+# distinct units, the two other kinds of public key (a date part, a CASE), a private key and a
+# join
 DEFAULT_QUERIES = (
     "count", "sum", "avg", "count_distinct_unit", "stddev", "region_month", "case_histogram",
+    "private_key_age", "join_zone",
 )  # fmt: skip
 VARIANTS = ("spark_raw", "spark_hand", "spark_dpsql", "duckdb_dpsql")
 SMALL = 10_000_000  # up to this size, --repeats runs after the warm-up; above, --repeats-large
@@ -81,8 +124,11 @@ SMALL = 10_000_000  # up to this size, --repeats runs after the warm-up; above, 
 
 def _hashed(i: int, key: Key) -> str:
     """A key as the keyed hash reads it: dpsql keeps DuckDB's types, where a date part such as
-    month() is a BIGINT (Spark's month() is an INT, whose xxhash64 differs)."""
-    return f"CAST(k{i} AS BIGINT)" if all(isinstance(v, int) for v in key.domain) else f"k{i}"
+    month() is a BIGINT (Spark's month() is an INT, whose xxhash64 differs). A column's own type
+    is the same on both (age: INTEGER, INT)."""
+    if key.domain is not None and all(isinstance(v, int) for v in key.domain):
+        return f"CAST(k{i} AS BIGINT)"
+    return f"k{i}"
 
 
 def hand_spark(q: ScaleQuery, b: Bounds) -> str:
@@ -134,12 +180,44 @@ def hand_spark(q: ScaleQuery, b: Bounds) -> str:
     return _fill(q, [measures[k] for k in q.kinds], capped)
 
 
+# -- the public table, the policies -------------------------------------------------------------
+
+
+def regions_file(data: Path) -> Path:
+    """The public ``regions`` table (region, zone) next to the data file ``data``, written if
+    it is not there."""
+    path = data.parent / "regions.parquet"
+    if not path.exists():
+        table = pa.table({"region": list(REGIONS), "zone": [ZONES[r] for r in REGIONS]})
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(table, str(tmp))
+        tmp.replace(path)
+    return path
+
+
+def reads_regions(q: ScaleQuery) -> bool:
+    return "regions" in q.source.split()
+
+
+def bench_policy(path: Path, *, regions: bool = False) -> dict[str, Any]:
+    """scale.py's (L0, C) policy; with ``regions``, also the public table ``regions`` (declared
+    ``public = true``, its zone without a domain: a private key). Only the queries that join it
+    have it, so that the others run on the same policy as before."""
+    policy = policy_dict(path, CONTRACT)
+    if regions:
+        policy["data"]["tables"]["regions"] = str(regions_file(path).resolve())
+        policy["tables"]["regions"] = {"public": True}
+    return policy
+
+
 # -- Spark, and what the worker measures --------------------------------------------------------
 
 
-def spark_policy(path: Path, conf: dict[str, str] | None = None) -> dict[str, Any]:
-    """scale.py's (L0, C) policy with ``[engine] name = "spark"``."""
-    policy = policy_dict(path, CONTRACT)
+def spark_policy(
+    path: Path, conf: dict[str, str] | None = None, *, regions: bool = False
+) -> dict[str, Any]:
+    """The (L0, C) policy (``bench_policy``) with ``[engine] name = "spark"``."""
+    policy = bench_policy(path, regions=regions)
     settings = SPARK_CONF if conf is None else conf
     policy["engine"] = {"name": "spark", "master": MASTER, "conf": dict(settings)}
     return policy
@@ -223,7 +301,12 @@ def worker(path: Path, variant: str, name: str, repeats: int) -> dict[str, Any]:
         from dpsql.policy import load_policy  # noqa: PLC0415
         from dpsql.session import Session  # noqa: PLC0415
 
-        spec = spark_policy(path) if variant == "spark_dpsql" else policy_dict(path, CONTRACT)
+        regions = reads_regions(q)
+        spec = (
+            spark_policy(path, regions=regions)
+            if variant == "spark_dpsql"
+            else bench_policy(path, regions=regions)
+        )
         session = Session(load_policy(spec))
         session.engine.salt = SALT  # the hand SQL's salt: both must keep the same groups
         engine_run = session.engine.run
@@ -247,6 +330,8 @@ def worker(path: Path, variant: str, name: str, repeats: int) -> dict[str, Any]:
     else:
         spark = spark_session()
         spark.read.parquet(str(path)).createOrReplaceTempView("visits")
+        if reads_regions(q):
+            spark.read.parquet(str(regions_file(path))).createOrReplaceTempView("regions")
         sql = q.raw if variant == "spark_raw" else hand_spark(q, bounds)
 
         def fn() -> object:
@@ -315,6 +400,7 @@ def run(
     results = []
     for n in sizes:
         path = data_file(data_dir, n)
+        regions_file(path)
         reps = repeats[0] if n <= SMALL else repeats[1]
         for q in QUERIES:
             if q.name not in names:
@@ -412,7 +498,19 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per process")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="print earlier results' table and growth; run nothing")  # fmt: skip
     args = parser.parse_args()
+    if args.report:
+        results = [r for f in args.report for r in json.loads(f.read_text())["results"]]
+        print(HEADER)
+        for row in sorted(
+            results, key=lambda r: (r["rows"], [q.name for q in QUERIES].index(r["query"]))
+        ):
+            print(_line(row))
+        for line in growth(results):
+            print(line)
+        return
     sizes = sorted(set(args.sizes + ([100_000_000] if args.large else [])))
     started = dt.datetime.now(dt.UTC)
     import duckdb  # noqa: PLC0415

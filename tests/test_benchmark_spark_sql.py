@@ -1,9 +1,11 @@
 """The hand-written bounded Spark SQL of benchmarks/spark_scale.py returns the pre-noise totals
-of dpsql on Spark, for every query of the scale benchmark, under the (L0, C) contract.
+of dpsql on Spark, for every query of the Spark benchmark (the scale benchmark's, a GROUP BY a
+private key, a join with a public table), under the (L0, C) contract.
 
 The Spark benchmark's ratios are only fair if both sides compute the same numbers; the benchmark
 checks it on every run, and this test checks it on a small version of its data (the same
-generator: some units hold hundreds of rows in several regions, so L0 and C both bind).
+generator: some units hold hundreds of rows in several regions, so L0 and C both bind, also on
+the join's three zones).
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ def session(
 ) -> Iterator[Any]:
     path = B.data_file(tmp_path_factory.mktemp("spark_scale"), 5_000)
     # No settings of its own: the engine runs on the test run's local Spark (the fixture's).
-    ours = Session(load_policy(B.spark_policy(path, conf={})))
+    # One policy with the public table for every query (the benchmark adds it to the join's).
+    ours = Session(load_policy(B.spark_policy(path, conf={}, regions=True)))
     ours.engine.salt = B.SALT  # the hand SQL's salt
     spark.read.parquet(str(path)).createOrReplaceTempView("visits")
+    spark.read.parquet(str(B.regions_file(path))).createOrReplaceTempView("regions")
     try:
         yield ours
     finally:
@@ -75,3 +79,18 @@ def test_the_data_makes_l0_and_c_bind(spark: Any, session: Any) -> None:  # noqa
     ).collect()[0]
     biggest, over_c, most_groups, over_l0 = row
     assert biggest > 100 and over_c > 0 and most_groups == 5 and over_l0 > 0
+    zones, over_l0 = spark.sql(
+        "SELECT MAX(g), COUNT_IF(g > 2) FROM (SELECT user_id, COUNT(DISTINCT zone) AS g "
+        f"FROM {B.JOIN} GROUP BY user_id)"
+    ).collect()[0]
+    assert zones == 3 and over_l0 > 0
+
+
+def test_the_new_queries_have_private_keys(session: Any) -> None:
+    """dpsql runs partition selection on them (the measured distinct-unit counts), and their
+    hand SQL returns the groups that kept units have, not a public domain."""
+    for name in ("private_key_age", "join_zone"):
+        query = next(q for q in B.QUERIES if q.name == name)
+        assert name in B.DEFAULT_QUERIES
+        assert all(k.domain is None for k in query.keys)
+        assert session.plan(query.sql).measurements[-1].spec.kind == "units"
