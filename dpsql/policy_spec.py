@@ -192,8 +192,8 @@ class ColumnSpec(_Frozen):
     # or year(...) of the column then has a public domain (DESIGN.md section 4).
     date_range: tuple[dt.date, dt.date] | None = None
     # For a column of a CSV table: its DuckDB type. CSV columns are read as text and cast with
-    # TRY_CAST (a value that does not parse is NULL, never an error); undeclared ones stay
-    # VARCHAR: types never come from sniffing a sample of the rows.
+    # TRY_CAST when the text matches the type's grammar (dpsql.engine.csv_text; otherwise NULL,
+    # never an error); undeclared ones stay VARCHAR: types never come from sniffing the rows.
     type: str | None = Field(default=None, max_length=200)
 
     @field_validator("type")

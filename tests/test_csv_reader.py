@@ -182,3 +182,41 @@ def test_a_declared_type_is_a_duckdb_type_and_nothing_else(tmp_path: Path, bad: 
                 },
             }
         )
+
+
+def test_a_run_of_empty_lines_does_not_drop_the_next_row(tmp_path: Path) -> None:
+    # DuckDB's reader counts the empty lines before a line into that line's size: at its default
+    # cap, a unit's 2 MB of newlines would drop the next unit's row. The cap is far above the rule.
+    lines = [*BASE_LINES[:10], b"\n" * 3_000_000, *BASE_LINES[10:]]
+    session = Session(_policy(tmp_path, lines, "empty"))
+    _, rows = session.engine.run("SELECT COUNT(*), COUNT(DISTINCT user_id) FROM visits")
+    assert rows == [(len(BASE_LINES), len(BASE_LINES))]
+    session.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "column", "value"),
+    [
+        ("12.7", "age", None),  # DuckDB's own cast would round it to 13
+        ("1e3", "age", None),
+        ("0x1F", "age", None),
+        ("1_000", "spend", None),
+        (" 41\t", "age", 41),  # spaces and tabs are trimmed
+        ("\u00a041", "age", None),  # other blanks are not
+        ("-nan", "spend", None),
+        ("NaN", "spend", "nan"),
+        ("1e309", "spend", "inf"),
+        ("2.5", "spend", 2.5),
+    ],
+)
+def test_a_value_is_cast_only_when_it_matches_its_type_s_grammar(
+    tmp_path: Path, text: str, column: str, value: Any
+) -> None:
+    row = {"age": "30", "spend": "1.5"} | {column: text}
+    line = f"1,north,{row['age']},{row['spend']},x\n".encode()
+    session = Session(_policy(tmp_path, [line, b"user_id,region,age,spend,note\n"], "grammar"))
+    _, rows = session.engine.run(f"SELECT {column} FROM visits")
+    session.close()
+    assert len(rows) == 1  # the repeated header line is no row
+    got = rows[0][0]
+    assert (str(got) if isinstance(value, str) else got) == value

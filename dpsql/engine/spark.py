@@ -6,7 +6,8 @@ The privacy logic never depends on the engine (DESIGN.md section 7). What this m
   mode, so an overflow raises instead of wrapping; UTC; no UI, which would show query text) and
   Spark's own logs off (its messages quote SQL text and data values);
 - the policy's tables as temporary views of an isolated Spark session: Parquet as stored, CSV
-  through an explicit all-text schema cast to the policy's declared types, never ``inferSchema``;
+  as raw lines through the rules and grammars DuckDB's view applies (``dpsql.engine.csv_text``),
+  never ``inferSchema``, so that a CSV gives the same rows on both engines;
 - a *shadow*: a DuckDB connection holding empty tables of the very schema Spark reads (mapped
   to DuckDB's types, ``duckdb_type``). The analysis, the key-domain probes, the cells' keys and
   the first check bind there, reading no rows, exactly as on DuckDB, so both engines answer the
@@ -33,9 +34,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from dpsql.engine.csv_text import (
+    CUT,
+    READER_LINE_BYTES,
+    field_count,
+    field_sql,
+    line_conditions,
+    spark_string,
+    split_fields,
+    value_sql,
+)
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.engine.spark_lower import lower
-from dpsql.engine.views import _csv_header
+from dpsql.engine.views import _csv_columns
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
 from dpsql.policy_spec import SPARK_PINNED, EngineSpec
@@ -78,10 +89,9 @@ def duckdb_type(spark_type: str) -> str | None:
     return None
 
 
-def _spark_type(duckdb_name: str) -> str:
-    """Spark's name of a type declared in the policy (DuckDB's spelling), for a CSV cast."""
-    sqlglot = importlib.import_module("sqlglot")
-    return str(sqlglot.exp.DataType.build(duckdb_name, dialect="duckdb").sql("spark"))
+# Hadoop's line reader skips, unread, a line longer than this (the text source passes its
+# options to Hadoop's configuration).
+_MAX_LINE_OPTION = "mapreduce.input.linerecordreader.line.maxlength"
 
 
 _SESSIONS: dict[tuple[Any, ...], Any] = {}
@@ -182,25 +192,30 @@ class SparkEngine:
         reader = self._session.read
         if path.suffix.lower() == ".parquet":
             return reader.parquet(str(path))  # the types stored in the file's footer
-        # CSV: every column read as text (never inferred from rows), then cast to the declared
-        # type with try_cast, so that no row can make a query fail; the dialect as on DuckDB:
-        # no quoting, one line one row, a row with too few fields dropped.
-        delimiter = policy.data.csv_delimiter
-        names = _csv_header(path, delimiter)
-        types = importlib.import_module("pyspark.sql.types")
-        schema = types.StructType([types.StructField(n, types.StringType()) for n in names])
-        frame = reader.csv(
-            str(path), schema=schema, header=True, sep=delimiter, quote="", escape="",
-            mode="DROPMALFORMED", enforceSchema=True, encoding="UTF-8",
-        )  # fmt: skip
-        spec = policy.tables.get(name)
-        declared = {c: col.type for c, col in (spec.columns.items() if spec else ()) if col.type}
+        # CSV: the raw lines, never the CSV reader (it drops a line with more fields than the
+        # schema, reads a NUL as a quote, decodes bad UTF-8 to U+FFFD and cannot tell the file's
+        # first line from a repeat of it), then the rules and grammars DuckDB's view applies
+        # (dpsql.engine.csv_text), so that the same file gives the same rows on both engines.
+        line, names, kinds = _csv_columns(policy, name, path)
+        for column, kind in kinds.items():
+            if kind.spark is None:  # a Spark type of other values would change the totals
+                raise PolicyError(
+                    f"tables.{name}.columns.{column}.type {kind.duckdb} has no Spark type of "
+                    'the same values: declare another type or use engine.name = "duckdb"'
+                )
+        # Hadoop skips a line beyond this many bytes unread: one line's memory is bounded.
+        lines = reader.option(_MAX_LINE_OPTION, str(READER_LINE_BYTES + 1)).text(str(path))
+        cut = f"substring_index(value, {spark_string(CUT)}, 1) AS _line"  # as DuckDB's read
+        frame = lines.selectExpr(cut).where(" AND ".join(line_conditions("spark", "_line", line)))
+        split = split_fields("spark", "_line", policy.data.csv_delimiter)
+        frame = frame.selectExpr(f"{split} AS _fields").where(
+            f"{field_count('spark', '_fields')} >= {len(names)}"  # a short line: no row
+        )
         items = []
-        for n in names:
+        for i, n in enumerate(names, start=1):
             quoted = "`" + n.replace("`", "``") + "`"
-            kind = declared.get(n.lower())
-            cast = f"try_cast({quoted} AS {_spark_type(kind)}) AS {quoted}" if kind else quoted
-            items.append(cast)
+            value = value_sql("spark", field_sql("spark", "_fields", i), kinds.get(n.lower()))
+            items.append(f"{value} AS {quoted}")
         return frame.selectExpr(*items)
 
     # -- what reads no rows: the shadow, as on DuckDB -------------------------------------------
