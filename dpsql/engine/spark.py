@@ -20,7 +20,9 @@ The privacy logic never depends on the engine (DESIGN.md section 7). What this m
 - running the lowered query (``dpsql.engine.spark_lower``) with the salt bound as a named
   parameter, in a job group (on Spark Connect: under an operation tag) that ``interrupt``
   cancels; the rows come back in the Python types DuckDB gives for the same columns
-  (``_as_duckdb``), so noise and publishing are unchanged.
+  (``_as_duckdb``), so noise and publishing are unchanged;
+- ``connect_server_command``: a Spark Connect server from pyspark's own install, with the
+  settings dpsql pins, as the tests start one (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib
+import importlib.util
 import logging
 import threading
 import uuid
@@ -46,7 +49,7 @@ from dpsql.policy import Policy
 from dpsql.policy_spec import SPARK_PINNED, EngineSpec
 from dpsql.sql.rewrite import SALT_PARAMETER
 
-__all__ = ["SparkEngine", "duckdb_type"]
+__all__ = ["SparkEngine", "connect_server_command", "duckdb_type"]
 
 log = logging.getLogger("dpsql")
 
@@ -351,6 +354,33 @@ class SparkEngine:
             self._shadow.close()
         if hasattr(self, "_pool"):
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def connect_server_command(
+    port: int = 15002, host: str = "127.0.0.1", master: str = "local[*]"
+) -> list[str]:
+    """The command that starts a Spark Connect server for dpsql from pyspark's own install
+    (its ``spark-submit`` and the Connect server in its jars): Spark's ``SparkConnectServer``
+    on ``master``, listening on ``host:port``, with every setting dpsql pins. A Connect client
+    cannot set the static ones (the UI), and the engine refuses a server that differs."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise PolicyError("a Spark Connect server needs pyspark: install dpsql's spark extra")
+    submit = Path(spec.origin).parent / "bin" / "spark-submit"
+    command = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    command += ["--master", master, "--name", "dpsql Spark Connect"]
+    settings = {
+        # This address only: Spark Connect authenticates no one, whoever reaches it reads rows.
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+        # As dpsql's own Spark: the log quotes SQL text and the data values an error met.
+        "spark.log.level": "OFF",
+        "spark.ui.showConsoleProgress": "false",
+        **SPARK_PINNED,  # the static ones only a server sets; the engine checks them all
+    }
+    for name, value in settings.items():
+        command += ["--conf", f"{name}={value}"]
+    return command
 
 
 def _quoted(identifier: str) -> str:
