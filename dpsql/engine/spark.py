@@ -4,8 +4,12 @@ The privacy logic never depends on the engine (DESIGN.md section 7). What this m
 
 - a Spark session per process (``_spark``) with the settings the guarantees need pinned (ANSI
   mode, so an overflow raises instead of wrapping; UTC; no UI, which would show query text) and
-  Spark's own logs off (its messages quote SQL text and data values);
-- the policy's tables as temporary views of an isolated Spark session: Parquet as stored, CSV
+  Spark's own logs off (its messages quote SQL text and data values); or, with ``remote``, a
+  client of a Spark Connect server (``_connect``), whose static settings only the server sets;
+- every engine's own session (classic: ``newSession``; Spark Connect: a new server session),
+  whose pinned settings are set where a session can set them and then read back, each of them:
+  an engine whose Spark differs refuses to open (``_pin``), so it never runs without ANSI mode;
+- the policy's tables as temporary views of that isolated session: Parquet as stored, CSV
   as raw lines through the rules and grammars DuckDB's view applies (``dpsql.engine.csv_text``),
   never ``inferSchema``, so that a CSV gives the same rows on both engines;
 - a *shadow*: a DuckDB connection holding empty tables of the very schema Spark reads (mapped
@@ -15,8 +19,11 @@ The privacy logic never depends on the engine (DESIGN.md section 7). What this m
 - the check before the charge also has Spark analyze the lowered query (``spark.sql`` resolves
   and types it without running a job), so a query Spark cannot run is refused for free;
 - running the lowered query (``dpsql.engine.spark_lower``) with the salt bound as a named
-  parameter, in a job group that ``interrupt`` cancels; the rows come back in the Python types
-  DuckDB gives for the same columns (``_as_duckdb``), so noise and publishing are unchanged.
+  parameter, in a job group (on Spark Connect: under an operation tag) that ``interrupt``
+  cancels; the rows come back in the Python types DuckDB gives for the same columns
+  (``_as_duckdb``), so noise and publishing are unchanged;
+- ``connect_server_command``: a Spark Connect server from pyspark's own install, with the
+  settings dpsql pins, as the tests start one (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib
+import importlib.util
 import logging
 import threading
 import uuid
@@ -52,7 +60,7 @@ from dpsql.policy import Policy
 from dpsql.policy_spec import SPARK_PINNED, EngineSpec
 from dpsql.sql.rewrite import SALT_PARAMETER
 
-__all__ = ["SparkEngine", "duckdb_type"]
+__all__ = ["SparkEngine", "connect_server_command", "duckdb_type"]
 
 log = logging.getLogger("dpsql")
 
@@ -99,8 +107,8 @@ _SESSIONS_LOCK = threading.Lock()
 
 
 def _spark(spec: EngineSpec) -> Any:
-    """The process's Spark session for this master (or Spark Connect address) and settings,
-    made once: a Spark session takes seconds to start."""
+    """The process's Spark session for this master and settings, made once: a Spark session
+    takes seconds to start. (A Spark Connect client is ``_connect``.)"""
     try:
         sql = importlib.import_module("pyspark.sql")
     except ImportError:
@@ -109,30 +117,68 @@ def _spark(spec: EngineSpec) -> Any:
         ) from None
     # No progress bars on the console (the server's log is its standard error).
     conf = {"spark.ui.showConsoleProgress": "false", **spec.conf, **SPARK_PINNED}
-    key = (spec.master, spec.remote, tuple(sorted(conf.items())))
+    key = (spec.master, tuple(sorted(conf.items())))
     with _SESSIONS_LOCK:
         if key in _SESSIONS:
             return _SESSIONS[key]
-        builder = sql.SparkSession.builder.appName("dpsql")
-        if spec.remote is not None:
-            builder = builder.remote(spec.remote)
-        else:
-            builder = builder.master(spec.master or "local[*]")
+        builder = sql.SparkSession.builder.appName("dpsql").master(spec.master or "local[*]")
         for name, value in conf.items():
             builder = builder.config(name, value)
         try:
             session = builder.getOrCreate()
         except Exception as exc:  # no Java, a master that cannot be reached, ...
             raise PolicyError(f"cannot start the Spark engine ({type(exc).__name__})") from None
-        if spec.remote is None:
-            # Spark's log lines quote SQL text and the data values an error met.
-            session.sparkContext.setLogLevel("OFF")
+        # Spark's log lines quote SQL text and the data values an error met.
+        session.sparkContext.setLogLevel("OFF")
         # PySpark logs a failed query's text (and the values its error quotes) through this.
         logging.getLogger("SQLQueryContextLogger").disabled = True
-        for name in ("spark.sql.ansi.enabled", "spark.sql.session.timeZone"):
-            session.conf.set(name, SPARK_PINNED[name])  # an existing session gets them too
         _SESSIONS[key] = session
         return session
+
+
+def _connect(remote: str) -> Any:
+    """A new session of the Spark Connect server at ``remote``, the engine's own: the server
+    keeps temporary views and settings per session, so engines' views never meet.
+
+    Made with the client's session class, not ``SparkSession.builder``: the builder marks the
+    whole process as a Connect client (an environment variable, after which a classic session
+    of the process would be a Connect one too), refuses to run beside a classic session, and
+    hands every caller the one default session. Nothing reaches the server until first used."""
+    try:
+        client = importlib.import_module("pyspark.sql.connect.session")
+    except ImportError:  # pyspark without its connect extra (grpcio, ...)
+        raise PolicyError(
+            "engine.remote needs the Spark Connect client of pyspark: install dpsql with its "
+            "spark extra"
+        ) from None
+    # The client logs each plan it sends (SQL text, and the salt among its parameters) when
+    # SPARK_CONNECT_LOG_LEVEL is set: off, as Spark's own logs are.
+    logging.getLogger("pyspark.sql.connect.logging").disabled = True
+    # PySpark logs a failed query's text (and the values its error quotes) through this.
+    logging.getLogger("SQLQueryContextLogger").disabled = True
+    try:
+        return client.SparkSession(connection=remote)
+    except Exception as exc:  # an address the client cannot parse
+        raise PolicyError(f"cannot start the Spark Connect client ({type(exc).__name__})") from None
+
+
+def _pin(session: Any) -> None:
+    """The settings dpsql pins, set where this session can set them, then each one read back:
+    a setting only the server or the context sets (the UI, say) must already hold. Raises a
+    PolicyError naming the first that differs."""
+    conf = session.conf
+    for name, value in SPARK_PINNED.items():
+        if conf.isModifiable(name):  # session settings: ANSI mode, the zone, Parquet's reading
+            conf.set(name, value)
+    for name, value in SPARK_PINNED.items():
+        found = conf.get(name, None)  # None: unset, so Spark's own default (the UI: on)
+        # The guarantees assume every pinned value: never run on a Spark that differs.
+        if found is None or found.strip().lower() != value.lower():
+            raise PolicyError(
+                f"{name} is {found if found is not None else 'not set'} on this Spark, and "
+                f"dpsql needs {value}: set it where Spark starts (the Spark Connect server's "
+                "--conf)"
+            )
 
 
 class SparkEngine:
@@ -148,20 +194,23 @@ class SparkEngine:
             )
         self.salt = salt
         self._lock = threading.Lock()
-        self._group: str | None = None  # the running query's job group, for interrupt
-        base = _spark(policy.engine)
-        # Temporary views and settings of their own: engines in one process do not meet.
-        self._session = base.newSession() if policy.engine.remote is None else base
-        # A new session starts from the context's settings, which an earlier session of the
-        # process may have made: the pinned ones are set on it again, and must take.
-        for name in ("spark.sql.ansi.enabled", "spark.sql.session.timeZone"):
-            self._session.conf.set(name, SPARK_PINNED[name])
-        for name, value in policy.engine.conf.items():
-            with contextlib.suppress(Exception):  # a static setting keeps the context's value
-                self._session.conf.set(name, value)
-        schemas: dict[str, list[tuple[str, str]]] = {}
+        self._group: str | None = None  # the running query's job group (or tag), for interrupt
         self._views: list[str] = []
+        self._remote = policy.engine.remote is not None
+        self._stopped = False  # a Spark Connect session, once released
+        # Temporary views and settings of their own: engines in one process do not meet.
+        if policy.engine.remote is not None:
+            self._session = _connect(policy.engine.remote)  # a server session of its own
+        else:
+            self._session = _spark(policy.engine).newSession()
+        schemas: dict[str, list[tuple[str, str]]] = {}
         try:
+            for name, value in policy.engine.conf.items():
+                with contextlib.suppress(Exception):  # a static setting keeps Spark's value
+                    self._session.conf.set(name, value)
+            # Last, so that nothing after it changes them: a new session starts from the
+            # context's (or server's) settings, which may differ from the pinned ones.
+            _pin(self._session)
             frames = {
                 n: self._read(policy, n, policy.resolve(p)) for n, p in policy.data.tables.items()
             }
@@ -179,7 +228,7 @@ class SparkEngine:
         except PolicyError:
             self.close()
             raise
-        except Exception as exc:
+        except Exception as exc:  # also a Spark Connect server that cannot be reached
             self.close()
             cause = type(exc).__name__
             raise PolicyError(f"cannot open the policy's data in Spark ({cause})") from None
@@ -270,11 +319,15 @@ class SparkEngine:
         text = self.lowered(sql)
         types = [t for _, t in self._shadow.describe(sql)]
         with self._lock:
-            context = self._session.sparkContext if hasattr(self._session, "sparkContext") else None
+            group = uuid.uuid4().hex
             try:
-                self._group = uuid.uuid4().hex
-                if context is not None:
-                    context.setJobGroup(self._group, "dpsql", interruptOnCancel=True)
+                self._group = group
+                if self._remote:
+                    # Spark Connect has no job groups: the operations this thread starts in
+                    # this session carry the tag, which interruptTag cancels on the server.
+                    self._session.addTag(group)
+                else:
+                    self._session.sparkContext.setJobGroup(group, "dpsql", interruptOnCancel=True)
                 frame = self._session.sql(text, args=self._args(text))
                 names = list(frame.columns)
                 rows = [tuple(row) for row in frame.collect()]
@@ -283,27 +336,66 @@ class SparkEngine:
                 raise EngineError(cause=type(exc).__name__) from None
             finally:
                 self._group = None
+                if self._remote:
+                    with contextlib.suppress(Exception):
+                        self._session.removeTag(group)
         return names, [_as_duckdb(row, types) for row in rows]
 
     def interrupt(self) -> None:
-        """Cancel the running query's jobs; it then fails with an EngineError."""
+        """Cancel the running query's jobs; it then fails with an EngineError. Before the query
+        starts this does nothing: a caller repeats it until the query ends."""
         group = self._group
-        context = getattr(self._session, "sparkContext", None)
-        if group is not None and context is not None:
-            with contextlib.suppress(Exception):
-                context.cancelJobGroup(group)
+        if group is None:
+            return
+        with contextlib.suppress(Exception):  # the query ended meanwhile, the session closed
+            if self._remote:
+                self._session.interruptTag(group)
+            else:
+                self._session.sparkContext.cancelJobGroup(group)
 
     def close(self) -> None:
         """Drop the engine's views and close its shadow; the process's Spark session stays for
-        the next engine. A second call does nothing."""
+        the next engine, while a Spark Connect engine releases its server session (with its
+        views and settings). A second call does nothing."""
         for name in self._views:
             with contextlib.suppress(Exception):
                 self._session.catalog.dropTempView(name)
         self._views = []
+        if self._remote and not self._stopped:
+            self._stopped = True
+            with contextlib.suppress(Exception):  # a server that is gone has nothing to release
+                self._session.stop()
         if hasattr(self, "_shadow"):
             self._shadow.close()
         if hasattr(self, "_pool"):
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def connect_server_command(
+    port: int = 15002, host: str = "127.0.0.1", master: str = "local[*]"
+) -> list[str]:
+    """The command that starts a Spark Connect server for dpsql from pyspark's own install
+    (its ``spark-submit`` and the Connect server in its jars): Spark's ``SparkConnectServer``
+    on ``master``, listening on ``host:port``, with every setting dpsql pins. A Connect client
+    cannot set the static ones (the UI), and the engine refuses a server that differs."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise PolicyError("a Spark Connect server needs pyspark: install dpsql's spark extra")
+    submit = Path(spec.origin).parent / "bin" / "spark-submit"
+    command = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    command += ["--master", master, "--name", "dpsql Spark Connect"]
+    settings = {
+        # This address only: Spark Connect authenticates no one, whoever reaches it reads rows.
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+        # As dpsql's own Spark: the log quotes SQL text and the data values an error met.
+        "spark.log.level": "OFF",
+        "spark.ui.showConsoleProgress": "false",
+        **SPARK_PINNED,  # the static ones only a server sets; the engine checks them all
+    }
+    for name, value in settings.items():
+        command += ["--conf", f"{name}={value}"]
+    return command
 
 
 def _quoted(identifier: str) -> str:
