@@ -5,10 +5,12 @@ The privacy logic never depends on the engine (DESIGN.md section 7). What this m
 - a Spark session per process (``_spark``) with the settings the guarantees need pinned (ANSI
   mode, so an overflow raises instead of wrapping; UTC; no UI, which would show query text) and
   Spark's own logs off (its messages quote SQL text and data values); or, with ``remote``, a
-  client of a Spark Connect server (``_connect``), whose static settings only the server sets;
+  client of a Spark Connect server (``spark_session._connect``), whose static settings only
+  the server sets;
 - every engine's own session (classic: ``newSession``; Spark Connect: a new server session),
   whose pinned settings are set where a session can set them and then read back, each of them:
-  an engine whose Spark differs refuses to open (``_pin``), so it never runs without ANSI mode;
+  an engine whose Spark differs refuses to open (``spark_session._pin``), so it never runs
+  without ANSI mode;
 - the policy's tables as temporary views of that isolated session: Parquet as stored, CSV
   as raw lines through the rules and grammars DuckDB's view applies (``dpsql.engine.csv_text``),
   never ``inferSchema``, so that a CSV gives the same rows on both engines;
@@ -30,8 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib
-import importlib.util
 import logging
 import threading
 import uuid
@@ -54,10 +54,10 @@ from dpsql.engine.csv_text import (
 )
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.engine.spark_lower import lower
+from dpsql.engine.spark_session import _connect, _pin, _spark, connect_server_command
 from dpsql.engine.views import _csv_columns
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
-from dpsql.policy_spec import SPARK_PINNED, EngineSpec
 from dpsql.sql.rewrite import SALT_PARAMETER
 
 __all__ = ["SparkEngine", "connect_server_command", "duckdb_type"]
@@ -100,85 +100,6 @@ def duckdb_type(spark_type: str) -> str | None:
 # Hadoop's line reader skips, unread, a line longer than this (the text source passes its
 # options to Hadoop's configuration).
 _MAX_LINE_OPTION = "mapreduce.input.linerecordreader.line.maxlength"
-
-
-_SESSIONS: dict[tuple[Any, ...], Any] = {}
-_SESSIONS_LOCK = threading.Lock()
-
-
-def _spark(spec: EngineSpec) -> Any:
-    """The process's Spark session for this master and settings, made once: a Spark session
-    takes seconds to start. (A Spark Connect client is ``_connect``.)"""
-    try:
-        sql = importlib.import_module("pyspark.sql")
-    except ImportError:
-        raise PolicyError(
-            'engine.name = "spark" needs pyspark: install dpsql with its spark extra'
-        ) from None
-    # No progress bars on the console (the server's log is its standard error).
-    conf = {"spark.ui.showConsoleProgress": "false", **spec.conf, **SPARK_PINNED}
-    key = (spec.master, tuple(sorted(conf.items())))
-    with _SESSIONS_LOCK:
-        if key in _SESSIONS:
-            return _SESSIONS[key]
-        builder = sql.SparkSession.builder.appName("dpsql").master(spec.master or "local[*]")
-        for name, value in conf.items():
-            builder = builder.config(name, value)
-        try:
-            session = builder.getOrCreate()
-        except Exception as exc:  # no Java, a master that cannot be reached, ...
-            raise PolicyError(f"cannot start the Spark engine ({type(exc).__name__})") from None
-        # Spark's log lines quote SQL text and the data values an error met.
-        session.sparkContext.setLogLevel("OFF")
-        # PySpark logs a failed query's text (and the values its error quotes) through this.
-        logging.getLogger("SQLQueryContextLogger").disabled = True
-        _SESSIONS[key] = session
-        return session
-
-
-def _connect(remote: str) -> Any:
-    """A new session of the Spark Connect server at ``remote``, the engine's own: the server
-    keeps temporary views and settings per session, so engines' views never meet.
-
-    Made with the client's session class, not ``SparkSession.builder``: the builder marks the
-    whole process as a Connect client (an environment variable, after which a classic session
-    of the process would be a Connect one too), refuses to run beside a classic session, and
-    hands every caller the one default session. Nothing reaches the server until first used."""
-    try:
-        client = importlib.import_module("pyspark.sql.connect.session")
-    except ImportError:  # pyspark without its connect extra (grpcio, ...)
-        raise PolicyError(
-            "engine.remote needs the Spark Connect client of pyspark: install dpsql with its "
-            "spark extra"
-        ) from None
-    # The client logs each plan it sends (SQL text, and the salt among its parameters) when
-    # SPARK_CONNECT_LOG_LEVEL is set: off, as Spark's own logs are.
-    logging.getLogger("pyspark.sql.connect.logging").disabled = True
-    # PySpark logs a failed query's text (and the values its error quotes) through this.
-    logging.getLogger("SQLQueryContextLogger").disabled = True
-    try:
-        return client.SparkSession(connection=remote)
-    except Exception as exc:  # an address the client cannot parse
-        raise PolicyError(f"cannot start the Spark Connect client ({type(exc).__name__})") from None
-
-
-def _pin(session: Any) -> None:
-    """The settings dpsql pins, set where this session can set them, then each one read back:
-    a setting only the server or the context sets (the UI, say) must already hold. Raises a
-    PolicyError naming the first that differs."""
-    conf = session.conf
-    for name, value in SPARK_PINNED.items():
-        if conf.isModifiable(name):  # session settings: ANSI mode, the zone, Parquet's reading
-            conf.set(name, value)
-    for name, value in SPARK_PINNED.items():
-        found = conf.get(name, None)  # None: unset, so Spark's own default (the UI: on)
-        # The guarantees assume every pinned value: never run on a Spark that differs.
-        if found is None or found.strip().lower() != value.lower():
-            raise PolicyError(
-                f"{name} is {found if found is not None else 'not set'} on this Spark, and "
-                f"dpsql needs {value}: set it where Spark starts (the Spark Connect server's "
-                "--conf)"
-            )
 
 
 class SparkEngine:
@@ -369,33 +290,6 @@ class SparkEngine:
             self._shadow.close()
         if hasattr(self, "_pool"):
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def connect_server_command(
-    port: int = 15002, host: str = "127.0.0.1", master: str = "local[*]"
-) -> list[str]:
-    """The command that starts a Spark Connect server for dpsql from pyspark's own install
-    (its ``spark-submit`` and the Connect server in its jars): Spark's ``SparkConnectServer``
-    on ``master``, listening on ``host:port``, with every setting dpsql pins. A Connect client
-    cannot set the static ones (the UI), and the engine refuses a server that differs."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        raise PolicyError("a Spark Connect server needs pyspark: install dpsql's spark extra")
-    submit = Path(spec.origin).parent / "bin" / "spark-submit"
-    command = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
-    command += ["--master", master, "--name", "dpsql Spark Connect"]
-    settings = {
-        # This address only: Spark Connect authenticates no one, whoever reaches it reads rows.
-        "spark.connect.grpc.binding.address": host,
-        "spark.connect.grpc.binding.port": str(port),
-        # As dpsql's own Spark: the log quotes SQL text and the data values an error met.
-        "spark.log.level": "OFF",
-        "spark.ui.showConsoleProgress": "false",
-        **SPARK_PINNED,  # the static ones only a server sets; the engine checks them all
-    }
-    for name, value in settings.items():
-        command += ["--conf", f"{name}={value}"]
-    return command
 
 
 def _quoted(identifier: str) -> str:
