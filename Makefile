@@ -53,8 +53,13 @@ java:
 			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
 		else echo "java is missing: install a Java 17 runtime" >&2; exit 1; fi; }
 
+# Two pytest processes side by side, one per core: the Spark tests (one local Spark, whose JVM
+# often waits on itself) and all the others. Each prints its own summary; either failing fails.
 pytest: $(STAMP) examples/data/visits.parquet psql java
-	$(BIN)/pytest -q
+	@$(BIN)/pytest -q -m spark -p no:cacheprovider > .pytest-spark.log 2>&1 & spark=$$!; \
+	$(BIN)/pytest -q -m "not spark"; others=$$?; \
+	wait $$spark; status=$$?; echo "== the Spark tests (-m spark) =="; cat .pytest-spark.log; \
+	exit $$(( others || status ))
 
 test: lint types pytest
 
@@ -62,4 +67,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) examples/data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) examples/data .pytest_cache .mypy_cache .ruff_cache .pytest-spark.log
