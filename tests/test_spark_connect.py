@@ -232,7 +232,7 @@ def test_a_server_that_differs_from_a_pinned_setting_is_refused(
 ) -> None:
     """A client cannot change the server's static settings: the engine reads each one back and
     refuses to open, naming it (as if dpsql pinned these values)."""
-    monkeypatch.setitem(spark_engine.SPARK_PINNED, name, value)
+    monkeypatch.setitem(SPARK_PINNED, name, value)  # the one dict every module reads
     with pytest.raises(PolicyError, match=rf"{re.escape(name)} is {found} on this Spark"):
         _engine(tmp_path, remote)
 

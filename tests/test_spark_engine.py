@@ -229,3 +229,14 @@ def test_old_dates_and_timestamps_read_as_on_duckdb(tmp_path: Path, spark: Any) 
     finally:
         duck.close()
         on_spark.close()
+
+
+def test_a_star_lists_the_columns_in_the_table_s_order(sessions: tuple[Session, Session]) -> None:
+    """``SELECT *`` on Spark gives DuckDB's columns in DuckDB's order, each converted by its own
+    type (a sorted catalog once paired the values of one column with another's type)."""
+    duck, on_spark = sessions
+    sql = "SELECT * FROM visits WHERE user_id < 20"
+    names, rows = on_spark.engine.run(sql)
+    expected_names, expected = duck.engine.run(sql)
+    assert names == expected_names
+    assert sorted(map(repr, rows)) == sorted(map(repr, expected))

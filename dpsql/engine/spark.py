@@ -298,7 +298,9 @@ def _quoted(identifier: str) -> str:
 
 
 def _frozen(catalog: Mapping[str, Mapping[str, str]]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
-    return tuple((t, tuple(sorted(cols.items()))) for t, cols in sorted(catalog.items()))
+    """The catalog as a cache key, each table's columns in the table's order: ``SELECT *``
+    lowers to that order, which is DuckDB's and the order of the types ``run`` converts by."""
+    return tuple((t, tuple(cols.items())) for t, cols in sorted(catalog.items()))
 
 
 @lru_cache(maxsize=256)
