@@ -124,6 +124,13 @@ def test_other_unions_are_left_as_they_are() -> None:
     assert not split(reshaped(base.format(k=2, n=2)))
     for k, n in ((2, 3), (3, 2)):
         assert split(reshaped(base.format(k=k, n=n)))
+    # A branch that filters or computes more than the window is not the proven shape.
+    filtered = base.format(k=2, n=2).replace(" QUALIFY", " WHERE _k0 <> 'b' QUALIFY")
+    assert split(reshaped(filtered))
+    projected = base.format(k=2, n=2).replace(
+        "UNION ALL SELECT * FROM (SELECT _units.*", "UNION ALL SELECT _u, 'z' FROM (SELECT _units.*"
+    )
+    assert split(reshaped(projected))
     other = base.format(k=2, n=2).replace(
         "ON _units._u IS NOT DISTINCT FROM _multi._u UNION", "ON _units._k0 = _multi._u UNION"
     )

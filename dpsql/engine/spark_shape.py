@@ -111,6 +111,26 @@ def _row_number_limit(select: exp.Select) -> int:
     return _limit(condition, exp.LTE, window)
 
 
+def _trims_to(select: exp.Select, k: int) -> bool:
+    """``select`` lists ``* EXCLUDE (_w, _b), LEAST(_w, k - _b) AS _w``: every column as it is
+    but the weight, trimmed to what is left of k (``caps._weighted_row_cap``)."""
+    if len(select.expressions) != 2:
+        return False
+    star, weight = select.expressions
+    if not isinstance(star, exp.Star) or not isinstance(weight, exp.Alias):
+        return False
+    excluded = star.args.get("except_") or []
+    least = weight.this
+    left = exp.Sub(this=exp.Literal.number(k), expression=exp.column("_b"))
+    return (
+        sorted(c.name for c in excluded) == ["_b", "_w"]
+        and weight.alias == "_w"
+        and isinstance(least, exp.Least)
+        and least.this == exp.column("_w")
+        and least.expressions == [left]
+    )
+
+
 def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
     """The window branch of ``caps._ranked_where_needed``'s UNION ALL, applied to every unit,
     or None if ``union`` is not that shape.
@@ -156,11 +176,19 @@ def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
     outer = right.args["from_"].this
     if not (isinstance(outer, exp.Subquery) and outer.this is inner):
         return None
-    if kind == "count" and _row_number_limit(right) != k:
+    # The window branch must change nothing else: for COUNT(*), every column as it is and no
+    # filter but the window; for weights, the filter on the weight before and the trim to k.
+    if kind == "count" and (
+        _row_number_limit(right) != k
+        or right.expressions != [exp.Star()]
+        or not _only(right, "from_", "qualify")
+    ):
         return None
     where = right.args.get("where")
     below = _limit(where.this if where else None, exp.LT, exp.column("_b"))
-    if kind == "weight" and below != k:
+    if kind == "weight" and (
+        below != k or not _only(right, "from_", "where") or not _trims_to(right, k)
+    ):
         return None
     collapsed = right.copy()
     for join in collapsed.find_all(exp.Join):
