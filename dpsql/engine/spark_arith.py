@@ -258,12 +258,20 @@ def _neg(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     a = lw.expr(node.this, ctx)
     if not _is_num(a.type) and a.type != "NULL":
         raise _refuse(f"- of {a.type}")
+    negated = _negated_in_try(a, ctx)
+    if negated is not None:
+        return _E(negated, a.type, True)
+    return _E(exp.Neg(this=_p(a.node)), a.type, a.fails, a.bits)
+
+
+def _negated_in_try(a: _E, ctx: _Ctx) -> exp.Expression | None:
+    """``-a`` as ``try_subtract(0, a)`` where it can overflow inside TRY (-MIN of an integer
+    type whose range the value may fill): NULL there, as DuckDB's error under TRY; None where
+    plain negation cannot raise."""
     fits = a.bits is not None and a.bits <= _CAPACITY.get(a.type, 0)
     if _is_int(a.type) and ctx.in_try and not fits:
-        # -MIN overflows: NULL inside TRY.
-        zero = _cast(exp.Literal.number(0), a.type)
-        return _E(_fn("TRY_SUBTRACT", zero, a.node), a.type, True)
-    return _E(exp.Neg(this=_p(a.node)), a.type, a.fails, a.bits)
+        return _fn("TRY_SUBTRACT", _cast(exp.Literal.number(0), a.type), a.node)
+    return None
 
 
 @_handles(exp.Abs)
@@ -271,10 +279,8 @@ def _abs(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     a = lw.expr(node.this, ctx)
     if not _is_num(a.type) and a.type != "NULL":
         raise _refuse(f"ABS of {a.type}")
-    fits = a.bits is not None and a.bits <= _CAPACITY.get(a.type, 0)
-    if _is_int(a.type) and ctx.in_try and not fits:
-        zero = _cast(exp.Literal.number(0), a.type)
-        negated = _fn("TRY_SUBTRACT", zero, a.node)
+    negated = _negated_in_try(a, ctx)
+    if negated is not None:
         out = _case(
             (exp.LT(this=_p(a.node), expression=exp.Literal.number(0)), negated), default=a.node
         )
