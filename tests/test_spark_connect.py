@@ -23,13 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_fixtures import ServerThread, charges, psql, write_users
 from spark_fixtures import SOCKET_WARNINGS
 
+from dpsql.accounting.filter import create_ledger
+from dpsql.accounting.ledger import Ledger
 from dpsql.engine import spark as spark_engine
 from dpsql.engine.base import Engine, open_engine
 from dpsql.errors import EngineError, PolicyError
 from dpsql.policy import load_policy
 from dpsql.policy_spec import SPARK_PINNED
+from dpsql.server.server import Limits
 from dpsql.session import Session
 
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]
@@ -303,3 +307,31 @@ def test_an_interrupt_cancels_the_running_query_on_the_server(tmp_path: Path, re
     finally:
         engine.close()
     engine.interrupt()  # after close: nothing to do, no error
+
+
+def test_dpsql_serve_answers_psql_over_spark_connect(tmp_path: Path, remote: str) -> None:
+    """``dpsql serve`` in front of the Connect server: each connection's worker process opens
+    an engine of its own (a session on the one server), psql gets noisy answers, each fresh
+    answer is charged once in the durable ledger and a repeat is served from the cache."""
+    policy = _policy_text(tmp_path, remote)
+    ledger = tmp_path / "connect.ledger"
+    text = policy.read_text(encoding="utf-8")
+    policy.write_text(text + f'\n[ledger]\npath = "{ledger}"\n', encoding="utf-8")
+    create_ledger(load_policy(policy))
+    users = write_users(tmp_path / "users.json")
+    grouped = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region ORDER BY region;"
+    limits = Limits(max_connections=4, statement_timeout=180.0)
+    with ServerThread(policy, users, limits=limits) as server:
+        first = psql(server.port, "alice", grouped, timeout=240)
+        assert first.returncode == 0, first.stderr
+        lines = first.stdout.splitlines()
+        assert [line.split("|")[0] for line in lines] == sorted(
+            ["central", "east", "north", "south", "west"]
+        )
+        assert all(line.split("|")[1].lstrip("-").isdigit() for line in lines)
+        # Another connection (another worker, another server session) gets the released answer.
+        again = psql(server.port, "bob", grouped, timeout=240)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout == first.stdout
+    assert len(charges(ledger)) == 1
+    Ledger(ledger).verify()
