@@ -248,3 +248,28 @@ def test_the_fit_table_counts_what_each_filter_admits() -> None:
                 assert fit.through_budget(budget, events) == most
             counted = fit.through_connect(budget, stream, limit=50)
             assert counted == fit.through_budget(budget, events), (stream, column)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "zcdp"])
+@pytest.mark.parametrize(("mechanism", "fit"), [("laplace", 10), ("gaussian", 20)])
+def test_private_key_group_by_fits_the_default_reserve(
+    tiny_policy: TinyPolicy, accountant: str, mechanism: str, fit: int
+) -> None:
+    # The default reserve, a tenth of delta 1e-6, holds ten selections of delta 1e-8 (the query
+    # delta; the Gaussian's selection takes half of it, so twenty), whatever epsilon is left.
+    rows = [(u, "east", 20 + u % 5, 1.0) for u in range(400)]
+    budget = {"epsilon": "10", "accountant": accountant, "mechanism": mechanism}
+    session = Session(tiny_policy(rows, budget=budget))
+    try:
+        for _ in range(fit):
+            session.execute(
+                "SELECT age, COUNT(*) FROM visits GROUP BY age", fresh=True, epsilon="0.1"
+            )
+        with pytest.raises(BudgetExceededError):
+            session.execute(
+                "SELECT age, COUNT(*) FROM visits GROUP BY age", fresh=True, epsilon="0.1"
+            )
+        # Queries without partition selection still fit: only the reserve ran out.
+        session.execute("SELECT COUNT(*) FROM visits", fresh=True, epsilon="0.1")
+    finally:
+        session.close()
