@@ -30,6 +30,7 @@ from dpsql.policy_numbers import (
 )
 from dpsql.policy_schema import check_against_schema, did_you_mean
 from dpsql.policy_spec import (
+    FILTER_VERSION,
     MAX_DATE_RANGE_DAYS,
     BudgetSpec,
     ColumnSpec,
@@ -37,6 +38,7 @@ from dpsql.policy_spec import (
     DataSpec,
     EngineSpec,
     FilterName,
+    FilterVersion,
     LedgerSpec,
     Mechanism,
     Policy,
@@ -46,6 +48,7 @@ from dpsql.policy_spec import (
 )
 
 __all__ = [
+    "FILTER_VERSION",
     "LARGEST_NUMBER",
     "MAX_ABS_BOUND",
     "MAX_CONTRIBUTION_BOUND",
@@ -63,6 +66,7 @@ __all__ = [
     "EngineSpec",
     "Exact",
     "FilterName",
+    "FilterVersion",
     "LedgerSpec",
     "Mechanism",
     "Policy",

@@ -33,6 +33,7 @@ from dpsql.policy_numbers import (
 )
 
 __all__ = [
+    "FILTER_VERSION",
     "MAX_DATE_RANGE_DAYS",
     "SPARK_PINNED",
     "BudgetSpec",
@@ -41,6 +42,7 @@ __all__ = [
     "DatasetSpec",
     "EngineSpec",
     "FilterName",
+    "FilterVersion",
     "LedgerSpec",
     "Mechanism",
     "Policy",
@@ -112,6 +114,11 @@ class DataSpec(_Frozen):
 Mechanism = Literal["laplace", "gaussian"]
 # The filters that may decide admission: each is valid under fully adaptive composition.
 FilterName = Literal["basic", "advanced", "rdp", "zcdp"]
+# Versions of the fixed parameters the rdp and zcdp filters take where the policy states none
+# (the grid of orders, the split of delta across it, the selection reserve): 1 the first, 2
+# the current (docs/accounting.md). A ledger pins the version it was created with.
+FilterVersion = Literal[1, 2]
+FILTER_VERSION: FilterVersion = 2
 
 
 class ShareSpec(_Frozen):
@@ -138,6 +145,9 @@ class BudgetSpec(_Frozen):
     # Under the rdp and zcdp filters: the part of delta reserved for the additive deltas of
     # partition selection (approximate RDP / zCDP); the rest goes to the conversion.
     selection_delta: Exact | None = None
+    # Under the rdp and zcdp filters: the version of their defaults; None is the current one
+    # when a ledger is created, and the ledger's own when it is opened (store.pinned_spec).
+    filter_version: FilterVersion | None = None
     analysts: dict[str, ShareSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -170,6 +180,8 @@ class BudgetSpec(_Frozen):
             self.accountant not in ("rdp", "zcdp") or not 0 <= self.selection_delta < self.delta
         ):
             raise ValueError("selection_delta needs accountant rdp or zcdp and 0 <= it < delta")
+        if self.filter_version is not None and self.accountant not in ("rdp", "zcdp"):
+            raise ValueError("filter_version is only used by accountant 'rdp' or 'zcdp'")
         if self.accountant in ("rdp", "zcdp") and self.delta == 0:
             raise ValueError(f"the {self.accountant} filter needs delta > 0")
         for name, share in self.analysts.items():

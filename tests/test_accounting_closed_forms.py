@@ -40,7 +40,7 @@ from dpsql.accounting.events import (
     PureDP,
 )
 from dpsql.accounting.gdp import GdpAccountant, GdpFilter
-from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
+from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
 
 mpmath.mp.dps = 50
@@ -248,19 +248,38 @@ def test_rdp_filter_single_order_pinned() -> None:
     assert count_admitted(filt, Gaussian(40.0, 1.0)) == 69
 
 
+def _mp_order_budget(alpha: float, share: mpmath.mpf) -> mpmath.mpf:
+    """The largest RDP at alpha converting to epsilon 1 at ``share`` (CKS 2020, Prop. 12)."""
+    a = mpmath.mpf(alpha)
+    return 1 - mpmath.log((a - 1) / a) + (mpmath.log(share) + mpmath.log(a)) / (a - 1)
+
+
 def test_rdp_filter_union_bound_pinned() -> None:
-    # Union over the grid: each order converts at delta/len(grid); the filter admits while some
-    # order is within its budget. Recomputed here from the formula, order by order.
-    m, sigma = len(DEFAULT_ORDERS), 40.0
+    # The default split: 9/10 of delta to the order where a zCDP budget fits best at that
+    # share, 1/10 equally to all orders; the filter admits while some order is within its
+    # budget. Recomputed here from the formula, order by order, at 50 digits.
+    m, sigma, delta = len(DEFAULT_ORDERS), 40.0, mpmath.mpf("1e-6")
+    top, common = delta * (mpmath.mpf(9) / 10 + mpmath.mpf(1) / (10 * m)), delta / (10 * m)
+    main = max(DEFAULT_ORDERS, key=lambda a: _mp_order_budget(a, top) / a)
     best = 0
     for alpha in DEFAULT_ORDERS:
-        a, d = mpmath.mpf(alpha), mpmath.mpf("1e-6") / m
-        budget = 1 - mpmath.log((a - 1) / a) + (mpmath.log(d) + mpmath.log(a)) / (a - 1)
-        best = max(best, int(mpmath.floor(budget / (a / (2 * sigma**2)))))
+        budget = _mp_order_budget(alpha, top if alpha == main else common)
+        best = max(best, int(mpmath.floor(budget / (alpha / (2 * sigma**2)))))
     filt = RdpFilter(Fraction(1), Fraction("1e-6"))
-    assert count_admitted(filt, Gaussian(sigma, 1.0)) == best == 58
-    # The union pays: fewer than the single order fixed in advance, and the GDP filter (exact
-    # for continuous Gaussians) admits the most.
+    assert filt.orders[filt.main] == main == 1 + 1.41 * 16
+    assert count_admitted(filt, Gaussian(sigma, 1.0)) == best == 76
+    # A single order fixed in advance at the main order admits a little more (no union bound).
+    single = RdpFilter(Fraction(1), Fraction("1e-6"), (main,))
+    assert count_admitted(single, Gaussian(sigma, 1.0)) == 77
+    # Version 1's grid with delta split equally across its 42 orders admitted 58: the union
+    # paid ln 42 in ln(1/delta) where the main order pays ln(10/9).
+    equal = RdpFilter(Fraction(1), Fraction("1e-6"), ORDERS_V1, main_share=Fraction(0))
+    best = 0
+    for alpha in ORDERS_V1:
+        budget = _mp_order_budget(alpha, delta / len(ORDERS_V1))
+        best = max(best, int(mpmath.floor(budget / (alpha / (2 * sigma**2)))))
+    assert count_admitted(equal, Gaussian(sigma, 1.0)) == best == 58
+    # The GDP filter (exact for continuous Gaussians) admits the most.
     gdp = GdpFilter(Fraction(1), Fraction("1e-6"))
     assert count_admitted(gdp, Gaussian(sigma, 1.0)) == 89 == math.floor((gdp.mu_cap * sigma) ** 2)
 

@@ -17,6 +17,7 @@ import random
 from fractions import Fraction
 
 import dp_accounting
+import pytest
 from dp_accounting.rdp import RdpAccountant as ReferenceRdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,7 +41,7 @@ from dpsql.accounting.events import (
     PureDP,
 )
 from dpsql.accounting.gdp import GdpAccountant, GdpFilter
-from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpAccountant, RdpFilter
+from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -227,14 +228,41 @@ def test_rdp_filter_single_order_sound(
         assert reference.get_epsilon(delta_cap) <= eps_cap * (1 + 1e-12)
 
 
+def union_shares(
+    eps_cap: float, delta_cap: float, orders: tuple[float, ...], main_share: float
+) -> list[float]:
+    """Each order's conversion delta under the union bound, recomputed from the documented
+    rule: ``main_share`` of delta to the order where a zCDP budget (RDP alpha rho) fits best at
+    that share, the rest equally to every order."""
+    common = delta_cap * (1 - main_share) / len(orders)
+    top = delta_cap * main_share + common
+
+    def budget(a: float, share: float) -> float:  # CKS 2020, Prop. 12 solved for the RDP
+        return eps_cap - math.log1p(-1 / a) + (math.log(share) + math.log(a)) / (a - 1)
+
+    main = max(orders, key=lambda a: budget(a, top) / a) if main_share else None
+    return [top if a == main else common for a in orders]
+
+
 @settings(max_examples=30, deadline=None)
-@given(mixed_stream, caps)
-def test_rdp_filter_union_sound(stream: list[Event], cap: tuple[float, float]) -> None:
+@given(mixed_stream, caps, st.sampled_from(["default", "version 1"]))
+def test_rdp_filter_union_sound(stream: list[Event], cap: tuple[float, float], grid: str) -> None:
     eps_cap, delta_cap = cap
-    admitted = run_filter(RdpFilter(Fraction(eps_cap), Fraction(delta_cap)), stream)
+    if grid == "default":
+        filt, orders, main = RdpFilter(Fraction(eps_cap), Fraction(delta_cap)), DEFAULT_ORDERS, 0.9
+    else:
+        orders, main = ORDERS_V1, 0.0
+        filt = RdpFilter(Fraction(eps_cap), Fraction(delta_cap), orders, main_share=Fraction(0))
+    shares = union_shares(eps_cap, delta_cap, orders, main)
+    # The union bound holds: the orders' deltas add up to at most the conversion's.
+    assert sum(map(Fraction, filt.shares)) <= Fraction(delta_cap)
+    assert list(filt.shares) == pytest.approx(shares, rel=1e-12)
+    admitted = run_filter(filt, stream)
     if admitted:
-        share = delta_cap / len(DEFAULT_ORDERS)
-        per_order = [reference_rdp(admitted, (a,)).get_epsilon(share) for a in DEFAULT_ORDERS]
+        per_order = [
+            reference_rdp(admitted, (a,)).get_epsilon(share)
+            for a, share in zip(orders, shares, strict=True)
+        ]
         assert min(per_order) <= eps_cap * (1 + 1e-12)
 
 

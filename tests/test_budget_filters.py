@@ -49,7 +49,8 @@ def test_zcdp_admits_far_more_small_gaussian_queries_than_basic(tiny_policy: Tin
     accountant = rdp.RdpAccountant(orders)
     # A Gaussian of noise multiplier z has RDP alpha/(2 z^2): z = 1/sqrt(2 rho).
     accountant.compose(dp_event.GaussianDpEvent(float(1 / (2 * rho)) ** 0.5))
-    assert accountant.get_epsilon(5e-7) <= 1.0
+    # The conversion's delta: all of delta 1e-6 but the default selection reserve, a tenth.
+    assert accountant.get_epsilon(9e-7) <= 1.0
 
 
 def test_a_refused_query_is_not_charged_under_any_filter(tiny_policy: TinyPolicy) -> None:

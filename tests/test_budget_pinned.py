@@ -25,6 +25,7 @@ from test_ledger import COUNT, ledger_policy
 import dpsql
 from dpsql.accounting.filter import budget_caps, create_ledger
 from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, read_anchor
+from dpsql.accounting.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 from dpsql.interfaces import cli
 from dpsql.policy import load_policy
@@ -48,6 +49,8 @@ def _budget(draw: st.DrawFn) -> dict[str, Any]:
         budget["rdp_order"] = draw(st.sampled_from([8.0, 32.0]))  # order 2 admits nothing
     if accountant in ("rdp", "zcdp") and draw(st.booleans()):
         budget["selection_delta"] = draw(st.sampled_from(["0", "0.0000001"]))
+    if accountant in ("rdp", "zcdp") and draw(st.booleans()):
+        budget["filter_version"] = draw(st.sampled_from([1, 2]))
     if draw(st.booleans()):
         shares = draw(st.sampled_from(["1", "2"]))
         budget["analysts"] = {"ann": {"epsilon": shares, "delta": budget["delta"]}}
@@ -110,6 +113,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "advanced delta'": ("advanced_delta_prime", "0.0000002"),
     "rdp order": ("rdp_order", 4.0),
     "selection delta": ("selection_delta", "0.0000002"),
+    "filter version": ("filter_version", 1),
     "share up": ("analysts", {"ann": {"epsilon": "3", "delta": "0.000001"}}),
     "share added": ("analysts", {"bob": {"epsilon": "1", "delta": "0.000001"}}),
     "shares dropped": ("analysts", {}),
@@ -128,12 +132,13 @@ def _mutated(budget: dict[str, Any], name: str) -> dict[str, Any] | None:
         return None
     if key == "rdp_order" and budget["accountant"] != "rdp":
         return None
-    if key == "selection_delta" and budget["accountant"] not in ("rdp", "zcdp"):
+    if key in ("selection_delta", "filter_version") and budget["accountant"] not in ("rdp", "zcdp"):
         return None
     if key == "accountant":
         out["accountant"] = "rdp" if budget["accountant"] == "zcdp" else "zcdp"
         out.pop("advanced_delta_prime", None)
         out.pop("rdp_order", None)
+        out.pop("filter_version", None)
     return out
 
 
@@ -227,10 +232,11 @@ def test_opening_a_session_never_creates_a_ledger(tmp_path: Path) -> None:
     assert not (tmp_path / "ledger.db.anchor").exists()
 
 
+@pytest.mark.parametrize("accountant", ["basic", "rdp"])
 def test_a_ledger_without_a_budget_record_is_refused_until_the_owner_pins_it(
-    tmp_path: Path,
+    tmp_path: Path, accountant: str
 ) -> None:
-    raw = _raw(tmp_path, dict(BASE))
+    raw = _raw(tmp_path, {**BASE, "accountant": accountant})
     policy = load_policy(raw)
     # A ledger as an earlier dpsql made it: no budget record at all.
     Ledger.create(tmp_path / "ledger.db", policy.dataset.id, budget={})
@@ -250,3 +256,71 @@ def test_a_ledger_without_a_budget_record_is_refused_until_the_owner_pins_it(
     again = CliRunner().invoke(cli.cli, pin)
     assert again.exit_code == cli.EXIT_CODES[LedgerError]
     assert [k for _, k in _records(tmp_path / "ledger.db")] == [BUDGET_RECORD]
+    # Such a ledger's history was decided by version 1 of the rdp/zcdp defaults: pinned so.
+    (record,) = Ledger(tmp_path / "ledger.db").records()
+    assert record.payload["filter_version"] == (1 if accountant == "rdp" else None)
+
+
+RDP = {"epsilon": "1", "delta": "0.000001", "query_epsilon": "0.05", "accountant": "rdp"}
+
+
+def _fill(raw: dict[str, Any]) -> int:
+    """Fresh COUNTs of epsilon 0.05 until the ledger's filter refuses one."""
+    session = Session(load_policy(raw))
+    try:
+        for n in range(200):
+            try:
+                session.execute(COUNT, fresh=True)
+            except BudgetExceededError:
+                return n
+        raise AssertionError("the cap never binds")
+    finally:
+        session.close()
+
+
+def test_a_ledger_created_with_version_1_keeps_deciding_with_it(tmp_path: Path) -> None:
+    # A ledger as the dpsql before versions made it: its budget record names none.
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    raw_old, raw_new = _raw(old, dict(RDP)), _raw(new, dict(RDP))
+    caps = budget_caps(load_policy(raw_old).budget)
+    assert caps.pop("filter_version") == 2  # what a new ledger pins
+    Ledger.create(old / "ledger.db", load_policy(raw_old).dataset.id, budget=caps)
+    create_ledger(load_policy(raw_new))
+    session = Session(load_policy(raw_old))
+    assert session.filter.spec.filter_version == 1
+    session.close()
+    # The same policy, unchanged: version 1 (42 orders split equally, half of delta reserved)
+    # on the old ledger, version 2 on the new one.
+    assert (_fill(raw_old), _fill(raw_new)) == (20, 22)
+    (first, *_) = Ledger(new / "ledger.db").records()
+    assert first.payload["filter_version"] == 2
+    # A policy may state the version only as its ledger has it.
+    with pytest.raises(PolicyError, match=r"budget\.filter_version is 2 in the policy, 1 in the"):
+        Session(load_policy(_raw(old, {**RDP, "filter_version": 2})))
+    Session(load_policy(_raw(old, {**RDP, "filter_version": 1}))).close()
+    with pytest.raises(PolicyError, match=r"budget\.filter_version is 1 in the policy, 2 in the"):
+        Session(load_policy(_raw(new, {**RDP, "filter_version": 1})))
+
+
+def test_a_zcdp_ledger_of_version_1_keeps_half_of_delta_for_selection(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    raw_old, raw_new = (
+        _raw(old, {**RDP, "accountant": "zcdp"}),
+        _raw(new, {**RDP, "accountant": "zcdp"}),
+    )
+    caps = budget_caps(load_policy(raw_old).budget)
+    del caps["filter_version"]
+    Ledger.create(old / "ledger.db", load_policy(raw_old).dataset.id, budget=caps)
+    create_ledger(load_policy(raw_new))
+    reserved = []
+    for raw in (raw_old, raw_new):
+        session = Session(load_policy(raw))
+        try:
+            decider = session.filter._decider(Fraction(1), Fraction(1, 10**6), None)
+        finally:
+            session.close()
+        assert isinstance(decider, ZcdpFilter)
+        reserved.append(decider.approx_delta_cap)
+    assert reserved == [Fraction(1, 2 * 10**6), Fraction(1, 10**7)]

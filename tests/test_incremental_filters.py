@@ -43,7 +43,7 @@ from dpsql.accounting.filter import (
 from dpsql.accounting.gdp import GdpFilter
 from dpsql.accounting.ledger import BUDGET_RECORD
 from dpsql.accounting.pld import PldFilter
-from dpsql.accounting.rdp import RdpFilter
+from dpsql.accounting.rdp import ORDERS_V1, RdpFilter
 from dpsql.accounting.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError, ParameterError
 from dpsql.policy import BudgetSpec
@@ -91,6 +91,9 @@ def _filters() -> dict[str, Any]:
         "advanced": AdvancedFilter(F(1), F(1, 10**6), F(1, 10**7)),
         "rdp": RdpFilter(F(1), F(1, 10**6), approx_delta_cap=F(1, 10**7)),
         "rdp one order": RdpFilter(F(1), F(1, 10**6), (8.0,), approx_delta_cap=F(1, 10**7)),
+        "rdp version 1": RdpFilter(
+            F(1), F(1, 10**6), ORDERS_V1, approx_delta_cap=F(1, 10**7), main_share=F(0)
+        ),
         "zcdp": ZcdpFilter(F(1), F(1, 10**6), approx_delta_cap=F(1, 10**7)),
         "gdp": GdpFilter(F(1), F(1, 10**6)),
     }
@@ -195,6 +198,8 @@ operations = st.lists(
 
 def _spec(accountant: str) -> BudgetSpec:
     extra: dict[str, Any] = {}
+    if accountant.endswith(" version 1"):  # the defaults of ledgers created before version 2
+        accountant, extra["filter_version"] = accountant.removesuffix(" version 1"), 1
     if accountant == "advanced":
         extra["advanced_delta_prime"] = F(1, 10**7)
     shares = {
@@ -228,7 +233,7 @@ def _apply(budget: Budget, op: tuple[str, Any, Any]) -> object:
 
 
 @pytest.mark.parametrize("views", ["exact views", "past the view limit"])
-@pytest.mark.parametrize("accountant", ["basic", "advanced", "rdp", "zcdp"])
+@pytest.mark.parametrize("accountant", ["basic", "advanced", "rdp", "zcdp", "rdp version 1"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=operations)
 def test_the_budget_decides_from_its_tallies_as_by_replaying_the_history(

@@ -26,13 +26,20 @@ from dpsql.accounting.budget_state import _add, _additive_delta, _State, _Views,
 from dpsql.accounting.events import Composite, composite_from_json, composite_to_json
 from dpsql.accounting.ledger import Record
 from dpsql.accounting.parallel import Cell, views, views_with
-from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpFilter
+from dpsql.accounting.rdp import RDP_GRIDS, RdpFilter
 from dpsql.accounting.store import MemoryLedger, Store
 from dpsql.accounting.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError
-from dpsql.policy import BudgetSpec
+from dpsql.policy import FILTER_VERSION, BudgetSpec
 
-__all__ = ["Budget"]
+__all__ = ["SELECTION_PARTS", "Budget"]
+
+# Per version of the filters' defaults: the part of delta the rdp and zcdp filters reserve for
+# partition selection where the policy states no ``selection_delta``. Version 2's tenth admits
+# ten private-key GROUP BYs at a query delta of delta/100 (twenty with the Gaussian, whose
+# selection takes half of it) and costs the conversion ln(10/9) = 0.105 of ln(1/delta), under 1%
+# of the queries at delta 1e-6; version 1's half cost ln 2, about 5% (docs/accounting.md).
+SELECTION_PARTS: dict[int, Fraction] = {1: Fraction(1, 2), 2: Fraction(1, 10)}
 
 
 class Budget(Readings):
@@ -294,18 +301,24 @@ def _decider(
     spec: BudgetSpec, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None = None
 ) -> Filter | None:
     """The filter the policy names, for a cap (epsilon, delta) or (rho, delta); None is basic
-    composition."""
+    composition. Where the policy leaves a parameter of the rdp or zcdp filter unstated, its
+    ``filter_version`` (the ledger's, ``store.pinned_spec``) gives it: the grid and split
+    (``rdp.RDP_GRIDS``) and the selection reserve (``SELECTION_PARTS``)."""
     if spec.accountant == "advanced":
         assert spec.advanced_delta_prime is not None and epsilon is not None  # policy-validated
         return AdvancedFilter(epsilon, delta, spec.advanced_delta_prime)
+    version = spec.filter_version if spec.filter_version is not None else FILTER_VERSION
     # The part of delta reserved for partition selection's additive deltas, as a fraction of
-    # the total (half by default), applied alike to the data set's cap and to analyst shares.
-    part = spec.selection_delta / spec.delta if spec.selection_delta is not None else Fraction(1, 2)
-    selection = delta * part
+    # the total, applied alike to the data set's cap and to analyst shares. Fixed in advance:
+    # the additive deltas then add to the conversion's (curves module docstring).
+    part = spec.selection_delta / spec.delta if spec.selection_delta is not None else None
+    selection = delta * (part if part is not None else SELECTION_PARTS[version])
     if spec.accountant == "rdp":
         assert epsilon is not None
-        orders = (spec.rdp_order,) if spec.rdp_order is not None else DEFAULT_ORDERS
-        return RdpFilter(epsilon, delta, orders, approx_delta_cap=selection)
+        orders, main_share = RDP_GRIDS[version]
+        if spec.rdp_order is not None:
+            orders = (spec.rdp_order,)
+        return RdpFilter(epsilon, delta, orders, approx_delta_cap=selection, main_share=main_share)
     if spec.accountant == "zcdp":
         if rho is not None:
             return ZcdpFilter(delta_cap=delta, rho_cap=rho, approx_delta_cap=selection)

@@ -3,9 +3,15 @@
 RDP at a fixed order adds under composition (Mironov 2017, Proposition 1); approximate events
 (partition selection, (epsilon, delta) events) add their deltas (``curves`` module docstring).
 
-Orders: ``DEFAULT_ORDERS`` runs from 1.25 to 256 in steps of about 10-25%, plus 384 ... 8192 for
-the long, low-noise histories whose best order is large (k Gaussians of noise sigma: the best
-order is about 1 + sigma sqrt(2 ln(1/delta)/k)). The grid is fixed before any query.
+Orders: ``DEFAULT_ORDERS`` spaces alpha - 1 evenly on a log scale, four orders per doubling,
+from 1.0078 (alpha - 1 = 2^-7) to 8193 (2^13), 81 orders. The best order of a history moves
+with its loss: k Gaussians of noise sigma are best near 1 + sigma sqrt(2 ln(1/delta)/k), so
+long, high-loss histories (10^4 Gaussians of sigma 1 at delta 1e-6: about 1.05) need orders
+close to 1, long low-noise ones and small caps large orders. Each order is the float
+1 + m 2^n with m in (1, 1.19, 1.41, 1.68) (2^(k/4) to three digits): one correctly rounded
+sum, the same float on every platform. The grid is fixed before any query. ``ORDERS_V1`` is
+the earlier grid (42 orders from 1.25 to 8192), which ledgers created with it keep
+(``RDP_GRIDS``).
 
 - Odometer (``RdpAccountant``): the best order of the grid with the improved conversion
   (Canonne, Kamath, Steinke 2020, Proposition 12). Reading a history that is already fixed, each
@@ -13,10 +19,27 @@ order is about 1 + sigma sqrt(2 ln(1/delta)/k)). The grid is fixed before any qu
 - Filter (``RdpFilter``; Feldman, Zrnic 2021, "Individual Privacy Accounting via a Renyi
   Filter", Theorem 3.1): at an order alpha fixed in advance, admitting while the composed RDP
   stays within a budget B keeps the whole interaction (alpha, B)-RDP under fully adaptive
-  choice of each query's parameters. Over m orders, admitting while *some* order is within its
-  budget is valid with delta split equally (a union bound): partition the outcomes by the first
-  order whose budget held at the end; on that part the transcript is the one the single-order
-  filter would produce, which is (epsilon, delta/m)-DP, and the m parts add up.
+  choice of each query's parameters. Over m orders with conversion deltas delta_1..delta_m,
+  each fixed before the first query, admitting while *some* order is within its budget is
+  (epsilon, delta_1 + ... + delta_m)-DP (a union bound): partition the outcomes by the first
+  order j whose budget held at the end; every query admitted kept order j within its budget
+  (RDP only grows) and every refusal refused order j too, so on that part the transcript is
+  the one the single-order filter at j would produce, which is (epsilon, delta_j)-DP (Theorem
+  3.1 and CKS 2020, Proposition 12), and the m parts add up. Nothing in the argument needs the
+  delta_j equal: only fixed in advance and summing to at most the conversion's delta.
+
+Split (``RdpFilter``, ``main_share``): the conversion's delta D goes 9/10 to one *main* order
+and 1/10 equally to all orders. The main order is the one where, at its share, the largest
+zCDP budget fits (the largest budget_j / alpha_j): a public function of the caps and the grid,
+fixed before the first query. Why one order can take most of delta: at a given cap, every long
+stream of small Gaussian-like queries (discrete Gaussians of any sigma, discrete Laplace of
+small epsilon, mixtures of them) is refused near the same order, the one where a zCDP budget
+converts best (at (1, 1e-6) the best single orders of Laplace queries of epsilon 0.03 to 0.001
+and of Gaussians of sigma 50 to 500 are 20.9 to 23.6; the main order is 23.56), so
+concentrating delta there costs such streams ln(10/9) in ln(1/delta) instead of ln(m); the
+equal tenth keeps every other order usable (a few large queries, whose best order is large).
+docs/accounting.md has the measurements. With ``main_share`` 0 the split is the equal one of
+``ORDERS_V1``'s ledgers.
 """
 
 from __future__ import annotations
@@ -30,13 +53,40 @@ from dpsql.accounting.conversions import frac_down, frac_up, rdp_to_delta, rdp_t
 from dpsql.accounting.curves import GroupCache, approx_rdp, zcdp
 from dpsql.accounting.events import Event
 
-__all__ = ["DEFAULT_ORDERS", "RdpAccountant", "RdpFilter", "RdpTally", "composed_rdp"]
+__all__ = [
+    "DEFAULT_ORDERS",
+    "MAIN_SHARE",
+    "ORDERS_V1",
+    "RDP_GRIDS",
+    "RdpAccountant",
+    "RdpFilter",
+    "RdpTally",
+    "composed_rdp",
+]
 
+# alpha - 1 = m 2^n, m ~ 2^(k/4) (module docstring); ldexp is exact, so each order is one
+# correctly rounded sum.
 DEFAULT_ORDERS: tuple[float, ...] = (
+    *(1 + math.ldexp(m, n) for n in range(-7, 13) for m in (1.0, 1.19, 1.41, 1.68)),
+    1 + math.ldexp(1.0, 13),
+)
+# The part of the conversion's delta that the default filter gives its main order.
+MAIN_SHARE = Fraction(9, 10)
+
+# The grid before version 2 of the filters' defaults, kept for the ledgers created with it.
+ORDERS_V1: tuple[float, ...] = (
     *(1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0),
     *(12.0, 14.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 56.0, 64.0, 80.0, 96.0, 112.0),
     *(128.0, 160.0, 192.0, 224.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 4096.0, 8192.0),
 )
+
+# Per version of the filters' defaults (``budget.filter_version``, pinned by the ledger): the
+# grid and the main order's share. A ledger keeps the filter it was created with: a filter
+# chosen after the history is not a filter.
+RDP_GRIDS: dict[int, tuple[tuple[float, ...], Fraction]] = {
+    1: (ORDERS_V1, Fraction(0)),
+    2: (DEFAULT_ORDERS, MAIN_SHARE),
+}
 
 
 @lru_cache(maxsize=65536)
@@ -101,15 +151,39 @@ def order_budget(epsilon_cap: float, delta_share: float, alpha: float) -> float:
     return round_down(epsilon_cap - slack)
 
 
+def _split(
+    conversion: Fraction, orders: tuple[float, ...], main_share: Fraction, epsilon_cap: Fraction
+) -> tuple[int, tuple[float, ...]]:
+    """(main order's index, each order's conversion delta) of ``RdpFilter``: exact weights that
+    sum to 1, each share rounded down, so the shares sum to at most ``conversion`` (the union
+    bound's condition, module docstring)."""
+    m = len(orders)
+    rest = (1 - main_share) / m
+    # Union bound over the grid (Feldman, Zrnic 2021, Thm 3.1 per order): any deltas fixed in
+    # advance whose sum is at most the conversion's delta, equal or not.
+    common, top = frac_down(conversion * rest), frac_down(conversion * (main_share + rest))
+    if main_share == 0:
+        return 0, (common,) * m
+    eps = frac_down(epsilon_cap)
+    # The main order: where a zCDP budget (RDP alpha rho) fits best at the main share; from
+    # the caps and the grid only, so fixed before the first query.
+    main = max(range(m), key=lambda j: (order_budget(eps, top, orders[j]) / orders[j], -j))
+    return main, tuple(top if j == main else common for j in range(m))
+
+
 class RdpFilter:
     """Renyi filter (Feldman, Zrnic 2021) with cap (epsilon_cap, delta_cap).
 
-    ``orders`` of length 1: the single order fixed in advance (the policy's), delta_cap all
-    spent on the conversion. Longer: the union bound of the module docstring, each order's
-    conversion at delta share (delta_cap - approx_delta_cap)/len(orders). ``approx_delta_cap``
-    (fixed in advance, part of delta_cap) is the most the approximate events' deltas may add up
-    to; with 0 they are never admitted. Admits iff, after ``new``, the approximate deltas fit and
-    the composed RDP is within ``budgets[j]`` at some order j.
+    ``orders`` of length 1: the single order fixed in advance (the policy's), the conversion
+    taking all of delta_cap - approx_delta_cap. Longer: the union bound of the module docstring
+    over the conversion's delta D = delta_cap - approx_delta_cap, order j converting at
+    ``shares[j]``: ``main_share`` of D to the main order (``main``: the order with the largest
+    budget_j / alpha_j at its share), the rest of D equally to every order (with
+    ``main_share`` 0, D/len(orders) each). ``approx_delta_cap`` (fixed in advance, part of
+    delta_cap) is the most the approximate events' deltas may add up to; with 0 they are never
+    admitted. Admits iff, after ``new``, the approximate deltas fit and the composed RDP is
+    within ``budgets[j]`` at some order j; ``budgets[j]`` is the largest composed RDP at
+    ``orders[j]`` whose conversion at ``shares[j]`` is within epsilon_cap.
     """
 
     name = "rdp"
@@ -121,19 +195,26 @@ class RdpFilter:
         orders: Sequence[float] = DEFAULT_ORDERS,
         *,
         approx_delta_cap: Fraction = Fraction(0),
+        main_share: Fraction = MAIN_SHARE,
     ):
         if not 0 <= approx_delta_cap < delta_cap < 1 or epsilon_cap < 0:
             raise ValueError("need epsilon_cap >= 0 and 0 <= approx_delta_cap < delta_cap < 1")
         if not orders or min(orders) <= 1:
             raise ValueError("RDP orders must be > 1")
+        if not 0 <= main_share < 1:
+            raise ValueError("need 0 <= main_share < 1")
         self.epsilon_cap = Fraction(epsilon_cap)
         self.delta_cap = Fraction(delta_cap)
         self.approx_delta_cap = Fraction(approx_delta_cap)
         self.orders = tuple(float(a) for a in orders)
-        # Union bound over the grid: delta split equally across orders (docstring).
-        share = frac_down((self.delta_cap - self.approx_delta_cap) / len(self.orders))
+        self.main_share = Fraction(main_share)
+        self.main, self.shares = _split(
+            self.delta_cap - self.approx_delta_cap, self.orders, self.main_share, self.epsilon_cap
+        )
         eps = frac_down(self.epsilon_cap)
-        self.budgets = tuple(order_budget(eps, share, a) for a in self.orders)
+        self.budgets = tuple(
+            order_budget(eps, s, a) for s, a in zip(self.shares, self.orders, strict=True)
+        )
         self._groups = GroupCache()
 
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:

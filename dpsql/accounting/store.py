@@ -16,7 +16,7 @@ from typing import Any
 
 from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, Record, anchor_path
 from dpsql.errors import EntropyError, LedgerError, PolicyError
-from dpsql.policy import BudgetSpec, Policy
+from dpsql.policy import FILTER_VERSION, BudgetSpec, FilterVersion, Policy
 
 __all__ = [
     "MemoryLedger",
@@ -70,14 +70,21 @@ class MemoryLedger:
 Store = Ledger | MemoryLedger
 
 
-def budget_caps(spec: BudgetSpec) -> dict[str, Any]:
+def budget_caps(spec: BudgetSpec, filter_version: FilterVersion = FILTER_VERSION) -> dict[str, Any]:
     """What the ledger pins at its creation (``BUDGET_RECORD``): the caps, the deciding filter
     and its fixed parameters, the analysts' shares; exact numbers as text. Per-query defaults
-    (``query_epsilon``, ``mechanism``, ...) are not caps and may change freely."""
+    (``query_epsilon``, ``mechanism``, ...) are not caps and may change freely.
+
+    Under the rdp and zcdp filters, also the version of the defaults their unstated parameters
+    take (grid, split, selection reserve): the policy's, else ``filter_version`` (the current
+    one for a new ledger). A ledger whose record has none was created with version 1."""
 
     def text(value: object) -> str | None:
         return None if value is None else str(value)
 
+    version: int | None = None
+    if spec.accountant in ("rdp", "zcdp"):
+        version = spec.filter_version if spec.filter_version is not None else filter_version
     return {
         "epsilon": text(spec.epsilon),
         "delta": str(spec.delta),
@@ -86,6 +93,7 @@ def budget_caps(spec: BudgetSpec) -> dict[str, Any]:
         "advanced_delta_prime": text(spec.advanced_delta_prime),
         "rdp_order": None if spec.rdp_order is None else repr(spec.rdp_order),
         "selection_delta": text(spec.selection_delta),
+        "filter_version": version,
         "analysts": {
             name: {"epsilon": str(share.epsilon), "delta": str(share.delta)}
             for name, share in sorted(spec.analysts.items())
@@ -117,7 +125,15 @@ def pinned_spec(spec: BudgetSpec, store: Store) -> BudgetSpec:
             "policy's budget in it with dpsql ledger pin-budget"
         )
     recorded = {k: v for k, v in pinned.payload.items() if k != "why"}
+    if recorded.get("accountant") in ("rdp", "zcdp"):
+        # Recorded before versions were: the filter of version 1, which decided its history.
+        recorded.setdefault("filter_version", 1)
     ours, theirs = _flat(budget_caps(spec)), _flat(recorded)
+    if spec.filter_version is None:
+        # Unstated in the policy: the ledger's own, fixed when it was created (never the
+        # current one: a filter chosen after the history is not a filter).
+        ours.pop("budget.filter_version", None)
+        theirs.pop("budget.filter_version", None)
     differing = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differing:
         shown = "; ".join(

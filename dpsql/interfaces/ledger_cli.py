@@ -141,6 +141,8 @@ def pin_budget(config: Config, by: str | None, why: str) -> None:
         if any(r.kind == BUDGET_RECORD for r in records):
             raise LedgerError("the ledger already records its budget; it cannot be pinned again")
 
-    payload = {**budget_caps(policy.budget), "why": why}
+    # A ledger from before the budget was pinned was decided by version 1 of the filters'
+    # defaults: pinning a later one would choose the filter after the history.
+    payload = {**budget_caps(policy.budget, filter_version=1), "why": why}
     record = opened.append(BUDGET_RECORD, payload, by, once)
     click.echo(f"record {record.seq}: the ledger's budget is now the policy's")
