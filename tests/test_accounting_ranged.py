@@ -20,8 +20,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.events import Exponential
-from dpsql.accounting.optimal import kov_epsilon
+from dpsql.accounting.events import Exponential, PureDP
+from dpsql.accounting.optimal import OptimalAccountant, kov_epsilon, murtagh_vadhan
 from dpsql.accounting.pld import PldAccountant, randomized_response_pld
 from dpsql.accounting.ranged import (
     bounded_range_masses,
@@ -30,6 +30,7 @@ from dpsql.accounting.ranged import (
     envelope_delta,
     rr_t_probability,
 )
+from dpsql.accounting.zcdp import ZcdpAccountant
 
 Floats = npt.NDArray[np.float64]
 
@@ -244,3 +245,56 @@ def test_pld_is_never_below_the_exact_optimum(eps: float, k: int, delta: float) 
     figure = PldAccountant().epsilon(history, delta)
     assert figure >= br_epsilon(eps, k, delta)
     assert figure <= kov_epsilon(eps, k, delta) + 2e-3  # never worse than pure eps (a grid step)
+
+
+# --- the optimal accountant --------------------------------------------------------------------
+
+
+def test_optimal_reads_identical_exponential_mechanisms_by_theorem_3() -> None:
+    """100 x EM(0.1) at 1e-6: 2.246 (it was the pure-epsilon 4.77; zCDP reads 2.42)."""
+    acc = OptimalAccountant()
+    history = [Exponential(Fraction(1, 10))] * 100
+    bracket = acc.bracket(history, 1e-6)
+    assert bracket.error == 0
+    assert bracket.epsilon == pytest.approx(2.2460262124588, rel=1e-11)
+    assert bracket.epsilon == pytest.approx(br_epsilon(0.1, 100, 1e-6), rel=2e-12)
+    assert acc.delta(history, bracket.epsilon) == br_delta(0.1, 100, bracket.epsilon) <= 1e-6
+    assert ZcdpAccountant().epsilon(history, 1e-6) == pytest.approx(2.4190931769, rel=1e-9)
+    assert acc.epsilon(history[:1], 1e-6) <= 0.1  # one mechanism: never above its epsilon
+
+
+def test_optimal_brackets_a_mixed_history() -> None:
+    """Exponential mechanisms beside pure ones: MV over eps-DP (a class holding eps-BR) from
+    above, MV over RR at eps/2 (an eps-BR pair) from below."""
+    history = [Exponential(Fraction(1, 10))] * 100 + [PureDP(Fraction(1, 10))] * 3
+    bracket = OptimalAccountant().bracket(history, 1e-6)
+    assert bracket.epsilon == pytest.approx(kov_epsilon(0.1, 103, 1e-6), rel=1e-9)
+    below = murtagh_vadhan([(Fraction(1, 20), 100), (Fraction(1, 10), 3)], 1e-6)
+    assert bracket.lower == pytest.approx(below.lower, rel=1e-11)
+    assert kov_epsilon(0.05, 100, 1e-6) * (1 - 1e-9) <= bracket.lower <= bracket.epsilon
+    mixed = [Exponential(Fraction(1, 10))] * 50 + [Exponential(Fraction(1, 5))] * 20
+    bracket = OptimalAccountant().bracket(mixed, 1e-6)  # heterogeneous bounded range
+    pure = murtagh_vadhan([(Fraction(1, 10), 50), (Fraction(1, 5), 20)], 1e-6)
+    assert bracket.epsilon == pure.epsilon
+
+
+@pytest.mark.parametrize("eps_pure", [0.5, 1.0])
+def test_mixed_bracket_holds_the_brute_force_optimum(eps_pure: float) -> None:
+    """Two EM(1) and one pure eps: the worst t-vectors of a grid (the optimum's lower estimate)
+    exceed delta at the bracket's lower end and stay within it at its upper end."""
+    history = [Exponential(Fraction(1))] * 2 + [PureDP(Fraction(eps_pure))]
+    delta = 1e-3
+    bracket = OptimalAccountant().bracket(history, delta)
+    grid = np.linspace(0, 1, 201)
+    ts = np.array(list(itertools.product(grid, repeat=2)))
+
+    def worst(eps_g: float) -> float:
+        # the pure part's worst case is randomized response (KOV 2015), loss +-eps_pure; the
+        # same t-vector for both of its outcomes (fixed in advance)
+        total = np.zeros(len(ts))
+        for loss in (eps_pure, -eps_pure):
+            total += product_delta(1.0, ts, eps_g - loss) / (1 + math.exp(-loss))
+        return float(total.max())
+
+    assert worst(bracket.lower * (1 - 1e-6)) > delta
+    assert worst(bracket.epsilon) <= delta

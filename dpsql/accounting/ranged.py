@@ -86,6 +86,14 @@ def rr_t_probability(epsilon: float, t: float) -> tuple[float, float]:
     )
 
 
+def _log_expm1(y: _Floats | float) -> _Floats:
+    """log(e^y - 1) for y > 0, without overflow for large y."""
+    y = np.asarray(y, dtype=np.float64)
+    big = y > 30
+    large, small = np.where(big, y, 31.0), np.where(big, 1.0, y)
+    return np.asarray(np.where(big, large + np.log1p(-np.exp(-large)), np.log(np.expm1(small))))
+
+
 def _slack(k: int, log_p: _Floats, log_q: _Floats) -> float:
     """A relative upward nudge above the float error of the log-space sums: every term is a sum
     of three gammaln values (each <= gammaln(k + 1)), i log p and (k - i) log(1 - p) (i <= k) and
@@ -105,10 +113,12 @@ class _Rows:
         x = epsilon_total / epsilon
         ells = np.arange(k, dtype=np.float64)
         self.ells = ells = ells[ells + x < k]  # t*_l < 1
-        self.t = t = (x + ells + 1) / (k + 1)
-        scale = math.log(math.expm1(epsilon))
-        self.log_p = t * epsilon + np.log(np.expm1((1 - t) * epsilon)) - scale  # P(loss t eps)
-        self.log_q = np.log(np.expm1(t * epsilon)) - scale  # P(loss (t - 1) eps)
+        # t*_l in floats, kept below 1: delta_t is flat at its peak, so the rounding of t costs
+        # a second-order amount, far inside the slack
+        self.t = t = np.minimum((x + ells + 1) / (k + 1), 1 - _ULP)
+        scale = float(_log_expm1(epsilon))
+        self.log_p = t * epsilon + _log_expm1((1 - t) * epsilon) - scale  # P(loss t eps)
+        self.log_q = _log_expm1(t * epsilon) - scale  # P(loss (t - 1) eps)
         self.m = m = k - ells
         p = np.exp(self.log_p)
         mode = np.floor((k + 1) * p)
@@ -271,8 +281,8 @@ def envelope_delta(epsilon: float, epsilon_total: float) -> float:
     t = (epsilon_total/epsilon + 1)/2 (module docstring), (e^{eps/2} - e^{e/2})^2/(e^eps - 1)."""
     if epsilon_total >= epsilon:
         return 0.0
-    half = math.expm1((epsilon - epsilon_total) / 2) * math.exp(epsilon_total / 2)
-    return half * half / math.expm1(epsilon)
+    log_half = float(_log_expm1((epsilon - epsilon_total) / 2)) + epsilon_total / 2
+    return math.exp(2 * log_half - float(_log_expm1(epsilon)))
 
 
 def bounded_range_masses(epsilon: float, interval: float) -> tuple[dict[int, float], float]:
@@ -287,7 +297,7 @@ def bounded_range_masses(epsilon: float, interval: float) -> tuple[dict[int, flo
         raise ParameterError("bounded_range_masses needs epsilon > 0 and interval > 0")
     first = math.floor(-epsilon / interval)
     last = math.ceil(epsilon / interval)
-    c = math.exp(epsilon / 2) / (2 * math.expm1(epsilon))  # density e^{l/2} c
+    c = 1 / (4 * math.sinh(epsilon / 2))  # density c e^{l/2}: e^{eps/2} / (2 (e^eps - 1))
     down = -math.expm1(-interval)  # e^{-g} - e^{-g'} over e^{-g}
     masses: dict[int, float] = {}
     for j in range(first, last):
