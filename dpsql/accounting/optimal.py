@@ -18,6 +18,16 @@ Rogers, Roth, Ullman, Vadhan 2016 show that adaptive parameters break it), so
   answer (``Bracket.error``: a certified bracket rather than MV's a-priori eta). When every eps_i
   is a multiple of one rational grid small enough (the gcd of the fractions), the rounding is
   exact and so is the figure.
+* **Exponential mechanisms** are epsilon-bounded-range, a smaller class than epsilon-DP
+  (``ranged.py``). k identical ones compose exactly by Dong, Durfee, Rogers 2020, Theorem 3,
+  which holds for mechanisms fixed in advance (adaptively chosen exponential mechanisms can lose
+  more, their section 6): the report's "as if fixed in advance" is what it needs. Beside other
+  events, or with several epsilons, no optimum is computable; they enter MV as pure epsilon
+  (never below the optimum), and as randomized response at epsilon/2, one bounded-range pair,
+  for the lower end.
+* **When the events' own deltas use up delta** (or the composition cannot meet what they
+  leave), the figure is the basic sum of the epsilons, which holds at delta = sum delta_i as
+  the basic figure does, with no certified lower end; never infinity.
 
 Probabilities are computed in log space; binomial tails below ``TAIL`` are moved to an infinite
 loss (pessimistic); deltas are rounded up by ``1 + ROUND_UP`` and epsilons found by bisection
@@ -237,11 +247,12 @@ def murtagh_vadhan(
 class _Classes:
     """A history as optimal composition reads it: multiplicities of the pure eps (an event's
     own (eps, delta) pair, ``approx_dp``) and of the bounded-range eps (``Exponential``), the
-    events' own deltas summed (rounded up)."""
+    events' own deltas summed (rounded up), and the basic sum of the epsilons (rounded up)."""
 
     pure: tuple[tuple[Fraction, int], ...]
     ranged: tuple[tuple[Fraction, int], ...]
     own: float
+    basic: float
 
 
 def _merged(*parts: Sequence[tuple[Fraction, int]]) -> list[tuple[Fraction, int]]:
@@ -266,11 +277,12 @@ class OptimalAccountant:
     def _classes(self, history: Sequence[Event]) -> _Classes | None:
         pure: dict[Fraction, int] = {}
         ranged: dict[Fraction, int] = {}
-        own = Fraction(0)
+        own, basic = Fraction(0), Fraction(0)
         for event, count in self._groups(history):
             pair = approx_dp(event)
             if pair is None:
                 return None
+            basic += count * pair[0]
             own += count * pair[1]
             if pair[0] == 0:
                 continue  # no privacy loss: nothing to compose
@@ -281,10 +293,17 @@ class OptimalAccountant:
             tuple(sorted(pure.items())),
             tuple(sorted(ranged.items())),
             float(own) * (1 + ROUND_UP),
+            float(basic) * (1 + ROUND_UP),
         )
 
     def bracket(self, history: Sequence[Event], delta: float) -> Bracket:
-        """Figure and certified lower end; exact (zero width) for homogeneous histories."""
+        """Figure and certified lower end; exact (zero width) for homogeneous histories.
+
+        The events' own deltas are paid first: 1 - (1 - d')prod(1 - d_i) <= d' + sum d_i (KOV
+        2015 Theorem 3.3; MV 2016 Lemma 3.3). When they leave nothing of ``delta``, or the
+        composition cannot meet what they leave, the figure is the basic sum of the epsilons
+        (Dwork, Roth 2014, Theorem 3.16: it holds at delta = sum d_i, as the basic figure does),
+        with no certified lower end (0)."""
         classes = self._classes(history)
         if classes is None:
             return Bracket(math.inf, math.inf)
@@ -292,6 +311,9 @@ class OptimalAccountant:
             return self._last[1]
         # 1 - (1 - d')prod(1 - d_i) <= d' + sum d_i (KOV 2015 Theorem 3.3; MV 2016 Lemma 3.3)
         found = self._compose(classes, delta - classes.own)
+        if found.epsilon > classes.basic:
+            # sum eps_i holds at delta = sum d_i (Dwork, Roth 2014, Theorem 3.16)
+            found = Bracket(classes.basic, 0.0 if found.epsilon == math.inf else found.lower)
         self._last = ((classes, delta), found)
         return found
 
@@ -299,7 +321,7 @@ class OptimalAccountant:
     def _compose(classes: _Classes, target: float) -> Bracket:
         """The composition of the history's pure and bounded-range parts at ``target``."""
         pure, ranged = classes.pure, classes.ranged
-        if target < 0:
+        if target <= 0:
             return Bracket(math.inf, math.inf)
         if not pure and not ranged:
             return Bracket(0.0, 0.0)
