@@ -3,13 +3,16 @@
 The references share no code with the module: Theorem 3 is transcribed again in mpmath at 50
 digits (every outcome count summed, no window); the optimum itself is checked by brute force
 over heterogeneous t-vectors of the worst-case pairs RR_t and over actual exponential mechanisms,
-every outcome of the composition enumerated; the PLD is read with dp_accounting's own code.
+every outcome of the composition enumerated; the PLD is read with dp_accounting's own code; and
+the quantile dpsql plans is checked to be bounded-range with its event's epsilon, exactly.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
+from collections.abc import Callable
 from fractions import Fraction
 
 import mpmath
@@ -31,6 +34,10 @@ from dpsql.accounting.ranged import (
     rr_t_probability,
 )
 from dpsql.accounting.zcdp import ZcdpAccountant
+from dpsql.noise import release
+from dpsql.noise.exponential import exponential_probabilities, quantile_scores, score_sensitivity
+from dpsql.policy import Policy
+from dpsql.session import Session
 
 Floats = npt.NDArray[np.float64]
 
@@ -298,3 +305,70 @@ def test_mixed_bracket_holds_the_brute_force_optimum(eps_pure: float) -> None:
 
     assert worst(bracket.lower * (1 - 1e-6)) > delta
     assert worst(bracket.epsilon) <= delta
+
+
+# --- what dpsql samples: the quantile's bounded range ----------------------------------------
+
+
+def _log_ratio_width(scores: list[int], moved: list[int], gamma: Fraction) -> Fraction:
+    """max_y - min_y of ln(P_x(y)/P_x'(y)) for weights exp(-gamma s): the normalisers cancel,
+    so it is gamma (max d - min d), d = s' - s, exactly."""
+    d = [b - a for a, b in zip(scores, moved, strict=True)]
+    return gamma * (max(d) - min(d))
+
+
+@pytest.mark.parametrize(
+    ("sql", "p"),
+    [
+        ("SELECT QUANTILE(spend, 0.5) FROM visits", Fraction(1, 2)),
+        ("SELECT region, QUANTILE(spend, 0.25) FROM visits GROUP BY region", Fraction(1, 4)),
+    ],
+)
+def test_the_quantile_event_epsilon_is_its_bounded_range(
+    tiny_policy: Callable[..., Policy], sql: str, p: Fraction, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release draws with weights exp(-score/(2 scale)) (``noise.release``); one unit's C rows
+    move each group's scores by at most D = C score_sensitivity(p), so the log ratio spans at
+    most D/scale per group, and the unit's L0 groups add: the event's epsilon. The width is
+    attained (the score is not monotone), so no smaller bounded-range parameter holds."""
+    c = 3
+    session = Session(tiny_policy([(1, "east", 30, 10.0)], max_groups=2, max_rows=c))
+    try:
+        plan = session.plan(sql)
+    finally:
+        session.close()
+    (m,) = [x for x in plan.measurements if x.exponential]
+    (event,) = [e for e in plan.event.events if isinstance(e, Exponential)]
+    assert m.scale is not None and m.grid is not None
+    drawn: list[Fraction] = []
+    monkeypatch.setattr(release, "exponential_mechanism", lambda s, g: drawn.append(g) or 0)
+    release._quantiles([{}], m)  # the gamma the release samples with
+    (gamma,) = drawn
+    assert gamma == 1 / (2 * m.scale)
+    assert m.per_group == c * score_sensitivity(p)
+    assert event.epsilon == m.sensitivity / m.scale == m.groups * m.per_group / m.scale
+    lower, upper = m.grid.lower, m.grid.upper
+    rng = random.Random(15)
+    widest = Fraction(0)
+    for _ in range(300):
+        base = {rng.randint(lower, upper): rng.randint(0, 6) for _ in range(rng.randint(0, 5))}
+        moved = dict(base)
+        for _ in range(rng.randint(1, c)):  # one unit adds up to C rows to the group
+            key = rng.choice([lower, upper, rng.randint(lower, upper)])
+            moved[key] = moved.get(key, 0) + 1
+        scores = quantile_scores(base, lower, upper, p)
+        width = _log_ratio_width(scores, quantile_scores(moved, lower, upper, p), gamma)
+        assert width <= m.per_group / m.scale
+        widest = max(widest, width)
+    assert widest == m.per_group / m.scale
+    # the sampled distribution itself: its log ratios span that width
+    base = {lower + 300: 4, lower + 700: 4}
+    moved = {**base, lower: c}
+    scores = quantile_scores(base, lower, upper, p)
+    shifted = quantile_scores(moved, lower, upper, p)
+    before = exponential_probabilities(scores, gamma)
+    after = exponential_probabilities(shifted, gamma)
+    logs = [math.log(a / b) for a, b in zip(before, after, strict=True)]
+    width = _log_ratio_width(scores, shifted, gamma)
+    assert max(logs) - min(logs) == pytest.approx(float(width), rel=1e-9)
+    assert width >= m.per_group / m.scale * Fraction(9, 10)
