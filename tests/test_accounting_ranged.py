@@ -271,18 +271,27 @@ def test_optimal_reads_identical_exponential_mechanisms_by_theorem_3() -> None:
 
 
 def test_optimal_brackets_a_mixed_history() -> None:
-    """Exponential mechanisms beside pure ones: MV over eps-DP (a class holding eps-BR) from
-    above, MV over RR at eps/2 (an eps-BR pair) from below."""
-    history = [Exponential(Fraction(1, 10))] * 100 + [PureDP(Fraction(1, 10))] * 3
-    bracket = OptimalAccountant().bracket(history, 1e-6)
-    assert bracket.epsilon == pytest.approx(kov_epsilon(0.1, 103, 1e-6), rel=1e-9)
+    """Exponential mechanisms beside pure ones: MV over eps-DP (a class holding eps-BR), or the
+    exponential group by Theorem 3 in sequence with MV over the rest, from above; MV over RR at
+    eps/2 (an eps-BR pair), or the group alone, from below."""
+    ems = [Exponential(Fraction(1, 10))] * 100
+    alone = br_epsilon(0.1, 100, 1e-6)
+    bracket = OptimalAccountant().bracket([*ems, PureDP(Fraction(1, 100))], 1e-6)
+    assert bracket.epsilon == pytest.approx(2.2605181818616, rel=1e-9)  # pure eps: 4.78
+    assert alone < bracket.epsilon < alone + 0.0146  # at most the basic sum of the rest, and a bit
+    assert bracket.lower == pytest.approx(alone, rel=1e-8)
+    bracket = OptimalAccountant().bracket([*ems, *[PureDP(Fraction(1, 10))] * 3], 1e-6)
+    assert bracket.epsilon == pytest.approx(2.5505179765377, rel=1e-9)
     below = murtagh_vadhan([(Fraction(1, 20), 100), (Fraction(1, 10), 3)], 1e-6)
-    assert bracket.lower == pytest.approx(below.lower, rel=1e-11)
+    assert bracket.lower == pytest.approx(below.lower, rel=1e-11)  # above the group alone here
     assert kov_epsilon(0.05, 100, 1e-6) * (1 - 1e-9) <= bracket.lower <= bracket.epsilon
+    # a group below half of the sum of eps^2 is not composed apart: MV over pure eps
+    bracket = OptimalAccountant().bracket([*ems, *[PureDP(Fraction(1, 10))] * 101], 1e-6)
+    assert bracket.epsilon == pytest.approx(kov_epsilon(0.1, 201, 1e-6), rel=1e-9)
     mixed = [Exponential(Fraction(1, 10))] * 50 + [Exponential(Fraction(1, 5))] * 20
     bracket = OptimalAccountant().bracket(mixed, 1e-6)  # heterogeneous bounded range
     pure = murtagh_vadhan([(Fraction(1, 10), 50), (Fraction(1, 5), 20)], 1e-6)
-    assert bracket.epsilon == pure.epsilon
+    assert br_epsilon(0.2, 20, 1e-6) <= bracket.lower <= bracket.epsilon <= pure.epsilon
 
 
 @pytest.mark.parametrize("eps_pure", [0.5, 1.0])

@@ -24,7 +24,10 @@ Rogers, Roth, Ullman, Vadhan 2016 show that adaptive parameters break it), so
   more, their section 6): the report's "as if fixed in advance" is what it needs. Beside other
   events, or with several epsilons, no optimum is computable; they enter MV as pure epsilon
   (never below the optimum), and as randomized response at epsilon/2, one bounded-range pair,
-  for the lower end.
+  for the lower end. When one group of identical ones holds most of the history's sum of
+  eps^2, it is also composed apart by Theorem 3, in sequence with the rest (``_split``), and
+  the smaller figure is kept: an exponential history with a few other events reads close to
+  its own optimum, not to the pure-epsilon figure.
 * **When the events' own deltas use up delta** (or the composition cannot meet what they
   leave), the figure is the basic sum of the epsilons, which holds at delta = sum delta_i as
   the basic figure does, with no certified lower end; never infinity.
@@ -243,6 +246,42 @@ def murtagh_vadhan(
     return Bracket(upper.curve().smallest(delta, top), lower.curve().smallest(delta, top))
 
 
+SPLIT_SHARE = 0.5
+"""A mixed history's largest group of identical exponential mechanisms is composed apart
+(``_split``) when it holds at least this share of the history's sum of eps^2."""
+
+SPLIT_STEPS = (1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.2, 1.5)
+"""The group's epsilons tried, as multiples of its own figure at the whole delta."""
+
+
+def _split(
+    pure: Sequence[tuple[Fraction, int]], ranged: Sequence[tuple[Fraction, int]], target: float
+) -> Bracket:
+    """A mixed history as two parts in sequence, whose epsilons and deltas add (Dwork, Roth 2014,
+    Theorem 3.16): its largest group of identical exponential mechanisms at (eps_a, delta_a) by
+    DDR 2020 Theorem 3, the rest by MV (exponential mechanisms as pure eps) at target - delta_a;
+    the best of a few splits. The group alone is a lower end (the other events' classes hold a
+    mechanism that releases nothing). (inf, 0) unless the group holds SPLIT_SHARE of the
+    history's sum of eps^2 (each split costs one evaluation of Theorem 3)."""
+    weights = [float(e) ** 2 * m for e, m in [*pure, *ranged]]
+    e, k = max(ranged, key=lambda g: float(g[0]) ** 2 * g[1])
+    if float(e) ** 2 * k < SPLIT_SHARE * math.fsum(weights):
+        return Bracket(math.inf, 0.0)
+    rest = _merged(pure, [g for g in ranged if g != (e, k)])
+    grid = _grid(rest)
+    curve = _compose_rr([(math.ceil(x / grid), m) for x, m in rest], float(grid)).curve()
+    top = float(sum(x * m for x, m in rest)) * (1 + 1e-9)
+    ends = (kov_epsilon(float(e) / 2, k, target), kov_epsilon(float(e), k, target))
+    alone = br_epsilon(float(e), k, target, ends)
+    best = math.inf
+    for step in SPLIT_STEPS:
+        delta_a = br_delta(float(e), k, alone * step)
+        if delta_a < target:
+            best = min(best, alone * step + curve.smallest(target - delta_a, top))
+    # ``alone`` meets the rounded-up delta: the group's optimum is at most 1e-12 below it
+    return Bracket(best * (1 + ROUND_UP), alone * (1 - 1e-9))
+
+
 @dataclass(frozen=True)
 class _Classes:
     """A history as optimal composition reads it: multiplicities of the pure eps (an event's
@@ -335,11 +374,16 @@ class OptimalAccountant:
         if not ranged and len(pure) == 1:
             value = kov_epsilon(float(pure[0][0]), pure[0][1], target)
             return Bracket(value, value)
-        # Mixed or heterogeneous bounded range (no computable optimum: DDR 2020, as MV 2016 for
-        # pure DP): eps-BR lies in the eps-DP class, so MV on it is never below the optimum;
-        # RR at eps/2 is eps-BR, so MV's lower end over it is never above the optimum.
+        # Heterogeneous: MV 2016 (exact is #P-complete, MV Theorem 1.6; DDR 2020 give an exact
+        # form for identical bounded-range mechanisms only). eps-BR lies in the eps-DP class, so
+        # MV on it is never below the optimum; RR at eps/2 is eps-BR, so MV's lower end over it
+        # is never above the optimum.
         halves = [(e / 2, m) for e, m in ranged]
-        return murtagh_vadhan(_merged(pure, ranged), target, lower_groups=_merged(pure, halves))
+        found = murtagh_vadhan(_merged(pure, ranged), target, lower_groups=_merged(pure, halves))
+        if not ranged:
+            return found
+        split = _split(pure, ranged, target)
+        return Bracket(min(found.epsilon, split.epsilon), max(found.lower, split.lower))
 
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
         return self.bracket(history, delta).epsilon
