@@ -147,11 +147,15 @@ def test_actual_exponential_mechanisms_never_exceed_theorem_3(
 ) -> None:
     """Exponential mechanisms with weights exp(-gamma s), scores moved by at most 2 and
     gamma = eps/4 (eps-BR, McSherry-Talwar's calibration): their composition, enumerated,
-    stays within Theorem 3 and, one by one, within the envelope."""
+    stays within Theorem 3, within the composed bounded-range PLD, and one by one within the
+    envelope."""
     pairs = [em_pair(s, shift[: len(s)], eps / 4) for s, shift in mechanisms]
     k = len(pairs)
     eps_g = frac * k * eps
-    assert composed_delta(pairs, eps_g) <= br_delta(eps, k, eps_g) + 1e-12
+    actual = composed_delta(pairs, eps_g)
+    assert actual <= br_delta(eps, k, eps_g) + 1e-12
+    pld = PldAccountant().state([Exponential(Fraction(eps))] * k)
+    assert actual <= pld.delta(eps_g) + 1e-12
     for pair in pairs:
         assert composed_delta([pair], frac * eps) <= envelope_delta(eps, frac * eps) + 1e-12
 
