@@ -183,6 +183,19 @@ def test_optimal_falls_back_when_the_composition_cannot_meet_what_is_left() -> N
     assert OptimalAccountant().epsilon(history, 1e-6) == pytest.approx(4.885515601, rel=1e-8)
 
 
+def test_optimal_never_reads_above_the_basic_sum() -> None:
+    # epsilons with no common grid coarse enough: MV rounds them up to a grid, which at a tiny
+    # delta reads above the basic sum; the basic sum holds there, and is read instead
+    history = [PureDP(Fraction(1, 3))] * 2 + [PureDP(Fraction(1, 10**12 + 39))]
+    basic = float(Fraction(2, 3) + Fraction(1, 10**12 + 39))
+    rounded = murtagh_vadhan([(Fraction(1, 3), 2), (Fraction(1, 10**12 + 39), 1)], 1e-200)
+    assert rounded.epsilon > basic * (1 + 1e-6)
+    bracket = OptimalAccountant().bracket(history, 1e-200)
+    assert bracket.epsilon == pytest.approx(basic, rel=1e-11)
+    assert bracket.epsilon >= basic
+    assert bracket.lower == rounded.lower
+
+
 # --- the WRRW filter ---------------------------------------------------------------------------
 
 
