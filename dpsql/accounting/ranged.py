@@ -156,7 +156,10 @@ class _Rows:
         geometric = 1 / (1 - r)
         weighted = self.epsilon * ((1 - self.t) * geometric + r * geometric**2)
         pmf = np.exp(self._log_pmf(m, rows))
-        return np.where(falling, pmf * np.minimum(geometric, weighted), 1.0) * self.slack
+        # (1 + 1e-9): room for the float error of 1/(1 - r) near r = 1, so that pruning by the
+        # bound never drops the row that holds the maximum
+        bound = pmf * np.minimum(geometric, weighted) * (1 + 1e-9)
+        return np.asarray(np.where(falling, bound, 1.0) * self.slack, np.float64)
 
     def exact(self, rows: npt.NDArray[np.intp]) -> _Floats:
         """delta_l of ``rows``, rounded up: the window summed in log space, and the terms past
