@@ -156,6 +156,46 @@ def test_optimal_is_fixed_in_advance_and_order_independent() -> None:
     assert acc.epsilon(a, 1e-5) == acc.epsilon(a[::-1], 1e-5)
 
 
+def test_optimal_falls_back_to_the_basic_sum_when_own_deltas_use_up_delta() -> None:
+    """The events' own deltas (5e-7) exceed the reading's delta (4e-7): no composition of these
+    (eps, delta) pairs reaches 4e-7, and the figure is the basic sum, which holds at their own
+    delta (it was infinity)."""
+    acc = OptimalAccountant()
+    history = [ApproxDP(Fraction(1, 10), Fraction(1, 10**7))] * 5
+    bracket = acc.bracket(history, 4e-7)
+    assert bracket.epsilon == pytest.approx(0.5, rel=1e-11)
+    assert bracket.epsilon >= 0.5
+    assert bracket.lower == 0  # nothing is certified below it
+    # just above the own deltas the composition is finite, never above the basic sum
+    figures = [acc.epsilon(history, d) for d in (5.0000001e-7, 6e-7, 1e-6, 1e-3)]
+    assert all(a >= b for a, b in zip([bracket.epsilon, *figures], figures, strict=False))
+    assert figures[-1] < 0.5
+    # jointly calibrated queries, read as their certified pairs: 1000 x (0.1, 1e-9) at 1e-6
+    calibrated = [ApproxDP(Fraction(1, 10), Fraction(1, 10**9))] * 1000
+    assert acc.epsilon(calibrated, 1e-6) == pytest.approx(100.0, rel=1e-11)
+    assert acc.epsilon([*history, PureDP(Fraction(1, 5))], 4e-7) == pytest.approx(0.7, rel=1e-11)
+
+
+def test_optimal_falls_back_when_the_composition_cannot_meet_what_is_left() -> None:
+    # 1e-35 is below the binomial tails the composition drops to an infinite loss (1e-30)
+    history = [PureDP(Fraction(1, 100))] * 10_000
+    assert OptimalAccountant().epsilon(history, 1e-35) == pytest.approx(100.0, rel=1e-11)
+    assert OptimalAccountant().epsilon(history, 1e-6) == pytest.approx(4.885515601, rel=1e-8)
+
+
+def test_optimal_never_reads_above_the_basic_sum() -> None:
+    # epsilons with no common grid coarse enough: MV rounds them up to a grid, which at a tiny
+    # delta reads above the basic sum; the basic sum holds there, and is read instead
+    history = [PureDP(Fraction(1, 3))] * 2 + [PureDP(Fraction(1, 10**12 + 39))]
+    basic = float(Fraction(2, 3) + Fraction(1, 10**12 + 39))
+    rounded = murtagh_vadhan([(Fraction(1, 3), 2), (Fraction(1, 10**12 + 39), 1)], 1e-200)
+    assert rounded.epsilon > basic * (1 + 1e-6)
+    bracket = OptimalAccountant().bracket(history, 1e-200)
+    assert bracket.epsilon == pytest.approx(basic, rel=1e-11)
+    assert bracket.epsilon >= basic
+    assert bracket.lower == rounded.lower
+
+
 # --- the WRRW filter ---------------------------------------------------------------------------
 
 

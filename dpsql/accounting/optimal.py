@@ -18,6 +18,19 @@ Rogers, Roth, Ullman, Vadhan 2016 show that adaptive parameters break it), so
   answer (``Bracket.error``: a certified bracket rather than MV's a-priori eta). When every eps_i
   is a multiple of one rational grid small enough (the gcd of the fractions), the rounding is
   exact and so is the figure.
+* **Exponential mechanisms** are epsilon-bounded-range, a smaller class than epsilon-DP
+  (``ranged.py``). k identical ones compose exactly by Dong, Durfee, Rogers 2020, Theorem 3,
+  which holds for mechanisms fixed in advance (adaptively chosen exponential mechanisms can lose
+  more, their section 6): the report's "as if fixed in advance" is what it needs. Beside other
+  events, or with several epsilons, no optimum is computable; they enter MV as pure epsilon
+  (never below the optimum), and as randomized response at epsilon/2, one bounded-range pair,
+  for the lower end. When one group of identical ones holds most of the history's sum of
+  eps^2, it is also composed apart by Theorem 3, in sequence with the rest (``_split``), and
+  the smaller figure is kept: an exponential history with a few other events reads close to
+  its own optimum, not to the pure-epsilon figure.
+* **When the events' own deltas use up delta** (or the composition cannot meet what they
+  leave), the figure is the basic sum of the epsilons, which holds at delta = sum delta_i as
+  the basic figure does, with no certified lower end; never infinity.
 
 Probabilities are computed in log space; binomial tails below ``TAIL`` are moved to an infinite
 loss (pessimistic); deltas are rounded up by ``1 + ROUND_UP`` and epsilons found by bisection
@@ -37,7 +50,8 @@ from scipy.special import gammaln
 
 from dpsql.accounting.advanced import ROUND_UP, approx_dp
 from dpsql.accounting.curves import GroupCache
-from dpsql.accounting.events import Event
+from dpsql.accounting.events import Event, Exponential
+from dpsql.accounting.ranged import br_delta, br_epsilon
 from dpsql.errors import ParameterError
 
 __all__ = ["Bracket", "OptimalAccountant", "kov_delta", "kov_epsilon", "murtagh_vadhan"]
@@ -192,10 +206,13 @@ class Bracket:
         return self.epsilon - self.lower
 
 
-def _grid(groups: Sequence[tuple[Fraction, int]]) -> Fraction:
-    """The gcd of the epsilons if it is coarse enough, else sum / MAX_GRID_POINTS."""
+def _grid(
+    groups: Sequence[tuple[Fraction, int]], extra: Sequence[tuple[Fraction, int]] = ()
+) -> Fraction:
+    """The gcd of the epsilons (those of ``extra`` too) if it is coarse enough, else sum /
+    MAX_GRID_POINTS (the sum over ``groups``)."""
     common = Fraction(0)
-    for e, _ in groups:
+    for e, _ in [*groups, *extra]:
         common = Fraction(
             math.gcd(common.numerator * e.denominator, e.numerator * common.denominator),
             common.denominator * e.denominator,
@@ -207,66 +224,182 @@ def _grid(groups: Sequence[tuple[Fraction, int]]) -> Fraction:
 
 
 def murtagh_vadhan(
-    groups: Sequence[tuple[Fraction, int]], delta: float, grid: Fraction | None = None
+    groups: Sequence[tuple[Fraction, int]],
+    delta: float,
+    grid: Fraction | None = None,
+    lower_groups: Sequence[tuple[Fraction, int]] | None = None,
 ) -> Bracket:
     """Optimal composition of pure eps_i-DP mechanisms (eps_i, multiplicity) at ``delta``, on
-    ``grid`` (default: the gcd of the eps_i, or sum / MAX_GRID_POINTS if that is finer)."""
+    ``grid`` (default: the gcd of the eps_i, or sum / MAX_GRID_POINTS if that is finer).
+    ``lower_groups``: the pure mechanisms whose composition gives the lower end, when it is not
+    ``groups`` (a class holding them, never more than ``groups``: see ``OptimalAccountant``)."""
     groups = [(e, m) for e, m in groups if e > 0 and m > 0]
     if not groups:
         return Bracket(0.0, 0.0)
-    grid = _grid(groups) if grid is None else Fraction(grid)
+    below = groups if lower_groups is None else [(e, m) for e, m in lower_groups if e > 0]
+    grid = _grid(groups, below) if grid is None else Fraction(grid)
     up = [(math.ceil(e / grid), m) for e, m in groups]  # rounding up: a larger class
-    down = [(math.floor(e / grid), m) for e, m in groups]
+    down = [(math.floor(e / grid), m) for e, m in below if m > 0]
     upper = _compose_rr(up, float(grid))
     lower = _compose_rr([(a, m) for a, m in down if a > 0], float(grid))
     top = float(sum(a * m for a, m in up) * grid) * (1 + 1e-9)
     return Bracket(upper.curve().smallest(delta, top), lower.curve().smallest(delta, top))
 
 
+SPLIT_SHARE = 0.5
+"""A mixed history's largest group of identical exponential mechanisms is composed apart
+(``_split``) when it holds at least this share of the history's sum of eps^2."""
+
+SPLIT_STEPS = (1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.2, 1.5)
+"""The group's epsilons tried, as multiples of its own figure at the whole delta."""
+
+
+def _split(
+    pure: Sequence[tuple[Fraction, int]], ranged: Sequence[tuple[Fraction, int]], target: float
+) -> Bracket:
+    """A mixed history as two parts in sequence, whose epsilons and deltas add (Dwork, Roth 2014,
+    Theorem 3.16): its largest group of identical exponential mechanisms at (eps_a, delta_a) by
+    DDR 2020 Theorem 3, the rest by MV (exponential mechanisms as pure eps) at target - delta_a;
+    the best of a few splits. The group alone is a lower end (the other events' classes hold a
+    mechanism that releases nothing). (inf, 0) unless the group holds SPLIT_SHARE of the
+    history's sum of eps^2 (each split costs one evaluation of Theorem 3)."""
+    weights = [float(e) ** 2 * m for e, m in [*pure, *ranged]]
+    e, k = max(ranged, key=lambda g: float(g[0]) ** 2 * g[1])
+    if float(e) ** 2 * k < SPLIT_SHARE * math.fsum(weights):
+        return Bracket(math.inf, 0.0)
+    rest = _merged(pure, [g for g in ranged if g != (e, k)])
+    grid = _grid(rest)
+    curve = _compose_rr([(math.ceil(x / grid), m) for x, m in rest], float(grid)).curve()
+    top = float(sum(x * m for x, m in rest)) * (1 + 1e-9)
+    ends = (kov_epsilon(float(e) / 2, k, target), kov_epsilon(float(e), k, target))
+    alone = br_epsilon(float(e), k, target, ends)
+    best = math.inf
+    for step in SPLIT_STEPS:
+        delta_a = br_delta(float(e), k, alone * step)
+        if delta_a < target:
+            best = min(best, alone * step + curve.smallest(target - delta_a, top))
+    # ``alone`` meets the rounded-up delta: the group's optimum is at most 1e-12 below it
+    return Bracket(best * (1 + ROUND_UP), alone * (1 - 1e-9))
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """A history as optimal composition reads it: multiplicities of the pure eps (an event's
+    own (eps, delta) pair, ``approx_dp``) and of the bounded-range eps (``Exponential``), the
+    events' own deltas summed (rounded up), and the basic sum of the epsilons (rounded up)."""
+
+    pure: tuple[tuple[Fraction, int], ...]
+    ranged: tuple[tuple[Fraction, int], ...]
+    own: float
+    basic: float
+
+
+def _merged(*parts: Sequence[tuple[Fraction, int]]) -> list[tuple[Fraction, int]]:
+    counts: dict[Fraction, int] = {}
+    for part in parts:
+        for e, m in part:
+            counts[e] = counts.get(e, 0) + m
+    return sorted(counts.items())
+
+
 class OptimalAccountant:
-    """KOV optimal composition (exact if homogeneous, else MV), as if fixed in advance."""
+    """KOV optimal composition (exact if homogeneous, else MV), the exponential mechanism's
+    bounded range (DDR 2020, exact if homogeneous), as if fixed in advance."""
 
     name = "optimal"
     fixed_in_advance = True
 
     def __init__(self) -> None:
         self._groups = GroupCache()  # a growing history is counted once, then only its news
+        self._last: tuple[tuple[_Classes, float], Bracket] | None = None
 
-    def _pairs(self, history: Sequence[Event]) -> tuple[list[tuple[Fraction, int]], float] | None:
-        pairs: dict[Fraction, int] = {}
-        own_delta = Fraction(0)
+    def _classes(self, history: Sequence[Event]) -> _Classes | None:
+        pure: dict[Fraction, int] = {}
+        ranged: dict[Fraction, int] = {}
+        own, basic = Fraction(0), Fraction(0)
         for event, count in self._groups(history):
             pair = approx_dp(event)
             if pair is None:
                 return None
-            pairs[pair[0]] = pairs.get(pair[0], 0) + count
-            own_delta += count * pair[1]
-        return sorted(pairs.items()), float(own_delta) * (1 + ROUND_UP)
+            basic += count * pair[0]
+            own += count * pair[1]
+            if pair[0] == 0:
+                continue  # no privacy loss: nothing to compose
+            # An exponential mechanism's epsilon is its bounded-range parameter too (ranged.py)
+            part = ranged if isinstance(event, Exponential) else pure
+            part[pair[0]] = part.get(pair[0], 0) + count
+        return _Classes(
+            tuple(sorted(pure.items())),
+            tuple(sorted(ranged.items())),
+            float(own) * (1 + ROUND_UP),
+            float(basic) * (1 + ROUND_UP),
+        )
 
     def bracket(self, history: Sequence[Event], delta: float) -> Bracket:
-        """Figure and certified lower end; exact (zero width) for homogeneous histories."""
-        found = self._pairs(history)
-        if found is None:
+        """Figure and certified lower end; exact (zero width) for homogeneous histories.
+
+        The events' own deltas are paid first: 1 - (1 - d')prod(1 - d_i) <= d' + sum d_i (KOV
+        2015 Theorem 3.3; MV 2016 Lemma 3.3). When they leave nothing of ``delta``, or the
+        composition cannot meet what they leave, the figure is the basic sum of the epsilons
+        (Dwork, Roth 2014, Theorem 3.16: it holds at delta = sum d_i, as the basic figure does),
+        with no certified lower end (0)."""
+        classes = self._classes(history)
+        if classes is None:
             return Bracket(math.inf, math.inf)
-        pairs, own = found
-        target = delta - own  # 1 - (1 - d')prod(1 - d_i) <= d' + sum d_i
-        if target < 0:
+        if self._last is not None and self._last[0] == (classes, delta):
+            return self._last[1]
+        # 1 - (1 - d')prod(1 - d_i) <= d' + sum d_i (KOV 2015 Theorem 3.3; MV 2016 Lemma 3.3)
+        found = self._compose(classes, delta - classes.own)
+        if found.epsilon > classes.basic:
+            # sum eps_i holds at delta = sum d_i (Dwork, Roth 2014, Theorem 3.16)
+            found = Bracket(classes.basic, 0.0 if found.epsilon == math.inf else found.lower)
+        self._last = ((classes, delta), found)
+        return found
+
+    @staticmethod
+    def _compose(classes: _Classes, target: float) -> Bracket:
+        """The composition of the history's pure and bounded-range parts at ``target``."""
+        pure, ranged = classes.pure, classes.ranged
+        if target <= 0:
             return Bracket(math.inf, math.inf)
-        if len(pairs) == 1:
-            value = kov_epsilon(float(pairs[0][0]), pairs[0][1], target)
+        if not pure and not ranged:
+            return Bracket(0.0, 0.0)
+        if not pure and len(ranged) == 1:
+            # DDR 2020 Theorem 3: exact for identical bounded-range mechanisms fixed in advance;
+            # RR at eps/2 is one of them (a lower end), eps-BR implies eps-DP (an upper end).
+            eps, k = float(ranged[0][0]), ranged[0][1]
+            ends = (kov_epsilon(eps / 2, k, target), kov_epsilon(eps, k, target))
+            value = br_epsilon(eps, k, target, ends)
             return Bracket(value, value)
-        return murtagh_vadhan(pairs, target)
+        if not ranged and len(pure) == 1:
+            value = kov_epsilon(float(pure[0][0]), pure[0][1], target)
+            return Bracket(value, value)
+        # Heterogeneous: MV 2016 (exact is #P-complete, MV Theorem 1.6; DDR 2020 give an exact
+        # form for identical bounded-range mechanisms only). eps-BR lies in the eps-DP class, so
+        # MV on it is never below the optimum; RR at eps/2 is eps-BR, so MV's lower end over it
+        # is never above the optimum.
+        halves = [(e / 2, m) for e, m in ranged]
+        found = murtagh_vadhan(_merged(pure, ranged), target, lower_groups=_merged(pure, halves))
+        if not ranged:
+            return found
+        split = _split(pure, ranged, target)
+        return Bracket(min(found.epsilon, split.epsilon), max(found.lower, split.lower))
 
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
         return self.bracket(history, delta).epsilon
 
     def delta(self, history: Sequence[Event], epsilon: float) -> float:
-        found = self._pairs(history)
-        if found is None:
+        classes = self._classes(history)
+        if classes is None:
             return 1.0
-        pairs, own = found
-        if len(pairs) == 1:
-            return min(1.0, own + kov_delta(float(pairs[0][0]), pairs[0][1], epsilon))
+        pure, ranged, own = classes.pure, classes.ranged, classes.own
+        if not pure and not ranged:
+            return min(1.0, own) if epsilon >= 0 else 1.0
+        if not pure and len(ranged) == 1:
+            return min(1.0, own + br_delta(float(ranged[0][0]), ranged[0][1], epsilon))
+        if not ranged and len(pure) == 1:
+            return min(1.0, own + kov_delta(float(pure[0][0]), pure[0][1], epsilon))
+        pairs = _merged(pure, ranged)  # eps-BR within eps-DP: an upper bound
         grid = _grid(pairs)
         loss = _compose_rr([(math.ceil(e / grid), m) for e, m in pairs], float(grid))
         return min(1.0, own + loss.delta(epsilon))

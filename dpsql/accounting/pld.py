@@ -21,8 +21,11 @@ How each event enters:
   Laplace enters as pure epsilon-DP (randomized response dominates every epsilon-DP mechanism,
   KOV 2015), a discrete Gaussian through its calibrated (epsilon, delta), else unbounded.
 * ``Laplace`` (reference only): the one-dimensional Laplace PLD, as dp_accounting's LaplaceDpEvent.
-* pure, exponential, approximate and partition-selection events: the dominating randomized-
-  response PLD of their (epsilon, delta), put on the grid by connect-the-dots. zCDP: unbounded.
+* ``Exponential``: the least pair dominating every epsilon-BR mechanism (``ranged.py``; Dong,
+  Durfee, Rogers 2020), put on the grid by connect-the-dots: valid for adaptively chosen
+  exponential mechanisms, tighter than the pure-epsilon randomized response.
+* pure, approximate and partition-selection events: the dominating randomized-response PLD of
+  their (epsilon, delta), put on the grid by connect-the-dots. zCDP: unbounded.
 
 Validity. Composing full privacy profiles is valid for parameters fixed in advance, so the
 ``PldAccountant`` figure is labelled ``fixed_in_advance``. As an admission rule it is valid only
@@ -63,6 +66,7 @@ from dpsql.accounting.events import (
     LaplacePartitionSelection,
     PureDP,
 )
+from dpsql.accounting.ranged import bounded_range_masses
 from dpsql.errors import ParameterError
 
 __all__ = ["PldAccountant", "PldFilter", "PldTally", "gaussian_delta"]
@@ -110,6 +114,12 @@ def event_pld(event: Event, interval: float) -> PLD | None:
         scale = float(event.scale) * (1 - ROUND_UP)
         return _dp_accounting()[0].from_laplace_mechanism(
             scale, _hi(event.sensitivity), value_discretization_interval=interval
+        )
+    if isinstance(event, Exponential):
+        # epsilon is the mechanism's bounded-range parameter too (ranged.py, DDR 2020)
+        masses, infinity = bounded_range_masses(_hi(event.epsilon), interval)
+        return _dp_accounting()[0].PrivacyLossDistribution.create_from_rounded_probability(
+            masses, infinity, interval, pessimistic_estimate=True
         )
     pair = _pair(event)
     if pair is None:
