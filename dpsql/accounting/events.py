@@ -27,11 +27,14 @@ class DiscreteLaplace:
 
     Pure DP with epsilon = sensitivity / scale (Ghosh, Roughgarden, Sundararajan 2009; Canonne,
     Kamath, Steinke 2020, section 2): shifted pmfs differ by at most exp(|shift| / scale).
+    ``dimensions``: how many coordinates one unit may move (L0); None where it was not recorded
+    (ledgers written before it was), when only a sensitivity of at most 1 proves one coordinate.
     """
 
     scale: Fraction
     sensitivity: Fraction
     label: str = field(default="", compare=False)
+    dimensions: int | None = None
 
     @property
     def epsilon(self) -> Fraction:
