@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dpsql.policy import DeclaredMechanism
 from dpsql.policy_numbers import decimal_text
 
 
@@ -268,6 +269,17 @@ def describe(event: Event) -> str:
     if isinstance(event, ApproxDP):
         return f"ApproxDP(epsilon={n(event.epsilon)}, delta={n(event.delta)}){suffix}"
     return f"{type(event).__name__}(epsilon={n(event.epsilon)}){suffix}"
+
+
+def declared_event(declared: DeclaredMechanism) -> DiscreteLaplace | DiscreteGaussian:
+    """The event of one measurement of the policy's declared mechanism (``budget.accountant =
+    "pld"``): one coordinate, shifted by at most its sensitivity, with its noise."""
+    shift = Fraction(declared.sensitivity)
+    if declared.kind == "discrete_laplace":
+        assert declared.scale is not None  # policy-validated
+        return DiscreteLaplace(declared.scale, shift, dimensions=1)
+    assert declared.sigma is not None  # policy-validated
+    return DiscreteGaussian(declared.sigma**2, shift, dimensions=1)
 
 
 def flatten(history: list[Composite] | tuple[Composite, ...]) -> list[Event]:
