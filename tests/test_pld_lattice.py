@@ -333,3 +333,24 @@ def test_a_lattice_pld_is_a_value() -> None:
         discrete_laplace_pld(Fraction(5), 0)
     with pytest.raises(ValueError, match="sigma2"):
         discrete_gaussian_pld(Fraction(10**11), 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(scale=st.sampled_from([Fraction(4), Fraction(10), Fraction(100), Fraction(7, 2)]),
+       shift=st.integers(1, 3), cap=st.sampled_from([Fraction(1), Fraction(1, 2)]))  # fmt: skip
+def test_a_pure_composition_keeps_delta_exactly_zero(
+    scale: Fraction, shift: int, cap: Fraction
+) -> None:
+    """With delta_cap 0 a declared discrete Laplace fits exactly as often as basic composition
+    allows (floor(cap t / Delta)): the tails a composition trims move up to finite losses, and
+    which atoms lie above epsilon is decided exactly, so nothing rounds delta above 0."""
+    mech = DiscreteLaplace(scale, Fraction(shift), dimensions=1)
+    filt = PldFilter(cap, Fraction(0), "identical", mech)
+    tally, admitted = filt.tally(), 0
+    while filt.admits_tally(tally, [mech]):
+        tally.add(mech)
+        admitted += 1
+    assert admitted == math.floor(cap * scale / shift)
+    assert Fraction(filt.epsilon_spent(tally)) == admitted * Fraction(shift) / scale or (
+        0 <= filt.epsilon_spent(tally) - float(admitted * shift / scale) <= 1e-12
+    )

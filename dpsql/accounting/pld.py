@@ -390,9 +390,11 @@ Family = Literal["gaussian", "identical"]
 @functools.lru_cache(maxsize=16)
 def _composition(event: Event) -> Composition | None:
     """The k-fold compositions of one discrete mechanism on its own lattice, shared by every
-    filter of that mechanism (a budget has one per cap: the data set's and each share's)."""
+    filter of that mechanism (a budget has one per cap: the data set's and each share's). Up to
+    256 counts are kept, one per view of parallel composition at most: a decision is then one
+    convolution (of ~10^4 by ~10^3 floats for the streams of docs/accounting.md)."""
     lattice = lattice_pld(event)
-    return None if lattice is None else Composition(lattice.fitted())
+    return None if lattice is None else Composition(lattice.fitted(), kept=256)
 
 
 def _below(x: Fraction) -> float:

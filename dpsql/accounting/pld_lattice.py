@@ -37,8 +37,9 @@ weights, alone and under convolution:
 * masses are upper bounds (computed values nudged up by ``MASS_SLACK``); the discrete
   Gaussian's normaliser is its sum over the window kept, below the full sum, and the mass
   outside the window (a geometric tail bound) goes to the infinite loss;
-* the least likely tails of a composition (at most ``TAIL`` of mass per step) go to the infinite
-  loss;
+* the least likely tails of a composition (at most ``TAIL`` of mass per step) move up: the
+  lowest losses to the lowest loss kept, the highest to the largest loss the composition can
+  reach (so a pure-DP composition keeps delta exactly 0 above its epsilon);
 * a lattice too fine to compose fast is coarsened by "connect the dots" (Doroshenko, Ghazi,
   Kamath, Kumar, Manurangsi 2022): a mass at loss l between grid points g < g' is split between
   them keeping P's and Q's masses (p_lo + p_hi = p, p_lo e^-g + p_hi e^-g' = p e^-l), a
@@ -105,8 +106,9 @@ def _gamma(n: int) -> float:
 
 
 def _up(x: float, ops: int = 2) -> float:
-    """x, nonnegative, made an upper bound of the result of ``ops`` rounded operations."""
-    return x * (1 + _gamma(ops)) + 5e-324
+    """x, nonnegative, made an upper bound of the result of ``ops`` rounded operations (an exact
+    0 stays 0: no operation on zeros rounds)."""
+    return x * (1 + _gamma(ops)) + 5e-324 if x > 0 else 0.0
 
 
 def _losses(offset: Fraction, unit: Fraction, n: int) -> _Floats:
@@ -124,17 +126,21 @@ def _losses(offset: Fraction, unit: Fraction, n: int) -> _Floats:
 
 @dataclass(frozen=True, eq=False)
 class LatticePld:
-    """P's masses at the losses ``offset + unit * i`` and at +infinity (module docstring).
+    """P's masses at the losses ``offset + unit * i``, at the loss ``ceiling`` (``top``: what
+    the tails of compositions moved up to the largest loss they can reach) and at +infinity
+    (module docstring).
 
     ``operations`` bounds the rounded float operations behind each mass (Higham's count): the
-    exact values lie within a factor 1 + gamma(operations) of ``masses``. ``infinity`` is an
-    upper bound outright."""
+    exact values lie within a factor 1 + gamma(operations) of ``masses``. ``top`` and
+    ``infinity`` are upper bounds outright; ``ceiling`` is at least every loss of the lattice."""
 
     offset: Fraction
     unit: Fraction
     masses: _Floats
     infinity: float
     operations: int
+    top: float = 0.0
+    ceiling: Fraction = Fraction(0)
 
     @functools.cached_property
     def losses(self) -> _Floats:
@@ -144,20 +150,27 @@ class LatticePld:
     def total(self) -> float:
         """An upper bound on the total mass, the infinite loss's included."""
         finite = float(np.sum(self.masses)) * (1 + _gamma(self.operations + len(self.masses)))
-        return _up(finite + self.infinity)
+        return _up(finite + self.top + self.infinity, 3)
 
     def delta(self, epsilon: float) -> float:
         """An upper bound on the hockey-stick divergence of the pair at ``epsilon``: the sum of
-        p (1 - e^(eps - l)) over the finite losses l above eps, plus the infinite mass."""
-        losses = self.losses
-        above = int(np.searchsorted(losses, epsilon, side="right"))
+        p (1 - e^(eps - l)) over the losses l above eps, plus the infinite mass; exactly 0 when
+        no loss is above eps (which atoms are is decided in exact arithmetic)."""
+        exact = Fraction(epsilon)
+        above = max(0, min(len(self.masses), math.floor((exact - self.offset) / self.unit) + 1))
         # -expm1(eps - l) for l > eps: nonnegative; its relative error is a few ulps whatever
         # the cancellation in eps - l (Sterbenz: a difference of close floats is exact).
-        weights = -np.expm1(epsilon - losses[above:])
+        weights = -np.expm1(epsilon - self.losses[above:])
         finite = float(np.dot(self.masses[above:], weights))
         # Each term: the mass's operations, 5 for the weight (subtraction, a 4-ulp expm1), one
         # product; then a sum of as many terms (Higham 2002, (3.5)).
-        bound = finite * (1 + _gamma(self.operations + 6 + len(losses) - above))
+        bound = finite * (1 + _gamma(self.operations + 6 + len(self.masses) - above))
+        topped = self.top > 0 and self.ceiling > exact
+        if topped:
+            ceiling = float(_losses(self.ceiling, Fraction(1), 1)[0])
+            bound += _up(self.top * -math.expm1(epsilon - ceiling), 8)
+        if not topped and self.infinity == 0 and above == len(self.masses):
+            return 0.0  # no loss above epsilon: exactly 0, no rounding to cover
         # UNDERFLOW: what products below the smallest subnormal can lose, absolutely.
         return min(1.0, _up(bound + self.infinity) + UNDERFLOW)
 
@@ -166,8 +179,9 @@ class LatticePld:
         most ``delta``; infinity when the infinite mass alone exceeds it."""
         if self.delta(0.0) <= delta:
             return 0.0
-        # At and above the largest finite loss, delta(eps) is the infinite mass alone.
-        lo, hi = 0.0, float(self.losses[-1]) if len(self.masses) else 0.0
+        # At and above the ceiling, delta(eps) is the infinite mass alone.
+        near = float(self.ceiling)
+        lo, hi = 0.0, near if self.delta(near) <= delta else math.nextafter(near, math.inf)
         if hi <= 0 or self.delta(hi) > delta:
             return math.inf
         while hi - lo > 1e-12 * hi:
@@ -179,24 +193,31 @@ class LatticePld:
 
     def compose(self, other: LatticePld) -> LatticePld:
         """The PLD of the product pair: masses convolved (``np.convolve`` sums products directly,
-        never by FFT), the least likely tails (``TAIL``) moved to the infinite loss."""
+        never by FFT); of the least likely tails (``TAIL``), the lowest losses are moved up to
+        the lowest one kept and the highest to the ceiling."""
         if self.unit != other.unit:
             raise ValueError("PLDs on different lattices")
         masses = np.convolve(self.masses, other.masses)
         # A sum of len(other) products of the two inputs (Higham 2002, (3.5)).
         operations = self.operations + other.operations + len(other.masses)
         low, high = _tails(masses)
-        cut = float(masses[:low].sum() + masses[len(masses) - high :].sum())
-        cut *= 1 + _gamma(operations + len(masses))
-        # Infinite loss on either side (the finite totals bound the partners' masses).
-        infinity = _up(self.infinity * other.total + other.infinity * self.total + cut, 8)
-        kept = masses[low : len(masses) - high]
+        slack = 1 + _gamma(operations + len(masses))  # a sum of the computed masses
+        kept = masses[low : len(masses) - high].copy()
+        kept[0] += _up(float(masses[:low].sum()) * slack)  # one more rounding: operations + 1
+        cut = _up(float(masses[len(masses) - high :].sum()) * slack)
+        # Pairs with a top (or an infinite) part lie at most at the sum of the ceilings (or at
+        # infinity); the finite totals bound the partners' masses. A pair of a top and an
+        # infinite part is counted in both, which only adds mass.
+        top = _up(self.top * other.total + other.top * self.total + cut, 8)
+        infinity = _up(self.infinity * other.total + other.infinity * self.total, 8)
         return LatticePld(
             self.offset + other.offset + low * self.unit,
             self.unit,
-            kept.copy() if low or high else kept,
+            kept,
             infinity,
-            operations,
+            operations + 1,
+            top,
+            self.ceiling + other.ceiling,
         )
 
     def coarsened(self, factor: int) -> LatticePld:
@@ -216,12 +237,15 @@ class LatticePld:
         masses = np.asarray(np.bincount(cell, self.masses * low[rest], size), dtype=np.float64)
         masses += np.bincount(cell + 1, self.masses * high[rest], size)
         # Each point sums at most 2 factor products: one rounding each, one per addition.
+        unit = self.unit * factor
         return LatticePld(
             self.offset,
-            self.unit * factor,
+            unit,
             masses,
             self.infinity,
             self.operations + 2 * factor + 2,
+            self.top,  # moved up to the new ceiling
+            max(self.ceiling, self.offset + unit * (size - 1)),
         )
 
     def fitted(self, atoms: int = MAX_ATOMS) -> LatticePld:
@@ -242,7 +266,7 @@ def _tails(masses: _Floats) -> tuple[int, int]:
 
 def identity(unit: Fraction) -> LatticePld:
     """The PLD of releasing nothing: loss 0 with mass 1."""
-    return LatticePld(Fraction(0), unit, np.ones(1), 0.0, 0)
+    return LatticePld(Fraction(0), unit, np.ones(1), 0.0, 0, 0.0, Fraction(0))
 
 
 def discrete_laplace_pld(scale: Fraction, sensitivity: int) -> LatticePld:
@@ -266,6 +290,8 @@ def discrete_laplace_pld(scale: Fraction, sensitivity: int) -> LatticePld:
         masses * (1 + MASS_SLACK),
         0.0,
         0,
+        0.0,
+        Fraction(sensitivity) / scale,
     )
 
 
@@ -291,6 +317,8 @@ def discrete_gaussian_pld(sigma2: Fraction, sensitivity: int) -> LatticePld:
         masses,
         tail / norm * (1 + MASS_SLACK),
         0,
+        0.0,
+        Fraction(sensitivity**2 + 2 * sensitivity * bound) / (2 * sigma2),  # x = -B
     )
 
 
