@@ -92,6 +92,34 @@ def test_the_ledger_pins_the_declared_mechanism(tmp_path: Path) -> None:
         Session(load_policy(raw))
 
 
+def test_a_durable_history_is_read_back_as_the_declared_mechanism(tmp_path: Path) -> None:
+    """Charges recorded by one session are the declared mechanism to the next (read back from
+    the ledger's JSON), which stops exactly where one session would have."""
+    raw = ledger_policy(tmp_path)  # C = 1: a COUNT moves by at most 1
+    raw["budget"] = _budget({"kind": "discrete_laplace", "scale": "4", "sensitivity": 1})
+    create_ledger(load_policy(raw))
+    expected = _admitted_by_the_filter(
+        DiscreteLaplace(Fraction(4), Fraction(1), dimensions=1), Fraction(1)
+    )
+    first = Session(load_policy(raw))
+    first.set_option("fresh", True)
+    for _ in range(expected // 2):
+        first.execute("SELECT COUNT(*) FROM visits")
+    first.close()
+    second = Session(load_policy(raw))
+    second.set_option("fresh", True)
+    charged = expected // 2
+    while True:
+        try:
+            second.execute("SELECT COUNT(*) FROM visits")
+        except BudgetExceededError:
+            break
+        charged += 1
+    assert charged == expected > 2
+    assert second.budget().queries == expected
+    second.close()
+
+
 # -- the planner: every measurement is the declared mechanism ---------------------------------
 
 
