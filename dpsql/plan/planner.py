@@ -34,6 +34,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     estimates = _estimates(analysis, builder)
     private_keys = bool(analysis.keys) and not all(k.public for k in analysis.keys)
     if private_keys and options.declared is not None:
+        # Partition selection is another mechanism: outside the PLD filter's one (Regehr 2026).
         raise refuse_selection(options.declared)
     if private_keys:
         if policy.budget.delta == 0 or options.delta == 0:
