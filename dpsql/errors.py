@@ -9,7 +9,8 @@ a column, an SQL node, a policy field), never a value taken from the data.
     ├── QueryError                 the query cannot be answered as written; nothing is charged
     │   ├── ParseError             not valid SQL (carries line and column)
     │   ├── UnsupportedQueryError  valid SQL that dpsql does not answer (names the construct)
-    │   │   └── NotSupportedOnEngineError  answered on DuckDB, not on the policy's engine
+    │   │   ├── NotSupportedOnEngineError  answered on DuckDB, not on the policy's engine
+    │   │   └── UndeclaredMechanismError   not the mechanism the PLD filter was declared for
     │   ├── SchemaError            unknown table or column, or a unit column in the output
     │   ├── BoundsError            a contribution or value bound is missing or unusable
     │   └── ParameterError         a privacy parameter or bound parameter is invalid
@@ -54,6 +55,14 @@ class UnsupportedQueryError(QueryError):
 class NotSupportedOnEngineError(UnsupportedQueryError):
     """Valid SQL that dpsql answers on DuckDB but cannot run on the policy's engine with the
     same guarantees (exact sums, totality, determinism); names the construct and the engine."""
+
+
+class UndeclaredMechanismError(UnsupportedQueryError):
+    """A query that the PLD filter (``budget.accountant = "pld"``) cannot account: one of its
+    measurements is not the policy's declared mechanism (partition selection, a quantile, several
+    coordinates, a larger sensitivity, a setting asking for other noise). The natural PLD filter
+    is valid only for a family of mechanisms totally ordered under composition and fixed before
+    the first query; names the construct."""
 
 
 class SchemaError(QueryError):
@@ -136,5 +145,6 @@ __all__ = [
     "PolicyError",
     "QueryError",
     "SchemaError",
+    "UndeclaredMechanismError",
     "UnsupportedQueryError",
 ]

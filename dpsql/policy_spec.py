@@ -40,6 +40,7 @@ __all__ = [
     "ColumnSpec",
     "DataSpec",
     "DatasetSpec",
+    "DeclaredMechanism",
     "EngineSpec",
     "FilterName",
     "FilterVersion",
@@ -113,12 +114,49 @@ class DataSpec(_Frozen):
 
 Mechanism = Literal["laplace", "gaussian"]
 # The filters that may decide admission: each is valid under fully adaptive composition.
-FilterName = Literal["basic", "advanced", "rdp", "zcdp"]
+FilterName = Literal["basic", "advanced", "rdp", "zcdp", "pld"]
 # Versions of the fixed parameters the rdp and zcdp filters take where the policy states none
 # (the grid of orders, the split of delta across it, the selection reserve): 1 the first, 2
 # the current (docs/accounting.md). A ledger pins the version it was created with.
 FilterVersion = Literal[1, 2]
 FILTER_VERSION: FilterVersion = 2
+# The largest sigma of a declared discrete Gaussian: its PLD sums the pmf point by point over
+# 22 sigma (dpsql.accounting.pld_lattice.MAX_SIGMA2).
+MAX_DECLARED_SIGMA = 10**5
+MAX_DECLARED_SENSITIVITY = 10**6
+
+
+class DeclaredMechanism(_Frozen):
+    """The one mechanism of the PLD filter (``accountant = "pld"``), in grid units: every
+    measurement is a discrete Laplace of ``scale`` (or a discrete Gaussian of ``sigma``) on one
+    coordinate that one unit shifts by at most ``sensitivity``. One mechanism repeated is the
+    totally ordered family of the natural PLD filter (Regehr et al. 2026)."""
+
+    kind: Literal["discrete_laplace", "discrete_gaussian"]
+    sensitivity: int = Field(ge=1, le=MAX_DECLARED_SENSITIVITY)
+    scale: Exact | None = None
+    sigma: Exact | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> DeclaredMechanism:
+        laplace = self.kind == "discrete_laplace"
+        noise, other = ("scale", "sigma") if laplace else ("sigma", "scale")
+        value = self.scale if laplace else self.sigma
+        if value is None or getattr(self, other) is not None:
+            raise ValueError(f"a declared {self.kind} takes {noise} (and not {other})")
+        if laplace and not 0 < self.sensitivity <= MAX_QUERY_EPSILON * value:
+            raise ValueError("declared_mechanism: epsilon = sensitivity/scale must be in (0, 20]")
+        # rho = sensitivity^2/(2 sigma^2) <= 10, the largest per-query rho a setting may ask.
+        if not laplace and not 20 * value**2 >= self.sensitivity**2:
+            raise ValueError("declared_mechanism: sigma must be at least sensitivity/sqrt(20)")
+        if not laplace and value > MAX_DECLARED_SIGMA:
+            raise ValueError(f"declared_mechanism: sigma must be at most {MAX_DECLARED_SIGMA}")
+        return self
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """The session's name of its noise."""
+        return "laplace" if self.kind == "discrete_laplace" else "gaussian"
 
 
 class ShareSpec(_Frozen):
@@ -148,6 +186,9 @@ class BudgetSpec(_Frozen):
     # Under the rdp and zcdp filters: the version of their defaults; None is the current one
     # when a ledger is created, and the ledger's own when it is opened (store.pinned_spec).
     filter_version: FilterVersion | None = None
+    # Under accountant = "pld": the one mechanism every measurement must be (the filter's
+    # totally ordered family, fixed before the first query).
+    declared_mechanism: DeclaredMechanism | None = None
     analysts: dict[str, ShareSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -184,13 +225,32 @@ class BudgetSpec(_Frozen):
             raise ValueError("filter_version is only used by accountant 'rdp' or 'zcdp'")
         if self.accountant in ("rdp", "zcdp") and self.delta == 0:
             raise ValueError(f"the {self.accountant} filter needs delta > 0")
+        self._declared()
         for name, share in self.analysts.items():
             within = self.epsilon is None or share.epsilon <= self.epsilon
             if not (share.epsilon > 0 and within and 0 <= share.delta <= self.delta):
                 raise ValueError(f"analysts.{name}: a share must lie within the total budget")
-            if self.accountant in ("rdp", "zcdp") and share.delta == 0:
+            if self.needs_delta and share.delta == 0:
                 raise ValueError(f"analysts.{name}: the {self.accountant} filter needs delta > 0")
         return self
+
+    @property
+    def needs_delta(self) -> bool:
+        """Whether the filter admits nothing at delta 0 (RDP and zCDP conversions, and the
+        discrete Gaussian's PLD, have delta(epsilon) > 0 at every epsilon)."""
+        gaussian = self.declared_mechanism is not None and self.declared_mechanism.kind != (
+            "discrete_laplace"
+        )
+        return self.accountant in ("rdp", "zcdp") or gaussian
+
+    def _declared(self) -> None:
+        if (self.accountant == "pld") != (self.declared_mechanism is not None):
+            raise ValueError("accountant = 'pld' goes with budget.declared_mechanism, and only it")
+        declared = self.declared_mechanism
+        gaussian = declared is not None and declared.kind == "discrete_gaussian"
+        # query_delta: the delta at which a declared Gaussian query's charged epsilon is stated.
+        if gaussian and (self.delta == 0 or self.query_delta == 0):
+            raise ValueError("a declared discrete_gaussian needs delta > 0 and query_delta > 0")
 
 
 class ColumnSpec(_Frozen):

@@ -203,7 +203,10 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
-        settings = self.settings(merge_options(inline, options))
+        given = merge_options(inline, options)
+        settings = self.settings(given)
+        # What the analyst asked for (SET, inline options, keywords), apart from the defaults.
+        asked = frozenset(self._settings) | {k for k, v in given.items() if v is not None}
         bound = bind_parameters(select, params)
         validate(bound)
         policy = self._effective_policy() if estimates else self.policy
@@ -211,7 +214,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             analyze(bound, policy, self.engine.catalog, self.engine.describe)
         )
         check_privacy_unit(inline, analysis.unit)
-        options_ = self._options(settings, analysis.spec)
+        options_ = self._options(settings, analysis.spec, asked)
         plan = plan_query(analysis, options_, policy, query=bound.sql(dialect=DIALECT))
         if self.engine.name != "duckdb":  # EXPLAIN shows the SQL this engine runs
             plan = replace(plan, shown=self.engine.shown_sql)

@@ -169,7 +169,18 @@ class Settings:
                 merged[name] = check_setting(name, value)
         return merged
 
-    def _options(self, settings: Mapping[str, object], spec: TableSpec) -> QueryOptions:
+    def _options(
+        self,
+        settings: Mapping[str, object],
+        spec: TableSpec,
+        asked: frozenset[str] = frozenset(),
+    ) -> QueryOptions:
+        """A query's options; ``asked``: the settings the analyst gave (SET, inline options,
+        keywords), which under a declared mechanism must ask for its noise."""
+        declared = self.policy.budget.declared_mechanism
+        if declared is not None and "mechanism" not in asked:
+            # The declared mechanism's noise, not the policy's default one.
+            settings = {**settings, "mechanism": declared.mechanism}
         epsilon, delta = settings["epsilon"], settings["delta"]
         groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
         rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
@@ -192,7 +203,17 @@ class Settings:
         if rho is not None and sigma is not None:
             raise ParameterError("give rho or sigma, not both")
         return QueryOptions(
-            epsilon, delta, groups, rows, confidence, mechanism, rho, sigma, total_rows
+            epsilon,
+            delta,
+            groups,
+            rows,
+            confidence,
+            mechanism,
+            rho,
+            sigma,
+            total_rows,
+            declared,
+            asked & {"mechanism", "epsilon", "rho", "sigma"} if declared else frozenset(),
         )
 
     def _show(self, name: str) -> Result:

@@ -4,6 +4,7 @@ summation, and cross-checks against dp_accounting's own PLDAccountant."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -13,6 +14,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from dpsql.accounting.conversions import discrete_gaussian_epsilon
 from dpsql.accounting.events import (
     ZCDP,
     DiscreteGaussian,
@@ -24,7 +26,7 @@ from dpsql.accounting.events import (
 )
 from dpsql.accounting.optimal import kov_epsilon
 from dpsql.accounting.pld import PldAccountant, PldFilter
-from dpsql.errors import ParameterError
+from dpsql.errors import ParameterError, UndeclaredMechanismError
 
 
 def _gdp_epsilon(mu: float, delta: float) -> float:
@@ -152,12 +154,14 @@ def test_unbounded_and_labels() -> None:
     acc = PldAccountant()
     assert acc.fixed_in_advance
     assert acc.epsilon([ZCDP(Fraction(1, 10))], 1e-6) == math.inf
-    assert (
-        acc.epsilon([DiscreteGaussian(Fraction(4), Fraction(2))], 1e-6) == math.inf
-    )  # no proven 1-D PLD
-    calibrated = DiscreteGaussian(Fraction(4), Fraction(2), Fraction(2), Fraction(1, 10**6))
+    spread = DiscreteGaussian(Fraction(4), Fraction(2), dimensions=2)
+    assert acc.epsilon([spread], 1e-6) == math.inf  # no proven PLD for a shift spread over two
+    calibrated = replace(spread, target_epsilon=Fraction(2), target_delta=Fraction(1, 10**6))
     assert acc.epsilon([calibrated], 1e-6) == math.inf  # its own delta leaves nothing
     assert acc.epsilon([calibrated], 2e-6) == pytest.approx(2, rel=1e-3)
+    # one coordinate shifted by 2: its own exact curve (CKS 2020, Theorem 7), from above
+    exact = discrete_gaussian_epsilon(4.0, 2, 1e-6)
+    assert exact <= acc.epsilon([DiscreteGaussian(Fraction(4), Fraction(2))], 1e-6) <= exact * 1.01
 
 
 def test_gaussian_filter_admits_exactly_the_gdp_count() -> None:
@@ -170,7 +174,7 @@ def test_gaussian_filter_admits_exactly_the_gdp_count() -> None:
     while _gdp_epsilon(math.sqrt(n + 1) / 20, 1e-6) <= 1:
         n += 1
     assert len(history) == n
-    with pytest.raises(ParameterError):
+    with pytest.raises(UndeclaredMechanismError):
         filt.admits(history, [Laplace(Fraction(10), Fraction(1))])
 
 
@@ -178,7 +182,7 @@ def test_identical_filter_refuses_other_events() -> None:
     mech = DiscreteLaplace(Fraction(100), Fraction(1))
     filt = PldFilter(Fraction(1), Fraction(1, 10**6), "identical", mechanism=mech)
     assert filt.admits([mech] * 100, [mech])
-    with pytest.raises(ParameterError):
+    with pytest.raises(UndeclaredMechanismError, match="totally ordered"):
         filt.admits([mech], [DiscreteLaplace(Fraction(50), Fraction(1))])
     with pytest.raises(ParameterError):
         PldFilter(Fraction(1), Fraction(1, 10**6), "identical")

@@ -36,7 +36,7 @@ BASE: dict[str, Any] = {"epsilon": "3", "delta": "0.000001", "query_epsilon": "1
 
 def _budget(draw: st.DrawFn) -> dict[str, Any]:
     """A valid budget section: caps, filter and parameters, shares, per-query defaults."""
-    accountant = draw(st.sampled_from(["basic", "advanced", "rdp", "zcdp"]))
+    accountant = draw(st.sampled_from(["basic", "advanced", "rdp", "zcdp", "pld"]))
     budget: dict[str, Any] = {
         "epsilon": draw(st.sampled_from(["3", "3.5", "30", "2.9999"])),
         "delta": draw(st.sampled_from(["0.000001", "0.00001"])),
@@ -51,6 +51,8 @@ def _budget(draw: st.DrawFn) -> dict[str, Any]:
         budget["selection_delta"] = draw(st.sampled_from(["0", "0.0000001"]))
     if accountant in ("rdp", "zcdp") and draw(st.booleans()):
         budget["filter_version"] = draw(st.sampled_from([1, 2]))
+    if accountant == "pld":  # the run below sets epsilon 0.05: one measurement of this
+        budget["declared_mechanism"] = {"kind": "discrete_laplace", "scale": "20", "sensitivity": 1}
     if draw(st.booleans()):
         shares = draw(st.sampled_from(["1", "2"]))
         budget["analysts"] = {"ann": {"epsilon": shares, "delta": budget["delta"]}}
@@ -88,7 +90,11 @@ def _toml(raw: dict[str, Any], path: Path) -> Path:
     ]
     budget = dict(raw["budget"])
     shares = budget.pop("analysts", {})
+    declared = budget.pop("declared_mechanism", None)
     lines += [f"{k} = {value(v)}" for k, v in budget.items()]
+    if declared is not None:
+        lines.append("\n[budget.declared_mechanism]")
+        lines += [f"{k} = {value(v)}" for k, v in declared.items()]
     for name, share in shares.items():
         lines.append(f"\n[budget.analysts.{name}]")
         lines += [f"{k} = {value(v)}" for k, v in share.items()]
@@ -114,6 +120,14 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "rdp order": ("rdp_order", 4.0),
     "selection delta": ("selection_delta", "0.0000002"),
     "filter version": ("filter_version", 1),
+    "declared scale": (
+        "declared_mechanism",
+        {"kind": "discrete_laplace", "scale": "40", "sensitivity": 1},
+    ),
+    "declared kind": (
+        "declared_mechanism",
+        {"kind": "discrete_gaussian", "sigma": "20", "sensitivity": 1},
+    ),
     "share up": ("analysts", {"ann": {"epsilon": "3", "delta": "0.000001"}}),
     "share added": ("analysts", {"bob": {"epsilon": "1", "delta": "0.000001"}}),
     "shares dropped": ("analysts", {}),
@@ -134,11 +148,14 @@ def _mutated(budget: dict[str, Any], name: str) -> dict[str, Any] | None:
         return None
     if key in ("selection_delta", "filter_version") and budget["accountant"] not in ("rdp", "zcdp"):
         return None
+    if key == "declared_mechanism" and budget["accountant"] != "pld":
+        return None
     if key == "accountant":
         out["accountant"] = "rdp" if budget["accountant"] == "zcdp" else "zcdp"
         out.pop("advanced_delta_prime", None)
         out.pop("rdp_order", None)
         out.pop("filter_version", None)
+        out.pop("declared_mechanism", None)
     return out
 
 

@@ -45,7 +45,7 @@ from dpsql.accounting.ledger import BUDGET_RECORD
 from dpsql.accounting.pld import PldFilter
 from dpsql.accounting.rdp import ORDERS_V1, RdpFilter
 from dpsql.accounting.zcdp import ZcdpFilter
-from dpsql.errors import BudgetExceededError, ParameterError
+from dpsql.errors import BudgetExceededError, ParameterError, UndeclaredMechanismError
 from dpsql.policy import BudgetSpec
 
 F = Fraction
@@ -102,7 +102,7 @@ def _filters() -> dict[str, Any]:
 def _outcome(decide: Any, *args: Any) -> object:
     try:
         return bool(decide(*args))
-    except (ParameterError, TypeError, ValueError) as exc:
+    except (ParameterError, UndeclaredMechanismError, TypeError, ValueError) as exc:
         return type(exc)
 
 
@@ -144,6 +144,21 @@ PLD_STREAMS = {
         min_size=1,
         max_size=12,
     ),
+    # a declared discrete Gaussian, shift 2 on one coordinate: composed on its lattice
+    "identical gaussian": st.lists(
+        st.lists(
+            st.sampled_from([DiscreteGaussian(F(9), F(2)), PureDP(F(1, 9))]),
+            min_size=1,
+            max_size=2,
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+}
+PLD_MECHANISMS: dict[str, Event | None] = {
+    "gaussian": None,
+    "identical": DiscreteLaplace(F(4), F(1)),
+    "identical gaussian": DiscreteGaussian(F(9), F(2)),
 }
 
 
@@ -154,10 +169,10 @@ def test_the_pld_filter_decides_incrementally_as_a_fresh_one(family: str, data: 
     """Against a fresh filter each time: the stateless PLD filter composes from whichever prefix
     its accountant cached, a fresh one from the grouped history, as the tally does."""
     stream = data.draw(PLD_STREAMS[family])
-    mechanism = DiscreteLaplace(F(4), F(1)) if family == "identical" else None
+    mechanism = PLD_MECHANISMS[family]
 
     def make() -> PldFilter:
-        return PldFilter(F(2), F(1, 10**5), family, mechanism)  # type: ignore[arg-type]
+        return PldFilter(F(2), F(1, 10**5), family.split(maxsplit=1)[0], mechanism)  # type: ignore[arg-type]
 
     filt, history = make(), []
     tally = filt.tally()
@@ -168,6 +183,15 @@ def test_the_pld_filter_decides_incrementally_as_a_fresh_one(family: str, data: 
             history.extend(new)
             for event in new:
                 tally.add(event)
+    if filt.family == "identical" and all(e == mechanism for e in history):
+        # its own epsilon: the smallest at which the history's delta is within the cap
+        spent = filt.epsilon_spent(tally)
+        assert spent <= filt.epsilon_cap or not history
+        probe = PldFilter(F(spent), F(1, 10**5), "identical", mechanism)
+        assert probe.admits(history[:-1], history[-1:]) if history else spent == 0
+        if spent > 0:  # and no smaller epsilon (to the search's 1e-12)
+            lower = PldFilter(F(spent * (1 - 1e-9)), F(1, 10**5), "identical", mechanism)
+            assert not lower.admits(history[:-1], history[-1:])
 
 
 # -- the Budget: per-view tallies against the replay of the whole history -----------------------

@@ -23,9 +23,15 @@ from dpsql.accounting.base import Accountant, Filter
 from dpsql.accounting.budget_readings import Readings
 from dpsql.accounting.budget_report import BudgetReport, Charge, _down, _shown
 from dpsql.accounting.budget_state import _add, _additive_delta, _State, _Views, events_for
-from dpsql.accounting.events import Composite, composite_from_json, composite_to_json
+from dpsql.accounting.events import (
+    Composite,
+    composite_from_json,
+    composite_to_json,
+    declared_event,
+)
 from dpsql.accounting.ledger import Record
 from dpsql.accounting.parallel import Cell, views, views_with
+from dpsql.accounting.pld import PldFilter
 from dpsql.accounting.rdp import RDP_GRIDS, RdpFilter
 from dpsql.accounting.store import MemoryLedger, Store
 from dpsql.accounting.zcdp import ZcdpFilter
@@ -307,6 +313,10 @@ def _decider(
     if spec.accountant == "advanced":
         assert spec.advanced_delta_prime is not None and epsilon is not None  # policy-validated
         return AdvancedFilter(epsilon, delta, spec.advanced_delta_prime)
+    if spec.accountant == "pld":
+        # The natural PLD filter over one mechanism fixed in the policy (Regehr et al. 2026).
+        assert spec.declared_mechanism is not None and epsilon is not None  # policy-validated
+        return PldFilter(epsilon, delta, "identical", declared_event(spec.declared_mechanism))
     version = spec.filter_version if spec.filter_version is not None else FILTER_VERSION
     # The part of delta reserved for partition selection's additive deltas, as a fraction of
     # the total, applied alike to the data set's cap and to analyst shares. Fixed in advance:

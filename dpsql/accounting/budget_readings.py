@@ -22,6 +22,7 @@ from dpsql.accounting.budget_report import Charge, Figure, ShareReport
 from dpsql.accounting.budget_state import _additive_delta, _State, events_for
 from dpsql.accounting.events import Composite
 from dpsql.accounting.parallel import View, member
+from dpsql.accounting.pld import PldFilter, PldTally
 from dpsql.accounting.rdp import RdpAccountant, RdpTally
 from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpTally
 
@@ -96,6 +97,9 @@ class Readings:
                 readings.append(odometer.epsilon_of(*tally.with_events(()), delta))
             elif isinstance(tally, ZcdpTally):
                 readings.append(ZcdpAccountant.epsilon_of(tally.rho, tally.delta, delta))
+            elif isinstance(tally, PldTally) and isinstance(decider, PldFilter):
+                # the filter's own epsilon at its delta cap, from its rigorous composition
+                readings.append(decider.epsilon_spent(tally))
             else:
                 return self._deciding_replay(decider, history, delta)
         additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]

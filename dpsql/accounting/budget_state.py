@@ -25,13 +25,16 @@ from dpsql.accounting.events import (
     flatten,
 )
 from dpsql.accounting.parallel import Cell, View, choices, member, worst
+from dpsql.accounting.pld import exact_pld
 
 __all__ = ["Sums", "ViewKey", "events_for"]
 
 
 # Accountants and filters that compose (epsilon, delta) pairs per step: a query whose events
 # were calibrated jointly (``certified``) is one (epsilon, delta) step for them, which is
-# exactly what it is; its discrete Gaussians alone have no (epsilon, delta) of their own.
+# exactly what it is; its discrete Gaussians alone have no (epsilon, delta) of their own. PLDs
+# compose mechanisms, not pairs: a certified query whose every event has its own PLD (on one
+# coordinate, ``pld.exact_pld``) is read as those events (sequential composition holds as well).
 _PAIRWISE = {"advanced", "optimal", "pld"}
 
 
@@ -41,7 +44,8 @@ def events_for(name: str, composites: Sequence[Composite]) -> list[Event]:
         return flatten(list(composites))
     events: list[Event] = []
     for c in composites:
-        if c.certified is not None:
+        own = name == "pld" and all(exact_pld(e) for e in c.events)
+        if c.certified is not None and not own:
             events.append(ApproxDP(c.certified[0], c.certified[1], "jointly calibrated query"))
         else:
             events.extend(c.events)

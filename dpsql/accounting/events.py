@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dpsql.policy import DeclaredMechanism
 from dpsql.policy_numbers import decimal_text
 
 
@@ -27,11 +28,14 @@ class DiscreteLaplace:
 
     Pure DP with epsilon = sensitivity / scale (Ghosh, Roughgarden, Sundararajan 2009; Canonne,
     Kamath, Steinke 2020, section 2): shifted pmfs differ by at most exp(|shift| / scale).
+    ``dimensions``: how many coordinates one unit may move (L0); None where it was not recorded
+    (ledgers written before it was), when only a sensitivity of at most 1 proves one coordinate.
     """
 
     scale: Fraction
     sensitivity: Fraction
     label: str = field(default="", compare=False)
+    dimensions: int | None = None
 
     @property
     def epsilon(self) -> Fraction:
@@ -265,6 +269,17 @@ def describe(event: Event) -> str:
     if isinstance(event, ApproxDP):
         return f"ApproxDP(epsilon={n(event.epsilon)}, delta={n(event.delta)}){suffix}"
     return f"{type(event).__name__}(epsilon={n(event.epsilon)}){suffix}"
+
+
+def declared_event(declared: DeclaredMechanism) -> DiscreteLaplace | DiscreteGaussian:
+    """The event of one measurement of the policy's declared mechanism (``budget.accountant =
+    "pld"``): one coordinate, shifted by at most its sensitivity, with its noise."""
+    shift = Fraction(declared.sensitivity)
+    if declared.kind == "discrete_laplace":
+        assert declared.scale is not None  # policy-validated
+        return DiscreteLaplace(declared.scale, shift, dimensions=1)
+    assert declared.sigma is not None  # policy-validated
+    return DiscreteGaussian(declared.sigma**2, shift, dimensions=1)
 
 
 def flatten(history: list[Composite] | tuple[Composite, ...]) -> list[Event]:

@@ -94,10 +94,27 @@ def budget_caps(spec: BudgetSpec, filter_version: FilterVersion = FILTER_VERSION
         "rdp_order": None if spec.rdp_order is None else repr(spec.rdp_order),
         "selection_delta": text(spec.selection_delta),
         "filter_version": version,
+        **_declared(spec),
         "analysts": {
             name: {"epsilon": str(share.epsilon), "delta": str(share.delta)}
             for name, share in sorted(spec.analysts.items())
         },
+    }
+
+
+def _declared(spec: BudgetSpec) -> dict[str, Any]:
+    """The PLD filter's declared mechanism, its family, pinned with the caps (absent for the
+    other filters, so that ledgers created before it pin the same fields)."""
+    declared = spec.declared_mechanism
+    if declared is None:
+        return {}
+    return {
+        "declared_mechanism": {
+            "kind": declared.kind,
+            "sensitivity": str(declared.sensitivity),
+            "scale": None if declared.scale is None else str(declared.scale),
+            "sigma": None if declared.sigma is None else str(declared.sigma),
+        }
     }
 
 

@@ -176,7 +176,7 @@ def allocate(
         raise click.BadParameter(
             "a share must lie within the total budget", param_hint="'--epsilon' / '--delta'"
         )
-    if policy.budget.accountant in ("rdp", "zcdp") and delta == 0:
+    if policy.budget.needs_delta and delta == 0:
         raise click.BadParameter(
             f"the {policy.budget.accountant} filter needs a delta share > 0",
             param_hint="'--delta'",

@@ -19,7 +19,8 @@ Each dpsql leaf has a class that is both the PEP 249 class and the dpsql class, 
         │   └── InvalidParameterError  (ParameterError)
         ├── NotSupportedError
         │   └── UnsupportedQuery       (UnsupportedQueryError)
-        │       └── UnsupportedOnEngine  (NotSupportedOnEngineError)
+        │       ├── UnsupportedOnEngine  (NotSupportedOnEngineError)
+        │       └── UndeclaredMechanism  (UndeclaredMechanismError)
         ├── IntegrityError, DataError  (never raised: dpsql does not write data)
         └── InternalError
             └── DpsqlInternalError     (a dpsql bug)
@@ -60,6 +61,7 @@ __all__ = [
     "PolicyFailure",
     "ProgrammingError",
     "QuerySyntaxError",
+    "UndeclaredMechanism",
     "UnknownObjectError",
     "UnsupportedOnEngine",
     "UnsupportedQuery",
@@ -147,6 +149,10 @@ class UnsupportedOnEngine(UnsupportedQuery, errors.NotSupportedOnEngineError):
     pass
 
 
+class UndeclaredMechanism(UnsupportedQuery, errors.UndeclaredMechanismError):
+    pass
+
+
 class DpsqlInternalError(InternalError, errors.InternalError):
     pass
 
@@ -174,6 +180,7 @@ _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.BoundsError, MissingBoundsError),
     (errors.ParameterError, InvalidParameterError),
     (errors.NotSupportedOnEngineError, UnsupportedOnEngine),
+    (errors.UndeclaredMechanismError, UndeclaredMechanism),
     (errors.UnsupportedQueryError, UnsupportedQuery),
     (errors.PolicyError, PolicyFailure),
     (errors.InputError, InputFailure),

@@ -15,6 +15,7 @@ from fractions import Fraction
 
 from dpsql.accounting.events import Composite, LaplacePartitionSelection
 from dpsql.errors import ParameterError
+from dpsql.plan.declared import check_declared, declared_calibration, refuse_selection
 from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.mechanisms import partition_threshold
 from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection
@@ -32,6 +33,9 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     builder = _Builder()
     estimates = _estimates(analysis, builder)
     private_keys = bool(analysis.keys) and not all(k.public for k in analysis.keys)
+    if private_keys and options.declared is not None:
+        # Partition selection is another mechanism: outside the PLD filter's one (Regehr 2026).
+        raise refuse_selection(options.declared)
     if private_keys:
         if policy.budget.delta == 0 or options.delta == 0:
             raise ParameterError(
@@ -41,10 +45,14 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         selection_index = builder.measure(MeasurementSpec("units"))
     selection_at = selection_index if private_keys else None
     pure = sum(1 for s in builder.specs if s.kind == "quantile") + (selection_at is not None)
-    if options.mechanism == "gaussian" and len(builder.specs) == pure:
+    if options.declared is None and options.mechanism == "gaussian" and len(builder.specs) == pure:
         # Only pure-epsilon mechanisms (selection, quantiles): there is nothing to be Gaussian.
         options = replace(options, mechanism="laplace", rho=None, sigma=None)
-    if options.mechanism == "gaussian":
+    if options.declared is not None:
+        measurements, events, certified = declared_calibration(
+            builder, l0, c, options, options.declared
+        )
+    elif options.mechanism == "gaussian":
         measurements, events, certified = _gaussian(builder, l0, c, options, selection_at)
     else:
         measurements, events, certified = _laplace(builder, l0, c, options, selection_at)
@@ -67,7 +75,10 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         family = f"{analysis.table}.{analysis.cell.column}@{policy.dataset.data_version}"
         cell = (family, analysis.cell.key)
     event = Composite(tuple(events), certified, cell)
-    _check_loss(event, options, private_keys)
+    if options.declared is not None:
+        check_declared(event, options.declared)
+    else:
+        _check_loss(event, options, private_keys)
     steps = _steps(analysis, l0, c, options.max_rows_per_unit, builder.specs)
     bounding = Bounding(
         max_groups=steps.ranking,

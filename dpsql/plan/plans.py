@@ -12,7 +12,7 @@ from functools import cached_property
 from sqlglot import exp
 
 from dpsql.accounting.events import Composite
-from dpsql.policy import Mechanism
+from dpsql.policy import DeclaredMechanism, Mechanism
 from dpsql.policy_numbers import decimal_text
 from dpsql.sql.analyze import AggregateKind, Analysis
 from dpsql.sql.grid import Grid
@@ -35,6 +35,10 @@ class QueryOptions:
         None  # or a noise multiplier: rho is then 1/(2 sigma^2) per measurement
     )
     max_rows_per_unit: int | None = None  # R: a unit's rows across all groups
+    # Under the PLD filter: the policy's declared mechanism, which calibrates every measurement
+    # (dpsql.plan.declared), and the settings the analyst gave (not the policy's defaults).
+    declared: DeclaredMechanism | None = None
+    asked: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ def _pure_event(m: Measurement) -> Event:
         # EM with weights exp(-score/(2·scale)) and score sensitivity Δ is Δ/scale-DP (McSherry
         # and Talwar 2007); per group, with the unit's L0 groups composed (basic composition).
         return Exponential(m.epsilon, m.label)
-    return DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label)
+    return DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label, dimensions=m.groups)
 
 
 def _gaussian(

@@ -26,6 +26,7 @@ ENGINE_FAILED = "58R01"
 _ERROR_CODES: tuple[tuple[type[errors.DpsqlError], str], ...] = (
     (errors.ParseError, "42601"),  # syntax_error
     (errors.NotSupportedOnEngineError, "0A000"),  # feature_not_supported, on this engine
+    (errors.UndeclaredMechanismError, "0A000"),  # feature_not_supported, by the PLD filter
     (errors.UnsupportedQueryError, "0A000"),  # feature_not_supported
     (errors.SchemaError, "42P01"),  # undefined_table (or column: the message says which)
     (errors.BoundsError, "22023"),  # invalid_parameter_value
