@@ -46,6 +46,7 @@ from dpsql.accounting.pld import PldFilter
 from dpsql.accounting.rdp import RdpFilter
 from dpsql.accounting.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError, ParameterError
+from dpsql.plan import calibration
 from dpsql.policy import BudgetSpec
 
 F = Fraction
@@ -169,10 +170,17 @@ def test_the_pld_filter_decides_incrementally_as_a_fresh_one(family: str, data: 
 
 # -- the Budget: per-view tallies against the replay of the whole history -----------------------
 
+def _certified(evs: list[Event]) -> tuple[F, F]:
+    """What the planner would certify for discrete Gaussians calibrated jointly: the epsilon
+    their summed rho gives at delta 1e-9 (CKS 2020, Corollary 13), rounded up."""
+    rho = sum((e.rho for e in evs if isinstance(e, DiscreteGaussian)), F(0))
+    return calibration.epsilon_for(rho, F(1, 10**9)), F(1, 10**9)
+
+
 composites = st.builds(
     lambda evs, cell, certify: Composite(
         tuple(evs),
-        (F(1, 8), F(1, 10**9)) if certify and all(isinstance(e, DiscreteGaussian) for e in evs)
+        _certified(evs) if certify and all(isinstance(e, DiscreteGaussian) for e in evs)
         else None,
         cell,
     ),
