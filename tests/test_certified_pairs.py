@@ -11,7 +11,7 @@ ledger record of one fails closed (``LedgerError``), and the ledger's own basic 
 
 from __future__ import annotations
 
-from fractions import Fraction as F
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -37,6 +37,8 @@ from dpsql.accounting.ledger import BUDGET_RECORD
 from dpsql.errors import BudgetExceededError, InternalError, LedgerError
 from dpsql.plan import calibration
 from dpsql.policy import BudgetSpec
+
+F = Fraction
 
 DELTA = F(1, 10**9)
 

@@ -92,6 +92,14 @@ class BasicFilter:
         eps, delta = basic_totals([(e, 1) for e in new])
         return tally.epsilon + eps <= self.epsilon_cap and tally.delta + delta <= self.delta_cap
 
+    def epsilon_spent(self, tally: BasicTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The exact sum of the epsilons of the tally's history and ``new``; ``math.inf`` once
+        their deltas pass delta_cap (Dwork, Roth 2014, Theorem 3.16)."""
+        eps, delta = basic_totals([(e, 1) for e in new])
+        if tally.delta + delta > self.delta_cap:
+            return math.inf
+        return tally.epsilon + eps
+
 
 class BasicTally:
     """Running exact sums of the epsilons and deltas (Dwork, Roth 2014, Theorem 3.16)."""

@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import log_ndtr
 
+from dpsql.accounting.base import agreeing
 from dpsql.accounting.events import (
     ApproxDP,
     DiscreteGaussian,
@@ -374,6 +375,49 @@ class PldFilter:
             rest = None if pld is None else pld.self_compose(count) if count > 1 else pld
             state = _State((), rest, mu2, pld is None)
         return state.delta(float(self.epsilon_cap)) <= float(self.delta_cap)
+
+    def epsilon_spent(self, tally: PldTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The filter's own epsilon for the tally's history followed by ``new``: the least
+        epsilon whose delta, on the same composition ``admits_tally`` reads, is within
+        delta_cap (bisection to a relative 1e-9), agreeing with the decision
+        (``base.agreeing``); ``math.inf`` if unbounded."""
+        mu2, count = tally.mu2, tally.count
+        for event in new:
+            if isinstance(event, Gaussian):
+                mu2 += Fraction(event.mu) ** 2  # Dong, Roth, Su 2019, Corollary 3.3
+            else:
+                count += 1
+        if mu2 == 0 and count == 0:
+            return Fraction(0)
+        if count == 0:
+            state = _State((), None, mu2, False)
+        else:
+            pld = None if self.mechanism is None else self.accountant._pld(self.mechanism)
+            rest = None if pld is None else pld.self_compose(count) if count > 1 else pld
+            state = _State((), rest, mu2, pld is None)
+        figure = _least_epsilon(state, float(self.delta_cap))
+        if not math.isfinite(figure):
+            return math.inf
+        return agreeing(Fraction(figure), self.admits_tally(tally, new), self.epsilon_cap)
+
+
+def _least_epsilon(state: _State, delta: float) -> float:
+    """The least epsilon (from above, to a relative 1e-9) with ``state.delta(epsilon) <= delta``;
+    ``math.inf`` past 10^6."""
+    if state.unbounded:
+        return math.inf
+    if state.delta(0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while state.delta(hi) > delta:
+        hi *= 2
+        if hi > 1e6:
+            return math.inf
+    lo = hi / 2 if hi > 1 else 0.0
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if state.delta(mid) <= delta else (mid, hi)
+    return hi
 
 
 class PldTally:
