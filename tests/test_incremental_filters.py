@@ -170,6 +170,7 @@ def test_the_pld_filter_decides_incrementally_as_a_fresh_one(family: str, data: 
 
 # -- the Budget: per-view tallies against the replay of the whole history -----------------------
 
+
 def _certified(evs: list[Event]) -> tuple[F, F]:
     """What the planner would certify for discrete Gaussians calibrated jointly: the epsilon
     their summed rho gives at delta 1e-9 (CKS 2020, Corollary 13), rounded up."""
@@ -274,7 +275,7 @@ def _assert_tallies_are_the_views(budget: Budget) -> None:
     # The deciding figure from the tallies is the one from the views' histories.
     decider = budget._rule((state.epsilon, state.delta), True)
     assert not isinstance(decider, tuple)
-    replayed = budget._deciding_replay(decider, list(state.charges), float(state.delta))
+    replayed = budget._deciding_replay(decider, list(state.charges))
     assert (report.epsilon_spent, report.delta_spent) == replayed
     for who, mine in state.views.items():
         history = [c.event for c in state.charges if who in ("*", c.analyst)]

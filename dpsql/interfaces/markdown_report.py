@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["render_markdown"]
+from dpsql.accounting.budget_report import EXCEEDS
+
+__all__ = ["EXCEEDS_MEANING", "render_markdown"]
+
+EXCEEDS_MEANING = (
+    "a figure that does not decide reads the history above the cap: that theorem would have "
+    "refused earlier; the cap of the filter that decides still holds"
+)
 
 
 def _cell(value: object) -> str:
@@ -134,7 +141,11 @@ def _md_accounting(data: dict[str, Any]) -> list[str]:
         "",
     ]
     out += [f"- *{note}*: {meaning}" for note, meaning in acc["notes"].items()]
-    rows = [[f["accountant"], f["epsilon"], f["note"]] for f in acc["figures"]]
+    out += [f"- *{EXCEEDS}*: {EXCEEDS_MEANING}"]
+    rows = [
+        [f["accountant"], f["epsilon"], f["note"] + (f"; {EXCEEDS}" if f["exceeds_cap"] else "")]
+        for f in acc["figures"]
+    ]
     return [*out, "", *_rows(("accountant", "epsilon", "label"), rows)]
 
 

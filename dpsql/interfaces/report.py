@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from dpsql.accounting.base import Spent
+from dpsql.accounting.budget_report import exceeds
 from dpsql.accounting.events import composite_from_json
 from dpsql.accounting.filter import Budget
 from dpsql.accounting.ledger import GENESIS, Record
@@ -182,7 +185,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
                 "policy": exact(summary.epsilon_total - top_eps),
                 "top_ups": exact(top_eps),
                 "total": exact(summary.epsilon_total),
-                "spent": exact(summary.epsilon_spent),
+                "spent": _spent(summary.epsilon_spent),
                 "remaining": exact(summary.epsilon_remaining),
             },
             "delta": {
@@ -213,13 +216,23 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "decides": summary.accountant,
             "delta": exact(summary.delta_total),
             "figures": [
-                {"accountant": f.accountant, "epsilon": repr(f.epsilon), "note": f.note}
+                {
+                    "accountant": f.accountant,
+                    "epsilon": repr(f.epsilon),
+                    "note": f.note,
+                    "exceeds_cap": exceeds(f, summary.epsilon_total),
+                }
                 for f in summary.figures
             ],
             "notes": NOTES,
         },
         "schedule": schedule,
     }
+
+
+def _spent(value: Spent) -> str | None:
+    """A filter's spend as exact text; ``"inf"`` when its parameters certify nothing."""
+    return exact(Fraction(value)) if math.isfinite(value) else "inf"
 
 
 def render_json(data: dict[str, Any]) -> str:
