@@ -395,7 +395,7 @@ def test_the_shell_in_a_real_terminal(policy: Path, tmp_path: Path) -> None:
         child.sendcontrol("c")
         assert prompt() == ("0.25", "0.25")
         child.send("\\budget\r")
-        child.expect(r"rdp\s+│ 0\.2\d+\s+│ 0\.7\d+\s+│ valid adaptively")
+        child.expect(r"rdp\s+│ 0\.2\d+\s+│ 0\.7\d+\s+│ as if fixed in advance")
         assert prompt() == ("0.25", "0.25")
         child.sendcontrol("d")
         child.expect(pexpect.EOF)

@@ -143,6 +143,8 @@ class AdvancedAccountant:
     """Odometer figure: min(basic, KOV Theorem 3.5 / DRV) for a history, as if fixed in advance."""
 
     name = "advanced"
+    # DRV 2010 / KOV 2015 need every epsilon fixed first; adaptively, the odometer pays a
+    # further factor (RRUV 2016), the filter needs delta' fixed first (WRRW 2023).
     fixed_in_advance = True
 
     def __init__(self) -> None:

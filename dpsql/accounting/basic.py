@@ -51,6 +51,8 @@ class BasicAccountant:
     """Odometer by basic composition: (sum eps, sum delta). Valid adaptively."""
 
     name = "basic"
+    # The sums bound the loss at every time whatever was chosen adaptively: a valid odometer
+    # (Rogers, Roth, Ullman, Vadhan 2016, basic composition; WRRW 2023).
     fixed_in_advance = False
 
     def __init__(self) -> None:

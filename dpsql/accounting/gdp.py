@@ -49,10 +49,13 @@ def composed_mu(groups: Iterable[tuple[Event, int]]) -> float | None:
 
 
 class GdpAccountant:
-    """Odometer: the exact (epsilon, delta) curve of the composed mu; valid adaptively."""
+    """Odometer: the exact (epsilon, delta) curve of the composed mu, valid for parameters fixed
+    in advance; ``GdpFilter``, its mu cap fixed in advance, is valid adaptively."""
 
     name = "gdp"
-    fixed_in_advance = False
+    # Adaptive mus read now bound nothing: the GDP filter needs its cap fixed first (Smith,
+    # Thakurta 2022), and odometers pay more than fixed composition (RRUV 2016, lower bound).
+    fixed_in_advance = True
 
     def __init__(self) -> None:
         self._groups = GroupCache()

@@ -227,6 +227,7 @@ class OptimalAccountant:
     """KOV optimal composition (exact if homogeneous, else MV), as if fixed in advance."""
 
     name = "optimal"
+    # KOV 2015 Thm 3.3 / Murtagh, Vadhan 2016: the optimum over parameters fixed in advance.
     fixed_in_advance = True
 
     def __init__(self) -> None:

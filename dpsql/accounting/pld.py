@@ -219,6 +219,8 @@ class PldAccountant:
     """PLD figure for a history, composed incrementally (as if fixed in advance)."""
 
     name = "pld"
+    # Composed profiles hold for parameters fixed in advance; adaptively, only within a totally
+    # ordered family fixed first (Regehr et al. 2026, arXiv 2602.15815).
     fixed_in_advance = True
 
     def __init__(self, value_discretization_interval: float = 1e-3, cached_states: int = 4):

@@ -61,12 +61,14 @@ def composed_rdp(
 
 
 class RdpAccountant:
-    """Odometer: min over the grid of the improved RDP-to-DP conversion. Valid for a fixed
-    history; as an admission rule use ``RdpFilter`` (choosing the order after the fact is not a
-    filter)."""
+    """Odometer: min over the grid of the improved RDP-to-DP conversion. Valid for a history
+    whose parameters were fixed in advance; as an admission rule use ``RdpFilter`` (choosing
+    the order after the fact is not a filter)."""
 
     name = "rdp"
-    fixed_in_advance = False
+    # Adaptive parameters, best order after the fact, all of delta: no union bound paid; RDP
+    # odometers need one over budgets and orders (Lecuyer 2021; RRUV 2016, odometers pay more).
+    fixed_in_advance = True
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS):
         if not orders or min(orders) <= 1:

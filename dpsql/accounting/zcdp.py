@@ -39,10 +39,13 @@ def composed_zcdp(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fracti
 
 
 class ZcdpAccountant:
-    """Odometer: CKS conversion of the summed rho; valid adaptively (it is also a filter)."""
+    """Odometer: CKS conversion of the summed rho, valid for parameters fixed in advance; as an
+    admission rule with its rho cap fixed in advance, ``ZcdpFilter`` is valid adaptively."""
 
     name = "zcdp"
-    fixed_in_advance = False
+    # Adaptive rhos summed and read now bound nothing: the zCDP filter needs its cap fixed first
+    # (WRRW 2023), and odometers pay more than fixed composition (RRUV 2016, lower bound).
+    fixed_in_advance = True
 
     def __init__(self) -> None:
         self._groups = GroupCache()

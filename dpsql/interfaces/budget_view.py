@@ -187,11 +187,12 @@ def show_command(config: Config, chart: Path | None) -> None:
 
 
 # -- what-if ----------------------------------------------------------------------------------
+# As ``dpsql budget show`` labels the odometers (``Accountant.fixed_in_advance`` says why).
 LABELS = {
     "basic": "valid adaptively",
     "advanced": "as if fixed in advance (delta' below)",
-    "rdp": "valid adaptively",
-    "zcdp": "valid adaptively",
+    "rdp": "as if fixed in advance",
+    "zcdp": "as if fixed in advance",
     "pld": "as if fixed in advance",
 }
 
