@@ -7,7 +7,8 @@ cap, and at every refusal the refused query would take it over the cap, by the f
 refusal names. Driven by random streams of charges (cells of several families, analysts with
 shares, top-ups) under rdp (its grid and one order), zcdp (an epsilon cap and a rho cap),
 advanced and basic composition, each compared with the filter folded afresh over every view.
-What is left is never negative.
+What is left is never negative; a top-up after answers marks the cap as adaptive and states the
+basic-composition figure, which holds adaptively.
 """
 
 from __future__ import annotations
@@ -234,6 +235,27 @@ def test_a_figure_above_the_cap_is_shown_as_such_and_nothing_left_is_negative() 
     text = show_text(budget.report())
     assert re.search(rf"^│ basic .*│ {EXCEEDS} │ valid adaptively", text, re.M), text
     assert not re.search(r"│ +-\d", text), text  # no negative number in any cell
+
+
+def test_a_top_up_after_answers_makes_the_cap_adaptive() -> None:
+    budget = _budget("zcdp epsilon cap", False)
+    count = Composite((DiscreteLaplace(F(20), F(1)),))
+    budget.add(F(1, 2), F(0), "owner", "before any query")  # fixed before the first query
+    assert budget.report().adaptive_cap is None
+    budget.charge(count, "SELECT COUNT(*) FROM t", None)
+    assert budget.report().adaptive_cap is None and "raised" not in str(budget.report())
+    record = budget.add(F(1), F(0), "owner", "more, after an answer")
+    budget.charge(count, "SELECT COUNT(*) FROM t", None)
+    report = budget.report()
+    assert report.adaptive_cap == record.seq
+    assert report.valid_adaptively == (F(1, 10), F(0))  # basic composition of the two charges
+    assert f"ledger record {record.seq}" in str(report) and "epsilon 0.1, delta 0" in str(report)
+    assert "Adaptive cap" in show_text(report)
+    basic = _budget("basic", False)
+    basic.charge(count, "q", None)
+    basic.add(F(1), F(0), "owner", "after")
+    # Under basic composition the guarantee is the realised sum: the filter's own figure.
+    assert basic.report().valid_adaptively == (basic.report().epsilon_spent, F(0))
 
 
 def _policy(accountant: str) -> dict[str, Any]:

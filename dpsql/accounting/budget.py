@@ -116,6 +116,10 @@ class Budget(Readings):
         elif r.kind == "budget_add":
             state.epsilon += Fraction(str(r.payload["epsilon"]))
             state.delta += Fraction(str(r.payload["delta"]))
+            if state.charges and state.adaptive_cap is None:
+                # Decided after answers: a filter's cap must be fixed before the first query
+                # (Rogers, Roth, Ullman, Vadhan 2016; Whitehouse, Ramdas, Rogers, Wu 2023).
+                state.adaptive_cap = r.seq
         elif r.kind == "allocate":
             share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
             state.shares[str(r.payload["analyst"])] = share
@@ -306,6 +310,8 @@ class Budget(Readings):
             self.store.durable,
             functools.partial(self._figures, charges, count, float(state.delta), basic[0], eps),
             share,
+            state.adaptive_cap,
+            basic if state.adaptive_cap is not None else None,
         )
 
 

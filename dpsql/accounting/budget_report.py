@@ -82,6 +82,14 @@ class BudgetReport:
     readings: Callable[[], tuple[Figure, ...]] = field(default=tuple, compare=False, repr=False)
     # The asking analyst's share, when the budget is shared and the analyst has one.
     share: ShareReport | None = None
+    # The ledger record of the first top-up recorded after a charge, if any: the cap was then
+    # chosen after answers were seen, so no filter's cap is a guarantee any more.
+    adaptive_cap: int | None = None
+    # With an adaptive cap, what still holds whatever was chosen adaptively, the caps included:
+    # basic composition of the charges, worst view (a valid odometer: Rogers, Roth, Ullman,
+    # Vadhan 2016). Under the basic filter that is its own sums: the guarantee is the realised
+    # sum, not the cap.
+    valid_adaptively: tuple[Fraction, Fraction] | None = None
 
     @functools.cached_property
     def figures(self) -> tuple[Figure, ...]:
@@ -106,7 +114,19 @@ class BudgetReport:
             f"{_shown(self.epsilon_total)} ({_down(self.epsilon_remaining)} left), delta "
             f"{_up(self.delta_spent)} of {_shown(self.delta_total)}; {self.queries} "
             f"charged queries; {self.accountant} composition decides"
+            + self.adaptive_text()
             + ("" if self.durable else "; in memory: resets when the process ends")
+        )
+
+    def adaptive_text(self) -> str:
+        """What holds once the cap was raised after answers were seen ("" if it was not)."""
+        if self.adaptive_cap is None or self.valid_adaptively is None:
+            return ""
+        eps, delta = self.valid_adaptively
+        return (
+            f"; the cap was raised after answers were seen (ledger record {self.adaptive_cap}), "
+            f"so it is not a guarantee: valid adaptively, by basic composition of the charges, "
+            f"epsilon {_up(eps)}, delta {_up(delta)}"
         )
 
 

@@ -168,6 +168,14 @@ def show_text(report: BudgetReport) -> str:
         f"({left_text(report.delta_remaining)} remaining); {report.queries} charged queries.",
         "",
     ]
+    if report.adaptive_cap is not None and report.valid_adaptively is not None:
+        eps, delta = report.valid_adaptively
+        lines[0] = f"The {report.accountant} filter decides admission."
+        lines[-1:-1] = [
+            f"Adaptive cap: raised after answers were seen (ledger record {report.adaptive_cap}), "
+            "so the cap is not a guarantee; valid adaptively, by basic composition of the "
+            f"charges: epsilon {spent_text(eps)}, delta {spent_text(delta)}."
+        ]
     tail = ["", "Labels:", *labels]
     if not report.durable:
         tail.append("This budget lives in memory: it resets when the process ends.")

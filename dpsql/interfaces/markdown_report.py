@@ -62,6 +62,15 @@ def _md_budget(data: dict[str, Any]) -> list[str]:
     )
     if b["rho"] is not None:
         out += ["", f"The policy's budget is zCDP rho = {b['rho']}."]
+    if b["adaptive_cap"] is not None:
+        held = b["adaptive_cap"]["valid_adaptively"]
+        out += [
+            "",
+            f"**Adaptive cap.** The cap was raised after answers were seen (ledger record "
+            f"{b['adaptive_cap']['since_record']}), so it is not a guarantee. What holds whatever "
+            f"was chosen adaptively, by {held['theorem']} of the charges: epsilon "
+            f"{_short(held['epsilon'])}, delta {_short(held['delta'])}.",
+        ]
     defaults = b["query_defaults"]
     out += [
         "",

@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.base import Spent
-from dpsql.accounting.budget_report import exceeds
+from dpsql.accounting.budget_report import BudgetReport, exceeds
 from dpsql.accounting.events import composite_from_json
 from dpsql.accounting.filter import Budget
 from dpsql.accounting.ledger import GENESIS, Record
@@ -201,6 +201,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
                 "delta": exact(spec.query_delta),
             },
             "charged_queries": summary.queries,
+            "adaptive_cap": _adaptive(summary),
             "analysts": _analysts(policy, records, schedule),
         },
         "adjacency": {
@@ -227,6 +228,22 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "notes": NOTES,
         },
         "schedule": schedule,
+    }
+
+
+def _adaptive(summary: BudgetReport) -> dict[str, Any] | None:
+    """With a cap raised after answers were seen: the record that raised it first, and what
+    holds adaptively instead of the cap (``BudgetReport.valid_adaptively``)."""
+    if summary.adaptive_cap is None or summary.valid_adaptively is None:
+        return None
+    eps, delta = summary.valid_adaptively
+    return {
+        "since_record": summary.adaptive_cap,
+        "valid_adaptively": {
+            "theorem": "basic composition",
+            "epsilon": exact(eps),
+            "delta": exact(delta),
+        },
     }
 
 
