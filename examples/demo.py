@@ -18,7 +18,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import dpsql  # noqa: E402
-from dpsql.accounting.budget_report import cap_text, left_text, spent_text  # noqa: E402
+from dpsql.accounting.budget_report import (  # noqa: E402
+    cap_text,
+    figure_left,
+    figure_value,
+    left_text,
+    spent_text,
+)
 
 POLICY = HERE / "policy.toml"
 
@@ -141,10 +147,15 @@ def main(policy: Path = POLICY) -> None:
             table(
                 ["", "total", "spent", "left"],
                 [
-                    [name, cap_text(total), spent_text(spent), left_text(total - spent)]
-                    for name, total, spent in (
-                        ("epsilon", report.epsilon_total, report.epsilon_spent),
-                        ("delta", report.delta_total, report.delta_spent),
+                    [name, cap_text(total), spent_text(spent), left_text(left)]
+                    for name, total, spent, left in (
+                        (
+                            "epsilon",
+                            report.epsilon_total,
+                            report.epsilon_spent,
+                            report.epsilon_remaining,
+                        ),
+                        ("delta", report.delta_total, report.delta_spent, report.delta_remaining),
                     )
                 ],
             )
@@ -152,11 +163,12 @@ def main(policy: Path = POLICY) -> None:
         print("\nThe same history read by every accountant (epsilon at the budget's delta):\n")
         print(
             table(
-                ["accountant", "epsilon", "status"],
+                ["accountant", "epsilon", "left of the cap", "status"],
                 [
                     [
                         f.accountant,
-                        f"{f.epsilon:.4g}" if math.isfinite(f.epsilon) else "n/a",
+                        spent_text(figure_value(f.epsilon)) if math.isfinite(f.epsilon) else "n/a",
+                        figure_left(f, report.epsilon_total),
                         f.note,
                     ]
                     for f in report.figures

@@ -186,7 +186,8 @@ def test_report_lists_every_charge_with_its_cost_and_every_figure(policy: Path) 
     assert {"basic", "advanced", "optimal", "rdp", "zcdp", "gdp", "pld"} <= set(figures)
     assert figures["basic"]["note"] == "decides" and float(figures["basic"]["epsilon"]) == 0.65
     assert figures["optimal"]["note"] == "as if fixed in advance"
-    assert figures["rdp"]["note"] == "valid adaptively"
+    assert figures["rdp"]["note"] == "as if fixed in advance"  # the best order after the fact
+    assert figures["advanced"]["exceeds_cap"] is False
     assert {f["note"] for f in figures.values()} <= set(data["accounting"]["notes"])
 
     assert data["adjacency"]["privacy_units"] == {"visits": "user_id"}
@@ -246,6 +247,42 @@ def test_a_query_fits_only_after_the_top_up(policy: Path) -> None:
     assert eps["remaining"] == "0"
     (top_up,) = [e for e in data["schedule"] if e["kind"] == "budget_add"]
     assert (top_up["by"], top_up["why"], top_up["epsilon"]) == ("owner", "second quarter", "0.1")
+
+
+def test_a_top_up_after_an_answer_marks_the_cap_adaptive_everywhere(tmp_path: Path) -> None:
+    """Under the rdp filter a cap raised after answers is no guarantee: the top-up says so,
+    ``budget show`` and both report formats name the record and give basic composition of the
+    charges instead; the ledger still verifies (nothing new is written to it)."""
+    early, late = tmp_path / "early", tmp_path / "late"
+    for folder in (early, late):
+        folder.mkdir()
+        path = write_policy(folder, 'accountant = "rdp"')
+        assert run(path, "init").exit_code == 0
+    top_up = ("budget", "add", "--epsilon", "1", "--delta", "0", "--by", "owner", "--why", "w")
+    before = run(early / "policy.toml", *top_up)  # before any query: the cap is still fixed
+    assert before.exit_code == 0 and "raised after answers" not in before.stdout
+    ask(early / "policy.toml", QUERIES[0])
+    assert json_report(early / "policy.toml")["budget"]["adaptive_cap"] is None
+
+    ask(late / "policy.toml", QUERIES[0])
+    after = run(late / "policy.toml", *top_up)
+    assert after.exit_code == 0 and "raised after answers were seen" in after.stdout
+    record = int(after.stdout.split(":")[0].removeprefix("record "))
+    ask(late / "policy.toml", QUERIES[2])
+    shown = run(late / "policy.toml", "budget", "show").stdout
+    assert f"Adaptive cap: raised after answers were seen (ledger record {record})" in shown
+    assert "by basic composition of the charges: epsilon 0.5, delta 0." in shown
+    data = json_report(late / "policy.toml")
+    assert data["budget"]["adaptive_cap"] == {
+        "since_record": record,
+        "valid_adaptively": {"theorem": "basic composition", "epsilon": "0.5", "delta": "0"},
+    }
+    markdown = run(late / "policy.toml", "report").stdout
+    assert (
+        f"**Adaptive cap.** The cap was raised after answers were seen (ledger record {record})"
+        in markdown
+    )
+    assert run(late / "policy.toml", "ledger", "verify").exit_code == 0
 
 
 def test_an_allocation_limits_the_analyst(policy: Path) -> None:

@@ -290,8 +290,8 @@ def test_psql_budget_exhaustion_shows_its_sqlstate(fresh: Callable[..., Served])
     assert out.stdout.count("\n") == 2  # SET, then the one answer
     assert re.search(
         r"^ERROR:  53R01: this query \(epsilon 0\.6\) would take analyst alice over their share of "
-        r"the budget \(epsilon 0\.4 of 1 left, delta 0\.0000001 of 0\.0000001\); nothing was "
-        r"charged$",
+        r"the budget \(its sums would reach epsilon 1\.2 of 1, delta 0 of 0\.0000001; epsilon "
+        r"0\.4 of 1 left, delta 0\.0000001 of 0\.0000001\); nothing was charged$",
         out.stderr,
         re.MULTILINE,
     ), out.stderr
@@ -411,7 +411,9 @@ def test_psycopg_budget_exhaustion(fresh: Callable[..., Served]) -> None:
         with pytest.raises(psycopg.OperationalError) as info:
             conn.execute(COUNT, [22])
         assert info.value.sqlstate == "53R01"
-        assert "over their share of the budget (epsilon " in str(info.value)
+        assert "over their share of the budget (its sums would reach epsilon 1.2 of 1" in str(
+            info.value
+        )
         assert str(info.value).endswith("delta 0.0000001 of 0.0000001); nothing was charged")
         assert records(served.ledger) == before  # the refused query charged nothing
         # A released answer is served again for free, even with the share spent.

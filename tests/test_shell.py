@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
 import click
@@ -20,6 +21,7 @@ from click.testing import CliRunner
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 
+from dpsql.accounting.budget_report import figure_left, figure_value, spent_text
 from dpsql.accounting.filter import create_ledger
 from dpsql.interfaces.cli import Config
 from dpsql.interfaces.shell import (
@@ -188,7 +190,9 @@ def test_budget_shows_every_accountant_and_its_note(shell: Shell) -> None:
     figures = shell.session.budget().figures
     assert len(figures) >= 5
     for figure in figures:
-        assert re.search(rf"{figure.accountant}\s+│\s+{figure.epsilon:.6g}\s+│\s+{figure.note}",
+        spent = spent_text(figure_value(figure.epsilon))
+        left = re.escape(figure_left(figure, Fraction(1)))
+        assert re.search(rf"{figure.accountant}\s+│\s+{spent}\s+│\s+{left}\s+│\s+{figure.note}",
                          shown), figure  # fmt: skip
 
 
@@ -391,7 +395,7 @@ def test_the_shell_in_a_real_terminal(policy: Path, tmp_path: Path) -> None:
         child.sendcontrol("c")
         assert prompt() == ("0.25", "0.25")
         child.send("\\budget\r")
-        child.expect(r"rdp\s+│ 0\.2\d+\s+│ valid adaptively")
+        child.expect(r"rdp\s+│ 0\.2\d+\s+│ 0\.7\d+\s+│ as if fixed in advance")
         assert prompt() == ("0.25", "0.25")
         child.sendcontrol("d")
         child.expect(pexpect.EOF)

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from dpsql.accounting.base import agreeing
 from dpsql.accounting.curves import GroupCache
 from dpsql.accounting.events import (
     ApproxDP,
@@ -142,6 +143,8 @@ class AdvancedAccountant:
     """Odometer figure: min(basic, KOV Theorem 3.5 / DRV) for a history, as if fixed in advance."""
 
     name = "advanced"
+    # DRV 2010 / KOV 2015 need every epsilon fixed first; adaptively, the odometer pays a
+    # further factor (RRUV 2016), the filter needs delta' fixed first (WRRW 2023).
     fixed_in_advance = True
 
     def __init__(self) -> None:
@@ -243,6 +246,24 @@ class AdvancedFilter:
             return False
         # WRRW 2023 section 3: the stopping rule with delta' fixed in advance
         return wrrw_bound(float(eps_sq), float(self.delta_prime)) <= float(self.epsilon_cap)
+
+    def epsilon_spent(self, tally: AdvancedTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The filter's own epsilon for the tally's history followed by ``new``: the WRRW 2023
+        quantity sqrt(2 ln(1/delta') V) + V/2 at its fixed delta', agreeing with the decision
+        (``base.agreeing``: it compares floats); ``math.inf`` when an event has no (epsilon,
+        delta) pair or the events' deltas pass delta_cap - delta'."""
+        eps_sq, delta, bounded = tally.eps_sq, tally.delta, tally.bounded
+        for event in new:
+            pair = approx_dp(event)
+            if pair is None:
+                return math.inf
+            eps_sq, delta = eps_sq + pair[0] * pair[0], delta + pair[1]
+        if not bounded or delta > self.delta_cap - self.delta_prime:
+            return math.inf
+        if eps_sq == 0:
+            return Fraction(0)
+        figure = Fraction(wrrw_bound(float(eps_sq), float(self.delta_prime)))
+        return agreeing(figure, self.admits_tally(tally, new), self.epsilon_cap)
 
 
 class AdvancedTally:

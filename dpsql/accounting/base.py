@@ -25,16 +25,28 @@ for the history folded into the tally (the stateless form stays as the reference
 tests/test_incremental_filters.py drives both with random streams): every sum the stateless form
 computes exactly is kept exactly, and a float sum it rounds once (``math.fsum``) is kept as the
 exact sum of the same floats and rounded once.
+
+Every filter also reads its own spend: ``epsilon_spent(tally, new)`` is the epsilon the filter's
+own rule certifies for the history folded into ``tally`` followed by ``new``, at its cap's delta
+(the union bound's per-order share, the rho cap's conversion, delta' fixed in advance: whatever
+the filter fixed before the first query). It agrees with the decision: ``admits_tally(tally,
+new)`` iff ``epsilon_spent(tally, new) <= epsilon_cap`` (``agreeing``), and it is ``math.inf``
+when the filter's fixed parameters certify nothing (an event it cannot bound, a reserve of delta
+passed). An empty history spends 0.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Protocol
 
 from dpsql.accounting.events import Event
+
+Spent = Fraction | float
+"""A filter's own epsilon spent (module docstring): exact, or the float ``math.inf``."""
 
 
 class Accountant(Protocol):
@@ -66,6 +78,22 @@ class Filter(Protocol):
     def tally(self) -> Any: ...
 
     def admits_tally(self, tally: Any, new: Sequence[Event]) -> bool: ...
+
+    def epsilon_spent(self, tally: Any, new: Sequence[Event] = ()) -> Spent: ...
+
+
+def agreeing(figure: Fraction, admitted: bool, cap: Fraction) -> Fraction:
+    """A filter's ``figure`` made to agree with its own decision where float rounding could part
+    them (a cap solved for to a relative 1e-9, a float comparison): at most ``cap`` when the
+    filter admits, above it when it refuses. Both moves are valid bounds: a history the filter
+    admits is within its cap by the filter's own theorem, and overstating spend is the safe
+    side."""
+    if admitted:
+        return min(figure, cap)
+    if figure > cap:
+        return figure
+    # The float after the nearest one is above the cap (the nearest is within half an ulp).
+    return Fraction(math.nextafter(float(cap), math.inf))
 
 
 def grouped(history: Sequence[Event]) -> list[tuple[Event, int]]:

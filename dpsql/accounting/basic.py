@@ -6,10 +6,11 @@ adaptively from earlier answers (Rogers, Roth, Ullman, Vadhan 2016, "Privacy Odo
 Filters", Theorem 3.5 / the basic filter). Sums are Fractions, so 100 charges of epsilon 1/100
 fill a budget of 1 exactly (parse epsilons from decimal text: ``Fraction(0.01)`` > 1/100).
 
-Each event's (epsilon, delta) pair comes from ``basic_cost``: the pair an event states, except
-that a Gaussian-type event (continuous or discrete Gaussian, zCDP) is charged at its target
-epsilon with delta = max(target delta, the mechanism's own delta at that epsilon), so a missing
-or wrong calibration never makes its cost smaller than its curve gives.
+Each event's (epsilon, delta) pair comes from ``basic_cost`` (``events.basic_pair``, which every
+query's ``Composite`` reads too): the pair an event states, except that a Gaussian-type event
+(continuous or discrete Gaussian, zCDP) is charged at its target epsilon with delta = max(target
+delta, the mechanism's own delta at that epsilon), so a missing or wrong calibration never makes
+its cost smaller than its curve gives.
 """
 
 from __future__ import annotations
@@ -17,46 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from functools import lru_cache
 
-from dpsql.accounting.conversions import (
-    discrete_gaussian_delta,
-    frac_down,
-    frac_up,
-    gdp_delta,
-    zcdp_to_delta,
-)
-from dpsql.accounting.curves import GroupCache, gdp_mu
-from dpsql.accounting.events import ZCDP, DiscreteGaussian, Event, Gaussian
+from dpsql.accounting.conversions import frac_up
+from dpsql.accounting.curves import GroupCache
+from dpsql.accounting.events import Event, basic_pair
 
 __all__ = ["BasicAccountant", "BasicFilter", "BasicTally", "basic_cost", "basic_totals"]
 
 
-@lru_cache(maxsize=4096)
-def basic_cost(event: Event) -> tuple[Fraction, Fraction]:
-    """The (epsilon, delta)-DP pair of one event, as exact rationals."""
-    if not isinstance(event, Gaussian | DiscreteGaussian | ZCDP):
-        return event.epsilon, event.delta
-    eps = event.target_epsilon
-    eps_float = frac_down(eps)  # a smaller epsilon only raises the curve's delta: safe
-    if isinstance(event, Gaussian):
-        mu = gdp_mu(event)
-        assert mu is not None
-        curve = gdp_delta(mu, eps_float)  # exact mu-GDP profile (Dong, Roth, Su 2019)
-    elif isinstance(event, DiscreteGaussian) and event.dimensions == 1:
-        # Its own curve (Canonne, Kamath, Steinke 2020, Theorem 7), at the lowest variance
-        # float; a non-integer sensitivity goes up to the next integer shift.
-        sigma2 = frac_down(event.sigma2)
-        curve = discrete_gaussian_delta(sigma2, math.ceil(event.sensitivity), eps_float)
-    elif isinstance(event, DiscreteGaussian):
-        # Several coordinates: no one-dimensional curve applies; its exact rho and the CKS
-        # conversion (Corollary 13) do (DESIGN.md section 3).
-        curve = zcdp_to_delta(frac_up(event.rho), eps_float)
-    else:
-        # Approximate zCDP: the conversion's delta plus the additive delta (Bun, Steinke 2016).
-        curve = zcdp_to_delta(frac_up(event.rho), eps_float) + frac_up(event.delta_zcdp)
-    delta = max(event.delta, Fraction(min(1.0, curve)))
-    return eps, min(delta, Fraction(1))
+# The (epsilon, delta)-DP pair of one event, as exact rationals, guarded for the Gaussian
+# family (``events.basic_pair``: never below the mechanism's own curve).
+basic_cost = basic_pair
 
 
 def basic_totals(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fraction]:
@@ -79,6 +51,8 @@ class BasicAccountant:
     """Odometer by basic composition: (sum eps, sum delta). Valid adaptively."""
 
     name = "basic"
+    # The sums bound the loss at every time whatever was chosen adaptively: a valid odometer
+    # (Rogers, Roth, Ullman, Vadhan 2016, basic composition; WRRW 2023).
     fixed_in_advance = False
 
     def __init__(self) -> None:
@@ -119,6 +93,14 @@ class BasicFilter:
         """``admits`` from the running sums (exact, so the same decision)."""
         eps, delta = basic_totals([(e, 1) for e in new])
         return tally.epsilon + eps <= self.epsilon_cap and tally.delta + delta <= self.delta_cap
+
+    def epsilon_spent(self, tally: BasicTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The exact sum of the epsilons of the tally's history and ``new``; ``math.inf`` once
+        their deltas pass delta_cap (Dwork, Roth 2014, Theorem 3.16)."""
+        eps, delta = basic_totals([(e, 1) for e in new])
+        if tally.delta + delta > self.delta_cap:
+            return math.inf
+        return tally.epsilon + eps
 
 
 class BasicTally:

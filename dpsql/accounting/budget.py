@@ -13,15 +13,16 @@ analyst shares are decided the same way on their own history. ``Budget.add`` and
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.advanced import AdvancedFilter
-from dpsql.accounting.base import Accountant, Filter
+from dpsql.accounting.base import Accountant, Filter, Spent
 from dpsql.accounting.budget_readings import Readings
-from dpsql.accounting.budget_report import BudgetReport, Charge, _down, _shown
+from dpsql.accounting.budget_report import BudgetReport, Charge, _down, _shown, _up
 from dpsql.accounting.budget_state import _add, _additive_delta, _State, _Views, events_for
 from dpsql.accounting.events import (
     Composite,
@@ -128,6 +129,10 @@ class Budget(Readings):
         elif r.kind == "budget_add":
             state.epsilon += Fraction(str(r.payload["epsilon"]))
             state.delta += Fraction(str(r.payload["delta"]))
+            if state.charges and state.adaptive_cap is None:
+                # Decided after answers: a filter's cap must be fixed before the first query
+                # (Rogers, Roth, Ullman, Vadhan 2016; Whitehouse, Ramdas, Rogers, Wu 2023).
+                state.adaptive_cap = r.seq
         elif r.kind == "allocate":
             share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
             state.shares[str(r.payload["analyst"])] = share
@@ -181,13 +186,14 @@ class Budget(Readings):
             self._decide_on(self._state(records), event, analyst)
 
     def _decide_on(self, state: _State, event: Composite, analyst: str | None) -> None:
-        rule = self._rule((state.epsilon, state.delta), True)
+        cap = (state.epsilon, state.delta)
+        rule = self._rule(cap, True)
         if not self._admits(rule, state, "*", event):
-            left = self._left(state, rule, "*", (state.epsilon, state.delta))
+            why = self._refusal(state, rule, "*", cap, event)
             raise BudgetExceededError(
                 f"this query (epsilon {_shown(event.epsilon)}, delta {_shown(event.delta)}) "
                 f"would take the data set over its budget under the {self.name} filter "
-                f"({left}); nothing was charged"
+                f"({why}); nothing was charged"
             )
         if state.shares and (analyst is None or analyst not in state.shares):
             # With shares declared, only the analysts they name may spend anything.
@@ -198,27 +204,43 @@ class Budget(Readings):
         if analyst is not None and analyst in state.shares:
             share = self._rule(state.shares[analyst], False)
             if not self._admits(share, state, analyst, event):
-                left = self._left(state, share, analyst, state.shares[analyst])
+                why = self._refusal(state, share, analyst, state.shares[analyst], event)
                 raise BudgetExceededError(
                     f"this query (epsilon {_shown(event.epsilon)}) would take analyst "
-                    f"{analyst} over their share of the budget ({left}); nothing was charged"
+                    f"{analyst} over their share of the budget ({why}); nothing was charged"
                 )
 
-    def _left(
+    def _refusal(
         self,
         state: _State,
         rule: Filter | tuple[Fraction, Fraction],
         who: str,
         cap: tuple[Fraction, Fraction],
+        new: Composite,
     ) -> str:
-        """How much of ``cap`` is left for ``who``, read as ``rule`` reads the spend (rounded
-        down: a refusal never overstates what remains)."""
+        """Why ``rule`` refuses ``new`` for ``who``: what its own figure would reach, and what
+        is left of ``cap`` read as ``rule`` reads the spend (left rounded down, the figure
+        rounded up: a refusal never overstates what remains)."""
+        spent: Spent
         if isinstance(rule, tuple):
-            eps, delta = state.worst(who, None)
+            spent, delta = state.worst(who, None)
+            eps_after, delta_after = state.worst(who, new.cell)
+            reach = (
+                f"its sums would reach epsilon {_up(eps_after + new.epsilon)} of "
+                f"{_shown(cap[0])}, delta {_up(delta_after + new.delta)} of {_shown(cap[1])}"
+            )
         else:
-            eps, delta = self._deciding(state, rule, len(state.charges), who, float(cap[1]))
+            spent, delta = self._deciding(state, rule, who)
+            after = self._would_spend(state, rule, who, new)
+            reach = (
+                f"its own epsilon would reach {_up(after)} of {_shown(cap[0])}"
+                if math.isfinite(after)
+                else "it would certify nothing: the deltas would pass the part of delta it "
+                "keeps for them, or it cannot bound the query"
+            )
+        left = cap[0] - spent if math.isfinite(spent) else Fraction(0)
         return (
-            f"epsilon {_down(cap[0] - eps)} of {_shown(cap[0])} left, "
+            f"{reach}; epsilon {_down(left)} of {_shown(cap[0])} left, "
             f"delta {_down(cap[1] - delta)} of {_shown(cap[1])}"
         )
 
@@ -283,9 +305,10 @@ class Budget(Readings):
             charges, count = state.charges, len(state.charges)
             basic = state.worst("*", None)  # what basic composition decides on
             decider = self._rule((state.epsilon, state.delta), True)
+            eps: Spent
             eps, delta = basic
             if not isinstance(decider, tuple):
-                eps, delta = self._deciding(state, decider, count)
+                eps, delta = self._deciding(state, decider)
             share = None
             if analyst is not None and analyst in state.shares:
                 share = self._share(state, analyst)
@@ -298,8 +321,10 @@ class Budget(Readings):
             delta,
             count,
             self.store.durable,
-            functools.partial(self._figures, charges, count, float(state.delta), basic[0]),
+            functools.partial(self._figures, charges, count, float(state.delta), basic[0], eps),
             share,
+            state.adaptive_cap,
+            basic if state.adaptive_cap is not None else None,
         )
 
 

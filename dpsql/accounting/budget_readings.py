@@ -1,30 +1,26 @@
-"""What the budget reads of the spend: the deciding filter's figure, a share's, every odometer's.
+"""What the budget reads of the spend: the deciding filter's own figure, a share's, each odometer's.
 
-The deciding filter's (epsilon, additive delta) spent by a history, worst view, is read from the
-running tallies of its views (``_deciding``: O(views)), or from the views' whole histories
-(``_deciding_replay``) where the tallies cannot tell; an analyst's share is read the same way
-on their own history (``_share``), and every accountant's figure of the odometer report is
-computed over the views (``_figures``). The ``Readings`` methods are part of
+The deciding filter's (epsilon, additive delta) spent by a history, worst view, is the filter's
+own bound (``Filter.epsilon_spent``: the epsilon its rule certifies, <= its cap iff it admits)
+read from the running tallies of its views (``_deciding``: O(views)), or from the views' whole
+histories (``_deciding_replay``, the reference); an analyst's share is read the same way on
+their own history under their share's filter (``_share``), and every accountant's figure of the
+odometer report is computed over the views (``_figures``), labelled by what makes it valid
+under fully adaptive choice (``_note``). The ``Readings`` methods are part of
 ``dpsql.accounting.budget.Budget``, which reads under its lock.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from dpsql.accounting.advanced import AdvancedFilter, AdvancedTally, wrrw_bound
-from dpsql.accounting.base import Accountant, Filter, Tally
+from dpsql.accounting.base import Accountant, Filter, Spent
 from dpsql.accounting.budget_report import Charge, Figure, ShareReport
 from dpsql.accounting.budget_state import _additive_delta, _State, events_for
 from dpsql.accounting.events import Composite
-from dpsql.accounting.parallel import View, member
-from dpsql.accounting.pld import PldFilter, PldTally
-from dpsql.accounting.rdp import RdpAccountant, RdpTally
-from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpTally
 
 
 class Readings:
@@ -51,95 +47,75 @@ class Readings:
         cap = state.shares[analyst]
         rule = self._rule(cap, False)
         mine = [c for c in state.charges if c.analyst == analyst]
+        eps: Spent
         eps, delta = state.worst(analyst, None)
         if not isinstance(rule, tuple):
-            eps, delta = self._deciding(state, rule, len(state.charges), analyst, float(cap[1]))
+            eps, delta = self._deciding(state, rule, analyst)
         return ShareReport(analyst, cap[0], cap[1], eps, delta, len(mine))
 
-    def _odometer(self, name: str) -> Accountant | None:
-        return next((a for a in self._accountants if a.name == name), None)
-
-    def _deciding(
-        self,
-        state: _State,
-        decider: Filter,
-        count: int,
-        who: str = "*",
-        cap_delta: float | None = None,
-    ) -> tuple[Fraction, Fraction]:
-        """The deciding filter's (epsilon, additive delta) spent, worst view, of ``who``'s
-        history ("*": the data set's) at ``cap_delta`` (default: the data set's delta): its own
-        bound where it has one (advanced), else its family's odometer reading; Fraction(repr)
-        keeps the rounded-up float exactly. From the tallies, the same numbers as from the
-        views' histories (``_deciding_replay``), which serves the cases the tallies cannot."""
-        delta = float(state.delta) if cap_delta is None else cap_delta
-        history = state.charges[:count]
-        if who != "*":
-            history = [c for c in history if c.analyst == who]
+    def _deciding(self, state: _State, decider: Filter, who: str = "*") -> tuple[Spent, Fraction]:
+        """The deciding filter's own (epsilon, additive delta) spent by ``who``'s history ("*":
+        the data set's), worst view: ``decider.epsilon_spent`` of every view's running tally,
+        the very number it compares with its cap when it decides (``base.Filter``). The same
+        numbers as from the views' histories (``_deciding_replay``)."""
         mine = state.views.get(who)
-        odometer = self._odometer(self.name)
-        tallies = [] if mine is None else list(mine.tallies.values())
-        readings: list[float] = []
-        pairs: list[tuple[View, Tally | None]] = [*tallies] or [({}, None)]
-        for view, tally in pairs:
-            empty = mine is None or not any(
-                counts for cell, counts in mine.atoms.items() if member(cell, view)
-            )
-            if isinstance(tally, AdvancedTally) and isinstance(decider, AdvancedFilter):
-                # WRRW 2023 section 3: the filter's own epsilon of the view's history
-                bound = wrrw_bound(float(tally.eps_sq), float(decider.delta_prime))
-                readings.append(bound if tally.bounded else math.inf)
-            elif empty:
-                readings.append(0.0)
-            elif isinstance(tally, RdpTally) and isinstance(odometer, RdpAccountant):
-                if tally.orders != odometer.orders:  # a single order decides: read the grid
-                    return self._deciding_replay(decider, history, delta)
-                readings.append(odometer.epsilon_of(*tally.with_events(()), delta))
-            elif isinstance(tally, ZcdpTally):
-                readings.append(ZcdpAccountant.epsilon_of(tally.rho, tally.delta, delta))
-            elif isinstance(tally, PldTally) and isinstance(decider, PldFilter):
-                # the filter's own epsilon at its delta cap, from its rigorous composition
-                readings.append(decider.epsilon_spent(tally))
-            else:
-                return self._deciding_replay(decider, history, delta)
-        additive = [Fraction(0)] if mine is None else [mine.additive_in(v) for v, _ in tallies]
-        return Fraction(repr(max(readings))), max(additive)
+        if mine is None:
+            return Fraction(0), Fraction(0)
+        readings = [decider.epsilon_spent(tally) for _, tally in mine.tallies.values()]
+        additive = [mine.additive_in(view) for view, _ in mine.tallies.values()]
+        return max(readings), max(additive)
 
-    def _deciding_replay(
-        self, decider: Filter, charges: list[Charge], delta: float
-    ) -> tuple[Fraction, Fraction]:
-        """``_deciding`` from the views' whole histories (O(history))."""
-        seen = self.views(charges)
-        bound = getattr(decider, "bound", None)
-        odometer = self._odometer(self.name)
-        if bound is not None:
-            readings = [float(bound(events_for(self.name, v))) for v in seen]
-        elif odometer is not None:
-            readings = [
-                odometer.epsilon(events_for(self.name, v), delta) if v else 0.0 for v in seen
-            ]
+    def _would_spend(self, state: _State, rule: Filter, who: str, new: Composite) -> Spent:
+        """The deciding filter's own epsilon after ``new``, worst of the views that hold it:
+        above the cap exactly when it refuses ``new`` (``base.Filter``)."""
+        mine = state.views.get(who)
+        if mine is None:
+            assert state.new_tally is not None  # a filter other than basic keeps tallies
+            tallies = [state.new_tally()]
         else:
-            raise AssertionError(f"no reading for the {self.name} filter")  # odometers() has one
-        return Fraction(repr(max(readings))), max(_additive_delta(v) for v in seen)
+            tallies = list(mine.holding(new.cell))
+        events = events_for(rule.name, [new])
+        return max(rule.epsilon_spent(tally, events) for tally in tallies)
+
+    def _deciding_replay(self, decider: Filter, charges: list[Charge]) -> tuple[Spent, Fraction]:
+        """``_deciding`` from the views' whole histories (O(history)), each folded into a fresh
+        tally of the filter."""
+        readings: list[Spent] = []
+        seen = self.views(charges)
+        for view in seen:
+            tally = decider.tally()
+            for event in events_for(decider.name, view):
+                tally.add(event)
+            readings.append(decider.epsilon_spent(tally))
+        return max(readings), max(_additive_delta(v) for v in seen)
 
     def _figures(
-        self, charges: list[Charge], count: int, delta: float, basic: Fraction
+        self, charges: list[Charge], count: int, delta: float, basic: Fraction, deciding: Spent
     ) -> tuple[Figure, ...]:
-        """Every accountant's reading of the first ``count`` charges, worst view, labelled."""
+        """Every accountant's reading of the first ``count`` charges, worst view, labelled; the
+        deciding family's row is the filter's own figure (``deciding``), not its odometer's."""
         with self._lock:  # the list grows under it
             history = charges[:count]
         seen = self.views(history)
         figures = [
-            Figure("basic", float(basic), "decides" if self.name == "basic" else "valid adaptively")
+            Figure("basic", float(basic), "decides" if self.name == "basic" else _note(None))
         ]
         for accountant in self._accountants:
-            note = "as if fixed in advance" if accountant.fixed_in_advance else "valid adaptively"
             if accountant.name == self.name:
-                suffix = "; figure as if fixed in advance" if accountant.fixed_in_advance else ""
-                note = "decides" + suffix
+                figures.append(Figure(accountant.name, float(deciding), "decides"))
+                continue
             readings = [
                 accountant.epsilon(events_for(accountant.name, v), delta) if v else 0.0
                 for v in seen
             ]
-            figures.append(Figure(accountant.name, max(readings), note))
+            figures.append(Figure(accountant.name, max(readings), _note(accountant)))
         return tuple(figures)
+
+
+def _note(accountant: Accountant | None) -> str:
+    """The label of an odometer's reading under fully adaptive choice of every query's
+    parameters (``None``: basic composition, whose sums are a valid odometer, Rogers, Roth,
+    Ullman, Vadhan 2016). Each accountant's ``fixed_in_advance`` cites why (its module)."""
+    if accountant is not None and accountant.fixed_in_advance:
+        return "as if fixed in advance"
+    return "valid adaptively"

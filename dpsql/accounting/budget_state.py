@@ -153,6 +153,9 @@ class _State:
     seen: int = 0
     new_tally: Callable[[], Tally] | None = None
     views: dict[str, _Views] = field(default_factory=dict)
+    # The ledger record of the first top-up recorded after a charge: a cap raised after answers
+    # were seen is adaptive, no longer a filter's guarantee (``BudgetReport.adaptive_cap``).
+    adaptive_cap: int | None = None
 
     def worst(self, who: str, within: Cell | None) -> tuple[Fraction, Fraction]:
         """The basic-composition sums of ``who``'s worst view (``dpsql.accounting.parallel``),

@@ -9,15 +9,32 @@ be grouped into (event, multiplicity) pairs.
 Neighbouring data sets differ in one privacy unit (add/remove); every sensitivity below is for
 that relation, in the integer units of the measurement.
 
-Basic-composition cost (``epsilon``, ``delta``) is given by each event; the other accountants'
-curves live in ``dpsql.accounting.curves``.
+Basic-composition cost (``epsilon``, ``delta``) is given by each event, and guarded for the
+Gaussian family by ``basic_pair``: a Gaussian's stated (target) pair never costs less than its own
+curve gives. A ``Composite`` (one query) is charged its ``certified`` pair, which it refuses at
+construction unless a theorem supports it for its events (``supports``), or else the sum of its
+events' guarded pairs: so no path that reads a query's cost (the ledger's basic composition, its
+replay, the report) can charge less than its mechanisms give. The other accountants' curves live
+in ``dpsql.accounting.curves``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 
+from dpsql.accounting.conversions import (
+    discrete_gaussian_delta,
+    frac_down,
+    frac_up,
+    gdp_delta,
+    round_up,
+    zcdp_to_delta,
+    zcdp_to_dp,
+)
+from dpsql.errors import InternalError, LedgerError
 from dpsql.policy import DeclaredMechanism
 from dpsql.policy_numbers import decimal_text
 
@@ -219,7 +236,9 @@ class Composite:
     ``certified`` is the query's (epsilon, delta) when the planner calibrated several events
     jointly (discrete Gaussians through their summed rho and the CKS conversion): the whole is
     (epsilon, delta)-DP although no split of it over the parts is. Basic composition charges
-    that pair; without it, the sum of the parts' costs.
+    that pair; without it, the sum of the parts' guarded costs (``basic_pair``). A certified
+    pair that no theorem gives for the events (``supports``) raises ``InternalError``: a query
+    cannot claim less than its mechanisms give, whatever path later reads its cost.
     """
 
     events: tuple[Event, ...]
@@ -229,17 +248,23 @@ class Composite:
     # of different keys of one family compose in parallel, all others sequentially.
     cell: tuple[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        if self.certified is not None and not supports(self.events, self.certified):
+            raise InternalError(
+                "a query's certified (epsilon, delta) is below what its mechanisms give"
+            )
+
     @property
     def epsilon(self) -> Fraction:
         if self.certified is not None:
             return self.certified[0]
-        return sum((e.epsilon for e in self.events), Fraction(0))
+        return sum((basic_pair(e)[0] for e in self.events), Fraction(0))
 
     @property
     def delta(self) -> Fraction:
         if self.certified is not None:
             return self.certified[1]
-        return sum((e.delta for e in self.events), Fraction(0))
+        return sum((basic_pair(e)[1] for e in self.events), Fraction(0))
 
     def describe(self) -> list[str]:
         return [describe(e) for e in self.events]
@@ -280,6 +305,95 @@ def declared_event(declared: DeclaredMechanism) -> DiscreteLaplace | DiscreteGau
         return DiscreteLaplace(declared.scale, shift, dimensions=1)
     assert declared.sigma is not None  # policy-validated
     return DiscreteGaussian(declared.sigma**2, shift, dimensions=1)
+
+
+_GAUSSIAN = (DiscreteGaussian, Gaussian, ZCDP)
+# The exact one-dimensional curve sums the pmf over a window of 40 sigma; above this variance
+# the calibration (``dpsql.plan.calibration``) certifies through zCDP, and so does ``supports``.
+EXACT_CURVE_MAX_SIGMA2 = 10**6
+
+
+@lru_cache(maxsize=4096)
+def basic_pair(event: Event) -> tuple[Fraction, Fraction]:
+    """The (epsilon, delta)-DP pair of one event, as exact rationals: the pair it states, except
+    that a Gaussian-type event is charged at its target epsilon with delta = max(target delta,
+    the mechanism's own delta at that epsilon), so a missing or wrong calibration never makes
+    its cost smaller than its curve gives."""
+    if not isinstance(event, _GAUSSIAN):
+        return event.epsilon, event.delta
+    eps = event.target_epsilon
+    eps_float = frac_down(eps)  # a smaller epsilon only raises the curve's delta: safe
+    if isinstance(event, Gaussian):
+        curve = gdp_delta(_mu(event), eps_float)  # the exact mu-GDP profile (DRS 2019, Cor 2.13)
+    elif isinstance(event, DiscreteGaussian) and event.dimensions == 1:
+        # Its own curve (Canonne, Kamath, Steinke 2020, Theorem 7), at the lowest variance
+        # float; a non-integer sensitivity goes up to the next integer shift.
+        sigma2 = frac_down(event.sigma2)
+        curve = discrete_gaussian_delta(sigma2, math.ceil(event.sensitivity), eps_float)
+    elif isinstance(event, DiscreteGaussian):
+        # Several coordinates: no one-dimensional curve applies; its exact rho and the CKS
+        # conversion (Corollary 13) do (DESIGN.md section 3).
+        curve = zcdp_to_delta(frac_up(event.rho), eps_float)
+    else:
+        # Approximate zCDP: the conversion's delta plus the additive delta (Bun, Steinke 2016).
+        curve = zcdp_to_delta(frac_up(event.rho), eps_float) + frac_up(event.delta_zcdp)
+    delta = max(event.delta, Fraction(min(1.0, curve)))
+    return eps, min(delta, Fraction(1))
+
+
+@lru_cache(maxsize=4096)
+def supports(events: tuple[Event, ...], certified: tuple[Fraction, Fraction]) -> bool:
+    """Whether a theorem makes ``events``, composed, (certified epsilon, certified delta)-DP.
+
+    The non-Gaussian events take their own pairs (basic composition, Dwork, Roth 2014,
+    Theorem 3.16); the Gaussian-type events the rest, (epsilon_g, delta_g), by one of: their
+    summed rho (zCDP composes, Bun, Steinke 2016, Lemma 2.3; approximate zCDP adds its deltas,
+    Lemma 8.3) through the CKS conversion (Corollary 13); a single continuous Gaussian, its
+    mu-GDP curve (Dong, Roth, Su 2019); a single discrete Gaussian on one coordinate, its exact
+    curve (Canonne, Kamath, Steinke 2020, Theorem 7) up to EXACT_CURVE_MAX_SIGMA2. The same
+    functions the calibration uses, which rounds with a margin of 1e-12 on the safe side, so
+    every pair the planner certifies passes.
+    """
+    eps, delta = certified
+    gaussians = [e for e in events if isinstance(e, _GAUSSIAN)]
+    for e in events:
+        if not isinstance(e, _GAUSSIAN):
+            eps, delta = eps - basic_pair(e)[0], delta - basic_pair(e)[1]
+    if eps < 0 or delta < 0:
+        return False
+    if not gaussians:
+        return True
+    rho = sum((_rho(e) for e in gaussians), Fraction(0))
+    share = delta - sum((e.delta_zcdp for e in gaussians if isinstance(e, ZCDP)), Fraction(0))
+    if share >= 1:
+        return True  # delta 1 holds of anything
+    if share > 0 and Fraction(zcdp_to_dp(frac_up(rho), frac_down(share))) <= eps:
+        return True  # the cheap route first: every joint calibration takes it
+    if len(gaussians) != 1:
+        return False
+    only = gaussians[0]
+    if isinstance(only, Gaussian):
+        return Fraction(gdp_delta(_mu(only), frac_down(eps))) <= delta
+    if not isinstance(only, DiscreteGaussian) or only.dimensions != 1:
+        return False
+    if only.sigma2 > EXACT_CURVE_MAX_SIGMA2:
+        return False  # the calibration takes the zCDP route there too
+    shift = math.ceil(only.sensitivity)
+    curve = discrete_gaussian_delta(frac_down(only.sigma2), shift, frac_down(eps))
+    return Fraction(curve) <= delta
+
+
+def _mu(event: Gaussian) -> float:
+    """mu = sensitivity/sigma, rounded up: N(0, sigma^2) is exactly mu-GDP (Dong, Roth, Su 2019)."""
+    squared = Fraction(event.sensitivity) ** 2 / Fraction(event.sigma) ** 2
+    return round_up(math.sqrt(frac_up(squared)))
+
+
+def _rho(event: DiscreteGaussian | Gaussian | ZCDP) -> Fraction:
+    if isinstance(event, Gaussian):
+        # N(0, sigma^2) with L2 sensitivity Delta is Delta^2/(2 sigma^2)-zCDP (Bun, Steinke 2016)
+        return Fraction(event.sensitivity) ** 2 / (2 * Fraction(event.sigma) ** 2)
+    return event.rho
 
 
 def flatten(history: list[Composite] | tuple[Composite, ...]) -> list[Event]:
@@ -333,7 +447,8 @@ def composite_to_json(composite: Composite) -> dict[str, object]:
 
 
 def composite_from_json(data: dict[str, object]) -> Composite:
-    """The inverse of ``composite_to_json``; raises ``ValueError`` on anything unknown."""
+    """The inverse of ``composite_to_json``; raises ``ValueError`` on anything unknown, and
+    ``LedgerError`` on a certified pair below what its events give (``supports``)."""
     events = []
     for item in data["events"]:  # type: ignore[attr-defined]
         fields = {k: _exact(v) for k, v in dict(item).items() if k != "type"}
@@ -346,11 +461,18 @@ def composite_from_json(data: dict[str, object]) -> Composite:
     # A (table, column, value) cell of an earlier version was keyed by the literal's text, not
     # the engine's value: two of its cells may hold the same units, so it composes sequentially.
     pinned = (str(cell[0]), str(cell[1])) if isinstance(cell, list) and len(cell) == 2 else None
-    return Composite(
-        tuple(events),
-        tuple(_exact(x) for x in certified) if certified else None,  # type: ignore[arg-type, attr-defined]
-        pinned,
-    )
+    try:
+        return Composite(
+            tuple(events),
+            tuple(_exact(x) for x in certified) if certified else None,  # type: ignore[arg-type, attr-defined]
+            pinned,
+        )
+    except InternalError:
+        # A record claiming less than its mechanisms give was not written by a sound planner:
+        # the ledger is not trustworthy, and nothing may be charged on top of it.
+        raise LedgerError(
+            "a charge of the ledger certifies less than its mechanisms give: fail closed"
+        ) from None
 
 
 def _decimal(value: Fraction | float | int) -> str:

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
+from dpsql.accounting.base import agreeing
 from dpsql.accounting.conversions import frac_down, frac_up, gdp_delta, gdp_epsilon, gdp_mu_cap
 from dpsql.accounting.curves import GroupCache, gdp_mu_squared
 from dpsql.accounting.events import Event, Gaussian
@@ -48,10 +49,13 @@ def composed_mu(groups: Iterable[tuple[Event, int]]) -> float | None:
 
 
 class GdpAccountant:
-    """Odometer: the exact (epsilon, delta) curve of the composed mu; valid adaptively."""
+    """Odometer: the exact (epsilon, delta) curve of the composed mu, valid for parameters fixed
+    in advance; ``GdpFilter``, its mu cap fixed in advance, is valid adaptively."""
 
     name = "gdp"
-    fixed_in_advance = False
+    # Adaptive mus read now bound nothing: the GDP filter needs its cap fixed first (Smith,
+    # Thakurta 2022), and odometers pay more than fixed composition (RRUV 2016, lower bound).
+    fixed_in_advance = True
 
     def __init__(self) -> None:
         self._groups = GroupCache()
@@ -94,6 +98,20 @@ class GdpFilter:
         if squared is None or tally.mu_squared is None:
             return False  # not GDP: the filter refuses (module docstring)
         return tally.mu_squared + squared <= self._mu_cap_squared
+
+    def epsilon_spent(self, tally: GdpTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The filter's own epsilon for the tally's history followed by ``new``: the composed mu
+        (Dong, Roth, Su 2019, Corollary 3.3) through the exact GDP curve at delta_cap, agreeing
+        with the decision on sum mu^2 (``base.agreeing``); ``math.inf`` if not GDP."""
+        squared = composed_mu_squared([(e, 1) for e in new])
+        if squared is None or tally.mu_squared is None:
+            return math.inf
+        squared += tally.mu_squared
+        if squared == 0:
+            return Fraction(0)
+        mu = math.nextafter(math.sqrt(frac_up(squared)), math.inf)
+        figure = Fraction(gdp_epsilon(mu, frac_down(self.delta_cap)))
+        return agreeing(figure, squared <= self._mu_cap_squared, self.epsilon_cap)
 
 
 class GdpTally:

@@ -307,6 +307,7 @@ class OptimalAccountant:
     bounded range (DDR 2020, exact if homogeneous), as if fixed in advance."""
 
     name = "optimal"
+    # KOV 2015 Thm 3.3 / Murtagh, Vadhan 2016: the optimum over parameters fixed in advance.
     fixed_in_advance = True
 
     def __init__(self) -> None:

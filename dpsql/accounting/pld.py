@@ -69,6 +69,7 @@ import numpy.typing as npt
 from scipy.special import log_ndtr
 
 from dpsql.accounting import pld_lattice
+from dpsql.accounting.base import agreeing
 from dpsql.accounting.events import (
     ApproxDP,
     DiscreteGaussian,
@@ -337,6 +338,8 @@ class PldAccountant:
     """PLD figure for a history, composed incrementally (as if fixed in advance)."""
 
     name = "pld"
+    # Composed profiles hold for parameters fixed in advance; adaptively, only within a totally
+    # ordered family fixed first (Regehr et al. 2026, arXiv 2602.15815).
     fixed_in_advance = True
 
     def __init__(self, value_discretization_interval: float = 1e-3, cached_states: int = 4):
@@ -528,16 +531,45 @@ class PldFilter:
         rest = None if pld is None else pld.self_compose(count) if count > 1 else pld
         return _State((), rest, mu2, pld is None, count)
 
-    def epsilon_spent(self, tally: PldTally) -> float:
-        """The filter's own epsilon of a history: the smallest epsilon at which the composed
-        PLD's delta is at most ``delta_cap`` (rounded up)."""
+    def epsilon_spent(self, tally: PldTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The filter's own epsilon for the tally's history followed by ``new``: the least
+        epsilon whose delta, on the same composition ``admits_tally`` reads (the declared
+        mechanism's k-fold lattice composition, or the Gaussians' summed mu^2 with the repeated
+        mechanism's PLD), is within delta_cap, agreeing with the decision (``base.agreeing``);
+        ``math.inf`` if unbounded."""
         self._check_tally(tally)
-        delta = _below(self.delta_cap)
+        self._check(new)
+        state = self._state(tally, new)
+        count = tally.count + sum(1 for event in new if not isinstance(event, Gaussian))
+        if state.mu2 == 0 and count == 0:
+            return Fraction(0)
         if self._lattice is not None:
-            return self._lattice.power(tally.count).epsilon(delta)
-        if tally.count == 0 and tally.mu2 == 0:
-            return 0.0
-        return self._state(tally, ()).epsilon(delta)
+            # the filter's rigorous composition on the mechanism's loss lattice
+            figure = self._lattice.power(count).epsilon(_below(self.delta_cap))
+        else:
+            figure = _least_epsilon(state, float(self.delta_cap))
+        if not math.isfinite(figure):
+            return math.inf
+        return agreeing(Fraction(figure), self.admits_tally(tally, new), self.epsilon_cap)
+
+
+def _least_epsilon(state: _State, delta: float) -> float:
+    """The least epsilon (from above, to a relative 1e-9) with ``state.delta(epsilon) <= delta``;
+    ``math.inf`` past 10^6."""
+    if state.unbounded:
+        return math.inf
+    if state.delta(0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while state.delta(hi) > delta:
+        hi *= 2
+        if hi > 1e6:
+            return math.inf
+    lo = hi / 2 if hi > 1 else 0.0
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if state.delta(mid) <= delta else (mid, hi)
+    return hi
 
 
 class PldTally:

@@ -111,12 +111,14 @@ def composed_rdp(
 
 
 class RdpAccountant:
-    """Odometer: min over the grid of the improved RDP-to-DP conversion. Valid for a fixed
-    history; as an admission rule use ``RdpFilter`` (choosing the order after the fact is not a
-    filter)."""
+    """Odometer: min over the grid of the improved RDP-to-DP conversion. Valid for a history
+    whose parameters were fixed in advance; as an admission rule use ``RdpFilter`` (choosing
+    the order after the fact is not a filter)."""
 
     name = "rdp"
-    fixed_in_advance = False
+    # Adaptive parameters, best order after the fact, all of delta: no union bound paid; RDP
+    # odometers need one over budgets and orders (Lecuyer 2021; RRUV 2016, odometers pay more).
+    fixed_in_advance = True
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS):
         if not orders or min(orders) <= 1:
@@ -235,6 +237,26 @@ class RdpFilter:
         if approx_delta > self.approx_delta_cap:
             return False
         return any(r <= b for r, b in zip(rdps, self.budgets, strict=True))
+
+    def epsilon_spent(self, tally: RdpTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The filter's own epsilon for the tally's history followed by ``new``:
+        min_j (rdp_j - budgets[j]) + epsilon_cap, exactly (the floats as Fractions). At order j
+        that is what the filter's own conversion certifies at its per-order share of delta
+        (``budgets[j]`` is epsilon_cap minus that conversion's term), so it follows whatever
+        grid and split the filter fixed; it is <= epsilon_cap iff some order is within its
+        budget, which is the decision. ``math.inf`` once the approximate deltas pass
+        approx_delta_cap (the filter certifies nothing then)."""
+        if tally.orders != self.orders:
+            raise ValueError("the tally was kept on another grid of orders")
+        rdps, approx_delta = tally.with_events(new)
+        if approx_delta > self.approx_delta_cap:
+            return math.inf
+        if approx_delta == 0 and not any(rdps):
+            return Fraction(0)  # nothing released: every divergence is 0
+        # Feldman, Zrnic 2021 Thm 3.1 at each order, union bound over the grid (docstring)
+        gaps = [Fraction(r) - Fraction(b) for r, b in zip(rdps, self.budgets, strict=True)
+                if math.isfinite(r)]  # fmt: skip
+        return self.epsilon_cap + min(gaps) if gaps else math.inf
 
 
 # Every finite float is an integer multiple of 2^-1074: scaled by 2^1074, sums of floats are

@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
+from dpsql.accounting.base import agreeing
 from dpsql.accounting.conversions import frac_down, frac_up, zcdp_to_delta, zcdp_to_dp
 from dpsql.accounting.curves import GroupCache, zcdp
 from dpsql.accounting.events import Event
@@ -38,10 +39,13 @@ def composed_zcdp(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fracti
 
 
 class ZcdpAccountant:
-    """Odometer: CKS conversion of the summed rho; valid adaptively (it is also a filter)."""
+    """Odometer: CKS conversion of the summed rho, valid for parameters fixed in advance; as an
+    admission rule with its rho cap fixed in advance, ``ZcdpFilter`` is valid adaptively."""
 
     name = "zcdp"
-    fixed_in_advance = False
+    # Adaptive rhos summed and read now bound nothing: the zCDP filter needs its cap fixed first
+    # (WRRW 2023), and odometers pay more than fixed composition (RRUV 2016, lower bound).
+    fixed_in_advance = True
 
     def __init__(self) -> None:
         self._groups = GroupCache()
@@ -131,6 +135,22 @@ class ZcdpFilter:
         rho, delta = composed_zcdp([(e, 1) for e in new])
         rho, delta = tally.rho + rho, tally.delta + delta  # rho and delta add (module docstring)
         return rho <= self.rho_cap and delta <= self.approx_delta_cap
+
+    def epsilon_spent(self, tally: ZcdpTally, new: Sequence[Event] = ()) -> Fraction | float:
+        """The filter's own epsilon for the tally's history followed by ``new``: its summed rho
+        through the conversion that set its rho cap (CKS 2020, Corollary 13, at delta_cap -
+        approx_delta_cap), agreeing with the decision (``base.agreeing``: the cap is that
+        conversion's inverse to a relative 1e-9). ``math.inf`` once the approximate deltas pass
+        approx_delta_cap."""
+        rho, delta = composed_zcdp([(e, 1) for e in new])
+        rho, delta = tally.rho + rho, tally.delta + delta  # Bun, Steinke 2016, Lemma 2.3, 8.3
+        if delta > self.approx_delta_cap:
+            return math.inf
+        if rho == 0:
+            return Fraction(0)
+        share = frac_down(self.delta_cap - self.approx_delta_cap)
+        figure = Fraction(zcdp_to_dp(frac_up(rho), share))
+        return agreeing(figure, rho <= self.rho_cap, self.epsilon_cap)
 
 
 class ZcdpTally:

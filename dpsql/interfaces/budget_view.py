@@ -34,12 +34,20 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from dpsql.accounting.budget_report import cap_text, left_text, spent_text
+from dpsql.accounting.budget_report import (
+    EXCEEDS,
+    cap_text,
+    figure_left,
+    figure_value,
+    left_text,
+    spent_text,
+)
 from dpsql.accounting.events import Composite
 from dpsql.accounting.filter import Budget, BudgetReport, budget_for, open_store
 from dpsql.errors import LedgerError, ParameterError
 from dpsql.interfaces.budget_whatif import MAX_FIT, Query, after_n, fit_count, whatif_fits
 from dpsql.interfaces.charts import chart_format, composite_curves, history_curves, write_chart
+from dpsql.interfaces.markdown_report import EXCEEDS_MEANING
 from dpsql.interfaces.report import NOTES
 from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
 from dpsql.session import check_setting
@@ -91,6 +99,11 @@ def number(value: float) -> str:
     return f"{value:.6g}" if math.isfinite(value) else "∞ (unbounded)"
 
 
+def spent_number(value: float) -> str:
+    """A figure's epsilon spent: rounded up (never understated), as the heading's."""
+    return spent_text(figure_value(value)) if math.isfinite(value) else "∞ (unbounded)"
+
+
 def _chart_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     if value is not None:
         try:
@@ -134,13 +147,11 @@ def show_table(report: BudgetReport) -> Table:
     table.add_column("epsilon spent", justify="right")
     table.add_column(f"epsilon remaining of {cap_text(report.epsilon_total)}", justify="right")
     table.add_column("label")
-    total = float(report.epsilon_total)
     for figure in report.figures:
-        left = total - figure.epsilon if math.isfinite(figure.epsilon) else -math.inf
         table.add_row(
             figure.accountant,
-            number(figure.epsilon),
-            number(left) if math.isfinite(left) else "—",
+            spent_number(figure.epsilon),
+            figure_left(figure, report.epsilon_total),
             figure.note,
         )
     return table
@@ -148,6 +159,7 @@ def show_table(report: BudgetReport) -> Table:
 
 def show_text(report: BudgetReport) -> str:
     labels = [f"  {note}: {meaning}" for note, meaning in NOTES.items()]
+    labels.append(f"  {EXCEEDS}: {EXCEEDS_MEANING}")
     lines = [
         f"The {report.accountant} filter decides admission; its cap is the guarantee.",
         f"Deciding filter: epsilon {spent_text(report.epsilon_spent)} spent of "
@@ -156,6 +168,14 @@ def show_text(report: BudgetReport) -> str:
         f"({left_text(report.delta_remaining)} remaining); {report.queries} charged queries.",
         "",
     ]
+    if report.adaptive_cap is not None and report.valid_adaptively is not None:
+        eps, delta = report.valid_adaptively
+        lines[0] = f"The {report.accountant} filter decides admission."
+        lines[-1:-1] = [
+            f"Adaptive cap: raised after answers were seen (ledger record {report.adaptive_cap}), "
+            "so the cap is not a guarantee; valid adaptively, by basic composition of the "
+            f"charges: epsilon {spent_text(eps)}, delta {spent_text(delta)}."
+        ]
     tail = ["", "Labels:", *labels]
     if not report.durable:
         tail.append("This budget lives in memory: it resets when the process ends.")
@@ -175,11 +195,12 @@ def show_command(config: Config, chart: Path | None) -> None:
 
 
 # -- what-if ----------------------------------------------------------------------------------
+# As ``dpsql budget show`` labels the odometers (``Accountant.fixed_in_advance`` says why).
 LABELS = {
     "basic": "valid adaptively",
     "advanced": "as if fixed in advance (delta' below)",
-    "rdp": "valid adaptively",
-    "zcdp": "valid adaptively",
+    "rdp": "as if fixed in advance",
+    "zcdp": "as if fixed in advance",
     "pld": "as if fixed in advance",
 }
 

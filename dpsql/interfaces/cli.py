@@ -155,6 +155,12 @@ def add(config: Config, epsilon: Fraction, delta: Fraction, by: str | None, why:
         f"record {record.seq}: budget of {policy.dataset.id} is now epsilon "
         f"{cap_text(after.epsilon_total)}, delta {cap_text(after.delta_total)}"
     )
+    if after.adaptive_cap is not None:
+        # A cap chosen after answers is no filter's guarantee (BudgetReport.adaptive_cap).
+        click.echo(
+            "the cap was raised after answers were seen: it is not a guarantee; "
+            "`dpsql budget show` states what holds"
+        )
 
 
 @budget.command()

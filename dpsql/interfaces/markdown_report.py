@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["render_markdown"]
+from dpsql.accounting.budget_report import EXCEEDS
+
+__all__ = ["EXCEEDS_MEANING", "render_markdown"]
+
+EXCEEDS_MEANING = (
+    "a figure that does not decide reads the history above the cap: that theorem would have "
+    "refused earlier; the cap of the filter that decides still holds"
+)
 
 
 def _cell(value: object) -> str:
@@ -55,6 +62,15 @@ def _md_budget(data: dict[str, Any]) -> list[str]:
     )
     if b["rho"] is not None:
         out += ["", f"The policy's budget is zCDP rho = {b['rho']}."]
+    if b["adaptive_cap"] is not None:
+        held = b["adaptive_cap"]["valid_adaptively"]
+        out += [
+            "",
+            f"**Adaptive cap.** The cap was raised after answers were seen (ledger record "
+            f"{b['adaptive_cap']['since_record']}), so it is not a guarantee. What holds whatever "
+            f"was chosen adaptively, by {held['theorem']} of the charges: epsilon "
+            f"{_short(held['epsilon'])}, delta {_short(held['delta'])}.",
+        ]
     defaults = b["query_defaults"]
     out += [
         "",
@@ -134,7 +150,11 @@ def _md_accounting(data: dict[str, Any]) -> list[str]:
         "",
     ]
     out += [f"- *{note}*: {meaning}" for note, meaning in acc["notes"].items()]
-    rows = [[f["accountant"], f["epsilon"], f["note"]] for f in acc["figures"]]
+    out += [f"- *{EXCEEDS}*: {EXCEEDS_MEANING}"]
+    rows = [
+        [f["accountant"], f["epsilon"], f["note"] + (f"; {EXCEEDS}" if f["exceeds_cap"] else "")]
+        for f in acc["figures"]
+    ]
     return [*out, "", *_rows(("accountant", "epsilon", "label"), rows)]
 
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from dpsql.accounting.base import Spent
+from dpsql.accounting.budget_report import BudgetReport, exceeds
 from dpsql.accounting.events import composite_from_json
 from dpsql.accounting.filter import Budget
 from dpsql.accounting.ledger import GENESIS, Record
@@ -182,7 +185,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
                 "policy": exact(summary.epsilon_total - top_eps),
                 "top_ups": exact(top_eps),
                 "total": exact(summary.epsilon_total),
-                "spent": exact(summary.epsilon_spent),
+                "spent": _spent(summary.epsilon_spent),
                 "remaining": exact(summary.epsilon_remaining),
             },
             "delta": {
@@ -198,6 +201,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
                 "delta": exact(spec.query_delta),
             },
             "charged_queries": summary.queries,
+            "adaptive_cap": _adaptive(summary),
             "analysts": _analysts(policy, records, schedule),
         },
         "adjacency": {
@@ -213,13 +217,39 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "decides": summary.accountant,
             "delta": exact(summary.delta_total),
             "figures": [
-                {"accountant": f.accountant, "epsilon": repr(f.epsilon), "note": f.note}
+                {
+                    "accountant": f.accountant,
+                    "epsilon": repr(f.epsilon),
+                    "note": f.note,
+                    "exceeds_cap": exceeds(f, summary.epsilon_total),
+                }
                 for f in summary.figures
             ],
             "notes": NOTES,
         },
         "schedule": schedule,
     }
+
+
+def _adaptive(summary: BudgetReport) -> dict[str, Any] | None:
+    """With a cap raised after answers were seen: the record that raised it first, and what
+    holds adaptively instead of the cap (``BudgetReport.valid_adaptively``)."""
+    if summary.adaptive_cap is None or summary.valid_adaptively is None:
+        return None
+    eps, delta = summary.valid_adaptively
+    return {
+        "since_record": summary.adaptive_cap,
+        "valid_adaptively": {
+            "theorem": "basic composition",
+            "epsilon": exact(eps),
+            "delta": exact(delta),
+        },
+    }
+
+
+def _spent(value: Spent) -> str | None:
+    """A filter's spend as exact text; ``"inf"`` when its parameters certify nothing."""
+    return exact(Fraction(value)) if math.isfinite(value) else "inf"
 
 
 def render_json(data: dict[str, Any]) -> str:

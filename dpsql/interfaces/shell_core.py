@@ -20,7 +20,13 @@ from rich.table import Table
 from rich.text import Text
 
 from dpsql import cache
-from dpsql.accounting.budget_report import cap_text, left_text, spent_text
+from dpsql.accounting.budget_report import (
+    cap_text,
+    figure_left,
+    figure_value,
+    left_text,
+    spent_text,
+)
 from dpsql.errors import DpsqlError
 from dpsql.interfaces import frames
 from dpsql.interfaces.report import exact, iso_time
@@ -172,9 +178,12 @@ class Shell:
     # -- meta-commands --------------------------------------------------------------------------
     def _budget(self, _: str) -> str:
         report = self.report = self.session.budget()
-        table = Table("accountant", f"epsilon at delta {_num(report.delta_total)}", "note")
+        left = f"left of {cap_text(report.epsilon_total)}"
+        table = Table("accountant", f"epsilon at delta {_num(report.delta_total)}", left, "note")
         for figure in report.figures:
-            table.add_row(figure.accountant, f"{figure.epsilon:.6g}", figure.note)
+            shown = figure_left(figure, report.epsilon_total)
+            spent = spent_text(figure_value(figure.epsilon))
+            table.add_row(figure.accountant, spent, shown, figure.note)
         return self._show(Text(str(report)), table)
 
     def _ledger(self, argument: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dpsql.accounting import conversions, zcdp
+from dpsql.accounting import conversions, events, zcdp
 from dpsql.errors import InternalError
 
 # Rationals with this many significant bits keep exact arithmetic cheap; the rounding they
@@ -53,8 +53,9 @@ def epsilon_for(rho: Fraction, delta: Fraction) -> Fraction:
 
 
 # The exact one-dimensional curve sums the pmf over a window of 40 sigma: above this variance
-# the zCDP route (valid, a little looser) is used instead of summing millions of terms.
-EXACT_CURVE_MAX_SIGMA2 = 10**6
+# the zCDP route (valid, a little looser) is used instead of summing millions of terms (and a
+# query's certified pair is checked the same way, ``events.supports``).
+EXACT_CURVE_MAX_SIGMA2 = events.EXACT_CURVE_MAX_SIGMA2
 
 
 def single_sigma2(sensitivity: int, epsilon: Fraction, delta: Fraction) -> Fraction:
