@@ -25,6 +25,7 @@ one more ``FilterColumn`` (its ``[budget]`` fields).
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 import tomllib
@@ -37,7 +38,7 @@ from typing import Any
 import dpsql
 from dpsql.accounting.budget import SELECTION_PARTS
 from dpsql.accounting.conversions import zcdp_to_dp
-from dpsql.accounting.events import Composite, DiscreteGaussian, Event
+from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, Event
 from dpsql.accounting.filter import budget_for, events_for
 from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
@@ -59,6 +60,7 @@ class FilterColumn:
     label: str
     fields: dict[str, Any] = field(default_factory=dict)
     best_order: bool = False
+    declares: bool = False  # the stream's one mechanism is ``budget.declared_mechanism``
 
 
 FILTERS: tuple[FilterColumn, ...] = (
@@ -68,6 +70,9 @@ FILTERS: tuple[FilterColumn, ...] = (
     FilterColumn("rdp, one order", {"accountant": "rdp"}, best_order=True),
     FilterColumn("zcdp", {"accountant": "zcdp"}),
     FilterColumn("zcdp, no reserve", {"accountant": "zcdp", "selection_delta": "0"}),
+    # The PLD filter over the one mechanism the stream's queries are (a stream of two cannot
+    # be declared: "-").
+    FilterColumn("pld, declared", {"accountant": "pld"}, declares=True),
     # The defaults of ledgers created before version 2 (42 orders split equally, half of delta
     # reserved for partition selection), for comparison.
     FilterColumn("rdp, version 1", {"accountant": "rdp", "filter_version": 1}),
@@ -164,6 +169,36 @@ def session_events(queries: Stream) -> list[Composite]:
         conn.close()
 
 
+def declared(events: Sequence[Composite]) -> dict[str, Any] | None:
+    """``budget.declared_mechanism`` for a stream whose every query is one and the same
+    measurement, in the session's own grid units; None for any other stream."""
+    kinds = {e.events for e in events}
+    if len(kinds) != 1 or len(next(iter(kinds))) != 1:
+        return None
+    (event,) = next(iter(kinds))
+    if isinstance(event, DiscreteLaplace):
+        noise = {"kind": "discrete_laplace", "scale": str(event.scale)}
+    elif isinstance(event, DiscreteGaussian):
+        sigma = Fraction(math.isqrt(event.sigma2.numerator), math.isqrt(event.sigma2.denominator))
+        if sigma**2 != event.sigma2:
+            return None
+        noise = {"kind": "discrete_gaussian", "sigma": str(sigma)}
+    else:
+        return None
+    return {**noise, "sensitivity": int(event.sensitivity)}
+
+
+def _cell(column: FilterColumn, budget: dict[str, Any], events: Sequence[Composite]) -> bool:
+    """Complete ``budget`` for ``column``; False when the column cannot take the stream."""
+    if not column.declares:
+        return True
+    mechanism = declared(events)
+    if mechanism is None:
+        return False
+    budget["declared_mechanism"] = mechanism
+    return True
+
+
 def through_budget(budget: dict[str, Any], events: Sequence[Composite], limit: int = LIMIT) -> int:
     """The same count through the Budget API: ``events`` charged in turn until refused."""
     spent = budget_for("fit", BudgetSpec.model_validate(budget))
@@ -233,7 +268,9 @@ def main_table() -> list[str]:
         cells = []
         for column in FILTERS:
             budget = {**CAP, **column.fields}
-            if column.best_order:
+            if not _cell(column, budget, events):
+                cells.append("-")
+            elif column.best_order:
                 alpha, _ = best_order(budget, events)
                 budget["rdp_order"] = alpha
                 cells.append(f"{through_connect(budget, queries)} (order {alpha:.4g})")
@@ -250,7 +287,9 @@ def budget_table(streams: Sequence[Stream], epsilon: str) -> list[str]:
         cells = []
         for column in FILTERS:
             budget = {**CAP, "epsilon": epsilon, **column.fields}
-            if column.best_order:
+            if not _cell(column, budget, events):
+                cells.append("-")
+            elif column.best_order:
                 alpha, _ = best_order(budget, events)
                 budget["rdp_order"] = alpha
                 n = through_budget(budget, events)

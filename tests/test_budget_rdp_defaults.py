@@ -243,6 +243,9 @@ def test_the_fit_table_counts_what_each_filter_admits() -> None:
         events = fit.session_events(stream)
         for column in fit.FILTERS:
             budget = {**small, **column.fields}
+            if not fit._cell(column, budget, events):
+                assert column.declares and len(stream.steps) > 1  # two mechanisms: no PLD
+                continue
             if column.best_order:
                 budget["rdp_order"], most = fit.best_order(budget, events)
                 assert fit.through_budget(budget, events) == most
