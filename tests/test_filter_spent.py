@@ -118,8 +118,10 @@ def _recomputed(filt: Any, history: list[Event]) -> F | float:
         gaps = [F(r) - F(b) for r, b in zip(rdps, filt.budgets, strict=True)]
         exact = filt.epsilon_cap + min(gaps)
         # the conversion at each order's share of delta, as the budgets were made
-        share = frac_down((filt.delta_cap - filt.approx_delta_cap) / len(filt.orders))
-        converted = min(rdp_to_dp(r, a, share) for r, a in zip(rdps, filt.orders, strict=True))
+        converted = min(
+            rdp_to_dp(r, a, share)
+            for r, a, share in zip(rdps, filt.orders, filt.shares, strict=True)
+        )
         assert float(exact) == pytest.approx(converted, rel=1e-12, abs=1e-12)
         return exact
     if isinstance(filt, ZcdpFilter):

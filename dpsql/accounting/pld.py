@@ -547,29 +547,10 @@ class PldFilter:
             # the filter's rigorous composition on the mechanism's loss lattice
             figure = self._lattice.power(count).epsilon(_below(self.delta_cap))
         else:
-            figure = _least_epsilon(state, float(self.delta_cap))
+            figure = state.epsilon(float(self.delta_cap))
         if not math.isfinite(figure):
             return math.inf
         return agreeing(Fraction(figure), self.admits_tally(tally, new), self.epsilon_cap)
-
-
-def _least_epsilon(state: _State, delta: float) -> float:
-    """The least epsilon (from above, to a relative 1e-9) with ``state.delta(epsilon) <= delta``;
-    ``math.inf`` past 10^6."""
-    if state.unbounded:
-        return math.inf
-    if state.delta(0.0) <= delta:
-        return 0.0
-    hi = 1.0
-    while state.delta(hi) > delta:
-        hi *= 2
-        if hi > 1e6:
-            return math.inf
-    lo = hi / 2 if hi > 1 else 0.0
-    while hi - lo > 1e-9 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if state.delta(mid) <= delta else (mid, hi)
-    return hi
 
 
 class PldTally:
