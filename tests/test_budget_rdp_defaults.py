@@ -34,7 +34,7 @@ from dpsql.policy import FILTER_VERSION, BudgetSpec
 from dpsql.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
-LAPLACE = Composite((DiscreteLaplace(Fraction(1000), Fraction(10)),))
+LAPLACE = Composite((DiscreteLaplace(Fraction(1000), Fraction(10), dimensions=1),))
 # sigma 50 times the L2 sensitivity 10: variance 500^2, rho = 10^2/(2 500^2) = 1/5000.
 GAUSSIAN_EVENTS = (DiscreteGaussian(Fraction(500**2), Fraction(10)),)
 CAP = {"epsilon": "1", "delta": "0.000001", "query_delta": "0.00000001"}

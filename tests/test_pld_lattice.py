@@ -298,7 +298,7 @@ def test_the_filter_admits_exactly_the_exact_count_of_discrete_laplaces() -> Non
         admitted += 1
     assert _exact_laplace_composition(mech.scale, admitted, 1.0) <= 1e-6
     assert _exact_laplace_composition(mech.scale, admitted + 1, 1.0) > 1e-6
-    spent = filt.epsilon_spent(tally)
+    spent = float(filt.epsilon_spent(tally))
     assert _exact_laplace_composition(mech.scale, admitted, spent) <= 1e-6
     assert _exact_laplace_composition(mech.scale, admitted, spent * (1 - 1e-6)) > 1e-6
 
