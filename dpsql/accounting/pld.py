@@ -539,15 +539,12 @@ class PldFilter:
         ``math.inf`` if unbounded."""
         self._check_tally(tally)
         self._check(new)
-        state = self._state(tally, new)
-        count = tally.count + sum(1 for event in new if not isinstance(event, Gaussian))
-        if state.mu2 == 0 and count == 0:
-            return Fraction(0)
         if self._lattice is not None:
+            count = tally.count + len(new)  # as admits_tally: each event is the declared one
             # the filter's rigorous composition on the mechanism's loss lattice
-            figure = self._lattice.power(count).epsilon(_below(self.delta_cap))
+            figure = self._lattice.power(count).epsilon(_below(self.delta_cap)) if count else 0.0
         else:
-            figure = state.epsilon(float(self.delta_cap))
+            figure = self._state(tally, new).epsilon(float(self.delta_cap))
         if not math.isfinite(figure):
             return math.inf
         return agreeing(Fraction(figure), self.admits_tally(tally, new), self.epsilon_cap)
