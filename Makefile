@@ -56,13 +56,16 @@ java:
 # Two pytest processes side by side, one per core, each printing its own summary (either
 # failing fails): the Spark tests (one local Spark, whose JVM often waits) then the other tests
 # of files n-z, beside the other tests of files a-m. Together they run every test once.
+# Each test has ten minutes (pyproject.toml); each process has half an hour, after which it is
+# stopped and what it printed is still shown.
 FIRST_HALF := $(wildcard tests/test_[a-m]*.py)
 SECOND_HALF := $(wildcard tests/test_[n-z]*.py)
+PYTEST := timeout -k 30 1800 $(BIN)/pytest
 pytest: $(STAMP) examples/data/visits.parquet psql java
-	@( $(BIN)/pytest -q -p no:cacheprovider -m spark; spark=$$?; \
-	  $(BIN)/pytest -q -p no:cacheprovider -m "not spark" $(SECOND_HALF); rest=$$?; \
+	@( $(PYTEST) -q -p no:cacheprovider -m spark; spark=$$?; \
+	  $(PYTEST) -q -p no:cacheprovider -m "not spark" $(SECOND_HALF); rest=$$?; \
 	  exit $$(( spark || rest )) ) > .pytest-second.log 2>&1 & second=$$!; \
-	$(BIN)/pytest -q -m "not spark" $(FIRST_HALF); first=$$?; \
+	$(PYTEST) -q -m "not spark" $(FIRST_HALF); first=$$?; \
 	wait $$second; status=$$?; echo "== the Spark tests, then files n-z =="; \
 	cat .pytest-second.log; exit $$(( first || status ))
 
