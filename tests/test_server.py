@@ -1096,6 +1096,18 @@ def test_connection_limit_and_authentication_timeout(fresh: Callable[..., Served
     assert (out.returncode, out.stdout) == (0, "alice\n"), out.stderr
 
 
+def test_a_session_that_does_not_open_in_time_is_a_fatal_error(
+    fresh: Callable[..., Served],
+) -> None:
+    """Opening the worker's session has its own limit, after authentication's: a client is told
+    why (57P03), not dropped, and nothing is charged."""
+    served = fresh(limits=Limits(open_timeout=0.001))
+    out = psql(served.port, "alice", "SELECT COUNT(*) FROM visits;")
+    assert out.returncode == 2, out
+    assert "did not open within 0.001 s" in out.stderr, out.stderr
+    assert charges(served.ledger) == []
+
+
 # -- the server as a library ----------------------------------------------------------------------
 
 

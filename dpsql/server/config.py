@@ -24,6 +24,8 @@ class Limits:
     interrupt_grace: float = 2.0  # seconds a worker has to stop after an interrupt
     idle_timeout: float = 3600.0  # seconds without a message before the connection closes
     auth_timeout: float = 30.0  # seconds to complete the startup and authentication
+    # seconds for a connection's worker to open its session and engine (a Spark one: a JVM's)
+    open_timeout: float = 300.0
     memory_limit: str = "1GB"  # the DuckDB memory cap of each connection's engine
 
 

@@ -85,8 +85,9 @@ class Connection:
         await self.writer.drain()
 
     # -- startup -------------------------------------------------------------------------------
-    async def startup(self) -> bool:  # noqa: PLR0915 - the startup sequence, in order
-        """TLS negotiation, the startup message and SCRAM; False when the connection ends."""
+    async def startup(self) -> User | None:
+        """TLS negotiation, the startup message and SCRAM: the authenticated user, or None when
+        the connection ends."""
         tls = False
         while True:
             message = await pg.read_startup(self.reader)
@@ -104,14 +105,14 @@ class Connection:
                 continue
             if isinstance(message, pg.CancelRequest):
                 self.server.cancel(message.pid, message.key)
-                return False
+                return None
             break
         if message.version != 196608:  # protocol 3.0
             await self.fatal("0A000", "only protocol version 3.0 is supported")
-            return False
+            return None
         if self.server.config.require_tls and not tls:
             await self.fatal("28000", "this server requires TLS (sslmode=require)")
-            return False
+            return None
         username = message.params.get("user", "")
         self.database = message.params.get("database", username)
         await self.send(pg.authentication_sasl(["SCRAM-SHA-256"]))
@@ -119,7 +120,7 @@ class Connection:
         try:
             kind, body = await pg.read_message(self.reader, self.server.config.limits.max_message)
             if kind == b"":
-                return False  # the client hung up to ask for a password (psql does): no attempt
+                return None  # the client hung up to ask for a password (psql does): no attempt
             if kind != b"p":
                 raise AuthenticationFailed("expected a SASL response")
             mechanism, first = pg.parse_sasl_initial(body)
@@ -133,15 +134,15 @@ class Connection:
         except (AuthenticationFailed, pg.ProtocolError):
             log.warning("authentication failed for user %r", username[:63])
             await self.fatal("28P01", f'password authentication failed for user "{username[:63]}"')
-            return False
+            return None
         user = exchange.user
         assert user is not None
         self.user = user
         await self.send(pg.authentication_sasl_final(final), pg.authentication_ok())
-        # One worker process and Session per connection, under the authenticated name: charges
-        # and shares are that analyst's (the ledger records the name).
-        if not await self.open_worker(user):
-            return False
+        return user
+
+    async def greet(self, user: User) -> None:
+        """The parameters a client expects after authentication, and the first ReadyForQuery."""
         log.info("user %s (%s) connected, pid %d", user.name, user.role, self.pid)
         settings = public_settings(user.name, self.database)
         statuses = [
@@ -157,7 +158,6 @@ class Connection:
             )
         ]  # fmt: skip
         await self.send(*statuses, pg.backend_key_data(self.pid, self.key), pg.ready_for_query())
-        return True
 
     async def open_worker(self, user: User) -> bool:
         config = self.server.config
@@ -177,7 +177,16 @@ class Connection:
             await self.fatal("XX000", "internal error; see the server log")
             return False
         try:
-            await self.worker.ready()
+            # Its own limit, apart from authentication's: a Spark worker opens a JVM session,
+            # which takes seconds, more on a busy machine.
+            await asyncio.wait_for(self.worker.ready(), config.limits.open_timeout)
+        except TimeoutError:
+            log.error("the worker of pid %d did not open its session in time", self.pid)
+            await self.fatal(
+                "57P03",
+                f"the connection's session did not open within {config.limits.open_timeout:g} s",
+            )
+            return False
         except WorkerFailed as exc:
             await self.fatal(exc.code, str(exc))
             return False
@@ -238,8 +247,12 @@ class Connection:
     async def serve(self) -> None:
         limits = self.server.config.limits
         try:
-            if not await asyncio.wait_for(self.startup(), limits.auth_timeout):
+            user = await asyncio.wait_for(self.startup(), limits.auth_timeout)
+            # One worker process and Session per connection, under the authenticated name:
+            # charges and shares are that analyst's (the ledger records the name).
+            if user is None or not await self.open_worker(user):
                 return
+            await self.greet(user)
             failed = False  # in the extended protocol, skip to Sync after an error
             while True:
                 kind, body = await asyncio.wait_for(
