@@ -56,11 +56,11 @@ java:
 # Two pytest processes side by side, one per core, each printing its own summary (either
 # failing fails): the Spark tests (one local Spark, whose JVM often waits) then the other tests
 # of files n-z, beside the other tests of files a-m. Together they run every test once.
-# Each test has ten minutes (pyproject.toml); each process has half an hour, after which it is
-# stopped and what it printed is still shown.
+# Each test has a quarter of an hour (pyproject.toml); each process has 40 minutes, after which
+# it is interrupted as by Ctrl-C, so that it still prints its failures and summary.
 FIRST_HALF := $(wildcard tests/test_[a-m]*.py)
 SECOND_HALF := $(wildcard tests/test_[n-z]*.py)
-PYTEST := timeout -k 30 1800 $(BIN)/pytest
+PYTEST := timeout --signal=INT -k 60 2400 $(BIN)/pytest
 pytest: $(STAMP) examples/data/visits.parquet psql java
 	@( $(PYTEST) -q -p no:cacheprovider -m spark; spark=$$?; \
 	  $(PYTEST) -q -p no:cacheprovider -m "not spark" $(SECOND_HALF); rest=$$?; \
