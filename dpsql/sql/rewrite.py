@@ -50,6 +50,7 @@ from dpsql.sql.filters import (
     _domain_filter,
     _domain_relation,
     _enforced_cell,
+    _other_rows,
     _sql,
     key_sql,
     literal_sql,
@@ -193,6 +194,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
             f"LEFT JOIN ({final}) AS _f ON {on}"
         )
     rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
+    rows = _other_rows(rows, analysis.keys, len(bounding.values))
     rows = _row_cap(rows, keys, len(bounding.values), r, weighted)
     text = (
         f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
