@@ -278,7 +278,8 @@ def _check(plan: Plan, before: list[tuple[Any, ...]], after: list[tuple[Any, ...
     d, d_prime = _groups(plan, before), _groups(plan, after)
     if plan.analysis.keys and all(k.public for k in plan.analysis.keys):
         assert d.keys() == d_prime.keys(), "the public key set changed"
-        sizes = [len(k.domain) for k in plan.analysis.keys if k.domain is not None]
+        # Each domain, and one more value for a key with an other group (dpsql.other_group).
+        sizes = [len(k.domain) + k.other for k in plan.analysis.keys if k.domain is not None]
         if len(sizes) == len(plan.analysis.keys):
             assert len(d) == math.prod(sizes)
     assert len(plan.event.events) == len(plan.measurements)
