@@ -5,7 +5,8 @@ The steps of DESIGN.md section 3, each a CTE:
 1. ``_rows``: the table's rows after WHERE, with the unit, the group keys and the raw values;
    every row-level expression wrapped in ``TRY`` and casts made ``TRY_CAST``, so no data value
    can make the query fail. Rows whose public key lies outside its domain are dropped here, so
-   they never use up a unit's group budget.
+   they never use up a unit's group budget; with ``dpsql.other_group`` they are mapped onto
+   the key's other group instead (``dpsql.sql.filters._other_rows``), before any bounding.
 2. ``_vals``: values rounded to their grid and clamped to the grid-aligned bounds, as integers.
 3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums;
    for a variance, also the exact sum of squared centred values ``Σ(2·v - lower - upper)²``.
