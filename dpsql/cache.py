@@ -94,6 +94,8 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
         "where": canonical_sql(a.where),
         "keys": [
             [k.expr.sql(dialect=DIALECT), list(map(str, k.domain or ())), k.domain_table]
+            # The other group is one more released group, under its own key.
+            + ([["other", k.other_text]] if k.other else [])
             for k in a.keys
         ],
         "l0": plan.max_groups,

@@ -210,8 +210,12 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         bound = bind_parameters(select, params)
         validate(bound)
         policy = self._effective_policy() if estimates else self.policy
+        label = settings["other_label"]
+        assert label is None or isinstance(label, str)  # check_setting normalised it
         analysis = self._engine_values(
-            analyze(bound, policy, self.engine.catalog, self.engine.describe)
+            analyze(bound, policy, self.engine.catalog, self.engine.describe),
+            other=bool(settings["other_group"]),
+            label=label,
         )
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec, asked)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dpsql.engine.base import Engine
-from dpsql.errors import BoundsError, UnsupportedQueryError
+from dpsql.errors import BoundsError, ParameterError, UnsupportedQueryError
+from dpsql.sql.analysis import GroupKey
 from dpsql.sql.analyze import Analysis
 from dpsql.sql.cells import Cell
 from dpsql.sql.domains import probe_sql
@@ -23,12 +24,15 @@ class Probes:
 
     engine: Engine
 
-    def _engine_values(self, analysis: Analysis) -> Analysis:
+    def _engine_values(
+        self, analysis: Analysis, other: bool = False, label: str | None = None
+    ) -> Analysis:
         """What only the engine can say about a query's constants, asked before the check
         (reading no rows, so it depends on the query and the schema only): the key of the cell
         a WHERE pins (``dpsql.sql.cells``, on a connection without data; None composes
         sequentially), and each public key's type and domain as a set in that type
-        (``dpsql.sql.domains``)."""
+        (``dpsql.sql.domains``). With ``other`` (``dpsql.other_group``), each public key also
+        gets its other group, keyed ``label`` in the key's type (``_other_text``)."""
         cell = None
         if analysis.cell_predicate is not None:
             column, literal = analysis.cell_predicate
@@ -57,5 +61,55 @@ class Probes:
                         f"the public domain of GROUP BY key {key.name} holds no value of the "
                         f"key's type {engine_type}"
                     )
-            keys.append(replace(key, domain=domain, engine_type=engine_type))
+            typed = replace(key, domain=domain, engine_type=engine_type)
+            if other:
+                text = self._other_text(analysis, index, typed, label)
+                typed = replace(typed, other=True, other_text=text)
+            keys.append(typed)
         return replace(analysis, cell=cell, keys=tuple(keys))
+
+    def _other_text(
+        self, analysis: Analysis, index: int, key: GroupKey, label: str | None
+    ) -> str | None:
+        """The other group's key: the engine's text of ``label`` cast to the key's type, or
+        None (NULL) without a label. It must not be a value of the domain *as the engine
+        compares keys* (the domain's own deduplication, ``dpsql.sql.domains``): else one group
+        would hold both the domain value's rows and the others', released as the value. So the
+        label is probed with the domain, under the key's type and collation, and a probe that
+        finds no more values than the domain alone means a clash. Only the setting is named in
+        an error, never a value. Reads no rows, like every probe."""
+        setting = "dpsql.other_label"
+        if key.domain is None:
+            # A public table's values are not known when planning: no label can be checked.
+            raise UnsupportedQueryError(
+                f"dpsql.other_group needs the domain of GROUP BY key {key.name} listed in the "
+                "policy or the query; it is held in a public table"
+            )
+        assert key.engine_type is not None
+        if label is None:
+            if None in key.domain:
+                raise ParameterError(
+                    f"the domain of GROUP BY key {key.name} lists NULL, so its other group "
+                    f"needs a label: SET {setting}"
+                )
+            return None
+        expression = key_sql(analysis, index)
+        literal = literal_sql(label)
+        alone = self.engine.key_domain(
+            probe_sql(analysis.source, expression, key.engine_type, [literal])
+        )
+        if not alone:
+            raise ParameterError(
+                f"{setting} is not a value of the type {key.engine_type} of GROUP BY key {key.name}"
+            )
+        literals = [None if v is None else literal_sql(v) for v in key.domain]
+        together = self.engine.key_domain(
+            probe_sql(analysis.source, expression, key.engine_type, [*literals, literal])
+        )
+        if len(together) == len(key.domain):
+            raise ParameterError(
+                f"{setting} equals a value of the public domain of GROUP BY key {key.name} "
+                "(as the engine compares that key's values); choose another label"
+            )
+        (text,) = alone
+        return text

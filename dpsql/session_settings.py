@@ -39,12 +39,16 @@ SETTINGS = (
     "sigma",
     "fresh",
     "accuracy_columns",
+    "other_group",
+    "other_label",
 )
 # A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
 MAX_QUERY_RHO = Fraction(10)
 # sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
 MAX_NOISE_MULTIPLIER = Fraction(10**6)
 DEFAULT_CONFIDENCE = 0.95
+# The longest label of the other group (dpsql.sql.domains); a label is public, like the query.
+MAX_OTHER_LABEL = 256
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -92,6 +96,16 @@ def _mechanism(value: object) -> str:
     return mechanism
 
 
+def _label(value: object) -> str:
+    """The other group's label: text, cast to each key's type when the query is planned (a
+    number arrives as its text from SET and OPTIONS; from Python, give a string)."""
+    if not isinstance(value, str) or len(value) > MAX_OTHER_LABEL:
+        raise ParameterError(
+            f"other_label must be a string of at most {MAX_OTHER_LABEL} characters"
+        )
+    return value
+
+
 def _setting_name(name: object) -> str:
     """A setting's name as a message may show it: the user's text, cut short."""
     text = name if isinstance(name, str) else type(name).__name__
@@ -119,8 +133,10 @@ def check_setting(name: str, value: object) -> object:
         if 2 * sigma * sigma * MAX_QUERY_RHO < 1:
             raise ParameterError(f"sigma must be at least sqrt(1/{2 * MAX_QUERY_RHO})")
         return sigma
-    if name in ("fresh", "accuracy_columns"):
+    if name in ("fresh", "accuracy_columns", "other_group"):
         return _boolean(value, name)
+    if name == "other_label":
+        return _label(value)
     raise ParameterError(
         f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
     )
@@ -162,6 +178,8 @@ class Settings:
             "sigma": None,
             "fresh": False,
             "accuracy_columns": False,
+            "other_group": False,
+            "other_label": None,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -228,7 +246,9 @@ class Settings:
             raise ParameterError(
                 f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}, budget, all"
             )
-        return Result((name,), ("VARCHAR",), ((_show_value(settings[name]),),))
+        value = settings[name]
+        shown = "(none: NULL)" if name == "other_label" and value is None else _show_value(value)
+        return Result((name,), ("VARCHAR",), ((shown,),))
 
 
 def _show_value(value: object) -> str:

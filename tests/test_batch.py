@@ -223,6 +223,32 @@ def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fm
     assert charges(policy) == ["0.1", "0.2"]
 
 
+REGIONS = ["central", "east", "north", "south", "west"]  # the policy's domain of region
+
+
+def test_a_file_sets_the_other_group_for_its_later_statements(policy: Path, tmp_path: Path) -> None:
+    text = (
+        "SET dpsql.other_group = on;\n"
+        "SET dpsql.other_label = 'elsewhere';\n"
+        "SELECT region, COUNT(*) AS n FROM visits GROUP BY region;\n"
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(other_group = false) region, COUNT(*) AS n "
+        "FROM visits GROUP BY region;\n"
+    )
+    out = tmp_path / "out"
+    result = invoke(policy, "run", str(sql_file(tmp_path, text)), "--output", str(out),
+                    "--format", "json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    with_other = json.loads((out / "03.json").read_text(encoding="utf-8"))
+    assert sorted(r[0] for r in with_other["rows"]) == sorted([*REGIONS, "elsewhere"])
+    without = json.loads((out / "04.json").read_text(encoding="utf-8"))
+    assert sorted(r[0] for r in without["rows"]) == sorted(REGIONS)
+    # A label that is a domain value refuses the file before anything runs.
+    bad = sql_file(tmp_path, text.replace("'elsewhere'", "'east'"), "bad.sql")
+    refused = invoke(policy, "run", str(bad))
+    assert refused.exit_code != 0 and "dpsql.other_label equals a value" in refused.output
+    assert charges(policy) == ["0.25", "0.25"]  # the refused file charged nothing
+
+
 # -- the budget -------------------------------------------------------------------------------
 TOO_BIG = "".join(
     f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = {e}) SUM(spend) AS s{i} FROM visits;\n"

@@ -461,3 +461,21 @@ def test_no_api_takes_a_seed() -> None:
     for fn in (dbapi.connect, dbapi.Cursor.execute, dbapi.Cursor.executemany):
         names = set(inspect.signature(fn).parameters)
         assert not {n for n in names if "seed" in n.lower() or "rng" in n.lower()}
+
+
+def test_the_other_group_through_set_options_and_the_connection(conn: dbapi.Connection) -> None:
+    cur = conn.cursor()
+    sql = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+    cur.execute("SET dpsql.other_group = on")
+    cur.execute(sql)
+    # The four regions of the data and the domain's, plus the other group (NULL key).
+    assert sorted(str(r[0]) for r in cur.fetchall()) == sorted([*REGIONS, "None"])
+    conn.set("other_label", "elsewhere")
+    cur.execute(sql)
+    assert "elsewhere" in [r[0] for r in cur.fetchall()]
+    cur.execute("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(other_group = false) " + sql[7:])
+    assert len(cur.fetchall()) == len(REGIONS)
+    before = spent(conn)
+    with pytest.raises(dbapi.ProgrammingError, match=r"dpsql\.other_label equals a value"):
+        cur.execute(sql, other_label="east")
+    assert spent(conn) == before  # refused before the charge

@@ -250,10 +250,19 @@ def query(draw: st.DrawFn) -> str:
         sql += f" WHERE {where}"
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
+    options = []
     if draw(st.integers(0, 4)) == 0:
         # R <= L0 = 2 skips the ranking and the per-unit step (R <= C = 3); R = 4 keeps both.
-        options = f"OPTIONS(max_rows_per_unit = {draw(st.sampled_from([1, 2, 4, 8]))})"
-        sql = sql.replace("SELECT ", f"SELECT WITH DIFFERENTIAL_PRIVACY {options} ", 1)
+        options.append(f"max_rows_per_unit = {draw(st.sampled_from([1, 2, 4, 8]))}")
+    if keys and draw(st.integers(0, 3)) == 0:
+        # Rows outside a public domain kept in one more group per key (a label may clash).
+        options.append("other_group = true")
+        label = draw(st.sampled_from([None, "zz", "-1", "north"]))
+        if label is not None:
+            options.append(f"other_label = '{label}'")
+    if options:
+        clause = f"OPTIONS({', '.join(options)})"
+        sql = sql.replace("SELECT ", f"SELECT WITH DIFFERENTIAL_PRIVACY {clause} ", 1)
     if draw(st.integers(0, 5)) == 0:
         cte = "WITH w AS (SELECT * FROM visits WHERE note OR flag)"
         sql = f"{cte} {sql.replace(' FROM visits', ' FROM w', 1)}"
@@ -278,7 +287,8 @@ def _check(plan: Plan, before: list[tuple[Any, ...]], after: list[tuple[Any, ...
     d, d_prime = _groups(plan, before), _groups(plan, after)
     if plan.analysis.keys and all(k.public for k in plan.analysis.keys):
         assert d.keys() == d_prime.keys(), "the public key set changed"
-        sizes = [len(k.domain) for k in plan.analysis.keys if k.domain is not None]
+        # Each domain, and one more value for a key with an other group (dpsql.other_group).
+        sizes = [len(k.domain) + k.other for k in plan.analysis.keys if k.domain is not None]
         if len(sizes) == len(plan.analysis.keys):
             assert len(d) == math.prod(sizes)
     assert len(plan.event.events) == len(plan.measurements)
@@ -368,6 +378,11 @@ TARGETED = st.sampled_from(
         "SELECT month(day) AS m, AVG(spend) FROM visits WHERE region = '' GROUP BY m",
         "SELECT COUNT(DISTINCT user_id) FROM visits WHERE region = 1",
         "SELECT flag, COUNT(*) FROM visits GROUP BY flag",
+        # The other group: the unit's keys outside the domain join the ranking of its groups.
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(other_group = true) region, COUNT(*), "
+        "SUM(top) FROM visits GROUP BY region",
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(other_group = true, max_rows_per_unit = 4) "
+        "month(day) AS m, date_trunc('month', day) AS t, AVG(spend) FROM visits GROUP BY m, t",
     ]
 )
 

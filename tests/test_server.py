@@ -35,6 +35,7 @@ from psycopg.pq import TransactionStatus
 from server_fixtures import (
     PASSWORDS,
     PSQL,
+    REGIONS,
     Dataset,
     ServerThread,
     charges,
@@ -1151,3 +1152,20 @@ def test_in_process_server_in_a_fresh_interpreter(
         check=False,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_the_other_group_over_the_wire(main: Served) -> None:
+    by_region = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+    with connect(main.port, "bob") as conn:
+        conn.execute("SET dpsql.other_group = on")
+        conn.execute("SET dpsql.other_label = 'elsewhere'")
+        rows = conn.execute(by_region).fetchall()
+        # Every visit's region is in the domain: the other group is released, empty.
+        assert sorted(r[0] for r in rows) == sorted([*REGIONS, "elsewhere"])
+        plan = conn.execute("EXPLAIN " + by_region).fetchall()
+        assert any("other group keyed 'elsewhere'" in r[0] for r in plan)
+        conn.execute("SET dpsql.other_label = 'east'")
+        with nothing_charged(main.ledger), pytest.raises(psycopg.Error) as info:
+            conn.execute(by_region)
+        assert "dpsql.other_label equals a value" in str(info.value)
+        assert info.value.sqlstate == "22023"  # invalid parameter value

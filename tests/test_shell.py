@@ -429,3 +429,14 @@ def test_the_shell_on_a_dumb_terminal(policy: Path) -> None:
     assert child.exitstatus == 0
     assert "charged epsilon 0.25, delta 0" in shown
     assert "\x1b[" not in shown and re.search(r"│\s+-?\d+ ± \d+ │", shown), shown
+
+
+def test_the_other_group_is_set_and_explained_in_the_shell(shell: Shell) -> None:
+    shown = shell.handle("SET dpsql.other_group = on; SET dpsql.other_label = 'elsewhere';")
+    assert "SET dpsql.other_group" in shown and "SET dpsql.other_label" in shown
+    explained = shell.handle("EXPLAIN " + BY_REGION + ";")
+    assert "other group keyed 'elsewhere'" in explained
+    shown = shell.handle(BY_REGION + ";")
+    assert "elsewhere" in shown and "6 row(s)" in shown  # five regions and the other group
+    line = one_error(shell.handle("SET dpsql.other_label = 'east'; " + BY_REGION + ";"))
+    assert line.startswith("Error: ParameterError: dpsql.other_label equals a value")

@@ -224,6 +224,19 @@ EXTRA: dict[str, tuple[str, Mapping[str, object]]] = {
         "OR concat(region, item) = 'northb'",
         {},
     ),
+    # The other group of each public key (dpsql.other_group): rows outside the domain and NULL
+    # keys (the data's 'mars' and NULL regions, dates outside the range) mapped onto one more
+    # key, a label of the key's type or NULL, on both engines.
+    "other_group": (
+        "SELECT region, month(day) AS m, COUNT(*), SUM(spend) FROM visits "
+        "GROUP BY region, month(day)",
+        {"other_group": True},
+    ),
+    "other_label": (
+        "SELECT date_trunc('quarter', day) AS q, COUNT(*) FROM visits "
+        "GROUP BY date_trunc('quarter', day)",
+        {"other_group": True, "other_label": "1900-01-01"},
+    ),
     "public_table_domain": (
         "SELECT tier, COUNT(*) FROM visits CROSS JOIN tiers WHERE spend >= threshold GROUP BY tier",
         {"max_rows_per_unit": 3},

@@ -14,6 +14,7 @@ from sqlglot import exp
 from dpsql.accounting.events import Composite
 from dpsql.policy import DeclaredMechanism, Mechanism
 from dpsql.policy_numbers import decimal_text
+from dpsql.sql.analysis import GroupKey
 from dpsql.sql.analyze import AggregateKind, Analysis
 from dpsql.sql.grid import Grid
 from dpsql.sql.parse import DIALECT
@@ -149,14 +150,19 @@ class Plan:
             f"table {source}: privacy unit {a.unit}; user-level, add/remove one unit",
             f"bounds: L0 = {self.max_groups} group(s) per unit, C = {self.max_rows} row(s) per "
             "unit and group" + (f", R = {rows} row(s) per unit in total" if rows else ""),
-            "keys: "
-            + (
-                ", ".join(
-                    f"{k.name} ({'public domain' if k.public else 'private'})" for k in a.keys
-                )
-                or "none (one global group)"
-            ),
+            "keys: " + (", ".join(_explain_key(k) for k in a.keys) or "none (one global group)"),
         ]
+        if any(k.other for k in a.keys):
+            released = (
+                "always released, even when empty, with no delta"
+                if all(k.public for k in a.keys)
+                else "released like any group, through partition selection"
+            )
+            lines.append(
+                "other group: rows whose key is outside its domain (NULL too, unless the domain "
+                f"lists it) form one more group of that key, one of a unit's L0 groups; "
+                f"{released}"
+            )
         lines.extend(f"skipped: {why}" for why in self.skipped)
         for m in self.measurements:
             lines.append(_explain_measurement(m))
@@ -173,6 +179,16 @@ class Plan:
             text = self.bounded_sql if self.shown is None else self.shown(self.engine_sql)
             lines.extend("  " + line for line in text.splitlines())
         return lines
+
+
+def _explain_key(key: GroupKey) -> str:
+    if not key.public:
+        return f"{key.name} (private)"
+    if not key.other:
+        return f"{key.name} (public domain)"
+    label = "NULL" if key.other_text is None else "'" + key.other_text.replace("'", "''") + "'"
+    size = len(key.domain or ())
+    return f"{key.name} (public domain of {size} value(s) + other group keyed {label})"
 
 
 def _explain_measurement(m: Measurement) -> str:

@@ -63,6 +63,11 @@ class GroupKey:
     # the charge), ``domain`` holds the engine's text of each distinct value of that type
     # (``dpsql.sql.domains``): a set as the engine compares keys.
     engine_type: str | None = None
+    # With ``dpsql.other_group``: rows whose key is outside ``domain`` keep one more group,
+    # keyed ``other_text`` (the engine's text of the label in the key's type; None: NULL),
+    # checked before the charge not to be a value of the domain (``dpsql.session_probes``).
+    other: bool = False
+    other_text: str | None = None
 
     @property
     def public(self) -> bool:

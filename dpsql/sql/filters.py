@@ -13,7 +13,7 @@ from sqlglot import exp
 from dpsql.sql.analysis import Analysis, GroupKey
 from dpsql.sql.bounding import SALT_PARAMETER
 from dpsql.sql.cells import normal_text
-from dpsql.sql.domains import domain_sql, text_literal
+from dpsql.sql.domains import domain_sql, text_literal, value_sql
 from dpsql.sql.params import literal_for
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import WIDENED, total
@@ -26,6 +26,9 @@ def _sql(node: exp.Expression) -> str:
 
 
 def _domain_filter(key: GroupKey, index: int, name: str) -> str | None:
+    if key.other:
+        # Rows outside the domain are kept, in the key's other group (``_other_rows``).
+        return None
     if key.engine_type is not None:
         # The canonical domain (dpsql.sql.domains), held by the CTE _dom{index}.
         test = f"{name} IN (SELECT _k{index} FROM _dom{index})"
@@ -76,10 +79,49 @@ def _domain_ctes(analysis: Analysis, total_sql: Callable[[exp.Expression], str])
     return ctes
 
 
+def _other_sql(key: GroupKey) -> str:
+    assert key.engine_type is not None  # set with the other group (dpsql.session_probes)
+    return value_sql(key.other_text, key.engine_type)
+
+
+def _other_rows(rows: str, keys: Sequence[GroupKey], n_values: int) -> str:
+    """``rows`` with each key that has an other group (``dpsql.other_group``) mapped onto its
+    domain: a row whose key equals a domain value gets that value (the domain's own canonical
+    one), any other row the other group's key, so every row lands in exactly one released
+    group. Membership is the engine's equality in the key's type and collation, the equality
+    that deduplicated the domain (``dpsql.sql.domains``) and that ``key IN (SELECT ...)``
+    tests for the keys without one: a LEFT JOIN on ``=`` matches at most one value of a
+    deduplicated domain and never a NULL, so a NULL key is other unless the domain lists NULL.
+    (A join rather than ``IN`` in the select list, which Spark allows only in a filter.)
+    Row-level: each row's group depends on that row alone, before any bounding, so the other
+    group is one of the unit's groups like any other under L0 (DESIGN.md section 3)."""
+    if not any(k.other for k in keys):
+        return rows
+    columns = ["_p._u"]
+    joins = ""
+    for i, key in enumerate(keys):
+        if not key.other:
+            columns.append(f"_p._k{i}")
+            continue
+        listed = None in (key.domain or ())
+        null = f" WHEN _p._k{i} IS NULL THEN _p._k{i}" if listed else ""
+        columns.append(
+            f"CASE WHEN _j{i}._k{i} IS NOT NULL THEN _j{i}._k{i}{null} "
+            f"ELSE {_other_sql(key)} END AS _k{i}"
+        )
+        joins += f" LEFT JOIN _dom{i} AS _j{i} ON _p._k{i} = _j{i}._k{i}"
+    columns += [f"_p._x{j}" for j in range(n_values)]
+    return f"SELECT {', '.join(columns)} FROM ({rows}) AS _p{joins}"
+
+
 def _domain_relation(keys: tuple[GroupKey, ...]) -> str:
     parts = []
     for i, key in enumerate(keys):
-        if key.engine_type is not None:
+        if key.other:
+            # The released keys: the domain and the other group's key (not a domain value).
+            other = f"SELECT {_other_sql(key)} AS _k{i}"
+            parts.append(f"(SELECT _k{i} FROM _dom{i} UNION ALL {other}) AS _o{i}")
+        elif key.engine_type is not None:
             parts.append(f"_dom{i}")
         elif key.domain is not None:
             rows = ", ".join(f"({_literal(v)})" for v in key.domain)
@@ -124,7 +166,8 @@ def _cell_join(analysis: Analysis) -> str:
 
 def public_size(keys: Sequence[GroupKey]) -> int | None:
     """The number of public key combinations, when there are keys and every one lists its
-    domain (rows outside it are dropped before bounding)."""
+    domain (rows outside it are dropped before bounding, or kept in the key's other group,
+    one more value of the key: every group a unit can touch is one of these)."""
     if not keys or not all(k.domain is not None for k in keys):
         return None
-    return math.prod(len(k.domain or ()) for k in keys)
+    return math.prod(len(k.domain or ()) + k.other for k in keys)

@@ -47,6 +47,9 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "rho": "rho",
         "sigma": "sigma",
         "confidence": "confidence",
+        # dpsql's own: one group per public key for the rows outside its domain.
+        "other_group": "other_group",
+        "other_label": "other_label",
     }
 )
 # Checked against the policy's privacy unit of the query's table, never a setting.

@@ -5,7 +5,8 @@ The steps of DESIGN.md section 3, each a CTE:
 1. ``_rows``: the table's rows after WHERE, with the unit, the group keys and the raw values;
    every row-level expression wrapped in ``TRY`` and casts made ``TRY_CAST``, so no data value
    can make the query fail. Rows whose public key lies outside its domain are dropped here, so
-   they never use up a unit's group budget.
+   they never use up a unit's group budget; with ``dpsql.other_group`` they are mapped onto
+   the key's other group instead (``dpsql.sql.filters._other_rows``), before any bounding.
 2. ``_vals``: values rounded to their grid and clamped to the grid-aligned bounds, as integers.
 3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums;
    for a variance, also the exact sum of squared centred values ``Σ(2·v - lower - upper)²``.
@@ -50,6 +51,7 @@ from dpsql.sql.filters import (
     _domain_filter,
     _domain_relation,
     _enforced_cell,
+    _other_rows,
     _sql,
     key_sql,
     literal_sql,
@@ -193,6 +195,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
             f"LEFT JOIN ({final}) AS _f ON {on}"
         )
     rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
+    rows = _other_rows(rows, analysis.keys, len(bounding.values))
     rows = _row_cap(rows, keys, len(bounding.values), r, weighted)
     text = (
         f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
