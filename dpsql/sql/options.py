@@ -47,6 +47,8 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "rho": "rho",
         "sigma": "sigma",
         "confidence": "confidence",
+        "diagnose": "diagnose",
+        "diagnose_epsilon": "diagnose_epsilon",
     }
 )
 # Checked against the policy's privacy unit of the query's table, never a setting.
