@@ -207,9 +207,10 @@ def to_answer(result: Result) -> Answer:
             if width is not None
         ]  # fmt: skip
         notice = f"dpsql: {source}: {cost}" if cost else f"dpsql: {source}"
-        if widths and len(result.rows) == 1:
+        shown = bool(widths) and len(result.rows) == 1
+        if shown:
             notice += f"; {result.confidence:.0%} half-widths: " + ", ".join(widths)
-        if widths or result.diagnosis is not None:
+        if shown or result.diagnosis is not None:
             # What the ± covers, never a confidence interval of the true value.
             notice += f"; ± covers {covers(result.diagnosis)}"
         if result.diagnosis is not None:
