@@ -89,7 +89,7 @@ def diagnosis_query(
         f"_dg AS (SELECT {group}, COUNT(*) AS _n, "
         f"MAX(CASE WHEN {flagged} THEN 1 ELSE 0 END) AS _cl FROM _rows GROUP BY {group}), "
         "_du AS (SELECT _u, COUNT(*) AS _g, MAX(_n) AS _mx, SUM(_n) AS _tot, MAX(_cl) AS _cl "
-        "FROM _dg GROUP BY _u) "
-        f"SELECT CAST({pattern_sql(flags, limits)} AS BIGINT) AS _p, COUNT(*) AS _z "
-        "FROM _du GROUP BY _p ORDER BY _p"
+        "FROM _dg GROUP BY _u), "
+        f"_dp AS (SELECT CAST({pattern_sql(flags, limits)} AS BIGINT) AS _p FROM _du) "
+        "SELECT _p, COUNT(*) AS _z FROM _dp GROUP BY _p"
     )
