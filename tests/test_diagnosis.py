@@ -201,15 +201,20 @@ VALUE = st.one_of(
 ROW = st.tuples(st.sampled_from([*TINY_REGIONS, "elsewhere", None]), st.integers(0, 120), VALUE)
 
 
+def _exact(s: Session, query: str, options: dict[str, Any]) -> tuple[Any, list[int]]:
+    """The plan and the exact (pre-noise) histogram of its diagnosis."""
+    plan = s.plan(query, diagnose=True, **options)
+    assert plan.diagnosis is not None
+    counts = [0] * plan.diagnosis.cells
+    for pattern, units in s.engine.run(plan.diagnosis.engine_sql)[1]:
+        counts[int(pattern)] = int(units)
+    return plan, counts
+
+
 def _histogram(policy: Policy, query: str, options: dict[str, Any]) -> tuple[Any, list[int]]:
     s = Session(policy)
     try:
-        plan = s.plan(query, diagnose=True, **options)
-        assert plan.diagnosis is not None
-        counts = [0] * plan.diagnosis.cells
-        for pattern, units in s.engine.run(plan.diagnosis.engine_sql)[1]:
-            counts[int(pattern)] = int(units)
-        return plan, counts
+        return _exact(s, query, options)
     finally:
         s.close()
 
@@ -287,3 +292,39 @@ def test_on_the_example_data_with_a_small_c(tmp_path: Path) -> None:
         cur.execute("SET dpsql.diagnose = off")
         cur.execute(COUNT)
         assert cur.diagnostics is None and cur.covers == "noise only"
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "flagged"),
+    [
+        ("SUM(spend)", {1, 2, 4}),  # 250, +inf and 200.5 lie beyond [0, 200]
+        ("AVG(spend * 2)", {1, 2, 4}),  # spend is clamped inside the expression
+        ("SUM(LEAST(spend, 50))", set()),  # the clamp to 200 changes no value of LEAST(., 50)
+        ("SUM(age - 18)", {5}),  # age 95 lies beyond [18, 90]
+        ("COUNT(spend)", set()),  # a count clamps nothing
+    ],
+)
+def test_the_clamp_flag_marks_the_units_whose_values_a_clamp_changes(
+    tiny_policy: TinyPolicy, aggregate: str, flagged: set[int]
+) -> None:
+    rows = [
+        (1, "east", 30, 250.0),
+        (2, "east", 30, math.inf),
+        (3, "east", 30, math.nan),  # NaN is skipped, never clamped
+        (4, "east", 30, 200.5),
+        (5, "east", 95, 10.0),
+        (6, "east", 30, None),
+        (7, "east", 30, 0.0),
+    ]
+    s = Session(tiny_policy(rows, max_rows=5))
+    plan, cells = _exact(s, f"SELECT {aggregate} FROM visits", {})
+    assert plan.diagnosis is not None
+    clamp = plan.diagnosis.flags.index("clamped") if "clamped" in plan.diagnosis.flags else None
+    counted = sum(n for p, n in enumerate(cells) if clamp is not None and p >> clamp & 1)
+    assert counted == len(flagged) and sum(cells) == len(rows)
+    # Which units: the same query restricted to each unit in turn.
+    for uid, *_ in rows:
+        _, one = _exact(s, f"SELECT {aggregate} FROM visits WHERE user_id = {uid}", {})
+        marked = sum(n for p, n in enumerate(one) if clamp is not None and p >> clamp & 1)
+        assert marked == (uid in flagged), uid
+    s.close()

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sqlglot import exp
-
 from dpsql.sql.analysis import Analysis
 from dpsql.sql.bounding import Bounding
 from dpsql.sql.rewrite import _total_sql, relation_ctes, relation_rows
-from dpsql.sql.values import _number
+from dpsql.sql.values import _number, _unclamped_value
 
 __all__ = ["FLAGS", "diagnosis_query", "pattern_sql"]
 
@@ -50,25 +48,23 @@ def pattern_sql(flags: Sequence[str], limits: Mapping[str, int]) -> str:
     return " + ".join(terms) or "0"
 
 
-def _clamped(analysis: Analysis, bounding: Bounding) -> list[tuple[int, str, str]]:
-    """Per value on a grid: its index i, its unclamped SQL (``_o<i>``) and the row-level test
-    "a clamp changes this value" over ``_o<i>`` and the raw value ``_x<i>`` (whose bounded
-    columns are clamped)."""
+def _clamped(analysis: Analysis, bounding: Bounding) -> list[tuple[int, str | None, str]]:
+    """Per value on a grid: its index i, the SQL of its value with no column clamped (``_o<i>``;
+    None for a bare column, where it is the raw value ``_x<i>``) and the row-level test "a
+    clamp changes this value": the value lies beyond the grid-aligned bounds, where the grid
+    clamp acts, or a column clamp inside the expression changed it."""
     total_sql = _total_sql(analysis)
     out = []
     for i, v in enumerate(bounding.values):
         if v.grid is None:
             continue
-        unclamped = total_sql(exp.cast(v.expr.copy(), exp.DataType.Type.DOUBLE))
+        unclamped = _unclamped_value(v.expr, analysis, total_sql)
+        o = f"_x{i}" if unclamped is None else f"_o{i}"
         lo = _number(v.grid.lower_value).sql(dialect="duckdb")
         hi = _number(v.grid.upper_value).sql(dialect="duckdb")
-        o = f"_o{i}"
-        # The grid clamp acts beyond the grid-aligned bounds; a column clamp inside an
-        # expression shows as a raw value that differs from the unclamped one.
-        test = (
-            f"{o} IS NOT NULL AND NOT isnan({o}) "
-            f"AND ({o} < {lo} OR {o} > {hi} OR _x{i} IS DISTINCT FROM {o})"
-        )
+        changed = "" if unclamped is None else f" OR _x{i} IS DISTINCT FROM {o}"
+        # NULL and NaN are skipped by every aggregate, never clamped.
+        test = f"{o} IS NOT NULL AND NOT isnan({o}) AND ({o} < {lo} OR {o} > {hi}{changed})"
         out.append((i, unclamped, test))
     return out
 
@@ -79,7 +75,7 @@ def diagnosis_query(
     """One row per flag pattern present: ``_p`` the pattern, ``_z`` its number of units."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
     clamps = _clamped(analysis, bounding)
-    extra = [f"{sql} AS _o{i}" for i, sql, _ in clamps]
+    extra = [f"{sql} AS _o{i}" for i, sql, _ in clamps if sql is not None]
     flagged = " OR ".join(f"({test})" for _, _, test in clamps) or "false"
     rows = relation_rows(analysis, bounding, extra)
     group = ", ".join(["_u", *keys])
