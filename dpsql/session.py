@@ -376,6 +376,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         return {
             "plan": [line for line in header if not line.startswith("  ")],
             "bounded_sql": plan.engine_sql,
+            **({"diagnosis_sql": plan.diagnosis.engine_sql} if plan.diagnosis is not None else {}),
             "engine": self.engine.name,  # the bounded SQL is DuckDB's; Spark runs its lowering
             "policy_version": self.policy_version(),
             "data_version": self.policy.dataset.data_version,

@@ -328,3 +328,18 @@ def test_the_clamp_flag_marks_the_units_whose_values_a_clamp_changes(
         marked = sum(n for p, n in enumerate(one) if clamp is not None and p >> clamp & 1)
         assert marked == (uid in flagged), uid
     s.close()
+
+
+def test_estimate_bounds_is_never_diagnosed_and_the_ledger_keeps_the_diagnosis_sql(
+    tiny_policy: TinyPolicy,
+) -> None:
+    s = _session(tiny_policy)
+    s.execute("SET dpsql.diagnose = on")
+    estimate = s.execute("ESTIMATE BOUNDS FOR visits.spend")
+    assert estimate.charge is not None and estimate.charge.epsilon == 1
+    assert estimate.diagnosis is None
+    result = s.execute(COUNT)
+    assert result.charge is not None and result.plan is not None
+    assert result.plan.diagnosis is not None
+    (last,) = [r for r in s.filter.store.records() if r.kind == "charge"][-1:]
+    assert last.payload["diagnosis_sql"] == result.plan.diagnosis.engine_sql
