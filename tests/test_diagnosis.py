@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 import dpsql
 from dpsql.accounting.events import DiscreteGaussian, DiscreteLaplace
 from dpsql.errors import ParameterError, UndeclaredMechanismError
+from dpsql.noise.diagnosis import diagnose
+from dpsql.noise.release import measure_diagnosis
 from dpsql.plan.diagnosis import LABEL
 from dpsql.policy import Policy
 from dpsql.session import Session
@@ -343,3 +345,30 @@ def test_estimate_bounds_is_never_diagnosed_and_the_ledger_keeps_the_diagnosis_s
     assert result.plan.diagnosis is not None
     (last,) = [r for r in s.filter.store.records() if r.kind == "charge"][-1:]
     assert last.payload["diagnosis_sql"] == result.plan.diagnosis.engine_sql
+
+
+@pytest.mark.statistical
+def test_the_fractions_plus_minus_covers_the_true_fraction(tiny_policy: TinyPolicy) -> None:
+    """The ± of a diagnosis is a confidence interval of the true fraction (its cells are exact
+    counts): over many draws of the noise it holds at least as often as its confidence."""
+    s = _session(tiny_policy)
+    plan = s.plan(BY_REGION, diagnose=True, diagnose_epsilon="0.5", confidence="0.8")
+    d = plan.diagnosis
+    assert d is not None
+    true = [300, 25, 0, 7, 60, 0, 3, 5]  # units per flag pattern (L0, C, clamped bits)
+    rows = [(p, n) for p, n in enumerate(true) if n]
+    total = sum(true)
+    truth = {
+        flag: sum(n for p, n in enumerate(true) if p >> j & 1) / total
+        for j, flag in enumerate(d.flags)
+    }
+    truth["any"] = 1 - true[0] / total
+    held = {flag: 0 for flag in truth}
+    trials = 2000
+    for _ in range(trials):
+        released = diagnose(d, measure_diagnosis(d, rows), 0.8)
+        for flag, fraction, width in released.fractions:
+            held[flag] += abs(fraction - truth[flag]) <= width
+        held["any"] += abs(released.cut[0] - truth["any"]) <= released.cut[1]
+    for flag, count in held.items():
+        assert count / trials >= 0.8, flag  # in fact near 1: the box is conservative
