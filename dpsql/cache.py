@@ -83,7 +83,7 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     """The cache keys of a plan (a pure function of public inputs); ``version``: the policy's
     ``version``, when the caller has it (it hashes the whole policy)."""
     a, o = plan.analysis, plan.options
-    core = {
+    core: dict[str, Any] = {
         "dataset": policy.dataset.id,
         "policy": version if version is not None else policy.version,
         "data": policy.dataset.data_version,
@@ -104,6 +104,12 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
         "params": [str(o.epsilon), str(o.delta), o.mechanism, str(o.rho), str(o.sigma)],
         "selection": plan.selection.threshold if plan.selection is not None else None,
     }
+    if plan.diagnosis is not None:
+        # A diagnosed release holds its histogram: only a release of the same diagnosis serves
+        # a diagnosed query, and an undiagnosed one is keyed apart (charged afresh: safe).
+        d = plan.diagnosis
+        core["diagnosis"] = [list(d.flags), [list(x) for x in d.limits],
+                             describe(d.measurement, {})]  # fmt: skip
     values = _values(plan)
     measurements = tuple(describe(m, values) for m in plan.measurements)
     return Keys(_digest([core, list(measurements)]), _digest(core), measurements)
@@ -187,6 +193,8 @@ class ReleaseCache:
             "keys": groups,
             "totals": [list(t) for t in noisy.totals],
         }
+        if noisy.diagnosis is not None:
+            payload["diagnosis"] = list(noisy.diagnosis)
         self.store.append("release", payload)
 
 
@@ -194,6 +202,7 @@ def _noisy(payload: dict[str, Any]) -> Noisy:
     return Noisy(
         tuple(tuple(_typed(v) for v in column) for column in payload["keys"]),
         tuple(tuple(int(v) for v in column) for column in payload["totals"]),
+        diagnosis=tuple(int(v) for v in payload["diagnosis"]) if "diagnosis" in payload else None,
     )
 
 
@@ -213,7 +222,7 @@ def _derive(plan: Plan, k: Keys, payload: dict[str, Any]) -> Noisy | None:
             return None
         totals.append(rebuilt)
         derived |= {i for i, e in enumerate(plan.estimates) if j in e.measurements}
-    return Noisy(stored.keys, tuple(totals), frozenset(derived))
+    return Noisy(stored.keys, tuple(totals), frozenset(derived), stored.diagnosis)
 
 
 def _centred_from_sum(

@@ -32,12 +32,14 @@ from dpsql.errors import (
     ParameterError,
     PolicyError,
 )
+from dpsql.noise.diagnosis import diagnose
 from dpsql.noise.release import (
     Release,
     accuracy_columns,
     check_post_processing,
     check_samplable,
     measure,
+    measure_diagnosis,
     publish,
 )
 from dpsql.plan.planner import Plan, plan_query
@@ -246,6 +248,9 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             described = wait()
             types = [t for t in known if t is not None] if public else described[: len(known)]
             check_post_processing(plan, types)
+            if plan.diagnosis is not None:
+                # The diagnosis's SQL binds before the charge too, on the schema alone.
+                self.engine.check(plan.diagnosis.engine_sql, types=False)
 
         return finish
 
@@ -302,7 +307,8 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
                 "reserve", {"query": canonical, "release": hit.release_seq}, self.analyst
             )
             log.info("served query %s from release %d", digest, hit.release_seq)
-            return self._result(plan, publish(plan, hit.noisy), None, hit.release_seq)
+            released = publish(plan, hit.noisy)
+            return self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
         # Charge first: nothing runs unless the budget admits it, and the charge is durable
         # before the engine starts (a crash after it loses budget, never privacy).
         charge = self.filter.charge(plan.event, canonical, self.analyst, details)
@@ -313,6 +319,10 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         try:
             _, rows = self.engine.run(plan.engine_sql)
             noisy = measure(plan, rows)
+            if plan.diagnosis is not None:
+                # Charged with the query above, in its one event: released only after it.
+                _, patterns = self.engine.run(plan.diagnosis.engine_sql)
+                noisy = replace(noisy, diagnosis=measure_diagnosis(plan.diagnosis, patterns))
         except (EngineError, MemoryError) as exc:
             raise self._failed(charge, getattr(exc, "cause", None) or type(exc).__name__) from None
         except KeyboardInterrupt:  # the shell's Ctrl-C: recorded, then left to the shell
@@ -324,7 +334,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         except (EngineError, MemoryError):
             raise self._failed(charge, "post-processing") from None
         log.info("released query %s: %d row(s)", digest, len(released.rows))
-        return self._result(plan, released, charge, None)
+        return self._result(plan, released, charge, None, noisy.diagnosis)
 
     def _failed(self, charge: Charge, cause: str) -> EngineError:
         """The one error of a failure after the charge, which stays (whether the engine failed
@@ -340,7 +350,16 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         return EngineError()
 
     @staticmethod
-    def _result(plan: Plan, released: Release, charge: Charge | None, cached: int | None) -> Result:
+    def _result(
+        plan: Plan,
+        released: Release,
+        charge: Charge | None,
+        cached: int | None,
+        cells: tuple[int, ...] | None = None,
+    ) -> Result:
+        diagnosed = None
+        if plan.diagnosis is not None and cells is not None:
+            diagnosed = diagnose(plan.diagnosis, cells, plan.options.confidence)
         return Result(
             columns=released.columns,
             types=released.types,
@@ -350,6 +369,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             plan=plan,
             charge=charge,
             cached_from=cached,
+            diagnosis=diagnosed,
         )
 
     def _details(self, plan: Plan) -> dict[str, object]:
@@ -360,6 +380,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         return {
             "plan": [line for line in header if not line.startswith("  ")],
             "bounded_sql": plan.engine_sql,
+            **({"diagnosis_sql": plan.diagnosis.engine_sql} if plan.diagnosis is not None else {}),
             "engine": self.engine.name,  # the bounded SQL is DuckDB's; Spark runs its lowering
             "policy_version": self.policy_version(),
             "data_version": self.policy.dataset.data_version,

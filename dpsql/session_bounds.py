@@ -62,6 +62,9 @@ class EstimatedBounds:
             self.policy, self.engine.catalog, statement.table, statement.column
         )
         # On the declared policy: an earlier estimate must not clamp the values of a new one.
+        # Never diagnosed: its cost is the session's epsilon (docs/sql.md), and its ladder of
+        # rungs clamps nothing a diagnosis could tell.
+        options = {**options, "diagnose": False}
         plan = self._prepare(parse_select(sql), None, options, estimates=False)
         self._check_soon(plan, soon=False)()
         answer = self._answer(plan, bool(self.settings(options)["fresh"]))

@@ -13,6 +13,7 @@ from typing import Any
 
 from dpsql.accounting.filter import Charge
 from dpsql.interfaces import frames
+from dpsql.noise.diagnosis import Diagnosed
 from dpsql.plan.planner import Plan
 
 
@@ -29,6 +30,8 @@ class Result:
     charge: Charge | None = None
     message: str = ""
     cached_from: int | None = None  # the ledger record of the release served again, if any
+    # The diagnosis of the bounds, when asked for (``SET dpsql.diagnose = on``).
+    diagnosis: Diagnosed | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join(self.columns[:6]) + (", ..." if len(self.columns) > 6 else "")

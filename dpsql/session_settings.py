@@ -41,6 +41,8 @@ SETTINGS = (
     "accuracy_columns",
     "other_group",
     "other_label",
+    "diagnose",
+    "diagnose_epsilon",
 )
 # A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
 MAX_QUERY_RHO = Fraction(10)
@@ -49,6 +51,9 @@ MAX_NOISE_MULTIPLIER = Fraction(10**6)
 DEFAULT_CONFIDENCE = 0.95
 # The longest label of the other group (dpsql.sql.domains); a label is public, like the query.
 MAX_OTHER_LABEL = 256
+# The epsilon of a diagnosis of the bounds (``SET dpsql.diagnose = on``): fixed, not a share of
+# the query's, so that what a diagnosis costs never depends on anything but this setting.
+DEFAULT_DIAGNOSE_EPSILON = Fraction(1, 10)
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -133,7 +138,9 @@ def check_setting(name: str, value: object) -> object:
         if 2 * sigma * sigma * MAX_QUERY_RHO < 1:
             raise ParameterError(f"sigma must be at least sqrt(1/{2 * MAX_QUERY_RHO})")
         return sigma
-    if name in ("fresh", "accuracy_columns", "other_group"):
+    if name == "diagnose_epsilon":
+        return check_epsilon(value, "diagnose_epsilon", MAX_QUERY_EPSILON)
+    if name in ("fresh", "accuracy_columns", "other_group", "diagnose"):
         return _boolean(value, name)
     if name == "other_label":
         return _label(value)
@@ -180,6 +187,8 @@ class Settings:
             "accuracy_columns": False,
             "other_group": False,
             "other_label": None,
+            "diagnose": False,
+            "diagnose_epsilon": DEFAULT_DIAGNOSE_EPSILON,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -214,6 +223,8 @@ class Settings:
         assert mechanism in ("laplace", "gaussian")
         assert rho is None or isinstance(rho, Fraction)
         assert sigma is None or isinstance(sigma, Fraction)
+        diagnose, diagnose_epsilon = settings["diagnose"], settings["diagnose_epsilon"]
+        assert isinstance(diagnose, bool) and isinstance(diagnose_epsilon, Fraction)
         if mechanism == "gaussian" and delta == 0:
             raise ParameterError("the gaussian mechanism needs delta > 0; SET dpsql.delta")
         if (rho is not None or sigma is not None) and mechanism != "gaussian":
@@ -231,7 +242,11 @@ class Settings:
             sigma,
             total_rows,
             declared,
-            asked & {"mechanism", "epsilon", "rho", "sigma"} if declared else frozenset(),
+            asked & {"mechanism", "epsilon", "rho", "sigma", "diagnose_epsilon"}
+            if declared
+            else frozenset(),
+            diagnose,
+            diagnose_epsilon,
         )
 
     def _show(self, name: str) -> Result:

@@ -614,3 +614,37 @@ def neighbour_worlds(
             stack.enter_context(breadth_world(directory / label, rows)) for label, rows in sets
         ]
     return worlds[0], worlds[1:]
+
+
+# -- 4. the diagnosis of the bounds -----------------------------------------------------------
+
+DIAGNOSED = (
+    ("SELECT COUNT(*) FROM visits", {}),
+    ("SELECT region, COUNT(*), AVG(spend * 2 - age) FROM visits GROUP BY region", {}),
+    ("SELECT region, SUM(spend) FROM visits WHERE age > 30 GROUP BY region",
+     {"max_rows_per_unit": 3}),
+    ("SELECT MEDIAN(age) FROM visits", {"max_rows_per_unit_per_group": 1}),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("sql", "options"), DIAGNOSED)
+def test_the_diagnosis_is_identical_on_both_engines(
+    sql: str,
+    options: dict[str, Any],
+    worlds: dict[str, list[World]],
+    spark: Any,  # noqa: F811
+) -> None:
+    """The histogram of flag patterns is exact counts: Spark's lowering gives DuckDB's."""
+    for world in worlds["golden"]:
+        session = Session(golden_policy(world.tables["visits"], golden.L0))
+        try:
+            plan = session.plan(sql, diagnose=True, **options)
+        finally:
+            session.close()
+        assert plan.diagnosis is not None
+        text = plan.diagnosis.engine_sql
+        register(spark, world.tables)
+        from_duck = duck_rows(world.tables, text, SALT)
+        assert len(from_duck) > 1, sql  # some unit is flagged on the adversarial data
+        from_spark = spark_rows(spark, lower(text, world.catalog), SALT)
+        assert sorted_rows(from_spark) == sorted_rows(from_duck), sql

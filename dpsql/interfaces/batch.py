@@ -121,6 +121,12 @@ def _summary(session: Session, done: Sequence[tuple[Step, Result]], skipped: lis
 )
 @click.option("--combined", is_flag=True, help="One results file instead of one per statement.")
 @click.option("--quiet", is_flag=True, help="No progress bar and no printed plan.")
+@click.option(
+    "--diagnose",
+    is_flag=True,
+    help="Each query also releases the share of units its bounds cut, at "
+    "dpsql.diagnose_epsilon more (SET dpsql.diagnose = on); the plan shows the cost.",
+)
 @pass_config
 @click.pass_context
 def run_command(
@@ -135,6 +141,7 @@ def run_command(
     fmt: str,
     combined: bool,
     quiet: bool,
+    diagnose: bool,
 ) -> None:
     """Run the statements of FILE in order, after planning the cost of the whole file."""
     if output is None and (fmt != "csv" or combined):
@@ -152,12 +159,25 @@ def run_command(
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
         name = "standard input" if str(file) == "-" else file.name
+        if diagnose:
+            # Before the plan: the cost plan of the file counts every diagnosis.
+            session.set_option("diagnose", True)
         _run(ctx, session, name, text, plan_only=plan_only, partial=partial,
              output=output, fmt=fmt, combined=combined, quiet=quiet)  # fmt: skip
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     finally:
         session.close()
+
+
+def _covers(result: Result) -> list[str]:
+    """What the ± of a printed table covers, and the diagnosis when there is one."""
+    lines = []
+    if any(w is not None for row in result.accuracy for w in row):
+        lines.append(f"±: {frames.covers(result)}")
+    if result.diagnosis is not None:
+        lines.append(f"diagnosis: {result.diagnosis.describe()}")
+    return lines
 
 
 def _run(
@@ -196,10 +216,15 @@ def _run(
         width = max(2, len(str(len(steps))))
         for path in write_results(done, output, fmt, combined, width):
             echo(f"wrote {path}")
+        for step, result in done:
+            if result.diagnosis is not None:
+                echo(f"statement {step.piece.number}: diagnosis: {result.diagnosis.describe()}")
     else:
         for step, result in done:
             echo(f"\n-- statement {step.piece.number} (line {step.piece.line})")
             echo("\n".join(_text_table(result)))
+            for line in _covers(result):
+                echo(line)
     echo(_summary(session, done, skipped))
 
 
@@ -267,6 +292,8 @@ def query_command(ctx: click.Context, config: Config, sql: str, fmt: str) -> Non
             if result.columns:
                 echo("\n".join(_text_table(result)))
             echo(frames.summary(result) if result.columns else result.message)
+            if result.diagnosis is not None:
+                echo(f"diagnosis: {result.diagnosis.describe()}")
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     finally:

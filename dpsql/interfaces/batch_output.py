@@ -49,6 +49,9 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
         "epsilon": exact(result.charge.epsilon) if result.charge else "0",
         "delta": exact(result.charge.delta) if result.charge else "0",
         "cached_from": result.cached_from,
+        # What the ± covers: the noise only, never the bias of the bounds.
+        "accuracy_covers": frames.covers(result),
+        "diagnosis": result.diagnosis.as_dict() if result.diagnosis is not None else None,
     }
 
 

@@ -45,6 +45,7 @@ from dpsql.interfaces.dbapi_errors import (
     _pep249,
     _translate,  # noqa: F401  (likewise)
 )
+from dpsql.noise.diagnosis import Diagnosed
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Result, Session
 
@@ -203,6 +204,18 @@ class Cursor:
     @property
     def confidence(self) -> float | None:
         return self._result.confidence if self._result is not None else None
+
+    @property
+    def diagnostics(self) -> Diagnosed | None:
+        """The diagnosis of the bounds of the last query (``SET dpsql.diagnose = on``): the
+        fraction of units each bound cut, with its ±; None when none was asked for."""
+        return self._result.diagnosis if self._result is not None else None
+
+    @property
+    def covers(self) -> str:
+        """What the half-widths in ``accuracy`` cover: ``noise only``, with a diagnosis
+        ``noise only; bounds cut ~8% of units``. Never the bias of the bounds."""
+        return frames.covers(self._result) if self._result is not None else "noise only"
 
     @property
     def result(self) -> Result | None:

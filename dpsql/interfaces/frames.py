@@ -19,6 +19,7 @@ from decimal import ROUND_CEILING, Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from dpsql.noise import diagnosis
 from dpsql.noise.release import ACCURACY_SUFFIX
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ def cost_metadata(result: Result) -> dict[str, str]:
         meta["cached_from"] = str(result.cached_from)
     if result.confidence is not None:
         meta["accuracy"] = "half-widths of the noise only, not confidence intervals of the truth"
+    if result.diagnosis is not None:
+        meta["diagnosis"] = result.diagnosis.describe()
     return meta
 
 
@@ -170,8 +173,17 @@ def summary(result: Result) -> str:
     else:
         cost = "nothing was charged"
     if result.confidence is not None and any(w is not None for r in result.accuracy for w in r):
-        cost += f"; ± at {result.confidence:.4g} confidence, noise only"
+        cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
+    elif result.diagnosis is not None:
+        cost += f"; {result.diagnosis.summary()}"
     return cost
+
+
+def covers(result: Result) -> str:
+    """What a result's ± covers, as every interface says it: the noise only, and with a
+    diagnosis (``SET dpsql.diagnose = on``) how much the bounds cut, which the ± does not cover:
+    ``noise only; bounds cut ~8% of units``. Never a confidence interval of the true value."""
+    return diagnosis.covers(result.diagnosis)
 
 
 def _decimal(value: Any) -> str:
@@ -225,6 +237,7 @@ __all__ = [
     "cell",
     "columns",
     "cost_metadata",
+    "covers",
     "half_width",
     "summary",
     "to_arrow",

@@ -4,8 +4,9 @@
 text to show (rich tables rendered to text), so the shell's whole behaviour is testable without
 a terminal; ``prompt`` and ``toolbar`` show the budget as last read from the ledger. The
 meta-commands (``\\budget``, ``\\ledger``, ``\\explain``, ``\\tables``, ``\\describe``,
-``\\cache``, ``\\help``) are its methods; none of them charges anything. The loops that feed it
-and the ``dpsql shell`` command are in ``shell.py``.
+``\\cache``, ``\\diagnose``, ``\\help``) are its methods; none of them charges anything
+(``\\diagnose`` only turns ``dpsql.diagnose`` on or off for the queries that follow). The
+loops that feed it and the ``dpsql shell`` command are in ``shell.py``.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class Shell:
         handlers = {
             "\\budget": self._budget, "\\ledger": self._ledger, "\\explain": self._explain,
             "\\tables": self._tables, "\\describe": self._describe, "\\cache": self._cache,
-            "\\help": self._help, "\\?": self._help,
+            "\\diagnose": self._diagnose, "\\help": self._help, "\\?": self._help,
         }  # fmt: skip
         handler = handlers.get(command)
         if handler is None:
@@ -161,7 +162,10 @@ class Shell:
             table.add_row(*(Text(c) for c in cells))
         if result.plan is None:  # SHOW: a setting, nothing released
             return self._show(table)
-        return self._show(table, Text(self._caption(result)))
+        shown: list[RenderableType] = [table, Text(self._caption(result))]
+        if result.diagnosis is not None or any(w is not None for r in result.accuracy for w in r):
+            shown.append(Text(self._covers(result)))
+        return self._show(*shown)
 
     @staticmethod
     def _caption(result: Result) -> str:
@@ -174,6 +178,14 @@ class Shell:
         cost = f"charged epsilon {_num(charge.epsilon)}, delta {_num(charge.delta)}"
         confidence = f"; ± at {result.confidence:.4g} confidence" if result.confidence else ""
         return f"{rows}{confidence}; {cost} (ledger record #{charge.seq})"
+
+    @staticmethod
+    def _covers(result: Result) -> str:
+        """What the ± covers, and with a diagnosis its every figure."""
+        line = f"±: {frames.covers(result)}"
+        if result.diagnosis is not None:
+            line += f"\ndiagnosis: {result.diagnosis.describe()}"
+        return line
 
     # -- meta-commands --------------------------------------------------------------------------
     def _budget(self, _: str) -> str:
@@ -271,6 +283,23 @@ class Shell:
             table.add_row(str(record.seq), str(p.get("charge")), str(p.get("key"))[:12],
                           str(p.get("query")))  # fmt: skip
         return self._show(table, Text(note))
+
+    def _diagnose(self, argument: str) -> str:
+        """``\\diagnose [on|off]``: toggle ``dpsql.diagnose``, like ``SET dpsql.diagnose``."""
+        word = argument.lower()
+        if word not in ("", "on", "off"):
+            raise click.UsageError("\\diagnose takes on or off, or nothing to toggle")
+        now = bool(self.session.settings()["diagnose"])
+        wanted = not now if not word else word == "on"
+        self.session.set_option("diagnose", wanted)
+        if not wanted:
+            return "diagnosis off\n"
+        epsilon = self.session.settings()["diagnose_epsilon"]
+        assert isinstance(epsilon, Fraction)
+        return (
+            "diagnosis on: each query also releases the share of units its bounds cut, at "
+            f"epsilon {_num(epsilon)} more (dpsql.diagnose_epsilon), shown by EXPLAIN first\n"
+        )
 
     def _help(self, _: str) -> str:
         lines = ["End a statement with ';' (it may span lines). Ctrl-C cancels the input, "

@@ -44,6 +44,7 @@ META = {
     "\\tables": ("", "the tables of the policy"),
     "\\describe": ("TABLE", "columns, types, bounds and public domains of TABLE"),
     "\\cache": ("", "the released answers the cache can serve again at no charge"),
+    "\\diagnose": ("[on|off]", "toggle a diagnosis of how much the bounds cut (costs epsilon)"),
     "\\help": ("", "this help"),
     "\\quit": ("", "leave the shell (also Ctrl-D)"),
 }

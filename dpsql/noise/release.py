@@ -51,7 +51,7 @@ from dpsql.noise.samplers import (
     discrete_gaussian,
     discrete_laplace,
 )
-from dpsql.plan.planner import Measurement, Plan
+from dpsql.plan.planner import Diagnosis, Measurement, Plan
 
 __all__ = [
     "ACCURACY_SUFFIX",
@@ -63,6 +63,7 @@ __all__ = [
     "check_samplable",
     "half_width",
     "measure",
+    "measure_diagnosis",
     "publish",
     "release",
 ]
@@ -121,6 +122,15 @@ def measure(plan: Plan, rows: list[tuple[Any, ...]]) -> Noisy:
         keys = [[col[j] for j in keep] for col in keys]
         noisy = [[col[j] for j in keep] for col in noisy]
     return Noisy(tuple(tuple(c) for c in keys), tuple(tuple(c) for c in noisy))
+
+
+def measure_diagnosis(diagnosis: Diagnosis, rows: list[tuple[Any, ...]]) -> tuple[int, ...]:
+    """The noisy histogram of the diagnosis: every one of its public 2^k cells, an empty one
+    as 0, plus its noise (a histogram of L1 = L2 = 1: Dwork, McSherry, Nissim, Smith 2006)."""
+    counts = [0] * diagnosis.cells
+    for pattern, units in rows:
+        counts[int(pattern)] = int(units)
+    return tuple(_noisy(counts, diagnosis.measurement))
 
 
 def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:

@@ -176,6 +176,8 @@ class Noisy:
     keys: tuple[tuple[Any, ...], ...]
     totals: tuple[tuple[int, ...], ...]
     derived: frozenset[int] = frozenset()
+    # The noisy histogram of the diagnosis, one count per flag pattern (None: not diagnosed).
+    diagnosis: tuple[int, ...] | None = None
 
 
 def publish(plan: Plan, noisy: Noisy) -> Release:

@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from dpsql.accounting.events import Composite, LaplacePartitionSelection
-from dpsql.errors import ParameterError
+from dpsql.accounting.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
+from dpsql.errors import InternalError, ParameterError
+from dpsql.plan import calibration
 from dpsql.plan.declared import check_declared, declared_calibration, refuse_selection
+from dpsql.plan.diagnosis import plan_diagnosis
 from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.mechanisms import partition_threshold
-from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection
+from dpsql.plan.plans import Diagnosis, Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
 from dpsql.policy import Policy
@@ -89,6 +91,10 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         direct=steps.direct,
     )
     text = bounded_query(analysis, bounding)
+    diagnosis = None
+    if options.diagnose:
+        diagnosis, extra = plan_diagnosis(analysis, bounding, options, l0, c)
+        event = _with_diagnosis(event, extra, options)
     return Plan(
         analysis=analysis,
         measurements=tuple(measurements),
@@ -102,12 +108,37 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         engine_sql=text,
         skipped=steps.skipped,
         bounding=bounding,
+        diagnosis=diagnosis,
     )
+
+
+def _with_diagnosis(event: Composite, extra: Event, options: QueryOptions) -> Composite:
+    """The query's event with its diagnosis: one more event, released with the query and
+    charged with it (sequential composition, Dwork and Roth 2014, Theorem 3.16)."""
+    events = (*event.events, extra)
+    certified = event.certified
+    if options.declared is not None:
+        if isinstance(extra, DiscreteGaussian):
+            # k + 1 declared Gaussians: their summed rho through the CKS conversion
+            # (Canonne, Kamath, Steinke 2020, Corollary 13), as declared_calibration does.
+            rho = sum((e.rho for e in events if isinstance(e, DiscreteGaussian)), Fraction(0))
+            certified = (calibration.epsilon_for(rho, options.delta), options.delta)
+        combined = Composite(events, certified, event.cell)
+        check_declared(combined, options.declared)
+        return combined
+    if certified is not None:
+        # A pure epsilon_d event beside the Gaussians: basic composition adds (epsilon_d, 0).
+        certified = (certified[0] + extra.epsilon, certified[1])
+    combined = Composite(events, certified, event.cell)
+    if combined.epsilon != event.epsilon + extra.epsilon or combined.delta != event.delta:
+        raise InternalError("the diagnosed query's loss is not the query's plus the diagnosis's")
+    return combined
 
 
 __all__ = [
     "MAX_PUBLIC_GROUPS",
     "Calibrated",
+    "Diagnosis",
     "Estimate",
     "Measurement",
     "Plan",

@@ -40,6 +40,9 @@ class QueryOptions:
     # (dpsql.plan.declared), and the settings the analyst gave (not the policy's defaults).
     declared: DeclaredMechanism | None = None
     asked: frozenset[str] = frozenset()
+    # Release a diagnosis of the bounds too (``dpsql.plan.diagnosis``), at this epsilon.
+    diagnose: bool = False
+    diagnose_epsilon: Fraction = Fraction(1, 10)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,50 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class Diagnosis:
+    """The diagnosis of a query's bounds: a noisy histogram of the 2^k patterns of its flags
+    (``dpsql.sql.diagnosis``), one unit in exactly one cell, so one unit moves one cell by 1:
+    L1 = L2 = 1 (Dwork, McSherry, Nissim, Smith 2006). ``measurement`` carries its noise."""
+
+    flags: tuple[str, ...]  # in the order of their bits: "L0", "C", "R", "clamped"
+    limits: tuple[tuple[str, int], ...]  # the bound each contribution flag compares with
+    measurement: Measurement
+    engine_sql: str
+    epsilon: Fraction | None = None  # the pure epsilon charged for it (None: a Gaussian)
+
+    @property
+    def cells(self) -> int:
+        return 1 << len(self.flags)
+
+    def cost(self) -> str:
+        """What EXPLAIN's cost line says of the diagnosis's part in it."""
+        if self.epsilon is not None:
+            return f" (the diagnosis's epsilon {decimal_text(self.epsilon)} included)"
+        return f" (the diagnosis's rho {decimal_text(self.measurement.rho)} included)"
+
+    def explain(self) -> list[str]:
+        limits = dict(self.limits)
+        what = {
+            "L0": f"more than L0 = {limits.get('L0')} group(s)",
+            "C": f"more than C = {limits.get('C')} row(s) in some group",
+            "R": f"more than R = {limits.get('R')} row(s) in total",
+            "clamped": "a value outside the bounds of an aggregated expression",
+        }
+        m = self.measurement
+        if m.scale is not None:
+            charged = decimal_text(self.epsilon or m.epsilon)
+            noise = f"DiscreteLaplace scale {m.scale}, epsilon {charged}"
+        else:
+            assert m.sigma2 is not None
+            noise = f"DiscreteGaussian sigma^2 = {m.sigma2}, rho {decimal_text(m.rho)}"
+        return [
+            f"diagnosis: units with {'; '.join(f'{f}: {what[f]}' for f in self.flags)}",
+            f"diagnosis: a histogram of the {self.cells} flag patterns over the units, "
+            f"before bounding; one unit is in one cell, so L1 = L2 = 1; {noise}",
+        ]
+
+
+@dataclass(frozen=True)
 class Plan:
     analysis: Analysis
     measurements: tuple[Measurement, ...]
@@ -121,6 +168,8 @@ class Plan:
     engine_sql: str  # the bounded query as the engine runs it (generated once)
     skipped: tuple[str, ...] = ()  # bounding steps proven unable to bind, and why
     bounding: Bounding | None = None  # the public numbers the bounded query enforces
+    # The histogram of the units' flags, charged in ``event`` with the query (or None).
+    diagnosis: Diagnosis | None = None
     # The engine's own text of engine_sql for EXPLAIN (Spark SQL on Spark); default DuckDB's.
     shown: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
@@ -171,8 +220,11 @@ class Plan:
                 f"partition selection: release a group iff its noisy distinct-unit count >= "
                 f"{self.selection.threshold}; delta {decimal_text(self.selection.delta)}"
             )
+        if self.diagnosis is not None:
+            lines.extend(self.diagnosis.explain())
         lines.append(
             f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}"
+            + (self.diagnosis.cost() if self.diagnosis is not None else "")
         )
         lines.append("bounded SQL:")
         if sql:

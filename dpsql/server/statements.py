@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dpsql import errors
+from dpsql.noise.diagnosis import covers
 from dpsql.server import protocol as pg
 from dpsql.session import VERSION, Result
 
@@ -206,8 +207,14 @@ def to_answer(result: Result) -> Answer:
             if width is not None
         ]  # fmt: skip
         notice = f"dpsql: {source}: {cost}" if cost else f"dpsql: {source}"
-        if widths and len(result.rows) == 1:
+        shown = bool(widths) and len(result.rows) == 1
+        if shown:
             notice += f"; {result.confidence:.0%} half-widths: " + ", ".join(widths)
+        if shown or result.diagnosis is not None:
+            # What the ± covers, never a confidence interval of the true value.
+            notice += f"; ± covers {covers(result.diagnosis)}"
+        if result.diagnosis is not None:
+            notice += f"; diagnosis: {result.diagnosis.describe()}"
     tag = f"SELECT {len(rows)}"
     if result.columns == ("plan",):
         tag = "EXPLAIN"

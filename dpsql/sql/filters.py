@@ -84,7 +84,9 @@ def _other_sql(key: GroupKey) -> str:
     return value_sql(key.other_text, key.engine_type)
 
 
-def _other_rows(rows: str, keys: Sequence[GroupKey], n_values: int) -> str:
+def _other_rows(
+    rows: str, keys: Sequence[GroupKey], n_values: int, extra: Sequence[str] = ()
+) -> str:
     """``rows`` with each key that has an other group (``dpsql.other_group``) mapped onto its
     domain: a row whose key equals a domain value gets that value (the domain's own canonical
     one), any other row the other group's key, so every row lands in exactly one released
@@ -94,7 +96,8 @@ def _other_rows(rows: str, keys: Sequence[GroupKey], n_values: int) -> str:
     deduplicated domain and never a NULL, so a NULL key is other unless the domain lists NULL.
     (A join rather than ``IN`` in the select list, which Spark allows only in a filter.)
     Row-level: each row's group depends on that row alone, before any bounding, so the other
-    group is one of the unit's groups like any other under L0 (DESIGN.md section 3)."""
+    group is one of the unit's groups like any other under L0 (DESIGN.md section 3). The
+    ``extra`` columns (the diagnosis's, ``dpsql.sql.diagnosis``) are carried through."""
     if not any(k.other for k in keys):
         return rows
     columns = ["_p._u"]
@@ -110,7 +113,7 @@ def _other_rows(rows: str, keys: Sequence[GroupKey], n_values: int) -> str:
             f"ELSE {_other_sql(key)} END AS _k{i}"
         )
         joins += f" LEFT JOIN _dom{i} AS _j{i} ON _p._k{i} = _j{i}._k{i}"
-    columns += [f"_p._x{j}" for j in range(n_values)]
+    columns += [f"_p._x{j}" for j in range(n_values)] + [f"_p.{name}" for name in extra]
     return f"SELECT {', '.join(columns)} FROM ({rows}) AS _p{joins}"
 
 

@@ -50,6 +50,8 @@ KEYS: Mapping[str, str] = MappingProxyType(
         # dpsql's own: one group per public key for the rows outside its domain.
         "other_group": "other_group",
         "other_label": "other_label",
+        "diagnose": "diagnose",
+        "diagnose_epsilon": "diagnose_epsilon",
     }
 )
 # Checked against the policy's privacy unit of the query's table, never a setting.

@@ -31,6 +31,8 @@ cross-unit aggregates), ``dpsql.sql.caps`` (R's window and L0's ranking) and
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import sqlglot
 from sqlglot import exp
 
@@ -79,11 +81,6 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
     engine runs this text; ``parse_bounded`` gives its tree (EXPLAIN's pretty form), parsed
     only when asked for: parsing and printing it again costs some 5 ms per plan."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
-    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in WIDENED)
-
-    def total_sql(node: exp.Expression) -> str:
-        return _sql(total(node, ints))
-
     key_list = "".join(f"{k}, " for k in keys)
     squared = sorted(
         {
@@ -92,23 +89,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
             if m.kind == "centred_squares" and m.value is not None
         }
     )
-    raw = [
-        total_sql(v.expr) if v.grid is None else _summed_value(v.expr, analysis, total_sql)
-        for v in bounding.values
-    ]
-    predicate = analysis.where
-    filters = [f"{total_sql(as_boolean(predicate))} IS TRUE"] if predicate is not None else []
-    filters += [
-        f
-        for i, key in enumerate(analysis.keys)
-        if (f := _domain_filter(key, i, total_sql(key.expr)))
-    ]
-    rows_select = ", ".join(
-        [f'"{analysis.unit}" AS _u']
-        + [f"{total_sql(k.expr)} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]
-        + [f"{expr} AS _x{i}" for i, expr in enumerate(raw)]
-    )
-    where = f" WHERE {' AND '.join(filters)}" if filters else ""
+    rows = relation_rows(analysis, bounding)
     # Without values and with at most R key combinations, copies of a (unit, keys) row are
     # common: R's window then runs on those rows with their number of copies, _w. (A choice of
     # speed on public numbers only; the totals are the same either way.)
@@ -194,11 +175,9 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
             f"SELECT {filled} FROM (SELECT * FROM {_domain_relation(analysis.keys)}) AS _d "
             f"LEFT JOIN ({final}) AS _f ON {on}"
         )
-    rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
-    rows = _other_rows(rows, analysis.keys, len(bounding.values))
     rows = _row_cap(rows, keys, len(bounding.values), r, weighted)
     text = (
-        f"WITH {_enforced_cell(analysis)}{_domain_ctes(analysis, total_sql)}"
+        f"WITH {relation_ctes(analysis)}"
         f"{rows}"
         f"_vals AS (SELECT {vals} FROM _rows), "
         + (
@@ -212,6 +191,54 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
         f"{final}"
     )
     return text
+
+
+def _total_sql(analysis: Analysis) -> Callable[[exp.Expression], str]:
+    """A row-level expression made total (``dpsql.sql.totality``), as the engine's SQL."""
+    ints = frozenset(n for n, t in analysis.columns.items() if t.lower() in WIDENED)
+
+    def total_sql(node: exp.Expression) -> str:
+        return _sql(total(node, ints))
+
+    return total_sql
+
+
+def relation_ctes(analysis: Analysis) -> str:
+    """The CTEs the relation's rows read (a pinned cell, public key domains), each with its
+    trailing comma: what follows ``WITH`` before ``relation_rows``."""
+    return f"{_enforced_cell(analysis)}{_domain_ctes(analysis, _total_sql(analysis))}"
+
+
+def relation_rows(analysis: Analysis, bounding: Bounding, extra: Sequence[str] = ()) -> str:
+    """The relation the query bounds, before any bound (step 1): one row per row after joins,
+    WHERE and the public domains' filter, with the unit ``_u``, the keys ``_k<i>``, the raw
+    values ``_x<i>`` (bounded columns inside an expression already clamped) and ``extra``
+    (more row-level columns over the relation's names). The diagnosis of the bounds
+    (``dpsql.sql.diagnosis``) reads the same rows as the bounded query."""
+    total_sql = _total_sql(analysis)
+    keys = [f"_k{i}" for i in range(len(analysis.keys))]
+    raw = [
+        total_sql(v.expr) if v.grid is None else _summed_value(v.expr, analysis, total_sql)
+        for v in bounding.values
+    ]
+    predicate = analysis.where
+    filters = [f"{total_sql(as_boolean(predicate))} IS TRUE"] if predicate is not None else []
+    filters += [
+        f
+        for i, key in enumerate(analysis.keys)
+        if (f := _domain_filter(key, i, total_sql(key.expr)))
+    ]
+    rows_select = ", ".join(
+        [f'"{analysis.unit}" AS _u']
+        + [f"{total_sql(k.expr)} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]
+        + [f"{expr} AS _x{i}" for i, expr in enumerate(raw)]
+        + list(extra)
+    )
+    where = f" WHERE {' AND '.join(filters)}" if filters else ""
+    rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
+    # Each key with an other group mapped onto its domain, row by row, before any bound.
+    names = [column.rsplit(" AS ", 1)[1] for column in extra]
+    return _other_rows(rows, analysis.keys, len(bounding.values), names)
 
 
 def parse_bounded(text: str) -> exp.Select:
@@ -236,4 +263,6 @@ __all__ = [
     "measurement_sql",
     "parse_bounded",
     "public_size",
+    "relation_ctes",
+    "relation_rows",
 ]

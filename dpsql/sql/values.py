@@ -19,8 +19,13 @@ from dpsql.sql.tree import transform
 _FLOATS = {"float", "double", "real"}
 
 
-def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
-    """Clamp each bounded numeric column inside an aggregate argument to its declared bounds."""
+def _clamp_columns(
+    expr: exp.Expression, analysis: Analysis, clamp_them: bool = True
+) -> exp.Expression:
+    """Clamp each bounded numeric column inside an aggregate argument to its declared bounds.
+    ``clamp_them=False``: the same expression with each bounded column read as it is clamped
+    (as DOUBLE, NaN as NULL) but not clamped: the value the clamps change, which the
+    diagnosis of the bounds compares with (``dpsql.sql.diagnosis``)."""
 
     def clamp(node: exp.Expression) -> exp.Expression:
         if not isinstance(node, exp.Column):
@@ -35,6 +40,8 @@ def _clamp_columns(expr: exp.Expression, analysis: Analysis) -> exp.Expression:
             expressions=[_number(hi)],
             ignore_nulls=True,
         )
+        if not clamp_them:
+            clamped = inner
         # NULL stays NULL (GREATEST ignores NULL, so the clamp alone would give the lower
         # bound); NaN counts as NULL (DuckDB orders NaN above +inf: the clamp would give hi).
         missing: exp.Expression = exp.Is(this=node.copy(), expression=exp.Null())
@@ -60,6 +67,17 @@ def _summed_value(
             return column
         return f"CAST({column} AS DOUBLE)"
     return total_sql(exp.cast(_clamp_columns(expr, analysis), exp.DataType.Type.DOUBLE))
+
+
+def _unclamped_value(
+    expr: exp.Expression, analysis: Analysis, total_sql: Callable[[exp.Expression], str]
+) -> str | None:
+    """The raw DOUBLE of a summed compound expression with its bounded columns not clamped
+    (else as ``_summed_value``); None for a bare column, whose raw value no clamp has changed."""
+    if isinstance(expr, exp.Column):
+        return None
+    unclamped = _clamp_columns(expr, analysis, clamp_them=False)
+    return total_sql(exp.cast(unclamped, exp.DataType.Type.DOUBLE))
 
 
 def _number(value: Fraction | int) -> exp.Expression:
