@@ -226,7 +226,15 @@ def _histogram(policy: Policy, query: str, options: dict[str, Any]) -> tuple[Any
     base=st.lists(st.tuples(st.integers(1, 6), ROW), max_size=30),
     unit=st.lists(ROW, min_size=0, max_size=12),
     query=st.sampled_from(QUERIES),
-    bounds=st.sampled_from([{}, {"max_rows_per_unit": 3}, {"max_groups_per_unit": 1}]),
+    bounds=st.sampled_from(
+        [
+            {},
+            {"max_rows_per_unit": 3},
+            {"max_groups_per_unit": 1},
+            {"other_group": True},
+            {"other_group": True, "max_groups_per_unit": 1},
+        ]
+    ),
 )
 def test_one_unit_moves_one_cell_by_at_most_one(
     tiny_policy: TinyPolicy,
@@ -249,6 +257,24 @@ def test_one_unit_moves_one_cell_by_at_most_one(
     assert sum(moved) <= m.sensitivity  # L1
     assert math.sqrt(sum(x * x for x in moved)) <= 1  # L2
     assert sum(d2) - sum(d) in (0, 1)  # the added unit is one unit, if it is in the relation
+
+
+def test_with_the_other_group_the_diagnosis_counts_the_groups_the_query_bounds(
+    tiny_policy: TinyPolicy,
+) -> None:
+    """Rows outside the domain are dropped, or with ``other_group`` kept in one more group: the
+    diagnosis counts a unit's groups as the bounded query does, after that mapping."""
+    # Unit 1: north, and two values outside the domain (one other group); unit 2: north only.
+    rows = [(1, "north", 30, 1.0), (1, "elsewhere", 30, 1.0), (1, None, 30, 1.0)]
+    rows += [(2, "north", 30, 1.0)]
+    policy = tiny_policy(rows, max_groups=1)
+    query = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+    plan, dropped = _histogram(policy, query, {})
+    assert plan.diagnosis is not None and plan.diagnosis.flags[0] == "L0"
+    assert dropped[1] == 0 and sum(dropped) == 2  # one group each: no unit over L0 = 1
+    plan, kept = _histogram(policy, query, {"other_group": True})
+    assert plan.diagnosis is not None and plan.diagnosis.flags[0] == "L0"
+    assert kept[1] == 1 and sum(kept) == 2  # unit 1 touches north and the other group
 
 
 # -- the fractions, on data whose cut is known --------------------------------------------------
