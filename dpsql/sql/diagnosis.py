@@ -75,7 +75,7 @@ def diagnosis_query(
     """One row per flag pattern present: ``_p`` the pattern, ``_z`` its number of units."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
     clamps = _clamped(analysis, bounding)
-    extra = [f"{sql} AS _o{i}" for i, sql, _ in clamps if sql is not None]
+    extra = {f"_o{i}": sql for i, sql, _ in clamps if sql is not None}
     flagged = " OR ".join(f"({test})" for _, _, test in clamps) or "false"
     rows = relation_rows(analysis, bounding, extra)
     group = ", ".join(["_u", *keys])

@@ -31,7 +31,7 @@ cross-unit aggregates), ``dpsql.sql.caps`` (R's window and L0's ranking) and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -209,12 +209,15 @@ def relation_ctes(analysis: Analysis) -> str:
     return f"{_enforced_cell(analysis)}{_domain_ctes(analysis, _total_sql(analysis))}"
 
 
-def relation_rows(analysis: Analysis, bounding: Bounding, extra: Sequence[str] = ()) -> str:
+def relation_rows(
+    analysis: Analysis, bounding: Bounding, extra: Mapping[str, str] | None = None
+) -> str:
     """The relation the query bounds, before any bound (step 1): one row per row after joins,
     WHERE and the public domains' filter, with the unit ``_u``, the keys ``_k<i>``, the raw
     values ``_x<i>`` (bounded columns inside an expression already clamped) and ``extra``
-    (more row-level columns over the relation's names). The diagnosis of the bounds
-    (``dpsql.sql.diagnosis``) reads the same rows as the bounded query."""
+    (more row-level columns over the relation's names, name -> SQL), then each key's other
+    group mapped (``_other_rows``). The diagnosis of the bounds (``dpsql.sql.diagnosis``)
+    reads the same rows as the bounded query."""
     total_sql = _total_sql(analysis)
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
     raw = [
@@ -232,13 +235,12 @@ def relation_rows(analysis: Analysis, bounding: Bounding, extra: Sequence[str] =
         [f'"{analysis.unit}" AS _u']
         + [f"{total_sql(k.expr)} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]
         + [f"{expr} AS _x{i}" for i, expr in enumerate(raw)]
-        + list(extra)
+        + [f"{sql} AS {name}" for name, sql in (extra or {}).items()]
     )
     where = f" WHERE {' AND '.join(filters)}" if filters else ""
     rows = f"SELECT {rows_select} FROM {analysis.source}{_cell_join(analysis)}{where}"
     # Each key with an other group mapped onto its domain, row by row, before any bound.
-    names = [column.rsplit(" AS ", 1)[1] for column in extra]
-    return _other_rows(rows, analysis.keys, len(bounding.values), names)
+    return _other_rows(rows, analysis.keys, len(bounding.values), list(extra or {}))
 
 
 def parse_bounded(text: str) -> exp.Select:
