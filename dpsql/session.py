@@ -42,6 +42,7 @@ from dpsql.noise.release import (
     measure_diagnosis,
     publish,
 )
+from dpsql.noise.targets import solve
 from dpsql.plan.planner import Plan, plan_query
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.policy_numbers import decimal_text
@@ -56,6 +57,7 @@ from dpsql.session_settings import (
     SETTINGS,
     Settings,
     check_setting,
+    target_of,
 )
 from dpsql.sql.analyze import analyze
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
@@ -221,7 +223,14 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         )
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec, asked)
+        target = target_of(settings)
+        lines: list[str] = []
+        if target is not None:
+            # The cheapest epsilon that meets the target, from public quantities only.
+            options_, lines = solve(analysis, options_, policy, target)
         plan = plan_query(analysis, options_, policy, query=bound.sql(dialect=DIALECT))
+        if lines:
+            plan = replace(plan, targets=tuple(lines))
         if self.engine.name != "duckdb":  # EXPLAIN shows the SQL this engine runs
             plan = replace(plan, shown=self.engine.shown_sql)
         check_samplable(plan)

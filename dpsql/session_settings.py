@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from dpsql.accounting.filter import BudgetReport
 from dpsql.errors import ParameterError
+from dpsql.noise.targets import Target
 from dpsql.plan.planner import QueryOptions
+from dpsql.plan.split import SPLITS
 from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
     MAX_QUERY_EPSILON,
@@ -43,6 +45,10 @@ SETTINGS = (
     "other_label",
     "diagnose",
     "diagnose_epsilon",
+    "split",
+    "halfwidth",
+    "rank_error",
+    "min_group",
 )
 # A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
 MAX_QUERY_RHO = Fraction(10)
@@ -54,6 +60,10 @@ MAX_OTHER_LABEL = 256
 # The epsilon of a diagnosis of the bounds (``SET dpsql.diagnose = on``): fixed, not a share of
 # the query's, so that what a diagnosis costs never depends on anything but this setting.
 DEFAULT_DIAGNOSE_EPSILON = Fraction(1, 10)
+# An accuracy target's half-width is a number in the values' units, like a bound (2^52 at most).
+MAX_HALFWIDTH = Fraction(2**52)
+# A stated group size is a count of units, so at most a BIGINT.
+MAX_MIN_GROUP = 2**63 - 1
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -101,6 +111,29 @@ def _mechanism(value: object) -> str:
     return mechanism
 
 
+def _count(value: object, name: str, top: int) -> int:
+    message = f"{name} must be an integer from 1 to {top}"
+    number = to_fraction(value, name)
+    if number.denominator != 1 or not 1 <= number <= top:
+        raise ParameterError(message)
+    return int(number)
+
+
+def _halfwidth(value: object) -> Fraction:
+    message = f"halfwidth must be a number above 0 and at most 2^52 ({MAX_HALFWIDTH})"
+    number = to_fraction(value, "halfwidth")
+    if not 0 < number <= MAX_HALFWIDTH:
+        raise ParameterError(message)
+    return number
+
+
+def _split(value: object) -> str:
+    split = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
+    if split not in SPLITS:
+        raise ParameterError("split must be 'optimal' or 'even'")
+    return split
+
+
 def _label(value: object) -> str:
     """The other group's label: text, cast to each key's type when the query is planned (a
     number arrives as its text from SET and OPTIONS; from Python, give a string)."""
@@ -144,6 +177,14 @@ def check_setting(name: str, value: object) -> object:
         return _boolean(value, name)
     if name == "other_label":
         return _label(value)
+    if name == "split":
+        return _split(value)
+    if name == "halfwidth":
+        return _halfwidth(value)
+    if name == "rank_error":
+        return _count(value, name, MAX_CONTRIBUTION_BOUND)
+    if name == "min_group":
+        return _count(value, name, MAX_MIN_GROUP)
     raise ParameterError(
         f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
     )
@@ -189,6 +230,10 @@ class Settings:
             "other_label": None,
             "diagnose": False,
             "diagnose_epsilon": DEFAULT_DIAGNOSE_EPSILON,
+            "split": "optimal",
+            "halfwidth": None,
+            "rank_error": None,
+            "min_group": None,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():
@@ -225,6 +270,8 @@ class Settings:
         assert sigma is None or isinstance(sigma, Fraction)
         diagnose, diagnose_epsilon = settings["diagnose"], settings["diagnose_epsilon"]
         assert isinstance(diagnose, bool) and isinstance(diagnose_epsilon, Fraction)
+        split = settings["split"]
+        assert split in SPLITS
         if mechanism == "gaussian" and delta == 0:
             raise ParameterError("the gaussian mechanism needs delta > 0; SET dpsql.delta")
         if (rho is not None or sigma is not None) and mechanism != "gaussian":
@@ -247,6 +294,7 @@ class Settings:
             else frozenset(),
             diagnose,
             diagnose_epsilon,
+            split,
         )
 
     def _show(self, name: str) -> Result:
@@ -264,6 +312,17 @@ class Settings:
         value = settings[name]
         shown = "(none: NULL)" if name == "other_label" and value is None else _show_value(value)
         return Result((name,), ("VARCHAR",), ((shown,),))
+
+
+def target_of(settings: Mapping[str, object]) -> Target | None:
+    """The query's accuracy target, or None: ``min_group`` alone states a size, no target."""
+    halfwidth, rank, group = settings["halfwidth"], settings["rank_error"], settings["min_group"]
+    assert halfwidth is None or isinstance(halfwidth, Fraction)
+    assert rank is None or isinstance(rank, int)
+    assert group is None or isinstance(group, int)
+    if halfwidth is None and rank is None:
+        return None
+    return Target(halfwidth, rank, group)
 
 
 def _show_value(value: object) -> str:

@@ -32,6 +32,9 @@ SPEND_G = Fraction(1, 2**13)  # hi - lo = 200: floor(log2 200) = 7, g = 2^(7 - 2
 
 
 def plan(policy: Policy, sql: str, **options: Any) -> Plan:
+    """The plan under the even split, whose arithmetic these tests pin by hand (the optimal
+    split's shares are pinned by tests/test_split.py)."""
+    options.setdefault("split", "even")
     session = Session(policy)
     try:
         return session.plan(sql, **options)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,10 @@ def half_width(m: Measurement, confidence: float) -> int:
 
 
 def _avg(
-    estimate: Estimate, plan: Plan, noisy: list[list[int]], confidence: float
+    estimate: Estimate,
+    measurements: Sequence[Measurement],
+    noisy: list[list[int]],
+    confidence: float,
 ) -> tuple[FloatArray, FloatArray]:
     """AVG estimates and their half-widths, vectorized over the released groups."""
     grid = estimate.grid
@@ -59,8 +63,8 @@ def _avg(
     n = np.asarray(noisy[i_count], dtype=np.float64)
     value = np.clip(centre + s * half / np.maximum(n, 1.0), lo, hi)
     joint = math.sqrt(confidence)
-    k_s = half_width(plan.measurements[i_sum], joint)
-    k_n = half_width(plan.measurements[i_count], joint)
+    k_s = half_width(measurements[i_sum], joint)
+    k_n = half_width(measurements[i_count], joint)
     n_lo = np.maximum(n - k_n, 1.0)
     n_hi = np.maximum(n + k_n, 1.0)
     s_lo, s_hi = s - k_s, s + k_s
@@ -113,7 +117,10 @@ def _moment_range(
 
 
 def _spread(
-    estimate: Estimate, plan: Plan, noisy: list[list[int]], confidence: float
+    estimate: Estimate,
+    measurements: Sequence[Measurement],
+    noisy: list[list[int]],
+    confidence: float,
 ) -> tuple[FloatArray, FloatArray]:
     """VAR_POP, VAR_SAMP, STDDEV_POP and STDDEV_SAMP, and their half-widths, vectorized.
 
@@ -144,7 +151,7 @@ def _spread(
     # Independent noises: each within its c^(1/3) half-width, all three hold with probability
     # >= c (one ulp up keeps the rounded cube root from falling short of it).
     joint = math.nextafter(confidence ** (1 / 3), 1.0)
-    k_q, k_s, k_n = (float(half_width(plan.measurements[i], joint)) for i in estimate.measurements)
+    k_q, k_s, k_n = (float(half_width(measurements[i], joint)) for i in estimate.measurements)
     n_lo, n_hi = np.maximum(n - k_n, 1.0), np.maximum(n + k_n, 1.0)
     a_lo, a_hi = np.abs(s - k_s), np.abs(s + k_s)
     # The range of |S|: from 0 when the interval of S holds 0, else from its nearer end.
@@ -181,12 +188,12 @@ def _estimates(
             widths.append(np.full(len(chosen), np.nan))
             continue
         if est.kind == "avg":
-            value, width = _avg(est, plan, noisy, confidence)
+            value, width = _avg(est, plan.measurements, noisy, confidence)
             values.append(value)
             widths.append(width)
             continue
         if est.kind in SPREAD_KINDS:
-            value, width = _spread(est, plan, noisy, confidence)
+            value, width = _spread(est, plan.measurements, noisy, confidence)
             values.append(value)
             widths.append(width)
             continue

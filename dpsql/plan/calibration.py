@@ -4,10 +4,10 @@ One measurement on one coordinate is calibrated on the discrete Gaussian's own e
 delta(epsilon) (Canonne, Kamath, Steinke 2020, Theorem 7): the continuous curve would be wrong
 for it (FACTS: at sigma 1, delta 1e-9 it needs epsilon 6.32, not 6.17). Anything else goes
 through zCDP: the query's total rho is the largest whose CKS conversion (Corollary 13) gives
-(epsilon, delta); it is split equally across the measurements, and rho_j = d_j·Δ_j²/(2σ_j²)
-holds exactly for any integer shift (Theorem 14), so Σ rho_j is at most the total (variances
-are rounded up to short rationals for the sampler). Never the one-dimensional continuous curve
-at the joint L2 (DESIGN.md section 3).
+(epsilon, delta); it is split across the measurements (``dpsql.plan.split``), and
+rho_j = d_j·Δ_j²/(2σ_j²) holds exactly for any integer shift (Theorem 14), so Σ rho_j is at
+most the total (variances are rounded up to short rationals for the sampler). Never the
+one-dimensional continuous curve at the joint L2 (DESIGN.md section 3).
 
 Every rounding goes the safe way: rho down, variances up, each checked after rounding.
 """

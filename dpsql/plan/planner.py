@@ -10,7 +10,7 @@ aggregate measures), ``dpsql.plan.steps`` (the bounds and the bounding steps) an
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from dpsql.accounting.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
@@ -22,6 +22,7 @@ from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.mechanisms import partition_threshold
 from dpsql.plan.plans import Diagnosis, Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
+from dpsql.plan.split import weights
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
 from dpsql.policy import Policy
 from dpsql.policy_numbers import decimal_text
@@ -29,8 +30,26 @@ from dpsql.sql.analyze import Analysis
 from dpsql.sql.rewrite import Bounding, MeasurementSpec, bounded_query
 
 
-def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query: str = "") -> Plan:
-    """Plan ``analysis``; raises ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
+@dataclass(frozen=True)
+class Calibration:
+    """A query's measurements and their noise at one set of options, before the bounded SQL:
+    what accuracy targets search over (``dpsql.noise.targets``), cheaply, many times."""
+
+    options: QueryOptions  # as planned (a Gaussian with only pure parts runs as a Laplace)
+    l0: int
+    c: int
+    builder: _Builder
+    estimates: tuple[Estimate, ...]
+    measurements: tuple[Measurement, ...]
+    events: tuple[Event, ...]
+    certified: tuple[Fraction, Fraction] | None
+    selection_at: int | None
+    private_keys: bool
+
+
+def calibrate(analysis: Analysis, options: QueryOptions, policy: Policy) -> Calibration:
+    """The measurements of ``analysis`` and their noise under ``options``; raises
+    ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
     l0, c = _group_bounds(analysis, options)
     builder = _Builder()
     estimates = _estimates(analysis, builder)
@@ -54,10 +73,33 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         measurements, events, certified = declared_calibration(
             builder, l0, c, options, options.declared
         )
-    elif options.mechanism == "gaussian":
-        measurements, events, certified = _gaussian(builder, l0, c, options, selection_at)
     else:
-        measurements, events, certified = _laplace(builder, l0, c, options, selection_at)
+        # The split's weights: public, from the query's estimates and bounds (dpsql.plan.split).
+        weight = weights(estimates, len(builder.specs))
+        noise = _gaussian if options.mechanism == "gaussian" else _laplace
+        measurements, events, certified = noise(
+            builder, l0, c, options, selection_at, weight=weight
+        )
+    return Calibration(
+        options,
+        l0,
+        c,
+        builder,
+        tuple(estimates),
+        tuple(measurements),
+        tuple(events),
+        certified,
+        selection_at,
+        private_keys,
+    )
+
+
+def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query: str = "") -> Plan:
+    """Plan ``analysis``; raises ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
+    cal = calibrate(analysis, options, policy)
+    options, l0, c, builder = cal.options, cal.l0, cal.c, cal.builder
+    estimates, measurements, events = cal.estimates, list(cal.measurements), list(cal.events)
+    certified, selection_at, private_keys = cal.certified, cal.selection_at, cal.private_keys
     selection = None
     if selection_at is not None:
         m = measurements[selection_at]
@@ -138,6 +180,7 @@ def _with_diagnosis(event: Composite, extra: Event, options: QueryOptions) -> Co
 __all__ = [
     "MAX_PUBLIC_GROUPS",
     "Calibrated",
+    "Calibration",
     "Diagnosis",
     "Estimate",
     "Measurement",
@@ -145,6 +188,7 @@ __all__ = [
     "QueryOptions",
     "Selection",
     "Steps",
+    "calibrate",
     "decimal_text",
     "plan_query",
 ]

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
+from typing import Literal
 
 from sqlglot import exp
 
@@ -43,6 +44,8 @@ class QueryOptions:
     # Release a diagnosis of the bounds too (``dpsql.plan.diagnosis``), at this epsilon.
     diagnose: bool = False
     diagnose_epsilon: Fraction = Fraction(1, 10)
+    # How the budget is split across the measurements (``dpsql.plan.split``).
+    split: Literal["optimal", "even"] = "optimal"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class Measurement:
     # With a total row cap R: R times what one row can move a total (None without R).
     row_bound: int | None = None
     grid: Grid | None = None  # the candidates of a quantile
+    # Its share of the query's epsilon (discrete Laplace, exponential) or of the Gaussian
+    # part's rho (discrete Gaussian), from ``dpsql.plan.split``; None under a declared mechanism.
+    share: Fraction | None = None
 
     @property
     def sensitivity(self) -> int:
@@ -170,6 +176,8 @@ class Plan:
     bounding: Bounding | None = None  # the public numbers the bounded query enforces
     # The histogram of the units' flags, charged in ``event`` with the query (or None).
     diagnosis: Diagnosis | None = None
+    # The accuracy target the epsilon was solved for, and what it plans (``dpsql.noise.targets``).
+    targets: tuple[str, ...] = ()
     # The engine's own text of engine_sql for EXPLAIN (Spark SQL on Spark); default DuckDB's.
     shown: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
@@ -222,6 +230,7 @@ class Plan:
             )
         if self.diagnosis is not None:
             lines.extend(self.diagnosis.explain())
+        lines.extend(self.targets)
         lines.append(
             f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}"
             + (self.diagnosis.cost() if self.diagnosis is not None else "")
@@ -243,6 +252,13 @@ def _explain_key(key: GroupKey) -> str:
     return f"{key.name} (public domain of {size} value(s) + other group keyed {label})"
 
 
+def _share(m: Measurement, of: str) -> str:
+    """A measurement's share of the budget, when it is not the whole of it."""
+    if m.share is None or m.share == 1:
+        return ""
+    return f", share {float(m.share):.4g} of the query's {of}"
+
+
 def _explain_measurement(m: Measurement) -> str:
     if m.exponential:
         assert m.scale is not None
@@ -250,17 +266,18 @@ def _explain_measurement(m: Measurement) -> str:
             f"measurement {m.label}: exponential mechanism over the grid candidates of each "
             f"group; one unit moves {m.groups} group(s)' scores by <= {m.per_group}; "
             f"score sensitivity {m.sensitivity}, weights exp(-score/(2*{m.scale})), "
-            f"epsilon {decimal_text(m.epsilon)}"
+            f"epsilon {decimal_text(m.epsilon)}{_share(m, 'epsilon')}"
         )
     head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
     if m.scale is not None:
         return (
             f"{head}; L1 sensitivity {m.sensitivity * m.unit} (= {m.sensitivity} units of "
             f"{m.unit}); DiscreteLaplace scale {m.scale * m.unit} (= {m.scale} units), "
-            f"epsilon {decimal_text(m.epsilon)}"
+            f"epsilon {decimal_text(m.epsilon)}{_share(m, 'epsilon')}"
         )
     assert m.sigma2 is not None
     return (
         f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
         f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {decimal_text(m.rho)}"
+        f"{_share(m, 'Gaussian rho')}"
     )

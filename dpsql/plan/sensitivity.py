@@ -6,8 +6,9 @@ GROUP BY) and C rows per unit and group, in integer units of each measurement:
 COUNT L0·C; COUNT(DISTINCT unit) L0; SUM on grid g L0·C·max(|lo|, |hi|)/g; centred SUM
 L0·C·(hi - lo)/g in units of g/2; centred sum of squares (VARIANCE, STDDEV) L0·C·((hi - lo)/g)²
 in units of (g/2)², that is L0·C·((hi - lo)/2)² in value units. The query's epsilon is split
-equally across measurements (sequential composition), and each is sampled from the discrete
-Laplace with scale = sensitivity / epsilon_j, so the charged epsilon is exactly the query's.
+across measurements (sequential composition) by ``dpsql.plan.split``, evenly or to minimise the
+released error, and each is sampled from the discrete Laplace with scale = sensitivity /
+epsilon_j, so the charged epsilon is exactly the query's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dpsql.noise.exponential import score_sensitivity
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions
+from dpsql.plan.split import shares
 from dpsql.policy_numbers import decimal_text
 from dpsql.sql.grid import Grid
 from dpsql.sql.parse import DIALECT
@@ -110,18 +112,33 @@ def _measurement(
 
 
 def _laplace(
-    builder: _Builder, l0: int, c: int, options: QueryOptions, selection: int | None
+    builder: _Builder,
+    l0: int,
+    c: int,
+    options: QueryOptions,
+    selection: int | None,
+    *,
+    weight: list[Fraction],
 ) -> Calibrated:
-    """Discrete Laplace on every measurement, epsilon split equally (sequential composition):
-    scale_j = k·L1_j/epsilon, so Σ L1_j/scale_j = epsilon exactly."""
+    """Discrete Laplace on every measurement (sequential composition, Dwork and Roth 2014,
+    Theorem 3.16): scale_j = L1_j/epsilon_j with Σ epsilon_j = epsilon exactly. Pure parts
+    (partition selection, quantiles) take epsilon/k each, the rest is split by ``shares``."""
     k = len(builder.specs)
+    base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
+    pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
+    free = [j for j in range(k) if j not in pure]
+    share = {j: Fraction(1, k) for j in pure}
+    rest = Fraction(len(free), k)
+    share.update({j: rest * s for j, s in shares(base, weight, free, False, options.split).items()})
+    if sum(share.values(), Fraction(0)) != 1:
+        raise InternalError("the epsilon shares of the query do not sum to 1")
     measurements: list[Measurement] = []
     events: list[Event] = []
-    for spec in builder.specs:
-        base = _measurement(builder, spec, l0, c, options.max_rows_per_unit)
-        scale = Fraction(base.sensitivity) * k / options.epsilon
-        measurements.append(replace(base, scale=scale))
-        events.append(_pure_event(replace(base, scale=scale)))
+    for j, m in enumerate(base):
+        scale = Fraction(m.sensitivity) / (options.epsilon * share[j])
+        measured = replace(m, scale=scale, share=share[j])
+        measurements.append(measured)
+        events.append(_pure_event(measured))
     return measurements, events, None
 
 
@@ -136,7 +153,13 @@ def _pure_event(m: Measurement) -> Event:
 
 
 def _gaussian(
-    builder: _Builder, l0: int, c: int, options: QueryOptions, selection: int | None
+    builder: _Builder,
+    l0: int,
+    c: int,
+    options: QueryOptions,
+    selection: int | None,
+    *,
+    weight: list[Fraction],
 ) -> Calibrated:
     """Discrete Gaussians on the measurements; partition selection stays a discrete Laplace.
 
@@ -164,18 +187,21 @@ def _gaussian(
         rho = Fraction(only.per_group**2) / (2 * sigma2)
     else:
         rho = calibration.rho_for(eps_g, delta_g)
+    # A noise multiplier fixes each measurement's rho: there is nothing to split.
+    split = "even" if options.sigma is not None else options.split
+    share = shares(base, weight, gaussian, True, split)
     measurements: list[Measurement] = []
     events: list[Event] = []
     for j, m in enumerate(base):
         if j in pure:
             scale = Fraction(m.sensitivity) * len(pure) / eps_sel
-            measurements.append(replace(m, scale=scale))
+            measurements.append(replace(m, scale=scale, share=Fraction(1, k)))
             events.append(_pure_event(replace(m, scale=scale)))
         else:
-            # rho split equally: Σ rho_j <= rho (zCDP composition, Bun-Steinke 2016); equal
-            # but for the rounding up of each variance.
-            sigma2 = calibration.sigma2_for(m.per_group, m.groups, rho / len(gaussian))
-            measurements.append(replace(m, sigma2=sigma2))
+            # Σ rho_j <= rho (zCDP composition, Bun and Steinke 2016, Lemma 2.3): the shares
+            # sum to 1, and each variance is rounded up (less rho, never more).
+            sigma2 = calibration.sigma2_for(m.per_group, m.groups, rho * share[j])
+            measurements.append(replace(m, sigma2=sigma2, share=share[j]))
             events.append(
                 DiscreteGaussian(sigma2, Fraction(m.per_group), label=m.label, dimensions=m.groups)
             )

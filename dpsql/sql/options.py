@@ -52,6 +52,11 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "other_label": "other_label",
         "diagnose": "diagnose",
         "diagnose_epsilon": "diagnose_epsilon",
+        "split": "split",
+        # Accuracy targets: the cheapest epsilon that meets them (dpsql.noise.targets).
+        "halfwidth": "halfwidth",
+        "rank_error": "rank_error",
+        "min_group": "min_group",
     }
 )
 # Checked against the policy's privacy unit of the query's table, never a setting.
