@@ -37,6 +37,8 @@ __all__ = [
 # A per-query epsilon above this is refused as absurd: at epsilon 20 one answer may change odds
 # by a factor of e^20 ~ 5e8, which protects nothing. Totals may be larger (many queries).
 MAX_QUERY_EPSILON = Fraction(20)
+# A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
+MAX_QUERY_RHO = Fraction(10)
 MAX_TOTAL_EPSILON = Fraction(10_000)
 # Contribution bounds above this are almost surely a typo and make noise useless.
 MAX_CONTRIBUTION_BOUND = 1_000_000

@@ -45,7 +45,7 @@ from dpsql.noise.release import (
 from dpsql.noise.targets import solve
 from dpsql.plan.planner import Plan, plan_query
 from dpsql.policy import Policy, check_against_schema, load_policy
-from dpsql.policy_numbers import decimal_text
+from dpsql.policy_numbers import MAX_QUERY_RHO, decimal_text
 from dpsql.session_bounds import EstimatedBounds
 from dpsql.session_plans import PlanKeys, Planned
 from dpsql.session_probes import Probes
@@ -53,7 +53,6 @@ from dpsql.session_result import Result, _with_accuracy
 from dpsql.session_settings import (
     DEFAULT_CONFIDENCE,
     MAX_NOISE_MULTIPLIER,
-    MAX_QUERY_RHO,
     SETTINGS,
     Settings,
     check_setting,

@@ -27,6 +27,7 @@ from dpsql.policy import (
     check_epsilon,
     to_fraction,
 )
+from dpsql.policy_numbers import MAX_QUERY_RHO
 from dpsql.session_result import Result
 
 SETTINGS = (
@@ -50,8 +51,6 @@ SETTINGS = (
     "rank_error",
     "min_group",
 )
-# A per-query rho above this is refused as absurd (it certifies epsilon > 20 at any delta).
-MAX_QUERY_RHO = Fraction(10)
 # sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
 MAX_NOISE_MULTIPLIER = Fraction(10**6)
 DEFAULT_CONFIDENCE = 0.95

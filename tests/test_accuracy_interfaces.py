@@ -23,7 +23,7 @@ from dpsql.session import Session
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"
 TARGET = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(halfwidth = 500) COUNT(*) AS n FROM visits"
-SOLVED = re.compile(r"target: at 0\.95 confidence, epsilon ([\d.]+) is the cheapest")
+SOLVED = re.compile(r"cost: epsilon ([\d.]+), delta 0")
 TWO = "SELECT SUM(spend) AS s, COUNT(*) AS n FROM visits"
 
 

@@ -23,31 +23,39 @@ function of the noise's parameters, which are functions of epsilon:
   candidate scores 0 and scores are integers (McSherry and Talwar 2007, Theorem 6's argument):
   at most 1 - confidence.
 
-Every figure falls as epsilon grows, so a bisection on log(epsilon) finds the cheapest epsilon
-that meets every target; it is rounded up to four significant digits (an exact decimal, at
-most 0.1% above the cheapest) and checked again, and that epsilon is what the plan shows and
-the query is charged. The split inside the query is the query's own (``dpsql.split``).
+Each figure falls as its measurement's budget grows, so each measurement a target binds gets
+the least budget that meets it, found by bisection on its logarithm and rounded up to four
+significant digits (an exact decimal, at most 0.1% above the least), and checked again: epsilon_j
+for a discrete Laplace or an exponential mechanism, rho_j for a discrete Gaussian. A ratio's
+measurements (with ``min_group``) are scaled together, in the optimal split's proportions
+(``dpsql.plan.split``). A measurement no target binds (partition selection, a quantile without
+``rank_error``) keeps its budget at the query's own epsilon. The query's cost is the sequential
+composition of these budgets (the epsilons add; the rhos add, converted with the pure parts'
+epsilon by CKS Corollary 13): the least any split meets the targets at, since each measurement
+has the least it can. That is what EXPLAIN shows and the query is charged.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import ParameterError
+from dpsql.accounting.events import Composite
+from dpsql.errors import InternalError, ParameterError
 from dpsql.noise.release_estimates import _avg, _spread, half_width
-from dpsql.plan.planner import Calibration, Estimate, QueryOptions, calibrate
-from dpsql.policy import MAX_QUERY_EPSILON, Policy
-from dpsql.policy_numbers import decimal_text
+from dpsql.plan import calibration
+from dpsql.plan.planner import Calibration, Estimate, Measurement, QueryOptions, calibrate
+from dpsql.plan.split import shares, weights
+from dpsql.policy import Policy
+from dpsql.policy_numbers import MAX_QUERY_EPSILON, MAX_QUERY_RHO, decimal_text
 from dpsql.sql.analyze import SPREAD_KINDS, Analysis
 
 __all__ = ["Target", "solve"]
 
-# The smallest epsilon searched: below it no target short of the whole range of a value is met.
-_FLOOR = Fraction(1, 10**9)
 # Points of each noisy centred sum (and sum of squares) at which a ratio's half-width is checked.
 _POINTS = 33
 # Noisy counts (a geometric grid) at which it is checked.
@@ -74,14 +82,16 @@ def _label(analysis: Analysis, i: int) -> str:
     return f"{name or agg.kind.upper()}({arg})"
 
 
-def _ratio_width(estimate: Estimate, cal: Calibration, confidence: float, n: int) -> float:
+def _ratio_width(
+    estimate: Estimate, measurements: Sequence[Measurement], confidence: float, n: int
+) -> float:
     """The largest half-width the release computes for a ratio in a group of at least ``n``
     units, over the noisy values within their joint half-widths (module docstring)."""
     grid = estimate.grid
     assert grid is not None
     parts = len(estimate.measurements)
     joint = math.sqrt(confidence) if parts == 2 else math.nextafter(confidence ** (1 / 3), 1.0)
-    k = [half_width(cal.measurements[j], joint) for j in estimate.measurements]
+    k = [half_width(measurements[j], joint) for j in estimate.measurements]
     w = grid.width  # a centred row value lies in ±width units of g/2
     # Noisy counts from N - k_N up: the width is not monotone in the count near a variance of
     # 0, so counts up to twice N + k_N are checked too (beyond, every term shrinks as 1/count).
@@ -90,11 +100,11 @@ def _ratio_width(estimate: Estimate, cal: Calibration, confidence: float, n: int
     for count in counts:
         units = count + k[-1]  # the most units a group of this noisy count can hold
         s = np.linspace(-(w * units + k[-2]), w * units + k[-2], _POINTS)
-        noisy: list[list[int]] = [[] for _ in cal.measurements]
+        noisy: list[list[int]] = [[] for _ in measurements]
         if parts == 2:
             noisy[estimate.measurements[0]] = [int(v) for v in np.round(s)]
             noisy[estimate.measurements[1]] = [int(count)] * s.size
-            _, width = _avg(estimate, cal.measurements, noisy, confidence)
+            _, width = _avg(estimate, measurements, noisy, confidence)
         else:
             # By noisy mean m = S/n and variance v = Q/n - m²: the width is steepest near v = 0
             # (STDDEV's square root), so small and slightly negative v are dense in the grid.
@@ -112,14 +122,13 @@ def _ratio_width(estimate: Estimate, cal: Calibration, confidence: float, n: int
             noisy[estimate.measurements[0]] = [int(x) for x in np.round(q.ravel())]
             noisy[estimate.measurements[1]] = [int(x) for x in np.round((mm * count).ravel())]
             noisy[estimate.measurements[2]] = [int(count)] * q.size
-            _, width = _spread(estimate, cal.measurements, noisy, confidence)
+            _, width = _spread(estimate, measurements, noisy, confidence)
         worst = max(worst, float(width.max()))
     return worst
 
 
-def _quantile_rank(cal: Calibration, j: int, confidence: float) -> float:
+def _quantile_rank(m: Measurement, confidence: float) -> float:
     """The rank error (rows) the exponential mechanism keeps with probability >= confidence."""
-    m = cal.measurements[j]
     assert m.scale is not None and m.grid is not None and m.spec.p is not None
     candidates = m.grid.upper - m.grid.lower + 1
     b = m.spec.p.denominator
@@ -136,7 +145,7 @@ def planned(
         label = _label(analysis, i)
         if est.kind == "quantile":
             if target.rank_error is not None:
-                rank = _quantile_rank(cal, est.measurements[0], confidence)
+                rank = _quantile_rank(cal.measurements[est.measurements[0]], confidence)
                 rows.append((label, "rank error (rows)", rank, float(target.rank_error)))
             continue
         if target.halfwidth is None:
@@ -144,7 +153,7 @@ def planned(
         h = float(target.halfwidth)
         ratio = est.kind == "avg" or est.kind in SPREAD_KINDS
         if ratio and target.min_group is not None:
-            width = _ratio_width(est, cal, confidence, target.min_group)
+            width = _ratio_width(est, cal.measurements, confidence, target.min_group)
             rows.append((label, f"± at >= {target.min_group} units", width, h))
             continue
         for j in est.measurements:
@@ -154,27 +163,115 @@ def planned(
     return rows
 
 
-def _meets(analysis: Analysis, cal: Calibration, target: Target, confidence: float) -> bool:
-    try:
-        return all(fig <= goal for _, _, fig, goal in planned(analysis, cal, target, confidence))
-    except ParameterError:
-        # So little epsilon that a noise scale is past what can be sampled: not met. (The
-        # query's own errors surface at the largest epsilon, checked first.)
-        return False
-
-
 def _round_up(x: Fraction) -> Fraction:
-    """x rounded up to four significant decimal digits, exactly."""
+    """x > 0 rounded up to four significant decimal digits, exactly."""
     digits = 3 - math.floor(math.log10(x))
     scale = Fraction(10) ** digits
     return Fraction(math.ceil(x * scale)) / scale
 
 
-def solve(
-    analysis: Analysis, options: QueryOptions, policy: Policy, target: Target
-) -> tuple[QueryOptions, list[str]]:
-    """``options`` with the cheapest epsilon that meets ``target``, and EXPLAIN's lines of it;
-    raises ``ParameterError`` when no epsilon a query may spend meets it (nothing charged)."""
+def _least(fits: Callable[[Fraction], bool], top: Fraction) -> Fraction | None:
+    """The least budget in (0, top], to four digits, that ``fits`` (a test that holds from some
+    budget on), or None when even ``top`` does not."""
+
+    def holds(b: Fraction) -> bool:
+        try:
+            return fits(b)
+        except ParameterError:
+            return False  # a noise scale past what can be sampled: far too little budget
+
+    if not holds(top):
+        return None
+    lo, hi = math.log(float(top)) - 60.0, math.log(float(top))
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if holds(Fraction(math.exp(mid))) else (mid, hi)
+    budget = min(_round_up(Fraction(math.exp(hi))), top)
+    while not holds(budget):  # the rounding met a step of the discrete half-width
+        budget = min(_round_up(budget * Fraction(1001, 1000)), top)
+    return budget
+
+
+class _Budgets:
+    """Each measurement's least budget under a target: epsilon_j for a discrete Laplace or the
+    exponential mechanism, rho_j for a discrete Gaussian."""
+
+    def __init__(self, base: Calibration, confidence: float) -> None:
+        self.base, self.ms, self.confidence = base, base.measurements, confidence
+        self.gaussian = base.options.mechanism == "gaussian"
+        self.pure = {j for j, m in enumerate(self.ms) if m.exponential or j == base.selection_at}
+        self.need: dict[int, Fraction] = {}
+
+    def is_gaussian(self, j: int) -> bool:
+        return self.gaussian and j not in self.pure
+
+    def top(self, j: int) -> Fraction:
+        return MAX_QUERY_RHO if self.is_gaussian(j) else MAX_QUERY_EPSILON
+
+    def at(self, j: int, b: Fraction) -> Measurement:
+        """Measurement j with budget b: scale Δ/b, or variance d·Δ²/(2b) (Bun and Steinke
+        2016, Prop. 1.6; CKS 2020, Theorem 14)."""
+        m = self.ms[j]
+        if self.is_gaussian(j):
+            return replace(m, sigma2=calibration.sigma2_for(m.per_group, m.groups, b))
+        return replace(m, scale=Fraction(m.sensitivity) / b)
+
+    def require(self, j: int, b: Fraction | None, label: str) -> None:
+        if b is None:
+            unit = "rho" if self.is_gaussian(j) else "epsilon"
+            raise ParameterError(
+                f"the accuracy target of {label} needs more than {unit} "
+                f"{decimal_text(self.top(j))}, the most one query may spend; loosen it (or, "
+                "for a ratio, state a larger dpsql.min_group)"
+            )
+        self.need[j] = max(self.need.get(j, Fraction(0)), b)
+
+    def rank(self, j: int, rows: int, label: str) -> None:
+        def fits(b: Fraction) -> bool:
+            return _quantile_rank(self.at(j, b), self.confidence) <= rows
+
+        self.require(j, _least(fits, self.top(j)), label)
+
+    def direct(self, j: int, h: Fraction, label: str) -> None:
+        def fits(b: Fraction) -> bool:
+            return half_width(self.at(j, b), self.confidence) * self.ms[j].unit <= h
+
+        self.require(j, _least(fits, self.top(j)), label)
+
+    def ratio(self, est: Estimate, h: Fraction, n: int, label: str) -> None:
+        """The ratio's measurements in the optimal split's proportions, scaled together until
+        the ± the release computes in groups of n units meets h."""
+        weight = weights(self.base.estimates, len(self.ms))
+        rel = shares(self.ms, weight, est.measurements, self.gaussian, "optimal")
+
+        def scaled(t: Fraction) -> list[Measurement]:
+            return [
+                self.at(j, max(self.need.get(j, Fraction(0)), _round_up(t * rel[j])))
+                if j in rel
+                else m
+                for j, m in enumerate(self.ms)
+            ]
+
+        def fits(t: Fraction) -> bool:
+            return _ratio_width(est, scaled(t), self.confidence, n) <= float(h)
+
+        t = _least(fits, max(self.top(j) for j in est.measurements))
+        for j in est.measurements:
+            self.require(j, None if t is None else _round_up(t * rel[j]), label)
+
+    def options(self) -> QueryOptions:
+        """The base options with these budgets (and what no target binds keeps its own)."""
+        budgets = tuple(
+            self.need[j] if j in self.need else (m.rho if self.is_gaussian(j) else m.epsilon)
+            for j, m in enumerate(self.ms)
+        )
+        if self.gaussian:
+            rho = sum((b for j, b in enumerate(budgets) if self.is_gaussian(j)), Fraction(0))
+            return replace(self.base.options, rho=rho, budgets=budgets)
+        return replace(self.base.options, epsilon=sum(budgets, Fraction(0)), budgets=budgets)
+
+
+def _refuse(options: QueryOptions) -> None:
     if options.rho is not None or options.sigma is not None:
         raise ParameterError(
             "an accuracy target sets the query's noise, as do dpsql.rho and dpsql.sigma: "
@@ -185,41 +282,56 @@ def solve(
             "an accuracy target would calibrate the noise, and the pld filter admits only its "
             "declared mechanism; RESET dpsql.halfwidth and dpsql.rank_error"
         )
+
+
+def solve(
+    analysis: Analysis, options: QueryOptions, policy: Policy, target: Target
+) -> tuple[QueryOptions, list[str]]:
+    """``options`` with each measurement's least budget that meets ``target`` (module
+    docstring), and EXPLAIN's lines of it; raises ``ParameterError`` when a query may not
+    spend enough to meet it (nothing is charged)."""
+    _refuse(options)
     confidence = options.confidence
-
-    def at(epsilon: Fraction) -> Calibration:
-        return calibrate(analysis, replace(options, epsilon=epsilon), policy)
-
-    top = at(MAX_QUERY_EPSILON)
-    if not planned(analysis, top, target, confidence):
+    # At the query's own epsilon: what no target binds keeps its budget from here.
+    budgets = _Budgets(calibrate(analysis, options, policy), confidence)
+    h = target.halfwidth
+    for i, est in enumerate(budgets.base.estimates):
+        label = _label(analysis, i)
+        if est.kind == "quantile":
+            if target.rank_error is not None:
+                budgets.rank(est.measurements[0], target.rank_error, label)
+        elif h is None:
+            continue
+        elif (est.kind == "avg" or est.kind in SPREAD_KINDS) and target.min_group is not None:
+            budgets.ratio(est, h, target.min_group, label)
+        else:
+            for j in est.measurements:
+                budgets.direct(j, h, label)
+    if not budgets.need:
         raise ParameterError(
             "no accuracy target binds this query: dpsql.halfwidth binds counts, sums and "
             "ratios, dpsql.rank_error quantiles"
         )
-    if not _meets(analysis, top, target, confidence):
+    solved = budgets.options()
+    cal = calibrate(analysis, solved, policy)
+    if Composite(cal.events, cal.certified).epsilon > MAX_QUERY_EPSILON:
         raise ParameterError(
-            f"the accuracy target needs more than epsilon {decimal_text(MAX_QUERY_EPSILON)}, "
-            "the most one query may spend; loosen it (or, for a ratio, state a larger "
-            "dpsql.min_group)"
+            f"the accuracy target needs more than epsilon {decimal_text(MAX_QUERY_EPSILON)} in "
+            "all, the most one query may spend; loosen it, or ask its outputs in separate queries"
         )
-    lo, hi = math.log(float(_FLOOR)), math.log(float(MAX_QUERY_EPSILON))
-    if _meets(analysis, at(_FLOOR), target, confidence):
-        hi = lo
-    while hi - lo > 1e-5:
-        mid = (lo + hi) / 2
-        if _meets(analysis, at(Fraction(math.exp(mid))), target, confidence):
-            hi = mid
-        else:
-            lo = mid
-    epsilon = min(_round_up(Fraction(math.exp(hi))), MAX_QUERY_EPSILON)
-    cal = at(epsilon)
-    while not _meets(analysis, cal, target, confidence):  # rounding met a non-monotone step
-        epsilon = min(_round_up(epsilon * Fraction(1001, 1000)), MAX_QUERY_EPSILON)
-        cal = at(epsilon)
+    rows = planned(analysis, cal, target, confidence)
+    if not all(fig <= goal for _, _, fig, goal in rows):
+        raise InternalError("the solved budgets do not meet the accuracy target")
     lines = [
-        f"target: at {confidence:g} confidence, epsilon {decimal_text(epsilon)} is the "
-        "cheapest (to 4 digits) that meets it, and what is charged; the noise only"
+        f"target: at {confidence:g} confidence, each measurement a target binds gets the least "
+        "budget (to 4 digits) that meets it; the cost below is what is charged; noise only"
     ]
-    for label, what, figure, goal in planned(analysis, cal, target, confidence):
-        lines.append(f"target: {label} {what} planned {figure:.6g} <= {goal:g}")
-    return replace(options, epsilon=epsilon), lines
+    lines.extend(
+        f"target: {lab} {what} planned {fig:.6g} <= {goal:g}" for lab, what, fig, goal in rows
+    )
+    lines.extend(
+        f"target: {budgets.ms[j].label} is bound by no target and keeps its budget at dpsql.epsilon"
+        for j in range(len(budgets.ms))
+        if j not in budgets.need
+    )
+    return solved, lines

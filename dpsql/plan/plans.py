@@ -46,6 +46,9 @@ class QueryOptions:
     diagnose_epsilon: Fraction = Fraction(1, 10)
     # How the budget is split across the measurements (``dpsql.plan.split``).
     split: Literal["optimal", "even"] = "optimal"
+    # Or each measurement's own budget, solved for an accuracy target (dpsql.noise.targets):
+    # epsilon_j for a discrete Laplace or exponential mechanism, rho_j for a discrete Gaussian.
+    budgets: tuple[Fraction, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,15 @@ def _laplace(
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
     free = [j for j in range(k) if j not in pure]
-    share = {j: Fraction(1, k) for j in pure}
-    rest = Fraction(len(free), k)
-    share.update({j: rest * s for j, s in shares(base, weight, free, False, options.split).items()})
+    if options.budgets is not None:
+        # An accuracy target's own epsilon_j per measurement (dpsql.noise.targets), summing to
+        # the query's epsilon.
+        share = {j: b / options.epsilon for j, b in enumerate(options.budgets)}
+    else:
+        share = {j: Fraction(1, k) for j in pure}
+        rest = Fraction(len(free), k)
+        split = shares(base, weight, free, False, options.split)
+        share.update({j: rest * s for j, s in split.items()})
     if sum(share.values(), Fraction(0)) != 1:
         raise InternalError("the epsilon shares of the query do not sum to 1")
     measurements: list[Measurement] = []
@@ -174,7 +180,15 @@ def _gaussian(
     eps_g, delta_g = options.epsilon - eps_sel, options.delta - delta_sel
     gaussian = [j for j in range(k) if j not in pure]
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
-    if options.sigma is not None:
+    pure_eps = {j: eps_sel / len(pure) for j in pure}
+    if options.budgets is not None:
+        # An accuracy target's own budget per measurement (dpsql.noise.targets): epsilon_j for
+        # the pure parts, rho_j for the Gaussians; the query's loss is their composition.
+        pure_eps = {j: options.budgets[j] for j in pure}
+        eps_sel = sum(pure_eps.values(), Fraction(0))
+        rho = sum((options.budgets[j] for j in range(k) if j not in pure), Fraction(0))
+        eps_g = calibration.epsilon_for(rho, delta_g)
+    elif options.sigma is not None:
         # A noise multiplier: sigma_j = sigma * L2_j, so each measurement is 1/(2 sigma^2)-zCDP.
         rho = len(gaussian) / (2 * options.sigma**2)
         eps_g = calibration.epsilon_for(rho, delta_g)
@@ -189,13 +203,17 @@ def _gaussian(
         rho = calibration.rho_for(eps_g, delta_g)
     # A noise multiplier fixes each measurement's rho: there is nothing to split.
     split = "even" if options.sigma is not None else options.split
-    share = shares(base, weight, gaussian, True, split)
+    if options.budgets is not None:
+        share = {j: options.budgets[j] / rho for j in gaussian}
+    else:
+        share = shares(base, weight, gaussian, True, split)
     measurements: list[Measurement] = []
     events: list[Event] = []
     for j, m in enumerate(base):
         if j in pure:
-            scale = Fraction(m.sensitivity) * len(pure) / eps_sel
-            measurements.append(replace(m, scale=scale, share=Fraction(1, k)))
+            scale = Fraction(m.sensitivity) / pure_eps[j]
+            shown = None if options.budgets is not None else Fraction(1, k)
+            measurements.append(replace(m, scale=scale, share=shown))
             events.append(_pure_event(replace(m, scale=scale)))
         else:
             # Σ rho_j <= rho (zCDP composition, Bun and Steinke 2016, Lemma 2.3): the shares
