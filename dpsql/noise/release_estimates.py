@@ -50,7 +50,7 @@ def half_width(m: Measurement, confidence: float) -> int:
 def _avg(
     estimate: Estimate,
     measurements: Sequence[Measurement],
-    noisy: list[list[int]],
+    noisy: Sequence[npt.ArrayLike],
     confidence: float,
 ) -> tuple[FloatArray, FloatArray]:
     """AVG estimates and their half-widths, vectorized over the released groups."""
@@ -119,7 +119,7 @@ def _moment_range(
 def _spread(
     estimate: Estimate,
     measurements: Sequence[Measurement],
-    noisy: list[list[int]],
+    noisy: Sequence[npt.ArrayLike],
     confidence: float,
 ) -> tuple[FloatArray, FloatArray]:
     """VAR_POP, VAR_SAMP, STDDEV_POP and STDDEV_SAMP, and their half-widths, vectorized.

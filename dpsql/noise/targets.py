@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
+import numpy.typing as npt
 
 from dpsql.accounting.events import Composite
 from dpsql.errors import InternalError, ParameterError
@@ -96,35 +97,34 @@ def _ratio_width(
     # Noisy counts from N - k_N up: the width is not monotone in the count near a variance of
     # 0, so counts up to twice N + k_N are checked too (beyond, every term shrinks as 1/count).
     counts = np.unique(np.geomspace(max(n - k[-1], 1), 2 * (n + k[-1]), _COUNTS).round())
-    worst = 0.0
-    for count in counts:
-        units = count + k[-1]  # the most units a group of this noisy count can hold
-        s = np.linspace(-(w * units + k[-2]), w * units + k[-2], _POINTS)
-        noisy: list[list[int]] = [[] for _ in measurements]
-        if parts == 2:
-            noisy[estimate.measurements[0]] = [int(v) for v in np.round(s)]
-            noisy[estimate.measurements[1]] = [int(count)] * s.size
-            _, width = _avg(estimate, measurements, noisy, confidence)
-        else:
-            # By noisy mean m = S/n and variance v = Q/n - m²: the width is steepest near v = 0
-            # (STDDEV's square root), so small and slightly negative v are dense in the grid.
-            m = s / count
-            top = float(w * w)
-            v = np.concatenate(
-                (
-                    -k[0] / count * np.array([1.0, 0.5, 0.1, 0.01]),
-                    [0.0],
-                    np.geomspace(top * 1e-9, top + k[0] / count, _POINTS),
-                )
-            )
-            mm, vv = np.meshgrid(m, v)
-            q = count * (vv + mm * mm)
-            noisy[estimate.measurements[0]] = [int(x) for x in np.round(q.ravel())]
-            noisy[estimate.measurements[1]] = [int(x) for x in np.round((mm * count).ravel())]
-            noisy[estimate.measurements[2]] = [int(count)] * q.size
-            _, width = _spread(estimate, measurements, noisy, confidence)
-        worst = max(worst, float(width.max()))
-    return worst
+    # For each noisy count, every noisy centred sum a group of that count can give (its units
+    # are at most count + k_N), all in one vectorized evaluation.
+    units = counts + k[-1]
+    spans = w * units + k[-2]
+    s = np.linspace(-spans, spans, _POINTS, axis=1)  # (counts, points)
+    n_s = np.broadcast_to(counts[:, None], s.shape)
+    noisy: list[npt.ArrayLike] = [np.zeros(0) for _ in measurements]
+    if parts == 2:
+        noisy[estimate.measurements[0]] = np.round(s).ravel()
+        noisy[estimate.measurements[1]] = n_s.ravel()
+        _, width = _avg(estimate, measurements, noisy, confidence)
+        return float(width.max())
+    # By noisy mean m = S/n and variance v = Q/n - m²: the width is steepest near v = 0
+    # (STDDEV's square root), so small and slightly negative v are dense in the grid.
+    top = float(w * w)
+    rel = np.concatenate(([-1.0, -0.5, -0.1, -0.01, 0.0], np.full(_POINTS, np.nan)))
+    v = np.empty((len(counts), rel.size))
+    v[:, :5] = rel[None, :5] * (k[0] / counts)[:, None]
+    v[:, 5:] = np.geomspace(top * 1e-9, top + k[0] / counts, _POINTS, axis=1)
+    m = s / counts[:, None]  # (counts, points)
+    mm = np.broadcast_to(m[:, :, None], (*m.shape, rel.size))
+    vv = np.broadcast_to(v[:, None, :], mm.shape)
+    nn = np.broadcast_to(counts[:, None, None], mm.shape)
+    noisy[estimate.measurements[0]] = np.round(nn * (vv + mm * mm)).ravel()
+    noisy[estimate.measurements[1]] = np.round(mm * nn).ravel()
+    noisy[estimate.measurements[2]] = nn.ravel()
+    _, width = _spread(estimate, measurements, noisy, confidence)
+    return float(width.max())
 
 
 def _quantile_rank(m: Measurement, confidence: float) -> float:
