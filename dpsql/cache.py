@@ -103,6 +103,8 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
         "cell": [a.cell.column, a.cell.key] if a.cell is not None else None,
         "params": [str(o.epsilon), str(o.delta), o.mechanism, str(o.rho), str(o.sigma)],
         "selection": plan.selection.threshold if plan.selection is not None else None,
+        # A release on a sample answers only a query on a sample at the same rate.
+        "sample": str(plan.sample.rate) if plan.sample is not None else None,
     }
     if plan.diagnosis is not None:
         # A diagnosed release holds its histogram: only a release of the same diagnosis serves

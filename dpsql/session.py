@@ -31,6 +31,7 @@ from dpsql.errors import (
     LedgerError,
     ParameterError,
     PolicyError,
+    UnsupportedQueryError,
 )
 from dpsql.noise.diagnosis import diagnose
 from dpsql.noise.release import (
@@ -58,7 +59,7 @@ from dpsql.session_settings import (
     check_setting,
     target_of,
 )
-from dpsql.sql.analyze import analyze
+from dpsql.sql.analyze import Analysis, analyze
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import (
@@ -71,6 +72,7 @@ from dpsql.sql.parse import (
     Statement,
     parse_statement,
 )
+from dpsql.sql.sample import implemented, take_sample
 from dpsql.sql.validate import validate
 
 __all__ = [
@@ -91,6 +93,13 @@ VERSION = "0.1.0"
 
 # Plans a session keeps for statements it sees again, the oldest dropped first.
 MAX_KEPT_PLANS = 256
+
+
+# The unit types a sample's PRF reads as one text per unit (dpsql.sql.sample).
+_SAMPLED_UNITS = frozenset(
+    {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+     "UBIGINT", "UHUGEINT", "VARCHAR"}
+)  # fmt: skip
 
 
 class Session(Settings, PlanKeys, EstimatedBounds, Probes):
@@ -210,6 +219,8 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         settings = self.settings(given)
         # What the analyst asked for (SET, inline options, keywords), apart from the defaults.
         asked = frozenset(self._settings) | {k for k, v in given.items() if v is not None}
+        # TABLESAMPLE is dpsql's to interpret, never the engine's (dpsql.sql.sample).
+        select, sampled = take_sample(select)
         bound = bind_parameters(select, params)
         validate(bound)
         policy = self._effective_policy() if estimates else self.policy
@@ -222,6 +233,11 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         )
         check_privacy_unit(inline, analysis.unit)
         options_ = self._options(settings, analysis.spec, asked)
+        rate = sampled if sampled is not None else settings["sample_rate"]
+        assert rate is None or isinstance(rate, Fraction)
+        if rate is not None and implemented(rate) < 1:
+            self._check_sample(analysis)
+            options_ = replace(options_, sample=rate)
         target = target_of(settings)
         lines: list[str] = []
         if target is not None:
@@ -234,6 +250,29 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             plan = replace(plan, shown=self.engine.shown_sql)
         check_samplable(plan)
         return plan
+
+    def _check_sample(self, analysis: Analysis) -> None:
+        """A unit-level sample needs one private table, on DuckDB, whose unit has one text per
+        unit: an integer, or a string compared byte by byte (a collation would make two texts
+        one unit, sampled apart)."""
+        if self.engine.name != "duckdb":
+            raise UnsupportedQueryError(
+                f"a unit-level sample (TABLESAMPLE, dpsql.sample_rate) is not supported on "
+                f"{self.engine.name} yet: refused before any charge"
+            )
+        if not analysis.base or len(analysis.tables) != 1:
+            raise UnsupportedQueryError(
+                "a unit-level sample applies to a query over one private table (not a join or "
+                "a subquery) for now"
+            )
+        table = analysis.table.lower()
+        kind = self.engine.catalog.get(table, {}).get(analysis.unit.lower(), "")
+        collation = self.engine.collations.get((table, analysis.unit.lower()), "")
+        if kind.upper() not in _SAMPLED_UNITS or (kind.upper() == "VARCHAR" and collation):
+            raise UnsupportedQueryError(
+                f"a unit-level sample needs a privacy unit of integer or plain text type, not "
+                f"{kind or 'unknown'}{' with a collation' if collation else ''}"
+            )
 
     def _check_soon(self, plan: Plan, soon: bool) -> Callable[[], None]:
         """Bind the bounded SQL and the post-processing: a query that cannot be typed is

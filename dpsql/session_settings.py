@@ -29,6 +29,7 @@ from dpsql.policy import (
 )
 from dpsql.policy_numbers import MAX_QUERY_RHO
 from dpsql.session_result import Result
+from dpsql.sql.sample import check_rate
 
 SETTINGS = (
     "epsilon",
@@ -50,6 +51,7 @@ SETTINGS = (
     "halfwidth",
     "rank_error",
     "min_group",
+    "sample_rate",
 )
 # sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
 MAX_NOISE_MULTIPLIER = Fraction(10**6)
@@ -184,6 +186,8 @@ def check_setting(name: str, value: object) -> object:
         return _count(value, name, MAX_CONTRIBUTION_BOUND)
     if name == "min_group":
         return _count(value, name, MAX_MIN_GROUP)
+    if name == "sample_rate":
+        return check_rate(value)
     raise ParameterError(
         f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
     )
@@ -233,6 +237,7 @@ class Settings:
             "halfwidth": None,
             "rank_error": None,
             "min_group": None,
+            "sample_rate": None,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():

@@ -21,7 +21,7 @@ from server_fixtures import write_policy as write_server_policy
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 
 from dpsql.engine.base import open_engine
-from dpsql.errors import PolicyError
+from dpsql.errors import PolicyError, UnsupportedQueryError
 from dpsql.interfaces import cli
 from dpsql.policy import load_policy
 from dpsql.session import Session
@@ -240,3 +240,14 @@ def test_a_star_lists_the_columns_in_the_table_s_order(sessions: tuple[Session, 
     expected_names, expected = duck.engine.run(sql)
     assert names == expected_names
     assert sorted(map(repr, rows)) == sorted(map(repr, expected))
+
+
+def test_a_unit_level_sample_is_refused_on_spark_before_any_charge(
+    sessions: tuple[Session, Session],
+) -> None:
+    duck, on_spark = sessions
+    sql = "SELECT COUNT(*) AS n FROM visits TABLESAMPLE BERNOULLI (1 PERCENT)"
+    assert duck.plan(sql).sample is not None
+    with pytest.raises(UnsupportedQueryError, match="not supported on spark"):
+        on_spark.execute(sql)
+    assert on_spark.budget().epsilon_spent == 0

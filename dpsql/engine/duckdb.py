@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, Unsuppor
 from dpsql.policy import Policy
 from dpsql.sql.cells import key_query
 from dpsql.sql.rewrite import SALT_PARAMETER, parse_bounded
+from dpsql.sql.sample import SAMPLE_PARAMETER
 
 __all__ = ["DuckDBEngine"]
 
@@ -281,8 +283,15 @@ class DuckDBEngine:
         """The bounded SQL pretty-printed; the salt stays the parameter ``$salt``."""
         return parse_bounded(sql).sql(dialect="duckdb", pretty=True)
 
-    def _parameters(self, sql: str) -> dict[str, int] | None:
-        return {SALT_PARAMETER: self.salt} if f"${SALT_PARAMETER}" in sql else None
+    def _parameters(self, sql: str) -> dict[str, int | str] | None:
+        params: dict[str, int | str] = {}
+        if f"${SALT_PARAMETER}" in sql:
+            params[SALT_PARAMETER] = self.salt
+        if f"${SAMPLE_PARAMETER}" in sql:
+            # A unit-level sample's secret: 128 bits from the OS CSPRNG, fresh for this run
+            # only, never stored or shown (dpsql.sql.sample).
+            params[SAMPLE_PARAMETER] = secrets.token_hex(16)
+        return params or None
 
     def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run generated SQL; any failure becomes the one generic ``EngineError``.

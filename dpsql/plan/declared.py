@@ -35,7 +35,7 @@ from dpsql.plan.sensitivity import Calibrated, _measurement
 from dpsql.policy import DeclaredMechanism
 from dpsql.policy_numbers import decimal_text
 
-__all__ = ["check_declared", "declared_calibration", "refuse_selection"]
+__all__ = ["check_declared", "declared_calibration", "refuse_sample", "refuse_selection"]
 
 _WHY = (
     "the natural PLD filter is valid only for a family of mechanisms totally ordered under "
@@ -67,6 +67,15 @@ def refuse_selection(declared: DeclaredMechanism) -> UndeclaredMechanismError:
         declared,
         "a GROUP BY on a key without a public domain needs partition selection",
         "declare public_values for the key",
+    )
+
+
+def refuse_sample(declared: DeclaredMechanism) -> UndeclaredMechanismError:
+    """The refusal of a sampled query: its amplified event is another mechanism."""
+    return _refuse(
+        declared,
+        "a query on a sample is charged as the subsampled mechanism",
+        "drop TABLESAMPLE and dpsql.sample_rate",
     )
 
 

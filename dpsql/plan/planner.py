@@ -14,13 +14,19 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from dpsql.accounting.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
-from dpsql.errors import InternalError, ParameterError
+from dpsql.errors import InternalError, ParameterError, UnsupportedQueryError
 from dpsql.plan import calibration
-from dpsql.plan.declared import check_declared, declared_calibration, refuse_selection
+from dpsql.plan.declared import (
+    check_declared,
+    declared_calibration,
+    refuse_sample,
+    refuse_selection,
+)
 from dpsql.plan.diagnosis import plan_diagnosis
 from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.mechanisms import partition_threshold
 from dpsql.plan.plans import Diagnosis, Estimate, Measurement, Plan, QueryOptions, Selection
+from dpsql.plan.sample import amplified
 from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
 from dpsql.plan.split import weights
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
@@ -123,6 +129,16 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         check_declared(event, options.declared)
     else:
         _check_loss(event, options, private_keys)
+    sample = None
+    if options.sample is not None:
+        if options.declared is not None:
+            raise refuse_sample(options.declared)
+        if options.diagnose:
+            raise UnsupportedQueryError(
+                "a sampled query is not diagnosed yet; SET dpsql.diagnose = off"
+            )
+        # One sample under every measurement and the selection: amplified as one event.
+        event, sample = amplified(event, options.sample)
     steps = _steps(analysis, l0, c, options.max_rows_per_unit, builder.specs)
     bounding = Bounding(
         max_groups=steps.ranking,
@@ -131,6 +147,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         values=tuple(builder.values),
         measurements=tuple(builder.specs),
         direct=steps.direct,
+        sample=options.sample,
     )
     text = bounded_query(analysis, bounding)
     diagnosis = None
@@ -151,6 +168,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         skipped=steps.skipped,
         bounding=bounding,
         diagnosis=diagnosis,
+        sample=sample,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 from sqlglot import exp
 
 from dpsql.accounting.events import Composite
+from dpsql.plan.sample import Sample
 from dpsql.policy import DeclaredMechanism, Mechanism
 from dpsql.policy_numbers import decimal_text
 from dpsql.sql.analysis import GroupKey
@@ -49,6 +50,8 @@ class QueryOptions:
     # Or each measurement's own budget, solved for an accuracy target (dpsql.noise.targets):
     # epsilon_j for a discrete Laplace or exponential mechanism, rho_j for a discrete Gaussian.
     budgets: tuple[Fraction, ...] | None = None
+    # A unit-level Poisson sample at this rate (``dpsql.sql.sample``; None: every unit).
+    sample: Fraction | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,8 @@ class Plan:
     diagnosis: Diagnosis | None = None
     # The accuracy target the epsilon was solved for, and what it plans (``dpsql.noise.targets``).
     targets: tuple[str, ...] = ()
+    # The query's sample and its own loss before amplification (``dpsql.plan.sample``).
+    sample: Sample | None = None
     # The engine's own text of engine_sql for EXPLAIN (Spark SQL on Spark); default DuckDB's.
     shown: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
@@ -234,6 +239,8 @@ class Plan:
         if self.diagnosis is not None:
             lines.extend(self.diagnosis.explain())
         lines.extend(self.targets)
+        if self.sample is not None:
+            lines.extend(self.sample.explain())
         lines.append(
             f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}"
             + (self.diagnosis.cost() if self.diagnosis is not None else "")

@@ -57,3 +57,5 @@ class Bounding:
     # (after R's window, or by the relation's structure): the per-(unit, group) step is then
     # the identity and the aggregate reads the rows directly (``dpsql.plan.planner``).
     direct: bool = False
+    # A unit-level Poisson sample at this rate (``dpsql.sql.sample``), before any bound.
+    sample: Fraction | None = None

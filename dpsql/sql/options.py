@@ -57,6 +57,8 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "halfwidth": "halfwidth",
         "rank_error": "rank_error",
         "min_group": "min_group",
+        # A unit-level Poisson sample of the query's table (dpsql.sql.sample).
+        "sample_rate": "sample_rate",
     }
 )
 # Checked against the policy's privacy unit of the query's table, never a setting.

@@ -60,6 +60,7 @@ from dpsql.sql.filters import (
     public_size,
 )
 from dpsql.sql.parse import DIALECT
+from dpsql.sql.sample import sample_filter
 from dpsql.sql.totality import WIDENED, as_boolean, total
 from dpsql.sql.values import (
     _capped_list,
@@ -231,6 +232,11 @@ def relation_rows(
         for i, key in enumerate(analysis.keys)
         if (f := _domain_filter(key, i, total_sql(key.expr)))
     ]
+    if bounding.sample is not None and (
+        kept := sample_filter(f'"{analysis.unit}"', bounding.sample)
+    ):
+        # Each unit in or out as a whole, by a keyed PRF, before any bound (dpsql.sql.sample).
+        filters.insert(0, kept)
     rows_select = ", ".join(
         [f'"{analysis.unit}" AS _u']
         + [f"{total_sql(k.expr)} AS {name}" for k, name in zip(analysis.keys, keys, strict=True)]

@@ -1,0 +1,244 @@
+"""Unit-level Poisson samples and their amplified charge (dpsql.sql.sample, dpsql.plan.sample).
+
+What must hold:
+
+- ``TABLESAMPLE BERNOULLI (p PERCENT)`` and ``dpsql.sample_rate`` ask for it; every other form
+  (SYSTEM, RESERVOIR, a row count, a join, a CTE, a subquery, a percent out of (0, 100]) is
+  refused before any charge, and TABLESAMPLE never reaches the engine;
+- each unit is kept with probability q, all its rows or none, by a keyed PRF whose secret is
+  fresh per run (two runs' samples are independent) and never in EXPLAIN, the engine text or
+  the ledger;
+- the charge is the whole query's (epsilon, delta) amplified once, ln(1 + q(e^epsilon - 1)) and
+  q·delta at the implemented rate k/2^64: checked against an exact lattice computation of the
+  subsampled discrete Laplace in both directions, and against dp_accounting's PLD of the
+  subsampled continuous Laplace;
+- a cached release of a sample answers only the same query on a sample at the same rate;
+- refused with the declared-mechanism PLD filter, with the diagnosis, and for units whose text
+  is not one per unit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from fractions import Fraction
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import TinyPolicy
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy import stats
+
+from dpsql.accounting.events import ApproxDP, PureDP
+from dpsql.errors import ParameterError, UndeclaredMechanismError, UnsupportedQueryError
+from dpsql.plan.sample import amplified_epsilon
+from dpsql.session import Session
+from dpsql.sql.sample import implemented, sample_filter, threshold
+
+UNITS = 400
+ROWS = [(u, ("north", "south", "east")[u % 3], 20 + u % 50, float(u % 200)) for u in range(UNITS)]
+ROWS += [(u, "north", 30, 1.0) for u in range(UNITS) for _ in range(3)]  # four rows per unit
+COUNT = "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10 PERCENT)"
+
+
+def _session(tiny_policy: TinyPolicy, **budget: Any) -> Session:
+    return Session(tiny_policy(ROWS, max_groups=1, max_rows=4, budget={"epsilon": "100", **budget}))
+
+
+def test_the_charge_is_the_amplified_query(tiny_policy: TinyPolicy) -> None:
+    s = _session(tiny_policy)
+    plain = s.plan("SELECT COUNT(*) FROM visits")
+    plan = s.plan(COUNT)
+    q = implemented(Fraction(1, 10))
+    assert q == Fraction(threshold(Fraction(1, 10)), 2**64) and q >= Fraction(1, 10)
+    assert plan.epsilon >= Fraction(math.log1p(float(q) * math.expm1(float(plain.epsilon))))
+    assert plan.epsilon == amplified_epsilon(plain.epsilon, q) < plain.epsilon
+    assert plan.event.events == (PureDP(plan.epsilon),)
+    before = s.budget().epsilon_spent
+    s.execute(COUNT)
+    assert s.budget().epsilon_spent == before + plan.epsilon
+    lines = "\n".join(plan.explain())
+    assert "sample: each unit kept with probability" in lines
+    assert "$sample" in lines and "TABLESAMPLE" not in plan.engine_sql.upper()
+
+
+def test_the_whole_query_is_amplified_once(tiny_policy: TinyPolicy) -> None:
+    """Two measurements of epsilon 1 each at q = 0.01: the joint event ln(1 + q(e² - 1)) =
+    0.062, not twice ln(1 + q(e - 1)) = 0.034 (amplifying the parts would undercharge)."""
+    s = _session(tiny_policy)
+    sql = "SELECT SUM(spend), COUNT(*) FROM visits TABLESAMPLE BERNOULLI (1 PERCENT)"
+    plan = s.plan(sql, epsilon=2, split="even")
+    assert float(plan.epsilon) == pytest.approx(0.0619325, abs=2e-6)
+    assert float(plan.epsilon) > 2 * math.log1p(0.01 * math.expm1(1.0))
+
+
+def test_gaussian_and_selection_deltas_are_amplified_with_the_rest(
+    tiny_policy: TinyPolicy,
+) -> None:
+    s = _session(tiny_policy)
+    sql = "SELECT SUM(spend), COUNT(*) FROM visits TABLESAMPLE BERNOULLI (5 PERCENT)"
+    plain = s.plan(sql.replace(" TABLESAMPLE BERNOULLI (5 PERCENT)", ""), mechanism="gaussian")
+    plan = s.plan(sql, mechanism="gaussian")
+    q = implemented(Fraction(5, 100))
+    assert plan.event.events == (ApproxDP(plan.epsilon, q * plain.delta),)
+    assert plan.epsilon == amplified_epsilon(plain.epsilon, q)
+    columns = {"spend": {"lower": 0, "upper": 200}}
+    private = Session(tiny_policy(ROWS, max_groups=1, max_rows=4, columns=columns))
+    grouped = (
+        "SELECT region, COUNT(*) FROM visits TABLESAMPLE BERNOULLI (5 PERCENT) GROUP BY region"
+    )
+    inner = private.plan(grouped.replace(" TABLESAMPLE BERNOULLI (5 PERCENT)", ""))
+    sampled = private.plan(grouped)
+    assert inner.delta > 0 and sampled.delta == q * inner.delta
+
+
+@pytest.mark.parametrize(
+    ("sql", "error", "match"),
+    [
+        ("SELECT COUNT(*) FROM visits TABLESAMPLE SYSTEM (1 PERCENT)", UnsupportedQueryError,
+         "SYSTEM samples blocks"),
+        ("SELECT COUNT(*) FROM visits TABLESAMPLE (10)", UnsupportedQueryError, "row count"),
+        ("SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (0 PERCENT)", ParameterError,
+         "BERNOULLI"),
+        ("SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (101 PERCENT)", ParameterError,
+         "BERNOULLI"),
+        ("SELECT COUNT(*) FROM (SELECT * FROM visits TABLESAMPLE BERNOULLI (5 PERCENT)) AS t",
+         UnsupportedQueryError, "one table of a query's FROM"),
+        ("SELECT COUNT(*) FROM visits AS a TABLESAMPLE BERNOULLI (5 PERCENT) JOIN visits AS b "
+         "ON a.user_id = b.user_id", UnsupportedQueryError, "one table of a query's FROM"),
+        ("WITH v AS (SELECT * FROM visits) SELECT COUNT(*) FROM v TABLESAMPLE BERNOULLI "
+         "(5 PERCENT)", UnsupportedQueryError, "one table of a query's FROM"),
+    ],
+)  # fmt: skip
+def test_other_forms_are_refused_before_any_charge(
+    tiny_policy: TinyPolicy, sql: str, error: type[Exception], match: str
+) -> None:
+    s = _session(tiny_policy)
+    with pytest.raises(error, match=match):
+        s.execute(sql)
+    assert s.budget().epsilon_spent == 0
+
+
+def test_the_setting_and_the_option_ask_for_it_too(tiny_policy: TinyPolicy) -> None:
+    s = _session(tiny_policy)
+    clause = s.plan(COUNT).epsilon
+    inline = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(sample_rate = 0.1) COUNT(*) FROM visits"
+    assert s.plan(inline).epsilon == clause
+    s.execute("SET dpsql.sample_rate = 0.1")
+    assert s.plan("SELECT COUNT(*) FROM visits").epsilon == clause
+    for bad in ("0", "1.5", "-0.1", "x"):
+        with pytest.raises(ParameterError, match="sample_rate"):
+            s.execute(f"SET dpsql.sample_rate = {bad}")
+    s.execute("SET dpsql.sample_rate = 1")  # every unit: no sample, no amplification
+    assert s.plan("SELECT COUNT(*) FROM visits").sample is None
+
+
+def test_refused_with_the_declared_mechanism_and_the_diagnosis(tiny_policy: TinyPolicy) -> None:
+    declared = {"kind": "discrete_laplace", "scale": "1000", "sensitivity": 10}
+    budget = {"epsilon": "1", "accountant": "pld", "declared_mechanism": declared}
+    s = Session(tiny_policy(ROWS, max_groups=1, max_rows=4, budget=budget))
+    with pytest.raises(UndeclaredMechanismError, match="sample"):
+        s.execute(COUNT)
+    with pytest.raises(UnsupportedQueryError, match="diagnose"):
+        _session(tiny_policy).execute(COUNT, diagnose=True)
+
+
+def test_a_unit_is_in_or_out_with_all_its_rows(tiny_policy: TinyPolicy) -> None:
+    s = _session(tiny_policy)
+    plan = s.plan("SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (30 PERCENT)")
+    for _ in range(5):
+        ((total,),) = s.engine.run(plan.engine_sql)[1]
+        assert int(total) % 4 == 0  # every unit has four rows, C = 4
+
+
+def test_the_cache_keys_the_rate(tiny_policy: TinyPolicy) -> None:
+    s = _session(tiny_policy)
+    first = s.execute(COUNT)
+    assert s.execute(COUNT).rows == first.rows  # the same release, free
+    assert s.execute(COUNT).charge is None
+    other = s.execute(COUNT.replace("10 PERCENT", "20 PERCENT"))
+    plain = s.execute("SELECT COUNT(*) FROM visits")
+    assert other.charge is not None and plain.charge is not None
+
+
+def test_the_secret_is_nowhere_an_analyst_reads(tiny_policy: TinyPolicy) -> None:
+    s = _session(tiny_policy)
+    s.execute(COUNT)
+    shown = "\n".join(r[0] for r in s.execute(f"EXPLAIN {COUNT}").rows)
+    ledger = repr(s.cache.store.records_since(0))
+    assert "Poisson sample" in ledger  # the charge is there, the secret is not
+    assert "$sample" in shown
+    for text in (shown, ledger, s.plan(COUNT).engine_sql):
+        assert not re.search(r"\b[0-9a-f]{32}\b", text)
+
+
+# --- the PRF: each unit with probability q, independently across runs ---------------------
+
+
+def _kept(secret: str, rate: Fraction, n: int) -> np.ndarray:
+    con = duckdb.connect()
+    where = sample_filter("u", rate)
+    rows = con.execute(f"SELECT u FROM range({n}) t(u) WHERE {where}", {"sample": secret})
+    return np.array([u for (u,) in rows.fetchall()], dtype=np.int64)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("rate", [Fraction(1, 100), Fraction(1, 10), Fraction(1, 2)])
+def test_each_unit_is_kept_with_probability_q_and_runs_are_independent(rate: Fraction) -> None:
+    n = 200_000
+    a = _kept(secrets.token_hex(16), rate, n)
+    b = _kept(secrets.token_hex(16), rate, n)
+    q = float(implemented(rate))
+    for kept in (a, b):
+        assert stats.binomtest(len(kept), n, q).pvalue > 1e-6
+    both = len(np.intersect1d(a, b))
+    assert stats.binomtest(both, n, q * q).pvalue > 1e-6  # independent samples
+    # The same secret gives the same sample: the decision is a function of the unit.
+    secret = secrets.token_hex(16)
+    assert np.array_equal(_kept(secret, rate, 5000), _kept(secret, rate, 5000))
+
+
+# --- the theorem, checked --------------------------------------------------------------------
+
+
+def _discrete_laplace(scale: float, z: np.ndarray) -> np.ndarray:
+    p = math.exp(-1 / scale)
+    return (1 - p) / (1 + p) * p ** np.abs(z)
+
+
+@pytest.mark.parametrize("q", [0.01, 0.1, 0.5])
+@pytest.mark.parametrize(("scale", "shift"), [(2.0, 1), (10.0, 10), (0.5, 1)])
+def test_the_amplified_epsilon_bounds_the_exact_subsampled_discrete_laplace(
+    q: float, scale: float, shift: int
+) -> None:
+    """The subsampled discrete Laplace on neighbours, exactly on the integer lattice: with the
+    added unit, the output is (1 - q)·DL(0) + q·DL(shift); without it, DL(0). Its largest
+    privacy loss in either direction is at most ln(1 + q(e^epsilon - 1)), epsilon =
+    shift/scale, and attains it (the theorem is tight for the Laplace)."""
+    # The loss is constant for z <= 0 and for z >= shift: a window around them holds its range.
+    z = np.arange(-3 * shift - 5, 4 * shift + 6)
+    without = _discrete_laplace(scale, z)
+    with_unit = (1 - q) * without + q * _discrete_laplace(scale, z - shift)
+    loss = np.log(with_unit) - np.log(without)
+    worst = float(max(loss.max(), (-loss).max()))
+    epsilon = Fraction(shift) / Fraction(scale)
+    bound = float(amplified_epsilon(epsilon, Fraction(q)))
+    assert worst <= bound
+    assert worst == pytest.approx(math.log1p(q * math.expm1(float(epsilon))), rel=1e-6)
+
+
+@pytest.mark.parametrize("q", [0.01, 0.1])
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0])
+def test_the_amplified_epsilon_matches_dp_accounting_for_the_continuous_laplace(
+    q: float, epsilon: float
+) -> None:
+    pld = pld_lib.from_laplace_mechanism(
+        1 / epsilon, sensitivity=1, sampling_prob=q, value_discretization_interval=1e-5
+    )
+    theirs = pld.get_epsilon_for_delta(1e-12)
+    ours = float(amplified_epsilon(Fraction(epsilon), Fraction(q)))
+    assert ours == pytest.approx(theirs, abs=2e-5)
+    assert ours >= math.log1p(q * math.expm1(epsilon))
