@@ -237,7 +237,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         assert rate is None or isinstance(rate, Fraction)
         if rate is not None and implemented(rate) < 1:
             self._check_sample(analysis)
-            options_ = replace(options_, sample=rate)
+            options_ = replace(options_, sample=rate, sample_scale=bool(settings["sample_scale"]))
         target = target_of(settings)
         lines: list[str] = []
         if target is not None:

@@ -52,6 +52,7 @@ SETTINGS = (
     "rank_error",
     "min_group",
     "sample_rate",
+    "sample_scale",
 )
 # sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
 MAX_NOISE_MULTIPLIER = Fraction(10**6)
@@ -174,7 +175,7 @@ def check_setting(name: str, value: object) -> object:
         return sigma
     if name == "diagnose_epsilon":
         return check_epsilon(value, "diagnose_epsilon", MAX_QUERY_EPSILON)
-    if name in ("fresh", "accuracy_columns", "other_group", "diagnose"):
+    if name in ("fresh", "accuracy_columns", "other_group", "diagnose", "sample_scale"):
         return _boolean(value, name)
     if name == "other_label":
         return _label(value)
@@ -238,6 +239,7 @@ class Settings:
             "rank_error": None,
             "min_group": None,
             "sample_rate": None,
+            "sample_scale": False,
         }
         merged.update(self._settings)
         for name, value in (overrides or {}).items():

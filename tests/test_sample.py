@@ -34,6 +34,7 @@ from scipy import stats
 
 from dpsql.accounting.events import ApproxDP, PureDP
 from dpsql.errors import ParameterError, UndeclaredMechanismError, UnsupportedQueryError
+from dpsql.interfaces import frames
 from dpsql.plan.sample import amplified_epsilon
 from dpsql.session import Session
 from dpsql.sql.sample import implemented, sample_filter, threshold
@@ -242,3 +243,24 @@ def test_the_amplified_epsilon_matches_dp_accounting_for_the_continuous_laplace(
     ours = float(amplified_epsilon(Fraction(epsilon), Fraction(q)))
     assert ours == pytest.approx(theirs, abs=2e-5)
     assert ours >= math.log1p(q * math.expm1(epsilon))
+
+
+def test_totals_scaled_by_one_over_q_are_post_processing_of_the_same_release(
+    tiny_policy: TinyPolicy,
+) -> None:
+    s = _session(tiny_policy)
+    sql = "SELECT COUNT(*) AS n, SUM(spend) AS s, AVG(age) AS a FROM visits TABLESAMPLE " \
+        "BERNOULLI (10 PERCENT)"  # fmt: skip
+    plain = s.execute(sql)
+    scaled = s.execute(sql, sample_scale=True)
+    assert scaled.charge is None and scaled.cached_from is not None  # free: the same release
+    q = float(implemented(Fraction(1, 10)))
+    (n, total, mean), (n2, total2, mean2) = plain.rows[0], scaled.rows[0]
+    assert n2 == pytest.approx(n / q) and total2 == pytest.approx(total / q) and mean2 == mean
+    (wn, ws, wa), (wn2, ws2, wa2) = plain.accuracy[0], scaled.accuracy[0]
+    assert wn is not None and ws is not None and wn2 is not None and ws2 is not None
+    assert wn2 == pytest.approx(wn / q) and ws2 == pytest.approx(ws / q) and wa2 == wa
+    assert scaled.types[0] == "DOUBLE"
+    covered = frames.covers(scaled)
+    assert "COUNT and SUM scaled by 1/q" in covered and "sampling error not covered" in covered
+    assert "not scaled" in frames.covers(plain)

@@ -183,7 +183,7 @@ def covers(result: Result) -> str:
     """What a result's ± covers, as every interface says it: the noise only, and with a
     diagnosis (``SET dpsql.diagnose = on``) how much the bounds cut, which the ± does not cover:
     ``noise only; bounds cut ~8% of units``. Never a confidence interval of the true value."""
-    return diagnosis.covers(result.diagnosis)
+    return diagnosis.covers(result.diagnosis, result.plan)
 
 
 def _decimal(value: Any) -> str:

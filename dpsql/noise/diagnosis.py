@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpsql.noise.release_estimates import half_width
-from dpsql.plan.planner import Diagnosis
+from dpsql.plan.planner import Diagnosis, Plan
 
 __all__ = ["Diagnosed", "covers", "diagnose"]
 
@@ -67,13 +67,20 @@ class Diagnosed:
         }
 
 
-def covers(diagnosis: Diagnosed | None) -> str:
+def covers(diagnosis: Diagnosed | None, plan: Plan | None = None) -> str:
     """What a result's ± covers, as every interface says it: the noise only, and with a
     diagnosis how much the bounds cut, which the ± does not cover (``noise only; bounds cut
-    ~8% of units``). Never a confidence interval of the true value."""
-    if diagnosis is None:
-        return "noise only"
-    return f"noise only; {diagnosis.summary()}"
+    ~8% of units``); on a sample, that the answers are the sample's (or its totals scaled by
+    1/q) and the sampling error is not covered. Never a confidence interval of the true value."""
+    text = "noise only" if diagnosis is None else f"noise only; {diagnosis.summary()}"
+    if plan is not None and plan.sample is not None:
+        rate = f"{float(plan.sample.rate):.4g}"
+        if plan.options.sample_scale:
+            text += f"; on a sample of the units at q = {rate}, COUNT and SUM scaled by 1/q"
+        else:
+            text += f"; on a sample of the units at q = {rate}, not scaled"
+        text += " (sampling error not covered)"
+    return text
 
 
 def _percent(x: float) -> str:

@@ -28,7 +28,7 @@ from dpsql.noise.samplers import discrete_gaussian_half_width, discrete_laplace_
 from dpsql.plan.planner import Estimate, Measurement, Plan
 from dpsql.sql.analyze import SPREAD_KINDS
 
-__all__ = ["FloatArray", "half_width"]
+__all__ = ["TOTALS", "FloatArray", "half_width", "scaled"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -174,6 +174,18 @@ def _spread(
     return value, np.nextafter(np.maximum(value - lower, upper - value), np.inf)
 
 
+# The estimates that are totals: on a sample, scaled by 1/q when asked (``scaled``).
+TOTALS = ("count_rows", "count", "count_units", "count_distinct", "sum")
+
+
+def scaled(plan: Plan, estimate: Estimate) -> float | None:
+    """1/q for a total released as an estimate of the whole table from a sample at rate q
+    (``SET dpsql.sample_scale = on``), else None. Post-processing of the noisy total."""
+    if plan.sample is None or not plan.options.sample_scale or estimate.kind not in TOTALS:
+        return None
+    return 1.0 / float(plan.sample.rate)
+
+
 def _estimates(
     plan: Plan, noisy: list[list[int]], confidence: float
 ) -> tuple[list[Any], list[Any]]:
@@ -199,6 +211,12 @@ def _estimates(
             continue
         k = half_width(m, confidence)
         raw = noisy[est.measurements[0]]
+        factor = scaled(plan, est)
+        if factor is not None:
+            # The sample's noisy total and its noise half-width, both times 1/q.
+            values.append(np.array([float(v * m.unit) * factor for v in raw], dtype=np.float64))
+            widths.append(np.full(len(raw), float(k * m.unit) * factor))
+            continue
         if m.unit == 1:
             values.append(np.array(raw, dtype=object))
         else:

@@ -22,7 +22,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, ParameterError, UnsupportedQueryError
-from dpsql.noise.release_estimates import _estimates
+from dpsql.noise.release_estimates import TOTALS, _estimates, scaled
 from dpsql.plan.planner import Plan
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import total
@@ -103,8 +103,9 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     columns = [f"CAST(NULL AS {t}) AS _k{i}" for i, t in enumerate(key_types)]
     for i, est in enumerate(plan.estimates):
         exact = (
-            est.kind in ("count_rows", "count", "count_units", "count_distinct", "sum")
+            est.kind in TOTALS
             and plan.measurements[est.measurements[0]].unit == 1
+            and scaled(plan, est) is None  # a total scaled by 1/q is a DOUBLE
         )
         columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
         columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")

@@ -52,6 +52,8 @@ class QueryOptions:
     budgets: tuple[Fraction, ...] | None = None
     # A unit-level Poisson sample at this rate (``dpsql.sql.sample``; None: every unit).
     sample: Fraction | None = None
+    # On a sample: release COUNT and SUM estimates of the whole table, scaled by 1/q.
+    sample_scale: bool = False
 
 
 @dataclass(frozen=True)

@@ -208,11 +208,12 @@ def to_answer(result: Result) -> Answer:
         ]  # fmt: skip
         notice = f"dpsql: {source}: {cost}" if cost else f"dpsql: {source}"
         shown = bool(widths) and len(result.rows) == 1
+        sampled = result.plan is not None and result.plan.sample is not None
         if shown:
             notice += f"; {result.confidence:.0%} half-widths: " + ", ".join(widths)
-        if shown or result.diagnosis is not None:
+        if shown or result.diagnosis is not None or sampled:
             # What the ± covers, never a confidence interval of the true value.
-            notice += f"; ± covers {covers(result.diagnosis)}"
+            notice += f"; ± covers {covers(result.diagnosis, result.plan)}"
         if result.diagnosis is not None:
             notice += f"; diagnosis: {result.diagnosis.describe()}"
     tag = f"SELECT {len(rows)}"

@@ -59,6 +59,7 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "min_group": "min_group",
         # A unit-level Poisson sample of the query's table (dpsql.sql.sample).
         "sample_rate": "sample_rate",
+        "sample_scale": "sample_scale",
     }
 )
 # Checked against the policy's privacy unit of the query's table, never a setting.
