@@ -178,10 +178,15 @@ def write_readme(text: str, repeats: int) -> None:
     path = Path(__file__).with_name("README.md")
     body = path.read_text()
     marker = "\n## `accountants.py`"
-    if marker in body:
-        body = body[: body.index(marker)]
-    body = body.rstrip("\n") + "\n" + SECTION.format(repeats=repeats, table=text)
-    path.write_text(body)
+    section = SECTION.format(repeats=repeats, table=text)
+    if marker not in body:
+        path.write_text(body.rstrip("\n") + "\n" + section)
+        return
+    # Replace this section only: the sections after it are other benchmarks'.
+    start = body.index(marker)
+    after = body.find("\n## ", start + len(marker))
+    rest = "" if after < 0 else body[after:]
+    path.write_text(body[:start].rstrip("\n") + "\n" + section + rest)
 
 
 SECTION = """
