@@ -220,7 +220,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         # What the analyst asked for (SET, inline options, keywords), apart from the defaults.
         asked = frozenset(self._settings) | {k for k, v in given.items() if v is not None}
         # TABLESAMPLE is dpsql's to interpret, never the engine's (dpsql.sql.sample).
-        select, sampled = take_sample(select)
+        select, sampled, sampled_tables = take_sample(select)
         bound = bind_parameters(select, params)
         validate(bound)
         policy = self._effective_policy() if estimates else self.policy
@@ -236,7 +236,8 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         rate = sampled if sampled is not None else settings["sample_rate"]
         assert rate is None or isinstance(rate, Fraction)
         if rate is not None and implemented(rate) < 1:
-            self._check_sample(analysis)
+            clause = sampled_tables if sampled is not None else None
+            self._check_sample(analysis, policy, clause)
             options_ = replace(options_, sample=rate, sample_scale=bool(settings["sample_scale"]))
         target = target_of(settings)
         lines: list[str] = []
@@ -251,27 +252,46 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         check_samplable(plan)
         return plan
 
-    def _check_sample(self, analysis: Analysis) -> None:
-        """A unit-level sample needs one private table, on DuckDB, whose unit has one text per
-        unit: an integer, or a string compared byte by byte (a collation would make two texts
-        one unit, sampled apart)."""
+    def _check_sample(
+        self,
+        analysis: Analysis,
+        policy: Policy,
+        clause: tuple[tuple[str, bool], ...] | None,
+    ) -> None:
+        """A unit-level sample runs on DuckDB, samples every private table the query reads (a
+        clause on some of them only is refused), and needs a unit with one text per unit: an
+        integer, or a string compared byte by byte (under a collation two texts are one unit,
+        and would be sampled apart).
+
+        Every row of the query's relation belongs to one unit and depends only on that unit's
+        rows (``dpsql.sql.relations``), so keeping the relation's rows of the sampled units is
+        the query on the sample of every private table: the filter reads ``_u`` once."""
         if self.engine.name != "duckdb":
             raise UnsupportedQueryError(
                 f"a unit-level sample (TABLESAMPLE, dpsql.sample_rate) is not supported on "
                 f"{self.engine.name} yet: refused before any charge"
             )
-        if not analysis.base or len(analysis.tables) != 1:
+        private = {t.lower() for t in analysis.tables if not policy.tables[t.lower()].public}
+        # With TABLESAMPLE, every private table the query reads carries it: each occurrence in
+        # the outer FROM and JOINs, and none read inside a subquery without it.
+        sampled = {name for name, on in clause or () if on}
+        bare = {name for name, on in clause or () if not on}
+        if clause is not None and (private & bare or not private <= sampled):
             raise UnsupportedQueryError(
-                "a unit-level sample applies to a query over one private table (not a join or "
-                "a subquery) for now"
+                "TABLESAMPLE must sample every private table the query reads, at one rate "
+                f"({', '.join(sorted(private))}): one sample of the units for all of them"
             )
-        table = analysis.table.lower()
-        kind = self.engine.catalog.get(table, {}).get(analysis.unit.lower(), "")
-        collation = self.engine.collations.get((table, analysis.unit.lower()), "")
-        if kind.upper() not in _SAMPLED_UNITS or (kind.upper() == "VARCHAR" and collation):
+        kind = analysis.columns.get(analysis.unit, "") or analysis.columns.get(
+            analysis.unit.lower(), ""
+        )
+        collated = any(
+            self.engine.collations.get((t, str(policy.tables[t].privacy_unit).lower()))
+            for t in private
+        )
+        if kind.upper() not in _SAMPLED_UNITS or (kind.upper() == "VARCHAR" and collated):
             raise UnsupportedQueryError(
                 f"a unit-level sample needs a privacy unit of integer or plain text type, not "
-                f"{kind or 'unknown'}{' with a collation' if collation else ''}"
+                f"{kind or 'unknown'}{' with a collation' if collated else ''}"
             )
 
     def _check_soon(self, plan: Plan, soon: bool) -> Callable[[], None]:

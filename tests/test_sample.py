@@ -31,6 +31,8 @@ import pytest
 from conftest import TinyPolicy
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import stats
+from server_fixtures import write_dataset
+from server_fixtures import write_policy as write_server_policy
 
 from dpsql.accounting.events import ApproxDP, PureDP
 from dpsql.errors import ParameterError, UndeclaredMechanismError, UnsupportedQueryError
@@ -107,11 +109,12 @@ def test_gaussian_and_selection_deltas_are_amplified_with_the_rest(
         ("SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (101 PERCENT)", ParameterError,
          "BERNOULLI"),
         ("SELECT COUNT(*) FROM (SELECT * FROM visits TABLESAMPLE BERNOULLI (5 PERCENT)) AS t",
-         UnsupportedQueryError, "one table of a query's FROM"),
+         UnsupportedQueryError, "not in a CTE or a subquery"),
         ("SELECT COUNT(*) FROM visits AS a TABLESAMPLE BERNOULLI (5 PERCENT) JOIN visits AS b "
-         "ON a.user_id = b.user_id", UnsupportedQueryError, "one table of a query's FROM"),
+         "TABLESAMPLE BERNOULLI (6 PERCENT) ON a.user_id = b.user_id",
+         UnsupportedQueryError, "at one rate"),
         ("WITH v AS (SELECT * FROM visits) SELECT COUNT(*) FROM v TABLESAMPLE BERNOULLI "
-         "(5 PERCENT)", UnsupportedQueryError, "one table of a query's FROM"),
+         "(5 PERCENT)", UnsupportedQueryError, "not in a CTE or a subquery"),
     ],
 )  # fmt: skip
 def test_other_forms_are_refused_before_any_charge(
@@ -300,3 +303,31 @@ def test_an_audit_on_neighbouring_databases_stays_within_the_amplified_epsilon(
     assert bound == pytest.approx(math.log1p(0.5 * math.expm1(2.0)), rel=1e-5)
     assert worst <= bound + 0.16  # 3,000 runs: the estimate has sd 0.026; 6 sd
     assert worst < 1.8  # far from the unsampled 2: the sample amplifies
+
+
+def test_a_join_samples_the_units_of_every_private_table_at_once(tmp_path: Any) -> None:
+    """A self-join on the unit with a public table beside it: sampled when every private
+    table's occurrence carries the clause (or by the setting), one sample of the units for all
+    of them; a clause on one occurrence alone is refused before any charge."""
+    data = write_dataset(tmp_path / "data")
+    policy, _ = write_server_policy(tmp_path / "server", data)
+    s = Session(policy)
+    clause = " TABLESAMPLE BERNOULLI (10 PERCENT)"
+    both = (
+        f"SELECT COUNT(*) FROM visits AS v{clause} JOIN visits AS w{clause} "
+        "ON v.user_id = w.user_id JOIN regions AS r ON v.region = r.name"
+    )
+    bare = both.replace(clause, "")
+    plain, plan = s.plan(bare), s.plan(both)
+    assert plan.sample is not None and "$sample" in plan.engine_sql
+    assert plan.epsilon == amplified_epsilon(plain.epsilon, implemented(Fraction(1, 10)))
+    assert s.plan(bare, sample_rate="0.1").epsilon == plan.epsilon
+    ((exact,),) = s.engine.run(plain.engine_sql)[1]
+    ((sampled,),) = s.engine.run(plan.engine_sql)[1]
+    assert 0 <= int(sampled) < int(exact)
+    one = both.replace(f"AS w{clause}", "AS w", 1)
+    with pytest.raises(UnsupportedQueryError, match="every private table"):
+        s.execute(one)
+    sub = "SELECT COUNT(*) FROM (SELECT user_id FROM visits WHERE age > 30) AS t"
+    assert s.plan(sub, sample_rate="0.1").sample is not None  # one unit a row: sampled alike
+    assert s.budget().epsilon_spent == 0

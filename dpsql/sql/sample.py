@@ -12,9 +12,9 @@ implemented, k/2^64 (at least q). Amplification: ``dpsql.plan.sample``.
 
 >>> select = sqlglot.parse_one(
 ...     "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (1 PERCENT)", read="duckdb")
->>> rest, rate = take_sample(select)
->>> rest.sql("duckdb"), rate
-('SELECT COUNT(*) FROM visits', Fraction(1, 100))
+>>> rest, rate, tables = take_sample(select)
+>>> rest.sql("duckdb"), rate, tables
+('SELECT COUNT(*) FROM visits', Fraction(1, 100), (('visits', True),))
 """
 
 from __future__ import annotations
@@ -51,27 +51,15 @@ def check_rate(value: object, name: str = "sample_rate") -> Fraction:
     return q
 
 
-def take_sample(select: exp.Select) -> tuple[exp.Select, Fraction | None]:
-    """``select`` without its TABLESAMPLE clause, and the rate it asks (None: no clause).
-
-    The clause must sample the outer query's one FROM table, BERNOULLI by a literal percent;
-    anything else (a join, a subquery, SYSTEM or RESERVOIR, a row count) is refused."""
-    samples = list(select.find_all(exp.TableSample))
-    if not samples:
-        return select, None
+def _outer_tables(select: exp.Select) -> list[exp.Table]:
+    """The tables the outer query reads directly: its FROM table and its joins' tables."""
     from_ = select.args.get("from_")
-    table = from_.this if isinstance(from_, exp.From) else None
-    if (
-        len(samples) != 1
-        or not isinstance(table, exp.Table)
-        or table.args.get("sample") is not samples[0]
-        or select.args.get("joins")
-        or select.args.get("with_")
-    ):
-        raise UnsupportedQueryError(
-            "TABLESAMPLE samples the one table of a query's FROM (not a join, a CTE or a subquery)"
-        )
-    node = samples[0]
+    items = [from_.this] if isinstance(from_, exp.From) else []
+    items += [j.this for j in select.args.get("joins") or []]
+    return [t for t in items if isinstance(t, exp.Table)]
+
+
+def _rate(node: exp.TableSample) -> Fraction:
     method = node.args.get("method")
     name = method.name.upper() if isinstance(method, exp.Expression) else ""
     percent = node.args.get("percent")
@@ -88,13 +76,37 @@ def take_sample(select: exp.Select) -> tuple[exp.Select, Fraction | None]:
     if not isinstance(percent, exp.Literal) or percent.is_string:
         raise UnsupportedQueryError(_SYNTAX)
     try:
-        rate = check_rate(to_fraction(percent.this, "the TABLESAMPLE percent") / 100)
+        return check_rate(to_fraction(percent.this, "the TABLESAMPLE percent") / 100)
     except ParameterError:
         raise ParameterError(_SYNTAX) from None
+
+
+def take_sample(
+    select: exp.Select,
+) -> tuple[exp.Select, Fraction | None, tuple[tuple[str, bool], ...]]:
+    """``select`` without its TABLESAMPLE clauses, the rate they ask (None: no clause) and the
+    tables the outer query reads, each (lower-case name, whether a clause samples it).
+
+    A clause must sample a table the outer query reads directly (its FROM table or a joined
+    one), BERNOULLI by a literal percent, at one rate for all; anything else (a clause in a CTE
+    or a subquery, SYSTEM or RESERVOIR, a row count, two rates) is refused."""
+    samples = list(select.find_all(exp.TableSample))
+    if not samples:
+        return select, None, ()
+    outer = {id(t.args.get("sample")): t for t in _outer_tables(select) if t.args.get("sample")}
+    if select.args.get("with_") or any(id(node) not in outer for node in samples):
+        raise UnsupportedQueryError(
+            "TABLESAMPLE samples a table the query reads in its own FROM or JOIN (not in a CTE "
+            "or a subquery)"
+        )
+    rates = {_rate(node) for node in samples}
+    if len(rates) != 1:
+        raise UnsupportedQueryError("TABLESAMPLE samples every sampled table at one rate")
+    tables = tuple((t.name.lower(), bool(t.args.get("sample"))) for t in _outer_tables(select))
     rest = select.copy()
-    rest_table = rest.args["from_"].this
-    rest_table.set("sample", None)
-    return rest, rate
+    for table in _outer_tables(rest):
+        table.set("sample", None)
+    return rest, rates.pop(), tables
 
 
 def threshold(rate: Fraction) -> int:
