@@ -124,6 +124,7 @@ def _laplace(
     Theorem 3.16): scale_j = L1_j/epsilon_j with Σ epsilon_j = epsilon exactly. Pure parts
     (partition selection, quantiles) take epsilon/k each, the rest is split by ``shares``."""
     k = len(builder.specs)
+    _check_budgets(options, k)
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
     free = [j for j in range(k) if j not in pure]
@@ -146,6 +147,13 @@ def _laplace(
         measurements.append(measured)
         events.append(_pure_event(measured))
     return measurements, events, None
+
+
+def _check_budgets(options: QueryOptions, k: int) -> None:
+    """A target's budgets: one positive budget per measurement, or a planner bug."""
+    budgets = options.budgets
+    if budgets is not None and (len(budgets) != k or any(b <= 0 for b in budgets)):
+        raise InternalError("the solved budgets do not match the query's measurements")
 
 
 def _pure_event(m: Measurement) -> Event:
@@ -173,6 +181,7 @@ def _gaussian(
     the sequential composition of the two parts, so its (epsilon, delta) is the sum.
     """
     k = len(builder.specs)
+    _check_budgets(options, k)
     # Partition selection and quantiles are pure-epsilon mechanisms: each takes epsilon/k.
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
     eps_sel = options.epsilon * len(pure) / k
