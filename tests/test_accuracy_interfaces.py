@@ -5,11 +5,11 @@ Each shows the solved cost before spending (EXPLAIN, ``--plan``) and charges exa
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from interface_fixtures import example_data, shell  # noqa: F401  (fixtures)
 from server_fixtures import ServerThread, psql, write_dataset, write_users
 from server_fixtures import write_policy as write_server_policy
 from test_batch import invoke, sql_file
@@ -18,7 +18,6 @@ from test_shell import write_policy
 
 import dpsql
 from dpsql.interfaces.shell import Shell
-from dpsql.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"
@@ -27,26 +26,15 @@ SOLVED = re.compile(r"cost: epsilon ([\d.]+), delta 0")
 TWO = "SELECT SUM(spend) AS s, COUNT(*) AS n FROM visits"
 
 
-@pytest.fixture(autouse=True)
-def _example_data() -> None:
-    if not DATA.exists():
-        pytest.skip("run `make demo` (or examples/make_data.py) to create the example data")
-
-
-@pytest.fixture
-def shell(tmp_path: Path) -> Iterator[Shell]:
-    session = Session(write_policy(tmp_path))
-    yield Shell(session)
-    session.close()
-
-
 def _solved(text: str) -> str:
     found = SOLVED.search(text)
     assert found is not None, text
     return found.group(1)
 
 
-def test_the_shell_solves_the_target_and_shows_each_share(shell: Shell) -> None:
+def test_the_shell_solves_the_target_and_shows_each_share(
+    shell: Shell,  # noqa: F811
+) -> None:
     explained = shell.handle(f"\\explain {TARGET}")
     epsilon = _solved(explained)
     assert f"would charge epsilon {epsilon}, delta 0" in explained

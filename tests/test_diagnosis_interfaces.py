@@ -8,10 +8,10 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from interface_fixtures import example_data, shell  # noqa: F401  (fixtures)
 from server_fixtures import ServerThread, psql, write_dataset, write_users
 from server_fixtures import write_policy as write_server_policy
 from test_batch import GROUP, invoke, sql_file
@@ -20,28 +20,14 @@ from test_shell import COUNT, write_policy
 
 import dpsql
 from dpsql.interfaces.shell import Shell
-from dpsql.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"
 SUMMARY = re.compile(r"noise only; bounds cut ~[\d.]+% of units")
 
 
-@pytest.fixture(autouse=True)
-def _example_data() -> None:
-    if not DATA.exists():
-        pytest.skip("run `make demo` (or examples/make_data.py) to create the example data")
-
-
-@pytest.fixture
-def shell(tmp_path: Path) -> Iterator[Shell]:
-    session = Session(write_policy(tmp_path))
-    yield Shell(session)
-    session.close()
-
-
 def test_the_shell_toggles_the_diagnosis_and_says_what_the_plus_minus_covers(
-    shell: Shell,
+    shell: Shell,  # noqa: F811
 ) -> None:
     plain = shell.handle(f"{COUNT};")
     assert "±: noise only\n" in plain and "diagnosis:" not in plain

@@ -5,11 +5,11 @@ spending it and charges exactly that."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from interface_fixtures import example_data, shell  # noqa: F401  (fixtures)
 from server_fixtures import ServerThread, psql, write_dataset, write_users
 from server_fixtures import write_policy as write_server_policy
 from test_batch import invoke, sql_file
@@ -19,7 +19,6 @@ from test_shell import write_policy
 import dpsql
 from dpsql.interfaces.shell import Shell
 from dpsql.plan.sample import amplified_epsilon
-from dpsql.session import Session
 from dpsql.sql.sample import implemented
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,25 +27,14 @@ SAMPLED = "SELECT COUNT(*) AS n FROM visits TABLESAMPLE BERNOULLI (1 PERCENT)"
 COST = re.compile(r"cost: epsilon ([\d.]+), delta 0")
 
 
-@pytest.fixture(autouse=True)
-def _example_data() -> None:
-    if not DATA.exists():
-        pytest.skip("run `make demo` (or examples/make_data.py) to create the example data")
-
-
-@pytest.fixture
-def shell(tmp_path: Path) -> Iterator[Shell]:
-    session = Session(write_policy(tmp_path))
-    yield Shell(session)
-    session.close()
-
-
 def _amplified(epsilon: str) -> str:
     rate = implemented(Fraction(1, 100))
     return str(float(amplified_epsilon(Fraction(epsilon), rate)))
 
 
-def test_the_shell_plans_and_charges_the_amplified_cost(shell: Shell) -> None:
+def test_the_shell_plans_and_charges_the_amplified_cost(
+    shell: Shell,  # noqa: F811
+) -> None:
     explained = shell.handle(f"\\explain {SAMPLED}")
     assert "sample: each unit kept with probability 0.01" in explained
     (cost,) = COST.findall(explained)
