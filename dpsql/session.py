@@ -258,19 +258,14 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         policy: Policy,
         clause: tuple[tuple[str, bool], ...] | None,
     ) -> None:
-        """A unit-level sample runs on DuckDB, samples every private table the query reads (a
-        clause on some of them only is refused), and needs a unit with one text per unit: an
+        """A unit-level sample samples every private table the query reads (a clause on some
+        of them only is refused), and needs a unit with one text per unit: an
         integer, or a string compared byte by byte (under a collation two texts are one unit,
         and would be sampled apart).
 
         Every row of the query's relation belongs to one unit and depends only on that unit's
         rows (``dpsql.sql.relations``), so keeping the relation's rows of the sampled units is
         the query on the sample of every private table: the filter reads ``_u`` once."""
-        if self.engine.name != "duckdb":
-            raise UnsupportedQueryError(
-                f"a unit-level sample (TABLESAMPLE, dpsql.sample_rate) is not supported on "
-                f"{self.engine.name} yet: refused before any charge"
-            )
         private = {t.lower() for t in analysis.tables if not policy.tables[t.lower()].public}
         # With TABLESAMPLE, every private table the query reads carries it: each occurrence in
         # the outer FROM and JOINs, and none read inside a subquery without it.

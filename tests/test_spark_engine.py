@@ -20,8 +20,10 @@ from server_fixtures import ServerThread, psql, write_dataset, write_users
 from server_fixtures import write_policy as write_server_policy
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 
+from dpsql.engine import duckdb as duckdb_engine
+from dpsql.engine import spark as spark_engine
 from dpsql.engine.base import open_engine
-from dpsql.errors import PolicyError, UnsupportedQueryError
+from dpsql.errors import PolicyError
 from dpsql.interfaces import cli
 from dpsql.policy import load_policy
 from dpsql.session import Session
@@ -242,12 +244,29 @@ def test_a_star_lists_the_columns_in_the_table_s_order(sessions: tuple[Session, 
     assert sorted(map(repr, rows)) == sorted(map(repr, expected))
 
 
-def test_a_unit_level_sample_is_refused_on_spark_before_any_charge(
-    sessions: tuple[Session, Session],
+def test_a_unit_level_sample_keeps_the_same_units_on_both_engines(
+    sessions: tuple[Session, Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The sample's PRF, SHA-256 of the secret and the unit's text, on DuckDB and on Spark:
+    with one secret both keep the same units (the same exact totals); each run draws its own."""
     duck, on_spark = sessions
-    sql = "SELECT COUNT(*) AS n FROM visits TABLESAMPLE BERNOULLI (1 PERCENT)"
-    assert duck.plan(sql).sample is not None
-    with pytest.raises(UnsupportedQueryError, match="not supported on spark"):
-        on_spark.execute(sql)
-    assert on_spark.budget().epsilon_spent == 0
+    sql = (
+        "SELECT region, COUNT(*) AS n, SUM(spend) AS s FROM visits "
+        "TABLESAMPLE BERNOULLI (5 PERCENT) GROUP BY region"
+    )
+    plan = duck.plan(sql)
+    assert plan.sample is not None and on_spark.plan(sql).engine_sql == plan.engine_sql
+    assert ":sample" in on_spark.engine.shown_sql(plan.engine_sql)
+    secret = "0123456789abcdef0123456789abcdef"
+    monkeypatch.setattr(duckdb_engine.secrets, "token_hex", lambda n: secret)
+    monkeypatch.setattr(spark_engine.secrets, "token_hex", lambda n: secret)
+    _, expected = duck.engine.run(plan.engine_sql)
+    _, got = on_spark.engine.run(plan.engine_sql)
+    assert sorted(map(repr, got)) == sorted(map(repr, expected))
+    _, full = duck.engine.run(
+        duck.plan(sql.replace(" TABLESAMPLE BERNOULLI (5 PERCENT)", "")).engine_sql
+    )
+    assert sum(int(r[1]) for r in expected) < sum(int(r[1]) for r in full) / 5
+    monkeypatch.undo()
+    result = on_spark.execute(sql)
+    assert result.charge is not None and result.charge.epsilon == plan.epsilon

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,7 @@ from dpsql.engine.views import _csv_columns
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
 from dpsql.sql.rewrite import SALT_PARAMETER
+from dpsql.sql.sample import SAMPLE_PARAMETER
 
 __all__ = ["SparkEngine", "connect_server_command", "duckdb_type"]
 
@@ -227,8 +229,14 @@ class SparkEngine:
     def check_soon(self, sql: str, types: bool = True) -> Callable[[], list[str]]:
         return self._pool.submit(self.check, sql, types).result
 
-    def _args(self, text: str) -> dict[str, int]:
-        return {SALT_PARAMETER: self.salt} if f":{SALT_PARAMETER}" in text else {}
+    def _args(self, text: str) -> dict[str, int | str]:
+        args: dict[str, int | str] = {}
+        if f":{SALT_PARAMETER}" in text:
+            args[SALT_PARAMETER] = self.salt
+        if f":{SAMPLE_PARAMETER}" in text:
+            # A unit-level sample's secret: fresh for this run only (dpsql.sql.sample).
+            args[SAMPLE_PARAMETER] = secrets.token_hex(16)
+        return args
 
     def shown_sql(self, sql: str) -> str:
         """The Spark SQL that runs; the salt is the named parameter ``:salt``."""

@@ -39,6 +39,7 @@ from dpsql.engine.spark_types import (
     _spark_type,
 )
 from dpsql.sql.bounding import SALT_PARAMETER
+from dpsql.sql.sample import SAMPLE_PARAMETER
 
 # -- leaves -------------------------------------------------------------------------------------
 
@@ -81,10 +82,12 @@ def _boolean(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
 
 @_handles(exp.Placeholder, exp.Parameter)
 def _parameter(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    # The one parameter of a bounded query is the secret salt, bound by the engine as :salt
-    # (the text never holds it).
+    # The parameters of a bounded query are its secrets, bound by the engine (the text never
+    # holds them): the salt as :salt, a sample's secret (32 hex digits) as :sample.
+    if node.name == SAMPLE_PARAMETER:
+        return _E(exp.Placeholder(this=SAMPLE_PARAMETER), "VARCHAR")
     if node.name != SALT_PARAMETER:
-        raise _refuse("a query parameter other than the salt")
+        raise _refuse("a query parameter other than the salt and the sample's secret")
     return _E(exp.Placeholder(this=SALT_PARAMETER), "PARAM")
 
 

@@ -157,6 +157,27 @@ def _substring(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     return _E(out, "VARCHAR", a.fails)
 
 
+@_handles(exp.SHA2)
+def _sha2(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+    # A sample's PRF (dpsql.sql.sample): SHA-256 of text, lowercase hex on both engines
+    # (DuckDB's sha256, Spark's sha2(..., 256)) of the same UTF-8 bytes.
+    length = node.args.get("length")
+    if not (isinstance(length, exp.Literal) and str(length.this) == "256"):
+        raise _refuse("SHA2 of another length than 256")
+    a = _text(lw, node.this, ctx, "SHA256")
+    return _E(_fn("SHA2", a.node, exp.Literal.number(256)), "VARCHAR", a.fails)
+
+
+@_handles(exp.Left)
+def _left(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+    a = _text(lw, node.this, ctx, "LEFT")
+    n = _number(node.expression)
+    if n is None or n < 0 or n != int(n):
+        raise _refuse("LEFT with a length that is not a literal integer >= 0")
+    out = _fn("SUBSTRING", a.node, exp.Literal.number(1), exp.Literal.number(int(n)))
+    return _E(out, "VARCHAR", a.fails)
+
+
 @_handles(exp.Trim)
 def _trim(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     if node.args.get("expression") is not None or node.args.get("position"):
