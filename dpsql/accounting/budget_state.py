@@ -22,6 +22,7 @@ from dpsql.accounting.events import (
     Composite,
     Event,
     LaplacePartitionSelection,
+    SubsampledGaussian,
     flatten,
 )
 from dpsql.accounting.parallel import Cell, View, choices, member, worst
@@ -55,7 +56,16 @@ def events_for(name: str, composites: Sequence[Composite]) -> list[Event]:
 def _additive_delta(view: Sequence[Composite]) -> Fraction:
     """The deltas charged outright (partition selection, approximate DP) in a view."""
     additive = (LaplacePartitionSelection, ApproxDP, ZCDP)
-    return sum((e.delta for c in view for e in c.events if isinstance(e, additive)), Fraction(0))
+    return sum(
+        (
+            e.delta
+            for c in view
+            for e in c.events
+            # A subsampled Gaussian's delta is its pair's only: the curves hold without it.
+            if isinstance(e, additive) and not isinstance(e, SubsampledGaussian)
+        ),
+        Fraction(0),
+    )
 
 
 Sums = dict[tuple[str, object], tuple[Fraction, Fraction]]

@@ -27,6 +27,9 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
 
+import numpy as np
+from scipy.special import gammaln, logsumexp
+
 from dpsql.accounting.conversions import frac_up, round_up
 from dpsql.accounting.events import (
     ZCDP,
@@ -39,9 +42,19 @@ from dpsql.accounting.events import (
     Laplace,
     LaplacePartitionSelection,
     PureDP,
+    SubsampledGaussian,
 )
 
-__all__ = ["GroupCache", "approx_rdp", "gdp_mu", "gdp_mu_squared", "pure_dp_rdp", "rdp", "zcdp"]
+__all__ = [
+    "GroupCache",
+    "approx_rdp",
+    "gdp_mu",
+    "gdp_mu_squared",
+    "pure_dp_rdp",
+    "rdp",
+    "subsampled_rdp",
+    "zcdp",
+]
 
 
 def pure_dp_rdp(epsilon: float, alpha: float) -> float:
@@ -100,6 +113,34 @@ def discrete_laplace_rdp(scale: Fraction, shift: int, alpha: float) -> float:
     return round_up(value)
 
 
+def subsampled_rdp(rate: Fraction, rho: Fraction, alpha: float) -> float:
+    """An upper bound on the RDP at ``alpha`` of a rho-zCDP mechanism (RDP alpha·rho at every
+    order) on a Poisson sample at ``rate``: the general bound of Zhu and Wang 2019 (Poisson
+    Subsampled RDP, Theorem 6) at the integer order a = max(2, ceil(alpha)),
+
+        (1/(a-1)) log[(1-q)^(a-1)(a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^eps(2)
+                      + 3 sum_{l=3}^{a} C(a,l) (1-q)^(a-l) q^l e^((l-1) eps(l))],
+
+    which bounds the order alpha too (RDP does not decrease with the order, van Erven and
+    Harremoes 2014), and never above the unsampled alpha·rho. q and rho rounded up (the bound
+    grows with both), the sum in logs, the result nudged up."""
+    q, r = frac_up(rate), frac_up(rho)
+    unsampled = round_up(alpha * r)
+    if q >= 1:
+        return unsampled
+    a = max(2, math.ceil(alpha))
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    ls = np.arange(3, a + 1, dtype=np.float64)
+    log_binom = gammaln(a + 1) - gammaln(ls + 1) - gammaln(a - ls + 1)
+    terms = [
+        (a - 1) * log_1q + math.log1p(q * (a - 1)),
+        float(gammaln(a + 1) - gammaln(3) - gammaln(a - 1)) + 2 * log_q + (a - 2) * log_1q + 2 * r,
+    ]
+    rest = math.log(3) + log_binom + (a - ls) * log_1q + ls * log_q + (ls - 1) * ls * r
+    total = float(logsumexp(np.concatenate((np.array(terms), rest))))
+    return min(round_up(total / (a - 1)), unsampled)
+
+
 def rdp(event: Event, alpha: float) -> float:
     """RDP of ``event`` at order ``alpha`` > 1; ``math.inf`` for approximate events (their
     curve is ``approx_rdp``)."""
@@ -128,6 +169,9 @@ def approx_rdp(event: Event, alpha: float) -> tuple[float, float]:
         # Bounded range: epsilon-DP exponential mechanism is eps^2/8-zCDP (Cesar, Rogers 2021).
         eps = frac_up(event.epsilon)
         return min(eps, round_up(alpha * eps * eps / 8)), 0.0
+    if isinstance(event, SubsampledGaussian):
+        # Its rho on a Poisson sample: Zhu and Wang's bound, exact (no delta).
+        return subsampled_rdp(event.rate, event.rho, alpha), 0.0
     if isinstance(event, PureDP | ApproxDP):
         # (eps, delta)-DP is delta-approximately (eps^2/2)-zCDP (Bun, Steinke 2016, Prop. 3.3
         # and Section 8); with delta = 0 this is pure DP.
@@ -151,6 +195,10 @@ def zcdp(event: Event) -> tuple[Fraction, Fraction]:
         return event.rho, Fraction(0)  # exact (Canonne, Kamath, Steinke 2020, Theorem 14)
     if isinstance(event, ZCDP):
         return event.rho, event.delta_zcdp
+    if isinstance(event, SubsampledGaussian):
+        # Subsampling never raises a Renyi divergence (joint convexity: both directions of a
+        # mixture with the neighbour's distribution), so the query's rho holds, delta 0.
+        return event.rho, Fraction(0)
     if isinstance(event, Exponential):
         return event.epsilon**2 / 8, Fraction(0)  # Cesar, Rogers 2021
     if isinstance(event, DiscreteLaplace | Laplace | PureDP | ApproxDP | LaplacePartitionSelection):

@@ -160,6 +160,19 @@ class ApproxDP:
 
 
 @dataclass(frozen=True)
+class SubsampledGaussian(ApproxDP):
+    """A query whose measurements are all discrete Gaussians, rho-zCDP in total, run on a
+    Poisson sample of the units at ``rate`` (``dpsql.plan.sample``). ``epsilon`` and ``delta``
+    are the amplified pair of the query's certified pair (Balle, Barthe, Gaboardi 2018), which
+    the accountants that compose pairs read, as for any ApproxDP; the RDP filter reads the
+    subsampled curve of its rho (``curves.subsampled_rdp``, Zhu and Wang 2019), the zCDP filter
+    its rho (subsampling never raises a Renyi divergence: joint convexity)."""
+
+    rate: Fraction = Fraction(0)
+    rho: Fraction = Fraction(0)
+
+
+@dataclass(frozen=True)
 class ZCDP:
     """Approximate zCDP: rho-zCDP except with probability ``delta_zcdp`` (Bun, Steinke 2016)."""
 
@@ -223,6 +236,7 @@ Event = (
     | Gaussian
     | PureDP
     | ApproxDP
+    | SubsampledGaussian
     | ZCDP
     | Exponential
     | LaplacePartitionSelection
@@ -291,6 +305,11 @@ def describe(event: Event) -> str:
         )
     if isinstance(event, ZCDP):
         return f"zCDP(rho={n(event.rho)}, delta={n(event.delta_zcdp)}){suffix}"
+    if isinstance(event, SubsampledGaussian):
+        return (
+            f"SubsampledGaussian(rate={n(event.rate)}, rho={n(event.rho)}, "
+            f"epsilon={n(event.epsilon)}, delta={n(event.delta)}){suffix}"
+        )
     if isinstance(event, ApproxDP):
         return f"ApproxDP(epsilon={n(event.epsilon)}, delta={n(event.delta)}){suffix}"
     return f"{type(event).__name__}(epsilon={n(event.epsilon)}){suffix}"
@@ -410,6 +429,7 @@ _TYPES: dict[str, type] = {
         Gaussian,
         PureDP,
         ApproxDP,
+        SubsampledGaussian,
         ZCDP,
         Exponential,
         LaplacePartitionSelection,

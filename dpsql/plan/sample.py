@@ -11,7 +11,9 @@ ln(1 + 0.01(e² - 1)) = 0.062: amplifying the parts would undercharge).
 (epsilon, delta) is the query's own pair as charged unsampled: its certified pair (the
 Gaussians' summed rho through CKS Corollary 13, or the discrete Gaussian's exact curve) or the
 sum of its parts (basic composition). The amplified query is one ``ApproxDP`` event (``PureDP``
-when delta is 0), which every filter composes as any (epsilon, delta)-DP mechanism: basic
+when delta is 0; ``SubsampledGaussian`` when its measurements are all discrete Gaussians, whose
+rho the RDP filter reads through Zhu and Wang's subsampled curve, ``curves.subsampled_rdp``),
+which every filter composes as any (epsilon, delta)-DP mechanism: basic
 composition adds it, the advanced, optimal and PLD accountants read its pair, and the RDP and
 zCDP filters its delta-approximate (epsilon²/2)-zCDP curve (Bun, Steinke 2016, Prop. 3.3); the
 GDP filter refuses it, as every event but a continuous Gaussian. The declared-mechanism PLD
@@ -25,7 +27,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dpsql.accounting.conversions import frac_up, round_up
-from dpsql.accounting.events import ApproxDP, Composite, PureDP
+from dpsql.accounting.events import (
+    ApproxDP,
+    Composite,
+    DiscreteGaussian,
+    Event,
+    PureDP,
+    SubsampledGaussian,
+)
 from dpsql.errors import InternalError
 from dpsql.policy_numbers import decimal_text
 from dpsql.sql.sample import implemented
@@ -78,5 +87,15 @@ def amplified(event: Composite, asked: Fraction) -> tuple[Composite, Sample]:
     eps = min(amplified_epsilon(epsilon, rate), epsilon)
     if not 0 < rate < 1:
         raise InternalError("a sample's rate is in (0, 1)")
-    inner = PureDP(eps, label) if delta == 0 else ApproxDP(eps, rate * delta, label)
+    inner: Event
+    gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
+    if gaussians and len(gaussians) == len(event.events) and delta > 0:
+        # Only discrete Gaussians, rho-zCDP in total (CKS 2020, Theorem 14; zCDP composes):
+        # the RDP filter reads the subsampled curve of that rho, the others the pair.
+        rho = sum((e.rho for e in gaussians), Fraction(0))
+        inner = SubsampledGaussian(eps, rate * delta, label, rate=rate, rho=rho)
+    elif delta == 0:
+        inner = PureDP(eps, label)
+    else:
+        inner = ApproxDP(eps, rate * delta, label)
     return Composite((inner,), None, event.cell), Sample(asked, rate, epsilon, delta)
