@@ -48,6 +48,12 @@ log = logging.getLogger("dpsql")
 _MAX_KEPT_DOMAINS = 256  # key domains a session keeps, the oldest dropped first
 
 
+def _allocation_failed(exc: BaseException) -> bool:
+    """Whether a DuckDB error reports a failed allocation rather than the query's fault."""
+    text = str(exc).lower()
+    return "bad_alloc" in text or "out of memory" in text or "failed to allocate" in text
+
+
 class DuckDBEngine:
     """One locked-down DuckDB connection over the policy's data; thread-safe by a lock."""
 
@@ -258,6 +264,11 @@ class DuckDBEngine:
             log.warning("engine out of memory at bind time")
             raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
         except duckdb.Error as exc:
+            if _allocation_failed(exc):
+                # At a process memory limit an allocation can fail in any class of DuckDB's
+                # errors (std::bad_alloc); binding reads no rows, so it is the process's.
+                log.warning("engine out of memory at bind time (%s)", type(exc).__name__)
+                raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
             log.info("engine rejected a bounded query at bind time: %s", type(exc).__name__)
             raise UnsupportedQueryError(
                 "the engine cannot type-check this query (e.g. a function applied to a "
