@@ -12,16 +12,17 @@ function of the noise's parameters, which are functions of epsilon:
 * the same with ``min_group`` = N: the half-width the release computes (``release_estimates``,
   the very functions) is at most ``halfwidth`` wherever the noisy values can fall when each
   measurement's noise is within its joint half-width and the group holds at least N units:
-  every noisy count n from N - k_N to 2(N + k_N), every centred sum in ±(w·(n + k_N) + k_S)
-  and every centred sum of squares in [-k_Q, w²·(n + k_N) + k_Q], over a grid of them (beyond
-  it every term of the width shrinks as 1/n). So in a group of at least N units the released
+  every noisy count n from N - k_N to 2(N + k_N), every noisy mean of a centred sum in
+  ±(w·(n + k_N) + k_S), and (VARIANCE, STDDEV) every noisy variance from -k_Q/n to w² + k_Q/n,
+  dense near 0 where STDDEV's square root is steepest, over a grid of them (beyond it every
+  term of the width shrinks as 1/n). So in a group of at least N units the released
   ± meets the target with probability at least the confidence, up to the grid's resolution
   (measured: tests/test_targets.py, on data at the bounds, where the width is largest);
 * a quantile with ``rank_error`` = r: the exponential mechanism picks a candidate whose score
   exceeds b·r (b the denominator of p: the target rank is within r rows of the ranks the
   candidate spans) with probability at most |R|·exp(-(b·r + 1)/(2·scale)), since the best
-  candidate scores 0 and scores are integers (McSherry and Talwar 2007, Theorem 6's argument):
-  at most 1 - confidence.
+  candidate scores 0 and scores are integers (the exponential mechanism's utility argument,
+  McSherry and Talwar 2007): at most 1 - confidence.
 
 Each figure falls as its measurement's budget grows, so each measurement a target binds gets
 the least budget that meets it, found by bisection on its logarithm and rounded up to four
@@ -31,8 +32,9 @@ measurements (with ``min_group``) are scaled together, in the optimal split's pr
 (``dpsql.plan.split``). A measurement no target binds (partition selection, a quantile without
 ``rank_error``) keeps its budget at the query's own epsilon. The query's cost is the sequential
 composition of these budgets (the epsilons add; the rhos add, converted with the pure parts'
-epsilon by CKS Corollary 13): the least any split meets the targets at, since each measurement
-has the least it can. That is what EXPLAIN shows and the query is charged.
+epsilon by CKS Corollary 13): for counts, sums and quantiles the least any split meets the
+targets at, each measurement having the least it can; for a ratio the least along the optimal
+split's proportions. That is what EXPLAIN shows and the query is charged.
 """
 
 from __future__ import annotations
