@@ -103,7 +103,10 @@ def take_sample(
     if len(rates) != 1:
         raise UnsupportedQueryError("TABLESAMPLE samples every sampled table at one rate")
     tables = tuple((t.name.lower(), bool(t.args.get("sample"))) for t in _outer_tables(select))
-    rest = select.copy()
+    try:
+        rest = select.copy()
+    except RecursionError:
+        raise UnsupportedQueryError("the query is nested too deeply") from None
     for table in _outer_tables(rest):
         table.set("sample", None)
     return rest, rates.pop(), tables
