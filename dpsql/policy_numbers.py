@@ -31,6 +31,7 @@ __all__ = [
     "Exact",
     "check_delta",
     "check_epsilon",
+    "decimal_up",
     "to_fraction",
 ]
 
@@ -173,6 +174,15 @@ def exact(value: Fraction | None) -> str | None:
     digits = str(scaled.numerator).rjust(places + 1, "0")
     sign = "-" if value < 0 else ""
     return f"{sign}{digits[:-places]}.{digits[-places:]}"
+
+
+def decimal_up(x: Fraction | float, digits: int) -> Fraction:
+    """``x`` > 0 rounded up to ``digits`` significant decimal digits, as an exact rational: a
+    cost that prints as a short decimal and is never below the figure it was read from."""
+    value = Fraction(x)
+    shift = digits - 1 - math.floor(math.log10(value))
+    scale = Fraction(10) ** shift
+    return Fraction(math.ceil(value * scale)) / scale
 
 
 def decimal_text(value: Fraction) -> str:

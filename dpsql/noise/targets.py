@@ -54,7 +54,7 @@ from dpsql.plan import calibration
 from dpsql.plan.planner import Calibration, Estimate, Measurement, QueryOptions, calibrate
 from dpsql.plan.split import shares, weights
 from dpsql.policy import Policy
-from dpsql.policy_numbers import MAX_QUERY_EPSILON, MAX_QUERY_RHO, decimal_text
+from dpsql.policy_numbers import MAX_QUERY_EPSILON, MAX_QUERY_RHO, decimal_text, decimal_up
 from dpsql.sql.analyze import SPREAD_KINDS, Analysis
 
 __all__ = ["Target", "solve"]
@@ -167,9 +167,7 @@ def planned(
 
 def _round_up(x: Fraction) -> Fraction:
     """x > 0 rounded up to four significant decimal digits, exactly."""
-    digits = 3 - math.floor(math.log10(x))
-    scale = Fraction(10) ** digits
-    return Fraction(math.ceil(x * scale)) / scale
+    return decimal_up(x, 4)
 
 
 def _least(fits: Callable[[Fraction], bool], top: Fraction) -> Fraction | None:

@@ -36,17 +36,10 @@ from dpsql.accounting.events import (
     SubsampledGaussian,
 )
 from dpsql.errors import InternalError
-from dpsql.policy_numbers import decimal_text
+from dpsql.policy_numbers import decimal_text, decimal_up
 from dpsql.sql.sample import implemented
 
 __all__ = ["Sample", "amplified", "amplified_epsilon"]
-
-
-def _six_digits_up(x: float) -> Fraction:
-    """x > 0 rounded up to six significant decimal digits, as an exact rational."""
-    digits = 5 - math.floor(math.log10(x))
-    scale = Fraction(10) ** digits
-    return Fraction(math.ceil(Fraction(x) * scale)) / scale
 
 
 def amplified_epsilon(epsilon: Fraction, rate: Fraction) -> Fraction:
@@ -54,7 +47,7 @@ def amplified_epsilon(epsilon: Fraction, rate: Fraction) -> Fraction:
     if epsilon == 0:
         return Fraction(0)
     exact = math.log1p(frac_up(rate) * math.expm1(frac_up(epsilon)))
-    return _six_digits_up(round_up(exact))
+    return decimal_up(round_up(exact), 6)
 
 
 @dataclass(frozen=True)
