@@ -39,6 +39,7 @@ from test_function_totality import NUMERIC_TEMPLATES, PREDICATE_TEMPLATES
 from test_fuzz import AGGREGATE, NUM_EXPR, PREDICATE
 
 from dpsql import errors
+from dpsql.engine import duckdb as duckdb_engine
 from dpsql.plan.planner import Plan
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Session
@@ -291,7 +292,8 @@ def _check(plan: Plan, before: list[tuple[Any, ...]], after: list[tuple[Any, ...
         sizes = [len(k.domain) + k.other for k in plan.analysis.keys if k.domain is not None]
         if len(sizes) == len(plan.analysis.keys):
             assert len(d) == math.prod(sizes)
-    assert len(plan.event.events) == len(plan.measurements)
+    # One event per measurement, unless the query is on a sample (one amplified event).
+    assert plan.sample is not None or len(plan.event.events) == len(plan.measurements)
     for j, m in enumerate(plan.measurements):
         moved: dict[tuple[str, ...], int] = {}
         for group in d.keys() | d_prime.keys():
@@ -338,6 +340,47 @@ def test_one_more_unit_moves_every_total_by_at_most_the_plan_sensitivity(
         again = neighbour.plan(sql)
         assert again.engine_sql == plan.engine_sql  # planning reads no data
         _, before = base.engine.run(plan.engine_sql)  # EngineError: a data-dependent failure
+        _, after = neighbour.engine.run(plan.engine_sql)
+    finally:
+        neighbour.close()
+    _check(plan, before, after)
+
+
+SAMPLE_EXAMPLES = 300 if LONG else 40
+
+
+@settings(
+    max_examples=SAMPLE_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=query(), unit=unit_rows())
+def test_on_a_sample_one_more_unit_moves_every_total_by_at_most_the_plan_sensitivity(
+    base: Session,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    sql: str,
+    unit: list[tuple[Any, ...]],
+) -> None:
+    """The same neighbours on a unit-level sample (``sample_rate`` 1/2, so joins and subqueries
+    are sampled too) with one secret for both runs: the sample keeps or drops each unit as a
+    whole, before any bound, so the added unit moves every exact total by at most what the plan
+    bounds, and no other unit's contribution moves (dpsql.sql.sample)."""
+    secret = "00112233445566778899aabbccddeeff"
+    monkeypatch.setattr(duckdb_engine.secrets, "token_hex", lambda n: secret)
+    try:
+        plan = base.plan(sql, sample_rate="0.5")
+    except errors.DpsqlError as exc:
+        assert not isinstance(exc, errors.EngineError | errors.InternalError), sql
+        event(f"refused: {type(exc).__name__}")
+        return
+    assert plan.sample is not None and "$sample" in plan.engine_sql
+    event("checked")
+    neighbour = Session(_policy(tmp_path_factory.mktemp("d"), [*BASE, *unit], "neighbour"))
+    neighbour.engine.salt = base.engine.salt
+    try:
+        assert neighbour.plan(sql, sample_rate="0.5").engine_sql == plan.engine_sql
+        _, before = base.engine.run(plan.engine_sql)
         _, after = neighbour.engine.run(plan.engine_sql)
     finally:
         neighbour.close()

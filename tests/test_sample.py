@@ -43,6 +43,7 @@ from dpsql.accounting.events import (
     composite_from_json,
     composite_to_json,
 )
+from dpsql.engine import duckdb as duckdb_engine
 from dpsql.errors import (
     BudgetExceededError,
     ParameterError,
@@ -424,3 +425,27 @@ def test_a_sampled_gaussian_query_is_charged_through_the_subsampled_curve(
     # The pair would stop at the delta reserve (1e-7 / (q 1e-8) = 1,000 queries); the curve
     # needs no delta of its own, so the run goes past it.
     assert n == 1100
+
+
+def test_every_run_binds_a_fresh_secret_and_the_text_holds_none(
+    tiny_policy: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two executions of one sampled query (the plan kept, the release afresh): the engine
+    draws a secret for each run from the CSPRNG and binds it; the SQL text never changes."""
+    drawn: list[str] = []
+    real = duckdb_engine.secrets.token_hex
+
+    def record(n: int) -> str:
+        drawn.append(real(n))
+        return drawn[-1]
+
+    monkeypatch.setattr(duckdb_engine.secrets, "token_hex", record)
+    s = _session(tiny_policy)
+    plan = s.plan(COUNT)
+    s.execute(COUNT, fresh=True)
+    runs = len(drawn)
+    s.execute(COUNT, fresh=True)
+    assert runs >= 1 and len(drawn) > runs  # the second run draws its own (its plan is kept)
+    assert len(set(drawn)) == len(drawn) and all(len(x) == 32 for x in drawn)
+    assert s.plan(COUNT).engine_sql == plan.engine_sql
+    assert not any(x in plan.engine_sql for x in drawn)
