@@ -93,24 +93,67 @@ class ShowOption:
 
 @dataclass(frozen=True)
 class EstimateBounds:
-    """``ESTIMATE BOUNDS FOR table.column``: DP clamping bounds from the data (charged)."""
+    """``ESTIMATE BOUNDS FOR table.column``: DP clamping bounds from the data (charged);
+    ``ESTIMATE BOUNDS FOR table [GROUP BY key, ...]`` (``column`` None): DP contribution bounds,
+    R without keys, L0 and C with them."""
 
     table: str
-    column: str
+    column: str | None = None
+    keys: tuple[str, ...] = ()
 
 
 Statement = Query | Explain | SetOption | ShowOption | EstimateBounds
 
 
+_ESTIMATE_FORMS = (
+    "write ESTIMATE BOUNDS FOR table.column (clamping bounds), ESTIMATE BOUNDS FOR table "
+    "(a row cap) or ESTIMATE BOUNDS FOR table GROUP BY column, ... (group and row caps)"
+)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+def _is_name(token: Token) -> bool:
+    """A quoted identifier, or a bare word (``day`` and other keywords included)."""
+    return token.token_type == TokenType.IDENTIFIER or (
+        token.token_type not in (TokenType.FOR, TokenType.GROUP_BY)
+        and _WORD.fullmatch(token.text) is not None
+    )
+
+
 def _parse_estimate(tokens: list[Token]) -> EstimateBounds:
-    words = [t.text for t in tokens]
-    if words[:1] and words[0].upper() == "BOUNDS":
-        words = words[1:]
-        if words[:1] and words[0].upper() == "FOR":
-            words = words[1:]
-        if len(words) == 3 and words[1] == ".":
-            return EstimateBounds(words[0].lower(), words[2].lower())
-    raise ParseError("write ESTIMATE BOUNDS FOR table.column")
+    if not tokens or tokens[0].text.upper() != "BOUNDS":
+        raise ParseError(f"ESTIMATE is incomplete: {_ESTIMATE_FORMS}")
+    rest = tokens[1:]
+    if not rest or rest[0].token_type != TokenType.FOR:
+        raise ParseError(f"ESTIMATE BOUNDS needs FOR: {_ESTIMATE_FORMS}")
+    rest = rest[1:]
+    if not rest or not _is_name(rest[0]):
+        raise ParseError(f"ESTIMATE BOUNDS FOR needs a table name: {_ESTIMATE_FORMS}")
+    table, rest = rest[0].text.lower(), rest[1:]
+    if not rest:
+        return EstimateBounds(table)
+    if rest[0].token_type == TokenType.DOT:
+        if len(rest) == 2 and _is_name(rest[1]):
+            return EstimateBounds(table, rest[1].text.lower())
+        raise ParseError(f"ESTIMATE BOUNDS FOR table.column takes one column: {_ESTIMATE_FORMS}")
+    if rest[0].token_type != TokenType.GROUP_BY:
+        raise ParseError(f'ESTIMATE BOUNDS: unexpected "{rest[0].text[:30]}": {_ESTIMATE_FORMS}')
+    names = rest[1:]
+    keys = tuple(t.text.lower() for t in names[::2])
+    separators = names[1::2]
+    if (
+        not names
+        or len(names) % 2 == 0
+        or any(not _is_name(t) for t in names[::2])
+        or any(t.token_type != TokenType.COMMA for t in separators)
+    ):
+        raise ParseError(
+            "ESTIMATE BOUNDS ... GROUP BY takes column names separated by commas "
+            "(no expressions, positions or aliases)"
+        )
+    if len(set(keys)) != len(keys):
+        raise ParseError("ESTIMATE BOUNDS ... GROUP BY names a column twice")
+    return EstimateBounds(table, None, keys)
 
 
 def _tokens(text: str) -> list[Token]:
