@@ -39,7 +39,10 @@ def test_ladder_is_ordered_and_symmetric() -> None:
     assert ladder[-1] == 2**52 and ladder[0] == -(2**52)
     assert ladder[bounds.ZERO_INDEX + 1] == Fraction(1, 2**20)
     assert ladder[bounds.ZERO_INDEX + 1 + 4 * 20 : bounds.ZERO_INDEX + 1 + 4 * 21] == [
-        1, Fraction(5, 4), Fraction(3, 2), Fraction(7, 4)
+        1,
+        Fraction(5, 4),
+        Fraction(3, 2),
+        Fraction(7, 4),
     ]
     assert all(ladder[bounds.TOP_INDEX - i] == -ladder[i] for i in range(bounds.TOP_INDEX + 1))
 
