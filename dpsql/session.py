@@ -378,6 +378,13 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             "charged query %s: epsilon=%s delta=%s analyst=%s",
             digest, decimal_text(plan.epsilon), decimal_text(plan.delta), self.analyst,
         )  # fmt: skip
+        return self._run_charged(plan, k, charge)
+
+    def _run_charged(self, plan: Plan, k: cache.Keys, charge: Charge) -> Result:
+        """Run, noise, cache and publish ``plan``, whose loss ``charge`` has already committed
+        (alone, or within a workload's one charge)."""
+        canonical = plan.query
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
         try:
             _, rows = self.engine.run(plan.engine_sql)
             noisy = measure(plan, rows)

@@ -65,10 +65,60 @@ class EstimatedBounds:
         def _failed(self, charge: Charge, cause: str) -> EngineError: ...
 
     # -- bounds estimated from the data ------------------------------------------------------
-    def _estimate_bounds(self, statement: EstimateBounds, options: Mapping[str, object]) -> Result:
+    def _estimate_bounds(
+        self,
+        statement: EstimateBounds,
+        options: Mapping[str, object],
+        charge: Charge | None = None,
+    ) -> Result:
         """One sparse-vector release over one value per unit (``dpsql.bounds`` for clamps,
         ``dpsql.contribution_bounds`` for L0, C and R): refused on public facts only, charged
-        before the engine runs, then recorded for later queries to use and served again free."""
+        before the engine runs, then recorded for later queries to use and served again free.
+        ``charge``: a workload's charge that already holds its event (``estimate_event``)."""
+        prepared = self._estimate_prepare(statement, options)
+        kind, key, sql, canonical, found, event, epsilon = prepared
+        if found is not None and charge is None:
+            # Serving a released estimate again is post-processing: recorded, never charged.
+            self.filter.store.append(
+                "reserve", {"query": canonical, "release": found.payload["charge"]}, self.analyst
+            )
+            return _estimate_result(found.payload, None, int(found.payload["charge"]))
+        if charge is None:
+            details = {"bounded_sql": sql, "engine": self.engine.name,
+                       "policy_version": self.policy_version(),
+                       "data_version": self.policy.dataset.data_version}  # fmt: skip
+            # Charged first: nothing runs unless the budget admits it (a crash after it loses
+            # budget, never privacy).
+            charge = self.filter.charge(event, canonical, self.analyst, details)
+        try:
+            _, rows = self.engine.run(sql)
+        except (EngineError, MemoryError) as exc:
+            raise self._failed(charge, getattr(exc, "cause", None) or type(exc).__name__) from None
+        except KeyboardInterrupt:
+            self._failed(charge, "KeyboardInterrupt")
+            raise
+        payload: dict[str, object] = {**key, "charge": charge.seq}
+        if statement.column is not None:
+            lower, upper = bounds.release(epsilon, rows)
+            payload.update(lower=str(lower), upper=str(upper))
+        else:
+            values = contribution_bounds.release(epsilon, statement.keys, rows)
+            payload.update(zip(contribution_bounds.bounds_of(statement.keys), values, strict=True))
+        # Post-processing of the release just charged: recorded, never charged again.
+        self.filter.store.append(kind, payload, self.analyst)
+        return _estimate_result(payload, charge, None)
+
+    def estimate_event(
+        self, statement: EstimateBounds, options: Mapping[str, object]
+    ) -> Composite | None:
+        """The loss an ``ESTIMATE BOUNDS`` would charge now (None: served from a released
+        estimate, free); refused on public facts only, like the statement itself."""
+        _, _, _, _, found, event, _ = self._estimate_prepare(statement, options)
+        return None if found is not None else event
+
+    def _estimate_prepare(
+        self, statement: EstimateBounds, options: Mapping[str, object]
+    ) -> tuple[str, dict[str, object], str, str, Record | None, Composite, Fraction]:
         bad = set(options) - set(SETTINGS)
         if bad:
             raise ParameterError(f"unknown option(s): {', '.join(sorted(bad))}")
@@ -97,41 +147,13 @@ class EstimatedBounds:
                "data": self.policy.dataset.data_version}  # fmt: skip
         canonical = _canonical(statement, epsilon)
         found = None if settings["fresh"] else self._released_estimate(kind, key)
-        if found is not None:
-            # Serving a released estimate again is post-processing: recorded, never charged.
-            self.filter.store.append(
-                "reserve", {"query": canonical, "release": found.payload["charge"]}, self.analyst
-            )
-            return _estimate_result(found.payload, None, int(found.payload["charge"]))
         label = "ESTIMATE BOUNDS: " + (
             bounds.walks(epsilon).describe()
             if statement.column is not None
             else f"count of units and {contribution_bounds.describe(epsilon, statement.keys)}"
         )
         event = Composite((PureDP(epsilon, label),))
-        details = {"bounded_sql": sql, "engine": self.engine.name,
-                   "policy_version": self.policy_version(),
-                   "data_version": self.policy.dataset.data_version}  # fmt: skip
-        # Charged first: nothing runs unless the budget admits it (a crash after it loses
-        # budget, never privacy).
-        charge = self.filter.charge(event, canonical, self.analyst, details)
-        try:
-            _, rows = self.engine.run(sql)
-        except (EngineError, MemoryError) as exc:
-            raise self._failed(charge, getattr(exc, "cause", None) or type(exc).__name__) from None
-        except KeyboardInterrupt:
-            self._failed(charge, "KeyboardInterrupt")
-            raise
-        payload: dict[str, object] = {**key, "charge": charge.seq}
-        if statement.column is not None:
-            lower, upper = bounds.release(epsilon, rows)
-            payload.update(lower=str(lower), upper=str(upper))
-        else:
-            values = contribution_bounds.release(epsilon, statement.keys, rows)
-            payload.update(zip(contribution_bounds.bounds_of(statement.keys), values, strict=True))
-        # Post-processing of the release just charged: recorded, never charged again.
-        self.filter.store.append(kind, payload, self.analyst)
-        return _estimate_result(payload, charge, None)
+        return kind, key, sql, canonical, found, event, epsilon
 
     def _released_estimate(self, kind: str, key: Mapping[str, object]) -> Record | None:
         """The latest estimate of the same statement, epsilon, policy and data version."""

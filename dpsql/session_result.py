@@ -32,6 +32,9 @@ class Result:
     cached_from: int | None = None  # the ledger record of the release served again, if any
     # The diagnosis of the bounds, when asked for (``SET dpsql.diagnose = on``).
     diagnosis: Diagnosed | None = None
+    # How the answer was computed when it is not from measurements of its own (a workload's
+    # least squares, ``dpsql.workload``): shown beside the table.
+    note: str = ""
 
     def __repr__(self) -> str:
         shown = ", ".join(self.columns[:6]) + (", ..." if len(self.columns) > 6 else "")

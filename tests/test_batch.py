@@ -145,7 +145,7 @@ def test_the_plan_charges_nothing_and_its_events_are_what_is_charged(
 
     session = Session(policy)
     steps = plan_file(session, split_statements(FILE))
-    planned = [s.plan.event for s in steps if s.charged and s.plan is not None]
+    planned = [e for s in steps if s.charged and s.plan is not None for e in s.plan.event.events]
     assert session.settings()["epsilon"] == session.policy.budget.query_epsilon  # SET undone
     session.close()
     assert len(Ledger(policy.parent / "visits.ledger").records()) == records
@@ -153,9 +153,11 @@ def test_the_plan_charges_nothing_and_its_events_are_what_is_charged(
     result = invoke(policy, "run", str(path))
     assert result.exit_code == 0, result.stderr
     session = Session(policy)
-    assert [c.event for c in session.filter.charges] == planned
+    # The whole file is one charge, committed before anything runs: its events are the
+    # statements' (no two statements here share rows, so nothing is planned jointly).
+    assert [list(c.event.events) for c in session.filter.charges] == [planned]
     session.close()
-    assert charges(policy) == ["0.1", "0.2"]
+    assert charges(policy) == ["0.3"]
     assert "-- statement 4 (line 6)" in result.stdout and "0.1" in result.stdout
     assert "2 charged (epsilon 0.3, delta 0)" in result.stdout
 
@@ -163,7 +165,7 @@ def test_the_plan_charges_nothing_and_its_events_are_what_is_charged(
     assert again.exit_code == 0
     assert "plan of" not in again.stdout
     assert "0 charged (epsilon 0, delta 0), 2 from the cache" in again.stdout
-    assert charges(policy) == ["0.1", "0.2"]  # a second run costs nothing
+    assert charges(policy) == ["0.3"]  # a second run costs nothing
     replan = invoke(policy, "run", str(path), "--plan")
     assert "cache (release" in replan.stdout and "epsilon 0, delta 0" in replan.stdout
 
@@ -220,7 +222,7 @@ def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fm
     else:
         count = duckdb.sql(f"SELECT COUNT(*) FROM '{target}'").fetchall()
         assert count == [(12,)]
-    assert charges(policy) == ["0.1", "0.2"]
+    assert charges(policy) == ["0.3"]
 
 
 REGIONS = ["central", "east", "north", "south", "west"]  # the policy's domain of region
@@ -246,7 +248,7 @@ def test_a_file_sets_the_other_group_for_its_later_statements(policy: Path, tmp_
     bad = sql_file(tmp_path, text.replace("'elsewhere'", "'east'"), "bad.sql")
     refused = invoke(policy, "run", str(bad))
     assert refused.exit_code != 0 and "dpsql.other_label equals a value" in refused.output
-    assert charges(policy) == ["0.25", "0.25"]  # the refused file charged nothing
+    assert charges(policy) == ["0.5"]  # the refused file charged nothing
 
 
 # -- the budget -------------------------------------------------------------------------------
@@ -268,8 +270,10 @@ def test_a_file_that_does_not_fit_is_refused_as_a_whole(policy: Path, tmp_path: 
 
     partial = invoke(policy, "run", str(path), "--partial")
     assert partial.exit_code == 0, partial.stderr
-    assert charges(policy) == ["0.4", "0.5", "0.1"]
-    assert "skipped 3 (over the budget)" in partial.stdout
+    # The longest prefix that fits, in one charge: statement 4 would fit after 3 is left out,
+    # but a workload is admitted as a prefix, so that what runs never depends on later costs.
+    assert charges(policy) == ["0.9"]
+    assert "skipped 3, 4 (over the budget)" in partial.stdout
 
 
 def test_a_bad_statement_refuses_the_file_before_anything_runs(

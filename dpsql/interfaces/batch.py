@@ -42,9 +42,17 @@ from dpsql.interfaces.batch_output import (
     prepare_output,
     write_results,
 )
-from dpsql.interfaces.batch_plan import Step, _totals, plan_file, plan_lines
+from dpsql.interfaces.batch_plan import (
+    Step,
+    Workload,
+    _totals,
+    plan_file,
+    plan_lines,
+    plan_workload,
+)
 from dpsql.interfaces.context import Config, exit_code, fail, pass_config
 from dpsql.interfaces.report import exact
+from dpsql.interfaces.workload_answers import run_workload
 from dpsql.policy import read_limited
 from dpsql.session import Result, Session
 from dpsql.sql.split import Piece, split_statements
@@ -57,35 +65,30 @@ MAX_BYTES_CAP = 1 << 30
 
 # -- the commands -----------------------------------------------------------------------------
 def _execute(
-    session: Session, steps: Sequence[Step], partial: bool, progress: Progress
+    session: Session, workload: Workload, partial: bool, progress: Progress
 ) -> tuple[list[tuple[Step, Result]], list[Step]]:
-    """Run the steps in order; returns the results that are tables and the skipped steps."""
+    """Charge the workload's one event, then run the steps in order; returns the results that
+    are tables and the skipped steps (``--partial``: those after the prefix that fits)."""
     done: list[tuple[Step, Result]] = []
     skipped: list[Step] = []
-    task = progress.add_task("running", total=len(steps))
-    for step in steps:
-        if step.source == "refused":  # only reached with --partial
+    task = progress.add_task("running", total=len(workload.steps))
+    for step, result in run_workload(session, workload):
+        if result is None:
             skipped.append(step)
-        else:
-            try:
-                result = session.execute(step.piece.text)
-            except BudgetExceededError:
-                # Another session spent the budget since the plan: the same rule applies.
-                if not partial:
-                    raise
-                skipped.append(step)
-            else:
-                if step.kind != "set":
-                    done.append((step, result))
+        elif step.kind != "set":
+            done.append((step, result))
         progress.advance(task)
+    del partial
     return done, skipped
 
 
 def _summary(session: Session, done: Sequence[tuple[Step, Result]], skipped: list[Step]) -> str:
     charged = [r.charge for _, r in done if r.charge is not None]
     cached = sum(1 for _, r in done if r.cached_from is not None)
-    eps = sum((c.epsilon for c in charged), Fraction(0))
-    delta = sum((c.delta for c in charged), Fraction(0))
+    # The statements of a file share its one charge: each charge counted once.
+    once = {c.seq: c for c in charged}.values()
+    eps = sum((c.epsilon for c in once), Fraction(0))
+    delta = sum((c.delta for c in once), Fraction(0))
     text = (
         f"ran {len(done)} statement(s) with results: {len(charged)} charged (epsilon "
         f"{exact(eps)}, delta {exact(delta)}), {cached} from the cache"
@@ -195,9 +198,10 @@ def _run(
 ) -> None:
     if output is not None and not plan_only:
         prepare_output(output)
-    steps = plan_file(session, split_statements(text))
+    workload = plan_workload(session, split_statements(text), partial)
+    steps = workload.steps
     if not quiet or plan_only:
-        echo("\n".join(plan_lines(session, name, steps)))
+        echo("\n".join(plan_lines(session, name, workload)))
     if plan_only:
         return
     refused = [s for s in steps if s.source == "refused"]
@@ -211,7 +215,7 @@ def _run(
         )
     show = sys.stderr.isatty() and not quiet
     with Progress(console=Console(stderr=True), transient=True, disable=not show) as progress:
-        done, skipped = _execute(session, steps, partial, progress)
+        done, skipped = _execute(session, workload, partial, progress)
     if output is not None:
         width = max(2, len(str(len(steps))))
         for path in write_results(done, output, fmt, combined, width):
@@ -223,6 +227,8 @@ def _run(
         for step, result in done:
             echo(f"\n-- statement {step.piece.number} (line {step.piece.line})")
             echo("\n".join(_text_table(result)))
+            if result.note:
+                echo(result.note)
             for line in _covers(result):
                 echo(line)
     echo(_summary(session, done, skipped))

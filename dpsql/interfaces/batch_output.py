@@ -36,6 +36,14 @@ def _plain(value: Any) -> Any:
     return value if value is None or isinstance(value, bool | int | float | str) else str(value)
 
 
+def _cost(result: Result) -> tuple[Any, Any]:
+    if result.charge is None:
+        return 0, 0
+    if result.plan is not None:
+        return result.plan.epsilon, result.plan.delta
+    return result.charge.epsilon, result.charge.delta
+
+
 def _document(step: Step, result: Result) -> dict[str, Any]:
     return {
         "statement": step.piece.number,
@@ -46,8 +54,9 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
         "rows": [[_plain(v) for v in row] for row in result.rows],
         "accuracy": [list(row) for row in result.accuracy],
         "confidence": result.confidence,
-        "epsilon": exact(result.charge.epsilon) if result.charge else "0",
-        "delta": exact(result.charge.delta) if result.charge else "0",
+        # The statement's own cost: within a file's one charge, its independent plan's.
+        "epsilon": exact(_cost(result)[0]),
+        "delta": exact(_cost(result)[1]),
         "cached_from": result.cached_from,
         # What the ± covers: the noise only, never the bias of the bounds.
         "accuracy_covers": frames.covers(result),

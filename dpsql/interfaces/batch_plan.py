@@ -9,19 +9,23 @@ prints it. Nothing here charges or runs anything; the commands are in ``batch.py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
+from dpsql.accounting.events import Composite, Event
 from dpsql.accounting.filter import Budget, MemoryLedger, budget_for
-from dpsql.errors import BudgetExceededError, DpsqlError, ParseError
+from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
 from dpsql.interfaces.report import exact
+from dpsql.noise.release_estimates import TOTALS, half_width
 from dpsql.plan.planner import Plan
 from dpsql.session import Planned, Session
-from dpsql.sql.parse import Explain, SetOption, ShowOption, parse_statement
+from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece
+from dpsql.workload import Joint, plan_joint
 
-__all__ = ["Step", "plan_file", "plan_lines"]
+__all__ = ["Step", "Workload", "plan_file", "plan_lines", "plan_workload"]
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,18 @@ class Step:
     """A planned statement: its kind, its plan (queries), where its answer comes from."""
 
     piece: Piece
-    kind: str  # "set", "show", "explain" or "query"
+    kind: str  # "set", "show", "explain", "query" or "estimate" (ESTIMATE BOUNDS)
     plan: Plan | None = None
     source: str = "free"  # "free", "charge", "cache" or "refused"
     note: str = ""
+    # The SET values in force at this statement (a family's bounded query is planned with
+    # the fine statement's), and the loss of an ESTIMATE BOUNDS.
+    settings: Mapping[str, object] = field(default_factory=dict)
+    event: Composite | None = None
+    # Under the workload's joint plan: its variance over its independent plan's (None: on its
+    # own), and the statement whose grouping bounds its family.
+    ratio: float | None = None
+    family: int | None = None
 
     @property
     def charged(self) -> bool:
@@ -45,16 +57,130 @@ def _kind(piece: Piece) -> str:
         return "set"
     if isinstance(statement, ShowOption):
         return "show"
+    if isinstance(statement, EstimateBounds):
+        return "estimate"
     return "explain" if isinstance(statement, Explain) else "query"
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A file planned as one workload: its steps, the families of its joint plan, and the one
+    event the filter admits for all of it (None: nothing to charge)."""
+
+    steps: tuple[Step, ...]
+    joint: Joint
+    event: Composite | None
+    fits: bool  # whether the filter admits ``event`` now (on a copy of the ledger)
+    independent: tuple[Fraction, Fraction]  # the sum of the independent plans' costs
+
+
 def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
-    """Plan every statement in order, admitting the charges on a copy of the budget; nothing
-    is charged and the session's settings are left as they were (a fresh session's)."""
-    copy = MemoryLedger()  # decides on its records in place: O(1) per trial charge
+    """The steps of ``plan_workload`` (without ``--partial``)."""
+    return list(plan_workload(session, pieces).steps)
+
+
+def plan_workload(session: Session, pieces: Sequence[Piece], partial: bool = False) -> Workload:
+    """Plan every statement, then the file as one workload (``dpsql.workload``), and admit its
+    one event on a copy of the budget: all or nothing, or with ``partial`` the longest prefix
+    of statements whose own joint plan fits (its steps after it "refused"). Nothing is charged
+    and the session's settings are left as they were (a fresh session's)."""
+    steps = _plan_steps(session, pieces)
+    copy = MemoryLedger()  # decides on its records in place
     for record in session.filter.store.records():
         copy.append(record.kind, record.payload, record.analyst)
     trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
+    whole = _joint(session, steps)
+    if whole.fits or not any(s.charged for s in steps):
+        return whole
+    # The longest prefix that fits, re-planned for that prefix: its cost grows with it, so a
+    # binary search over the prefixes' own joint plans finds it (nothing is charged).
+    low, high = 0, len(steps)  # the prefix of length low fits, of length high does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _joint(session, steps[:mid], trial).fits:
+            low = mid
+        else:
+            high = mid
+    kept = _joint(session, steps[:low], trial)
+    refused = [replace(s, source="refused", note="does not fit") if s.charged else s
+               for s in steps[low:]]  # fmt: skip
+    del partial  # the same prefix is reported either way; only --partial runs it
+    return replace(kept, steps=kept.steps + tuple(refused), fits=False)
+
+
+def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None) -> Workload:
+    """The joint plan of ``steps`` and whether its event fits the budget now."""
+
+    def plan_select(select: object, i: int) -> Plan:
+        plan = session._prepare(select, None, steps[i].settings)
+        session._check_soon(plan, soon=False)()
+        return plan
+
+    plans = [s.plan if s.charged and s.kind == "query" else None for s in steps]
+    joint = plan_joint(plans, plan_select)
+    out = []
+    for i, s in enumerate(steps):
+        found = joint.family_of(i)
+        if found is None:
+            out.append(s)
+            continue
+        family, _ = found
+        fine = steps[family.fine_index].piece.number
+        out.append(replace(s, ratio=joint.ratios[i], family=fine))
+    events: list[Event] = []
+    certified: list[tuple[Fraction, Fraction] | None] = []
+    done: set[int] = set()
+    for i, s in enumerate(out):
+        if not s.charged:
+            continue
+        found = joint.family_of(i)
+        if found is not None:
+            family, _ = found
+            if family.fine_index not in done:
+                done.add(family.fine_index)
+                events.extend(family.event)
+            continue
+        event = s.event if s.kind == "estimate" else (s.plan.event if s.plan else None)
+        if event is None:
+            raise InternalError("a charged statement has no event")
+        events.extend(event.events)
+        certified.append(event.certified)
+    independent = _totals(out, "charge")
+    event = _workload_event(events, independent, certified) if events else None
+    fits = True
+    if event is not None:
+        if trial is None:
+            copy = MemoryLedger()
+            for record in session.filter.store.records():
+                copy.append(record.kind, record.payload, record.analyst)
+            trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
+        try:
+            trial._decide(event, session.analyst, trial.store.records())
+        except BudgetExceededError:
+            fits = False
+    return Workload(tuple(out), joint, event, fits, independent)
+
+
+def _workload_event(
+    events: Sequence[Event],
+    independent: tuple[Fraction, Fraction],
+    certified: Sequence[tuple[Fraction, Fraction] | None],
+) -> Composite:
+    """The workload's one event: every measurement it takes, composed sequentially. When some
+    statement certified its Gaussians jointly, the workload claims the sum of the statements'
+    pairs (basic composition of their certificates, Dwork and Roth 2014, Theorem 3.16) if a
+    theorem supports it for the events (``events.supports``), else none."""
+    if any(c is not None for c in certified):
+        try:
+            return Composite(tuple(events), independent)
+        except InternalError:
+            pass
+    return Composite(tuple(events))
+
+
+def _plan_steps(session: Session, pieces: Sequence[Piece]) -> list[Step]:
+    """Plan every statement in order (a SET applied for the statements after it); each query
+    is charged, or served from the cache (a release, or an earlier statement of the file)."""
     planned: dict[str, int] = {}  # exact cache key -> the statement that will release it
     steps: list[Step] = []
     applied: set[str] = set()
@@ -66,7 +192,7 @@ def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     try:
         for piece in pieces:
             try:
-                finish = _plan_soon(session, piece, trial, planned, applied)
+                finish = _plan_soon(session, piece, planned, applied)
             except DpsqlError as exc:
                 if pending is not None:
                     steps.append(_complete(*pending))
@@ -100,7 +226,7 @@ def _complete(piece: Piece, finish: Callable[[], Step]) -> Step:
 
 
 def _plan_soon(
-    session: Session, piece: Piece, trial: Budget, planned: dict[str, int], applied: set[str]
+    session: Session, piece: Piece, planned: dict[str, int], applied: set[str]
 ) -> Callable[[], Step]:
     """Plan ``piece`` now (a SET is applied now, for the statements after it) and start the
     engine's check; the function returned waits for the check and decides the step."""
@@ -109,6 +235,7 @@ def _plan_soon(
     # the file is planned on one reading of the ledger, and every statement is planned again,
     # on a fresh reading, when it runs.
     checked = session.planned_soon(piece.text, None, {}, current=piece.number == 1)
+    settings = dict(session._settings)
     if checked is None:
         kind = _kind(piece)
         if kind == "set":
@@ -116,30 +243,34 @@ def _plan_soon(
             assert isinstance(statement, SetOption)
             session.set_option(statement.name, statement.value)
             applied.add(statement.name)
-        return lambda: Step(piece, kind)
+        if kind == "estimate":
+            statement = parse_statement(piece.text)
+            assert isinstance(statement, EstimateBounds)
+            # Charged with the file (its estimates serve the statements of later files).
+            event = session.estimate_event(statement, {})
+            source = "charge" if event is not None else "cache"
+            return lambda: Step(piece, kind, None, source, settings=settings, event=event)
+        return lambda: Step(piece, kind, settings=settings)
     fresh = bool(session.settings()["fresh"])  # as SET before this statement left it
-    return lambda: _decide(session, piece, checked(), trial, planned, fresh=fresh)
+    return lambda: _decide(session, piece, checked(), planned, settings, fresh=fresh)
 
 
 def _decide(
-    session: Session, piece: Piece, known: Planned, trial: Budget, planned: dict[str, int],
-    *, fresh: bool,
+    session: Session, piece: Piece, known: Planned, planned: dict[str, int],
+    settings: Mapping[str, object], *, fresh: bool,
 ) -> Step:  # fmt: skip
     if known.explain:  # planned, so a bad EXPLAIN refuses the file like a bad query
-        return Step(piece, "explain")
+        return Step(piece, "explain", settings=settings)
     plan, keys = known.plan, known.keys
     if not fresh:
         hit = session.cache.lookup(plan, keys)
         if hit is not None:
-            return Step(piece, "query", plan, "cache", f"release {hit.release_seq}")
+            return Step(piece, "query", plan, "cache", f"release {hit.release_seq}", settings)
         if keys.exact in planned:
-            return Step(piece, "query", plan, "cache", f"statement {planned[keys.exact]}")
-    try:
-        trial.charge(plan.event, plan.query, session.analyst)
-    except BudgetExceededError:
-        return Step(piece, "query", plan, "refused", "does not fit")
+            note = f"statement {planned[keys.exact]}"
+            return Step(piece, "query", plan, "cache", note, settings)
     planned[keys.exact] = piece.number
-    return Step(piece, "query", plan, "charge")
+    return Step(piece, "query", plan, "charge", settings=settings)
 
 
 def _one_line(text: str, width: int = 60) -> str:
@@ -148,30 +279,84 @@ def _one_line(text: str, width: int = 60) -> str:
 
 
 def _totals(steps: Sequence[Step], source: str) -> tuple[Fraction, Fraction]:
-    chosen = [s.plan for s in steps if s.source == source and s.plan is not None]
-    return sum((p.epsilon for p in chosen), Fraction(0)), sum(
-        (p.delta for p in chosen), Fraction(0)
+    """The sum of the independent costs of the steps from ``source``."""
+    chosen = [s.plan.event if s.plan is not None else s.event for s in steps if s.source == source]
+    events = [e for e in chosen if e is not None]
+    return sum((e.epsilon for e in events), Fraction(0)), sum(
+        (e.delta for e in events), Fraction(0)
     )
 
 
-def plan_lines(session: Session, name: str, steps: Sequence[Step]) -> list[str]:
+def _joint_text(step: Step) -> str:
+    """A statement's predicted accuracy under the joint plan against its independent one."""
+    if step.ratio is None or step.plan is None:
+        return "-"
+    factor = math.sqrt(step.ratio)
+    plan = step.plan
+    estimates = plan.estimates
+    if len(estimates) == 1 and estimates[0].kind in TOTALS:
+        m = plan.measurements[estimates[0].measurements[0]]
+        alone = float(half_width(m, plan.options.confidence) * m.unit)
+        return f"±{alone:.4g} -> ±{alone * factor:.4g} (x{factor:.3f})"
+    return f"x{factor:.3f} of its half-widths"
+
+
+def plan_lines(session: Session, name: str, given: Sequence[Step] | Workload) -> list[str]:
     """The cost plan of a file, as printed by ``dpsql run`` before anything runs."""
+    workload = given if isinstance(given, Workload) else None
+    steps = list(given.steps) if isinstance(given, Workload) else list(given)
     lines = [f"plan of {name}: {len(steps)} statement(s)"]
-    lines.append(f"{'#':>3}  {'line':>4}  {'kind':<7}  {'epsilon':<10}  {'delta':<12}  source")
+    lines.append(
+        f"{'#':>3}  {'line':>4}  {'kind':<8}  {'epsilon':<10}  {'delta':<12}  {'source':<26}  "
+        "joint plan (predicted half-width, independent -> joint)  statement"
+    )
     for s in steps:
-        cost = (exact(s.plan.epsilon), exact(s.plan.delta)) if s.plan else ("-", "-")
+        event = s.plan.event if s.plan is not None else s.event
+        cost = (exact(event.epsilon), exact(event.delta)) if event is not None else ("-", "-")
         source = s.source + (f" ({s.note})" if s.note else "")
+        joint = _joint_text(s) + (f" [family at {s.family}]" if s.family is not None else "")
         lines.append(
-            f"{s.piece.number:>3}  {s.piece.line:>4}  {s.kind:<7}  {cost[0]!s:<10}  "
-            f"{cost[1]!s:<12}  "
-            f"{source:<26}  {_one_line(s.piece.text)}"
+            f"{s.piece.number:>3}  {s.piece.line:>4}  {s.kind:<8}  {cost[0]!s:<10}  "
+            f"{cost[1]!s:<12}  {source:<26}  {joint:<55}  {_one_line(s.piece.text)}"
         )
     eps, delta = _totals(steps, "charge")
     report = session.budget()
     refused = [s.piece.number for s in steps if s.source == "refused"]
     lines.append(
-        f"to charge (basic composition, the sum): epsilon {exact(eps)}, delta {exact(delta)}"
+        f"to charge (basic composition, the sum): epsilon {exact(eps)}, delta {exact(delta)}, "
+        "in one charge for the whole file, before anything runs"
     )
+    if workload is not None:
+        for family in workload.joint.families:
+            numbers = ", ".join(str(steps[m.index].piece.number) for m in family.members)
+            fine = steps[family.fine_index].piece.number
+            lines.append(
+                f"joint: statements {numbers} bounded once at the grouping of statement {fine} "
+                f"(L0 = {family.fine.max_groups}, C = {family.fine.max_rows}); coarser cells "
+                "are sums of its cells, so their L1 = L2 = L0·C; measured:"
+            )
+            for t in family.taken:
+                m = t.measurement
+                lines.append(
+                    f"  {m.label}: L1 sensitivity {m.sensitivity * m.unit}, "
+                    f"epsilon {exact(t.epsilon)}"
+                )
+            total = sum(family.ratios)
+            lines.append(
+                f"  variance over the independent plans, summed over these {len(family.ratios)} "
+                f"statement(s): {total:.3f} (least squares, released unrounded: children sum "
+                "to parents)"
+            )
+        ratios = [
+            s.ratio if s.ratio is not None else 1.0
+            for s in steps
+            if s.charged and s.kind == "query"
+        ]
+        if ratios:
+            lines.append(
+                f"joint plan: the sum over the {len(ratios)} charged queries of (joint variance / "
+                f"independent variance) is {sum(ratios):.3f} (independent: {len(ratios)})"
+            )
     lines.append(
         f"remaining under the {report.accountant} filter: epsilon "
         f"{exact(report.epsilon_remaining)}, delta {exact(report.delta_remaining)}"
@@ -180,5 +365,5 @@ def plan_lines(session: Session, name: str, steps: Sequence[Step]) -> list[str]:
         listed = ", ".join(map(str, refused))
         lines.append(f"fits: no: the {report.accountant} filter refuses statement(s) {listed}")
     else:
-        lines.append(f"fits: yes (every charge admitted by the {report.accountant} filter)")
+        lines.append(f"fits: yes (the whole file admitted by the {report.accountant} filter)")
     return lines

@@ -45,6 +45,7 @@ from dpsql.interfaces.dbapi_errors import (
     _pep249,
     _translate,  # noqa: F401  (likewise)
 )
+from dpsql.interfaces.workload_answers import run_script
 from dpsql.noise.diagnosis import Diagnosed
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Result, Session
@@ -175,6 +176,7 @@ class Cursor:
         self.connection = connection
         self.arraysize = 1
         self._result: Result | None = None
+        self._results: list[Result] = []  # the result sets after the current one
         self._position = 0
         self._closed = False
 
@@ -229,9 +231,34 @@ class Cursor:
         """Run one statement; ``options`` are per-query settings (epsilon=..., delta=...)."""
         self._check()
         self._result = None
+        self._results = []
         self._result = self.connection.session.execute(operation, parameters, **options)
         self._position = 0
         return self
+
+    @_pep249
+    def executescript(self, script: str, *, partial: bool = False) -> Cursor:
+        """Run a script of statements planned as one workload (``docs/workload.md``): one
+        charge for all of them before any engine work, answers shared where the plan finds
+        them. The first result set is current; ``nextset()`` moves to the next one. With
+        ``partial``, the longest prefix that fits runs and the rest is skipped."""
+        self._check()
+        self._result = None
+        done = run_script(self.connection.session, script, partial)
+        self._results = [r for s, r in done if r is not None and s.kind != "set"]
+        self._result = self._results.pop(0) if self._results else None
+        self._position = 0
+        return self
+
+    def nextset(self) -> bool | None:
+        """Move to the next result set of ``executescript`` (PEP 249): True, or None when
+        there is none."""
+        self._check()
+        if not self._results:
+            return None
+        self._result = self._results.pop(0)
+        self._position = 0
+        return True
 
     def executemany(
         self, operation: str, seq_of_parameters: Sequence[Sequence[object]], **options: object

@@ -32,6 +32,7 @@ from dpsql.errors import DpsqlError
 from dpsql.interfaces import frames
 from dpsql.interfaces.report import exact, iso_time
 from dpsql.interfaces.shell_input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
+from dpsql.interfaces.workload_answers import run_script
 from dpsql.session import Result, Session
 
 __all__ = ["Shell"]
@@ -110,7 +111,12 @@ class Shell:
             if text.rstrip(";").strip().lower() in ("quit", "exit"):
                 self.finished = True
                 return ""
-            return "".join(self._render(self.session.execute(s)) for s in split_statements(text))
+            statements = split_statements(text)
+            if len(statements) > 1:
+                # Several statements at once: planned and charged as one workload.
+                results = run_script(self.session, text)
+                return "".join(self._render(r) for _, r in results if r is not None)
+            return "".join(self._render(self.session.execute(s)) for s in statements)
         except DpsqlError as exc:
             return _error(f"{type(exc).__name__}: {exc}")
         except click.ClickException as exc:  # a misused meta-command

@@ -19,12 +19,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dpsql.noise.samplers import discrete_gaussian_half_width, discrete_laplace_half_width
+from dpsql.noise.tails import Noise, linear_half_width
 from dpsql.plan.planner import Estimate, Measurement, Plan
 from dpsql.sql.analyze import SPREAD_KINDS
 
@@ -40,11 +42,25 @@ _gaussian_half_width = functools.lru_cache(maxsize=1024)(discrete_gaussian_half_
 
 def half_width(m: Measurement, confidence: float) -> int:
     """The noise half-width of one measurement, in its integer units, from the exact discrete
-    distribution sampled: the smallest k with P(|Z| <= k) >= confidence."""
+    distribution sampled: the smallest k with P(|Z| <= k) >= confidence. For a combination of
+    a workload's measurements, a Chernoff bound over its terms (``dpsql.noise.tails``), the
+    largest over its cells' combinations: sound, a little wider than the exact quantile."""
+    if m.combined is not None:
+        return max(
+            (_combined_half_width(signature, confidence) for signature in m.combined), default=0
+        )
     if m.scale is not None:
         return _laplace_half_width(m.scale, confidence)
     assert m.sigma2 is not None
     return _gaussian_half_width(m.sigma2, confidence)
+
+
+@functools.lru_cache(maxsize=1024)
+def _combined_half_width(
+    signature: tuple[tuple[Fraction, Fraction], ...], confidence: float
+) -> int:
+    terms = [(a, Noise(scale=t)) for a, t in signature]
+    return math.ceil(linear_half_width(terms, confidence)) if terms else 0
 
 
 def _avg(

@@ -78,6 +78,10 @@ class Measurement:
     # Its share of the query's epsilon (discrete Laplace, exponential) or of the Gaussian
     # part's rho (discrete Gaussian), from ``dpsql.plan.split``; None under a declared mechanism.
     share: Fraction | None = None
+    # Answered from a workload's measurements (``dpsql.workload_run``): its error is a linear
+    # combination of their noises, one signature of (coefficient, discrete Laplace scale)
+    # pairs per distinct combination among its cells; None for a measurement of its own.
+    combined: tuple[tuple[tuple[Fraction, Fraction], ...], ...] | None = None
 
     @property
     def sensitivity(self) -> int:

@@ -1,0 +1,136 @@
+"""Running a file planned as one workload: its one charge, then its answers in order.
+
+``run_workload`` commits the workload's one charge before any engine work, then answers each
+statement: from its own plan, or with its family. ``run_script`` plans and runs a text of
+statements (the shell's multi-statement input, ``Cursor.executescript``), refusing it whole
+when it does not fit (unless ``partial``).
+
+``answer_members`` runs a family's one bounded query (its charge already committed within the
+workload's), noises and combines its measurements (``dpsql.workload_run``) and publishes each
+member from its own plan. A failure after the charge is the session's one ``EngineError``,
+recorded like any other: the charge stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from dpsql import cache
+from dpsql.accounting.filter import Charge
+from dpsql.errors import BudgetExceededError, EngineError
+from dpsql.interfaces.batch_plan import Step, Workload, _totals, plan_workload
+from dpsql.interfaces.report import exact
+from dpsql.noise.release import accuracy_columns, publish
+from dpsql.session import Result, Session
+from dpsql.session_result import _with_accuracy
+from dpsql.sql.parse import EstimateBounds, parse_statement
+from dpsql.sql.split import split_statements
+from dpsql.workload import Family
+from dpsql.workload_run import answer_family
+
+__all__ = ["answer_members", "run_script", "run_workload"]
+
+NOTE = (
+    "answered with statement(s) {members} from measurements on rows bounded once at the "
+    "grouping of statement {fine}, combined by least squares: unrounded, and not clamped at "
+    "0, so that children sum to their parents"
+)
+
+
+def answer_members(session: Session, family: Family, charge: Charge) -> dict[int, Result]:
+    """Per member (its statement index), its result."""
+    try:
+        _, rows = session.engine.run(family.fine.engine_sql)
+        answered = answer_family(family, rows)
+        released = {i: (plan, publish(plan, noisy)) for i, (plan, noisy) in answered.items()}
+    except (EngineError, MemoryError) as exc:
+        cause = getattr(exc, "cause", None) or type(exc).__name__
+        raise session._failed(charge, cause) from None
+    except KeyboardInterrupt:
+        session._failed(charge, "KeyboardInterrupt")
+        raise
+    members = ", ".join(str(m.index + 1) for m in family.members)
+    note = NOTE.format(members=members, fine=family.fine_index + 1)
+    out = {}
+    for i, (plan, release) in released.items():
+        result = session._result(plan, release, charge, None)
+        out[i] = replace(result, note=note)
+    return out
+
+
+def _with_settings(session: Session, result: Result) -> Result:
+    """``result`` as the settings in force show it (accuracy columns)."""
+    if result.plan is not None and session.settings()["accuracy_columns"]:
+        return _with_accuracy(result, accuracy_columns(result.plan))
+    return result
+
+
+def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, Result | None]]:
+    """The workload's results in order (None for a step refused as not fitting). The one
+    charge is committed before any engine work: another session that spent the budget since
+    the plan makes it raise ``BudgetExceededError`` with nothing charged or run."""
+    charge = None
+    if workload.event is not None:
+        texts = [s.piece.text for s in workload.steps if s.charged]
+        query = f"WORKLOAD of {len(texts)} statement(s): " + "; ".join(
+            " ".join(t.split()) for t in texts
+        )
+        details = {
+            "statements": texts,
+            "bounded_sql": ";\n".join(_bounded(workload)),
+            "engine": session.engine.name,
+            "policy_version": session.policy_version(),
+            "data_version": session.policy.dataset.data_version,
+        }
+        charge = session.filter.charge(workload.event, query, session.analyst, details)
+    answered: dict[int, Result] = {}
+    for i, step in enumerate(workload.steps):
+        if step.source == "refused":
+            yield step, None
+            continue
+        if step.charged:
+            assert charge is not None
+            if step.kind == "estimate":
+                statement = parse_statement(step.piece.text)
+                assert isinstance(statement, EstimateBounds)
+                yield step, session._estimate_bounds(statement, {}, charge=charge)
+                continue
+            found = workload.joint.family_of(i)
+            if found is not None:
+                if i not in answered:
+                    answered.update(answer_members(session, found[0], charge))
+                yield step, _with_settings(session, answered.pop(i))
+                continue
+            assert step.plan is not None
+            keys = cache.keys(step.plan, session.policy, session.policy_version())
+            result = session._run_charged(step.plan, keys, charge)
+            yield step, _with_settings(session, result)
+            continue
+        yield step, session.execute(step.piece.text)
+
+
+def _bounded(workload: Workload) -> list[str]:
+    out = [f.fine.engine_sql for f in workload.joint.families]
+    for i, s in enumerate(workload.steps):
+        if s.charged and s.plan is not None and workload.joint.family_of(i) is None:
+            out.append(s.plan.engine_sql)
+    return out
+
+
+def run_script(
+    session: Session, text: str, partial: bool = False
+) -> list[tuple[Step, Result | None]]:
+    """Plan ``text`` as one workload and run it: all or nothing, or with ``partial`` the
+    longest prefix that fits (None for the statements after it)."""
+    workload = plan_workload(session, split_statements(text), partial)
+    refused = [s for s in workload.steps if s.source == "refused"]
+    if refused and not partial:
+        eps, delta = _totals(workload.steps, "charge")
+        more_eps, more_delta = _totals(workload.steps, "refused")
+        raise BudgetExceededError(
+            f"the statements need epsilon {exact(eps + more_eps)}, delta "
+            f"{exact(delta + more_delta)} and {len(refused)} of them do not fit the remaining "
+            "budget; nothing was run or charged"
+        )
+    return list(run_workload(session, workload))

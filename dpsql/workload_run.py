@@ -1,0 +1,185 @@
+"""Answering a family of a workload (``dpsql.workload``) once its charge is committed.
+
+One bounded query at the fine grouping gives every fine cell's exact bounded totals. Each
+measurement the plan takes sums them up to its level (a coarser cell's rows are its fine
+cells' rows, bounded once) and adds its discrete Laplace noise; per measurement kind, the
+levels taken are combined by least squares in exact rationals (``dpsql.plan.least_squares``:
+a coarser cell equals the sum of its base cells, exactly, after the adjustment). Every member
+is then published from its own plan (its estimates, outputs, HAVING, ORDER BY, LIMIT) over the
+adjusted values, with half-widths that cover the combination's noise (``dpsql.noise.tails``).
+Everything after the noise is post-processing of released values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from dpsql.errors import InternalError
+from dpsql.noise import release
+from dpsql.noise.release_post import Noisy
+from dpsql.plan.least_squares import adjust
+from dpsql.plan.planner import Plan
+from dpsql.workload import Family, _kinds, _level_map
+
+__all__ = ["answer_family", "exact_levels", "fine_cells"]
+
+
+def fine_cells(
+    family: Family, rows: Sequence[tuple[Any, ...]]
+) -> tuple[list[list[Any]], list[int]]:
+    """The fine cells in mixed-radix order: per fine key its values, and per engine row its
+    cell index. The bounded query returns every cell of the public domains, whatever the data,
+    so this fails only on a planner bug."""
+    n = len(family.sizes)
+    values: list[list[Any]] = [[] for _ in range(n)]
+    seen: list[dict[tuple[str, Any], int]] = [{} for _ in range(n)]
+    for row in rows:
+        for k in range(n):
+            key = (type(row[k]).__name__, row[k])
+            if key not in seen[k]:
+                seen[k][key] = len(values[k])
+                values[k].append(row[k])
+    if [len(v) for v in values] != list(family.sizes) or len(rows) != math.prod(family.sizes):
+        raise InternalError("the fine bounded query did not return one row per public cell")
+    # In a fixed order (NULL last), whatever order the engine returned the rows in: the cells
+    # of two databases line up, and nothing here depends on the engine's hashing.
+    for k in range(n):
+        values[k].sort(key=lambda v: (v is None, type(v).__name__, v if v is not None else 0))
+        seen[k] = {(type(v).__name__, v): i for i, v in enumerate(values[k])}
+    index = []
+    for row in rows:
+        i = 0
+        for k in range(n):
+            i = i * family.sizes[k] + seen[k][(type(row[k]).__name__, row[k])]
+        index.append(i)
+    if len(set(index)) != len(index):
+        raise InternalError("the fine bounded query returned a cell twice")
+    return values, index
+
+
+def exact_levels(
+    family: Family, rows: Sequence[tuple[Any, ...]]
+) -> dict[tuple[int, tuple[int, ...]], list[int]]:
+    """Per measurement taken (kind, level): the exact bounded total of each of its cells, the
+    sum of its fine cells' (what the noise is added to)."""
+    n = len(family.sizes)
+    _, index = fine_cells(family, rows)
+    fine_level = tuple(range(n))
+    totals = np.zeros((len(family.fine.measurements), math.prod(family.sizes)), dtype=object)
+    for row, i in zip(rows, index, strict=True):
+        for j in range(len(family.fine.measurements)):
+            totals[j, i] = int(row[n + j] or 0)
+    out = {}
+    for t in family.taken:
+        mapping = _level_map(family.sizes, fine_level, t.level)
+        cells = [0] * family.cells(t.level)
+        for i, c in enumerate(mapping):
+            cells[int(c)] += int(totals[t.spec, i])
+        out[(t.spec, t.level)] = cells
+    return out
+
+
+def answer_family(family: Family, rows: Sequence[tuple[Any, ...]]) -> dict[int, tuple[Plan, Noisy]]:
+    """Per member (its statement index): the plan to publish it with and its noisy values."""
+    values, _ = fine_cells(family, rows)
+    exact = exact_levels(family, rows)
+    fine_level = tuple(range(len(family.sizes)))
+    uses: dict[int, set[tuple[int, ...]]] = {}
+    for member in family.members:
+        for spec in member.specs:
+            uses.setdefault(spec, set()).add(member.level)
+    by_slot = {(t.spec, t.level): t for t in family.taken}
+    answers: dict[
+        tuple[int, tuple[int, ...]], tuple[list[Fraction], list[list[tuple[Fraction, Fraction]]]]
+    ] = {}
+    for kind in _kinds(family.sizes, fine_level, uses):
+        taken = [
+            (i, by_slot[(kind.spec, lv)])
+            for i, lv in enumerate(kind.levels)
+            if (kind.spec, lv) in by_slot
+        ]
+        if not taken or taken[0][0] != 0:
+            raise InternalError("a family kind's base level is not measured")
+        offsets: dict[int, int] = {}
+        y: list[int] = []
+        variances: list[Fraction] = []
+        scales: list[Fraction] = []
+        for i, t in taken:
+            noisy = release._noisy(exact[(t.spec, t.level)], t.measurement)
+            offsets[i] = len(y)
+            y.extend(noisy)
+            assert t.measurement.scale is not None
+            # Weights 1/(2t²), the Laplace variance of scale t: public, so the combination is
+            # post-processing (Hay et al. 2010); any positive weights keep it unbiased.
+            variances.extend([2 * t.measurement.scale**2] * len(noisy))
+            scales.extend([t.measurement.scale] * len(noisy))
+        constraints = []
+        for i, _t in taken[1:]:
+            for c in range(int(kind.maps[i].max()) + 1):
+                row = {offsets[i] + c: Fraction(1)}
+                for f in np.nonzero(kind.maps[i] == c)[0]:
+                    row[offsets[0] + int(f)] = Fraction(-1)
+                constraints.append(row)
+        adjustment = adjust(variances, constraints)
+        adjusted = adjustment.apply(y)
+        for i, level in enumerate(kind.levels):
+            n_cells = int(kind.maps[i].max()) + 1
+            vals, terms = [], []
+            for c in range(n_cells):
+                if i in offsets:
+                    combo = adjustment.row(offsets[i] + c)
+                    vals.append(adjusted[offsets[i] + c])
+                else:
+                    combo = {}
+                    total = Fraction(0)
+                    for f in np.nonzero(kind.maps[i] == c)[0]:
+                        q = offsets[0] + int(f)
+                        total += adjusted[q]
+                        for k, a in adjustment.row(q).items():
+                            combo[k] = combo.get(k, Fraction(0)) + a
+                    vals.append(total)
+                terms.append(sorted((a, scales[k]) for k, a in combo.items() if a != 0))
+            answers[(kind.spec, level)] = (vals, terms)
+    out = {}
+    for member in family.members:
+        out[member.index] = _member(
+            member.plan, member.positions, member.specs, answers, values, family.sizes
+        )
+    return out
+
+
+def _member(  # noqa: PLR0917
+    plan: Plan,
+    positions: Sequence[int],
+    specs: Sequence[int],
+    answers: dict[
+        tuple[int, tuple[int, ...]], tuple[list[Fraction], list[list[tuple[Fraction, Fraction]]]]
+    ],
+    values: Sequence[Sequence[Any]],
+    sizes: Sequence[int],
+) -> tuple[Plan, Noisy]:
+    level = tuple(sorted(positions))
+    n_cells = math.prod(sizes[p] for p in level)
+    # The member's keys of each cell of its level, in the member's key order.
+    keys: list[list[Any]] = [[] for _ in positions]
+    for c in range(n_cells):
+        digits, rest = {}, c
+        for p in reversed(level):
+            digits[p] = rest % sizes[p]
+            rest //= sizes[p]
+        for k, p in enumerate(positions):
+            keys[k].append(values[p][digits[p]])
+    totals, measurements = [], []
+    for j, m in enumerate(plan.measurements):
+        vals, terms = answers[(specs[j], level)]
+        totals.append(tuple(float(v) for v in vals))
+        signatures = tuple(sorted({tuple(t) for t in terms}))
+        measurements.append(replace(m, combined=signatures))
+    answered = replace(plan, measurements=tuple(measurements))
+    return answered, Noisy(tuple(tuple(k) for k in keys), tuple(totals))  # type: ignore[arg-type]

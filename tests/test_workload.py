@@ -1,0 +1,233 @@
+"""A file planned as one workload (``dpsql.workload``): shared measurements bounded once at the
+finest grouping, their sensitivities on neighbouring databases, least squares that keeps
+children summing to parents, a plan made from public quantities only, one charge for the
+whole file before any engine work, and the longest prefix that fits with ``--partial``."""
+
+from __future__ import annotations
+
+import os
+import random
+from contextlib import closing
+import statistics
+from fractions import Fraction
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import TINY_REGIONS, TinyPolicy
+from dpsql.errors import BudgetExceededError
+from dpsql.interfaces.workload_answers import run_workload
+from dpsql.interfaces.batch_plan import Workload, plan_workload
+from dpsql.noise.release_estimates import half_width
+from dpsql.session import Session
+from dpsql.sql.split import split_statements
+from dpsql.workload import Family
+from dpsql.workload_run import answer_family, exact_levels
+
+FUZZ_EXAMPLES = 200 if os.environ.get("DPSQL_FUZZ") == "long" else 6
+BAND = "CASE WHEN age < 40 THEN 'young' ELSE 'old' END"
+FILE = f"""SET dpsql.other_group = on;
+SELECT COUNT(*) AS n FROM visits;
+SELECT region, COUNT(*) AS n FROM visits GROUP BY region;
+SELECT region, {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY region, band;
+SELECT region, SUM(spend) AS s, AVG(spend) AS a FROM visits GROUP BY region;
+SELECT region, STDDEV(spend) AS sd FROM visits GROUP BY region;
+SELECT QUANTILE_CONT(spend, 0.5) AS median FROM visits;
+"""
+# Under a total row cap R alone, every level has L1 = R: the total joins the hierarchy too.
+R_FILE = "SET dpsql.max_rows_per_unit = 6;\n" + FILE
+
+
+def _rows(seed: int, units: int = 60) -> list[tuple[Any, ...]]:
+    rng = random.Random(seed)
+    rows = []
+    for u in range(units):
+        for _ in range(rng.randint(1, 14)):
+            region = rng.choice([*TINY_REGIONS, "elsewhere", None])
+            rows.append((u, region, rng.randint(18, 95), rng.uniform(-20, 260)))
+    return rows
+
+
+def _workload(session: Session, text: str, partial: bool = False) -> Workload:
+    return plan_workload(session, split_statements(text), partial)
+
+
+def _family(workload: Workload) -> Family:
+    assert len(workload.joint.families) == 1
+    return workload.joint.families[0]
+
+
+def _fine_rows(session: Session, family: Family) -> list[tuple[Any, ...]]:
+    return session.engine.run(family.fine.engine_sql)[1]
+
+
+def test_the_hierarchy_is_planned_jointly_and_the_total_only_under_r(
+    tiny_policy: TinyPolicy,
+) -> None:
+    policy = tiny_policy(_rows(1))
+    with closing(Session(policy)) as session:
+        workload = _workload(session, FILE)
+    family = _family(workload)
+    # Statements 3 (region), 4 (region x band), 5 (SUM, AVG by region) and 6 (STDDEV by
+    # region, which shares 5's centred sum and count), bounded at 4's grouping; the total
+    # (L0 = 1 on its own: L1 = C, against L0·C in the family) and the quantile (the
+    # exponential mechanism) are planned on their own.
+    assert sorted(m.index + 1 for m in family.members) == [3, 4, 5, 6]
+    assert family.fine_index + 1 == 4
+    assert all(r < 1 for r in family.ratios)
+    assert workload.event is not None
+    # The workload costs what the statements would cost one by one, to the last digit.
+    assert workload.event.epsilon == sum(
+        (s.plan.epsilon for s in workload.steps if s.plan is not None), Fraction(0)
+    )
+    with closing(Session(policy)) as session:
+        under_r = _workload(session, R_FILE)
+    assert sorted(m.index + 1 for m in _family(under_r).members) == [3, 4, 5, 6, 7]
+
+
+def test_the_plan_reads_no_data(tiny_policy: TinyPolicy) -> None:
+    """Two databases of one schema and policy: the same families, splits and events."""
+    events = []
+    for seed in (2, 3):
+        with closing(Session(tiny_policy(_rows(seed, units=20 + 40 * seed)))) as session:
+            workload = _workload(session, R_FILE)
+        assert workload.event is not None
+        events.append(workload.event)
+    assert events[0] == events[1]
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), extra=st.integers(1, 40), r_cap=st.booleans())
+def test_one_unit_moves_each_measurement_by_at_most_its_sensitivity(
+    tiny_policy: TinyPolicy, seed: int, extra: int, r_cap: bool
+) -> None:
+    """Neighbouring databases D and D' (D' adds one unit with up to 40 rows anywhere): every
+    measurement the family takes, at every level, moves by at most its L1 sensitivity."""
+    rows = _rows(seed, units=12)
+    rng = random.Random(seed + 1)
+    added = [(10**6, rng.choice([*TINY_REGIONS, None]), rng.randint(18, 95),
+              rng.uniform(-50, 400)) for _ in range(extra)]  # fmt: skip
+    text = R_FILE if r_cap else FILE
+    levels, salt = [], None
+    for data in (rows, rows + added):
+        with closing(Session(tiny_policy(data))) as session:
+            # One secret salt for both: the rows a unit keeps depend on it and its rows only.
+            salt = session.engine.salt if salt is None else salt
+            session.engine.salt = salt
+            family = _family(_workload(session, text))
+            levels.append(exact_levels(family, _fine_rows(session, family)))
+    for t in family.taken:
+        a, b = levels[0][(t.spec, t.level)], levels[1][(t.spec, t.level)]
+        moved = sum(abs(x - y) for x, y in zip(a, b, strict=True))
+        assert moved <= t.measurement.sensitivity, t.measurement.label
+
+
+def _released(session: Session, text: str) -> list[Any]:
+    workload = _workload(session, text)
+    return [result for _, result in run_workload(session, workload)]
+
+
+def test_children_sum_to_their_parents_in_the_released_answers(tiny_policy: TinyPolicy) -> None:
+    with closing(Session(tiny_policy(_rows(4)))) as session:
+        results = _released(session, R_FILE)
+    by_statement = {i + 1: r for i, r in enumerate(results)}
+    total = by_statement[3].rows[0][0]
+    regions = {row[0]: row[1] for row in by_statement[4].rows}
+    cells: dict[Any, float] = {}
+    for region, _band, n in by_statement[5].rows:
+        cells[region] = cells.get(region, 0.0) + n
+    assert set(regions) == set(cells) == {*TINY_REGIONS, None}
+    for region, n in regions.items():
+        assert n == pytest.approx(cells[region], rel=1e-9, abs=1e-6)
+    assert total == pytest.approx(sum(regions.values()), rel=1e-9, abs=1e-6)
+    assert "least squares" in by_statement[4].note and by_statement[3].note
+    # Counts stay unrounded: rounding each would break the sums.
+    assert any(isinstance(n, float) and n != round(n) for n in regions.values())
+
+
+def test_combined_answers_cover_their_exact_totals_and_gain_in_variance(
+    tiny_policy: TinyPolicy,
+) -> None:
+    """Repeated noise on one database: the region counts' half-widths cover the exact bounded
+    totals at least 95% of the time, and their variance is what the plan predicts."""
+    with closing(Session(tiny_policy(_rows(5)))) as session:
+        workload = _workload(session, R_FILE)
+        family = _family(workload)
+        rows = _fine_rows(session, family)
+    exact = exact_levels(family, rows)
+    region = next(m for m in family.members if m.index + 1 == 4)
+    level = region.level
+    truth = exact[(region.specs[0], level)] if (region.specs[0], level) in exact else None
+    if truth is None:  # the level is answered from its children
+        base = next(t for t in family.taken if t.spec == region.specs[0])
+        truth = [0] * family.cells(level)
+        cells = exact[(base.spec, base.level)]
+        for i, v in enumerate(cells):
+            truth[i // (len(cells) // len(truth))] += v
+    runs, covered, errors = 300, 0, []
+    width = None
+    for _ in range(runs):
+        plan, noisy = answer_family(family, rows)[region.index]
+        m = plan.measurements[0]
+        width = half_width(m, 0.95)
+        for got, want in zip(noisy.totals[0], truth, strict=True):
+            covered += abs(got - want) <= width
+            errors.append(got - want)
+    assert covered >= 0.95 * runs * len(truth)
+    alone = region.plan.measurements[0]
+    assert alone.scale is not None
+    independent = 2 * float(alone.scale) ** 2
+    predicted = family.ratios[family.members.index(region)] * independent
+    assert statistics.pvariance(errors) == pytest.approx(predicted, rel=0.2)
+    assert width is not None and width > 0
+
+
+def test_the_file_is_one_charge_before_any_engine_work(tiny_policy: TinyPolicy) -> None:
+    with closing(Session(tiny_policy(_rows(6)))) as session:
+        workload = _workload(session, FILE)
+        before = len(session.filter.charges)
+        results = [r for _, r in run_workload(session, workload)]
+        charges = session.filter.charges[before:]
+    assert len(charges) == 1 and charges[0].event == workload.event
+    assert {r.charge.seq for r in results if r is not None and r.charge is not None} == {
+        charges[0].seq
+    }
+
+
+def test_a_budget_spent_since_the_plan_refuses_the_whole_file(tiny_policy: TinyPolicy) -> None:
+    policy = tiny_policy(_rows(7), budget={"epsilon": "6"})
+    with closing(Session(policy)) as session:
+        workload = _workload(session, FILE)  # 6 queries at 1: fits, with nothing left
+        assert workload.fits
+        session.execute("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.5) COUNT(*) FROM visits")
+        before = len(session.filter.store.records())
+        with pytest.raises(BudgetExceededError):
+            list(run_workload(session, workload))
+        assert len(session.filter.store.records()) == before  # nothing charged, nothing run
+
+
+def test_partial_runs_the_longest_prefix_whose_joint_plan_fits(tiny_policy: TinyPolicy) -> None:
+    policy = tiny_policy(_rows(8), budget={"epsilon": "3.5"})
+    with closing(Session(policy)) as session:
+        whole = _workload(session, FILE)
+        assert not whole.fits
+        sources = [s.source for s in whole.steps]
+        # SET, then queries at 1 each: three fit in 3.5, the rest are refused.
+        assert sources == ["free", "charge", "charge", "charge", "refused", "refused", "refused"]
+        assert whole.event is not None and whole.event.epsilon == 3
+        results = list(run_workload(session, whole))
+        assert [r is None for _, r in results] == [False] * 4 + [True] * 3
+        assert session.budget().epsilon_spent == 3
+
+
+def test_estimate_bounds_in_a_file_is_charged_with_it(tiny_policy: TinyPolicy) -> None:
+    with closing(Session(tiny_policy(_rows(9)))) as session:
+        workload = _workload(session, "ESTIMATE BOUNDS FOR visits.spend;\nSELECT COUNT(*) FROM visits;\n")
+        assert [s.source for s in workload.steps] == ["charge", "charge"]
+        assert workload.event is not None and workload.event.epsilon == 2
+        results = [r for _, r in run_workload(session, workload)]
+        assert results[0] is not None and results[0].columns == ("table", "column", "lower", "upper")
+        again = _workload(session, "ESTIMATE BOUNDS FOR visits.spend;\n")
+        assert [s.source for s in again.steps] == ["cache"]
