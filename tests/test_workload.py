@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import os
 import random
-from contextlib import closing
 import statistics
+from contextlib import closing
 from fractions import Fraction
 from typing import Any
 
 import pytest
+from conftest import TINY_REGIONS, TinyPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY_REGIONS, TinyPolicy
 from dpsql.errors import BudgetExceededError
-from dpsql.interfaces.workload_answers import run_workload
 from dpsql.interfaces.batch_plan import Workload, plan_workload
+from dpsql.interfaces.workload_answers import run_workload
 from dpsql.noise.release_estimates import half_width
 from dpsql.session import Session
 from dpsql.sql.split import split_statements
@@ -98,7 +98,11 @@ def test_the_plan_reads_no_data(tiny_policy: TinyPolicy) -> None:
     assert events[0] == events[1]
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(seed=st.integers(0, 10**6), extra=st.integers(1, 40), r_cap=st.booleans())
 def test_one_unit_moves_each_measurement_by_at_most_its_sensitivity(
     tiny_policy: TinyPolicy, seed: int, extra: int, r_cap: bool
@@ -159,7 +163,7 @@ def test_combined_answers_cover_their_exact_totals_and_gain_in_variance(
     exact = exact_levels(family, rows)
     region = next(m for m in family.members if m.index + 1 == 4)
     level = region.level
-    truth = exact[(region.specs[0], level)] if (region.specs[0], level) in exact else None
+    truth = exact.get((region.specs[0], level))
     if truth is None:  # the level is answered from its children
         base = next(t for t in family.taken if t.spec == region.specs[0])
         truth = [0] * family.cells(level)
@@ -201,7 +205,9 @@ def test_a_budget_spent_since_the_plan_refuses_the_whole_file(tiny_policy: TinyP
     with closing(Session(policy)) as session:
         workload = _workload(session, FILE)  # 6 queries at 1: fits, with nothing left
         assert workload.fits
-        session.execute("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.5) COUNT(*) FROM visits")
+        session.execute(
+            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.5) COUNT(*) FROM visits"
+        )
         before = len(session.filter.store.records())
         with pytest.raises(BudgetExceededError):
             list(run_workload(session, workload))
@@ -224,10 +230,17 @@ def test_partial_runs_the_longest_prefix_whose_joint_plan_fits(tiny_policy: Tiny
 
 def test_estimate_bounds_in_a_file_is_charged_with_it(tiny_policy: TinyPolicy) -> None:
     with closing(Session(tiny_policy(_rows(9)))) as session:
-        workload = _workload(session, "ESTIMATE BOUNDS FOR visits.spend;\nSELECT COUNT(*) FROM visits;\n")
+        workload = _workload(
+            session, "ESTIMATE BOUNDS FOR visits.spend;\nSELECT COUNT(*) FROM visits;\n"
+        )
         assert [s.source for s in workload.steps] == ["charge", "charge"]
         assert workload.event is not None and workload.event.epsilon == 2
         results = [r for _, r in run_workload(session, workload)]
-        assert results[0] is not None and results[0].columns == ("table", "column", "lower", "upper")
+        assert results[0] is not None and results[0].columns == (
+            "table",
+            "column",
+            "lower",
+            "upper",
+        )
         again = _workload(session, "ESTIMATE BOUNDS FOR visits.spend;\n")
         assert [s.source for s in again.steps] == ["cache"]

@@ -1,0 +1,115 @@
+"""The workload planner's gain on the batch of ``benchmarks/workload.sql`` (docs/workload.md).
+
+    python benchmarks/workload.py              # the plan under both contracts, then 30 runs
+    python benchmarks/workload.py --runs 0     # the plan only (a few seconds)
+
+For each contract (the example policy's L0 = 2, C = 10; and R = 10 rows per unit on top of
+it), it plans the file as one workload and prints, per statement, the predicted variance under
+the joint plan over the independent plan's and the predicted half-widths, then the sum of the
+ratios over the charged statements (independent planning: one per statement) and the cost of
+both plans, which is the same. With ``--runs N`` it then releases the file N times in one
+session (``SET dpsql.fresh = on``, a large budget) jointly and N times statement by statement,
+and reports per statement the measured variance of the released values (their spread across
+runs, cell by cell, averaged over the cells; for AVG and STDDEV the spread of the estimate) and
+its ratio, beside the planned one, with the time of one joint and one independent run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dpsql.interfaces.batch_plan import plan_lines, plan_workload  # noqa: E402
+from dpsql.interfaces.workload_answers import run_workload  # noqa: E402
+from dpsql.policy_load import load_policy  # noqa: E402
+from dpsql.session import Session  # noqa: E402
+from dpsql.sql.split import split_statements  # noqa: E402
+
+FILE = ROOT / "benchmarks" / "workload.sql"
+CONTRACTS = {"L0C (L0 = 2, C = 10)": "", "R (R = 10)": "SET dpsql.max_rows_per_unit = 10;\n"}
+
+
+def _session() -> Session:
+    policy = load_policy(ROOT / "examples" / "policy.toml")
+    budget = policy.budget.model_copy(update={"epsilon": 10**4})
+    return Session(policy.model_copy(update={"budget": budget}), "bench")
+
+
+def _values(result: Any) -> list[float]:
+    """The released numbers of a result, cell by cell (keys left out)."""
+    n_keys = len(result.plan.analysis.keys) if result.plan is not None else 0
+    return [float(v) for row in result.rows for v in row[n_keys:]]
+
+
+def _spread(samples: list[list[float]]) -> float:
+    """The variance across runs, cell by cell, averaged over the cells."""
+    cells = list(zip(*samples, strict=True))
+    return statistics.fmean(statistics.pvariance(c) for c in cells)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    text = FILE.read_text(encoding="utf-8")
+    for contract, prefix in CONTRACTS.items():
+        source = prefix + text
+        with closing(_session()) as session:
+            started = time.perf_counter()
+            workload = plan_workload(session, split_statements(source))
+            planning = time.perf_counter() - started
+            print(f"== {contract}: planned in {planning:.2f} s")
+            print("\n".join(plan_lines(session, FILE.name, workload)))
+            queries = [s for s in workload.steps if s.charged and s.kind == "query"]
+            ratios = [s.ratio if s.ratio is not None else 1.0 for s in queries]
+            worst = max(ratios) ** 0.5
+            print(
+                f"sum of (joint / independent variance) over {len(ratios)} statements: "
+                f"{sum(ratios):.3f} ({100 * (1 - sum(ratios) / len(ratios)):.1f}% lower); "
+                f"largest half-width factor {worst:.3f}"
+            )
+            if args.runs <= 0:
+                continue
+            fresh = "SET dpsql.fresh = on;\n" + source
+            joint: dict[int, list[list[float]]] = {}
+            alone: dict[int, list[list[float]]] = {}
+            t_joint = t_alone = 0.0
+            for _ in range(args.runs):
+                started = time.perf_counter()
+                w = plan_workload(session, split_statements(fresh))
+                for step, result in run_workload(session, w):
+                    if result is not None and step.kind == "query" and step.plan is not None:
+                        joint.setdefault(step.piece.number, []).append(_values(result))
+                t_joint += time.perf_counter() - started
+                started = time.perf_counter()
+                for piece in split_statements(fresh):
+                    result = session.execute(piece.text)
+                    if result.plan is not None and result.columns:
+                        alone.setdefault(piece.number, []).append(_values(result))
+                t_alone += time.perf_counter() - started
+            print(f"measured over {args.runs} runs (one joint run {t_joint / args.runs:.2f} s, "
+                  f"one independent run {t_alone / args.runs:.2f} s):")  # fmt: skip
+            total = 0.0
+            for step in workload.steps:
+                number = step.piece.number + 1  # the SET dpsql.fresh line moves every statement
+                if number not in joint:
+                    continue
+                ratio = _spread(joint[number]) / max(_spread(alone[number]), 1e-300)
+                total += ratio
+                planned = step.ratio if step.ratio is not None else 1.0
+                print(
+                    f"  statement {step.piece.number}: measured {ratio:.3f}, planned {planned:.3f}"
+                )
+            print(f"  measured sum {total:.3f} of {len(joint)}")
+
+
+if __name__ == "__main__":
+    main()
