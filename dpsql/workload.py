@@ -72,6 +72,7 @@ class Taken:
     spec: int
     level: tuple[int, ...]
     measurement: Measurement  # its sensitivity and, once planned, its scale
+    dimensions: int = 1  # the cells of its level one unit may move: L0 (at most its cells)
 
     @property
     def epsilon(self) -> Fraction:
@@ -131,7 +132,7 @@ def _event(t: Taken) -> Event:
     assert m.scale is not None
     # Discrete Laplace on a vector of L1 sensitivity m.sensitivity (Ghosh, Roughgarden,
     # Sundararajan 2009); one unit moves at most L0 cells of any level.
-    return DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label, dimensions=m.groups)
+    return DiscreteLaplace(m.scale, Fraction(m.sensitivity), m.label, dimensions=t.dimensions)
 
 
 # -- who may share ------------------------------------------------------------------------------
@@ -459,14 +460,17 @@ def plan_family(  # noqa: PLR0915
         m = fine.measurements[kind.spec]
         level = kind.levels[i]
         e = next(it)
+        # One unit moves at most L0 cells of any level (its L0 fine cells, summed up): the
+        # accountants that read a one-coordinate mechanism never see one here.
+        dimensions = fine.measurements[kind.spec].groups
         if level != fine_level:
             # A coarser cell may hold all of a unit's L0 fine cells: L1 = L2 = L0·C·(row bound),
             # or R·(row bound) when R binds (Hay et al. 2010, bounded at the leaves).
             m = replace(m, groups=1, per_group=m.sensitivity, row_bound=None)
         scale = Fraction(m.sensitivity) / e
         label = m.label + _level_label(fine, level)
-        chosen.append(Taken(kind.spec, level, replace(m, scale=scale, share=e / epsilon,
-                                                          label=label)))  # fmt: skip
+        measured = replace(m, scale=scale, share=e / epsilon, label=label)
+        chosen.append(Taken(kind.spec, level, measured, dimensions))
     eps_taken = [float(t.epsilon) for t in chosen]
     full = [0.0] * len(slots)
     it2 = iter(eps_taken)

@@ -12,6 +12,8 @@ Everything after the noise is post-processing of released values.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsql.accounting.ledger import Record
+from dpsql.cache import _plain, _typed
 from dpsql.errors import InternalError
 from dpsql.noise import release
 from dpsql.noise.release_post import Noisy
@@ -27,7 +31,18 @@ from dpsql.plan.least_squares import adjust
 from dpsql.plan.planner import Plan
 from dpsql.workload import Family, _kinds, _level_map
 
-__all__ = ["answer_family", "exact_levels", "fine_cells"]
+__all__ = [
+    "RECORD_KIND",
+    "answer_family",
+    "combine",
+    "exact_levels",
+    "family_key",
+    "family_payload",
+    "fine_cells",
+    "from_payload",
+    "measure_family",
+    "released_family",
+]
 
 
 def fine_cells(
@@ -87,8 +102,30 @@ def exact_levels(
 
 def answer_family(family: Family, rows: Sequence[tuple[Any, ...]]) -> dict[int, tuple[Plan, Noisy]]:
     """Per member (its statement index): the plan to publish it with and its noisy values."""
+    return combine(family, *measure_family(family, rows))
+
+
+Noised = dict[tuple[int, tuple[int, ...]], list[int]]
+
+
+def measure_family(
+    family: Family, rows: Sequence[tuple[Any, ...]]
+) -> tuple[list[list[Any]], Noised]:
+    """The fine cells' key values and, per measurement taken, its noisy totals: the release
+    (everything after it is post-processing)."""
     values, _ = fine_cells(family, rows)
     exact = exact_levels(family, rows)
+    noised = {
+        (t.spec, t.level): release._noisy(exact[(t.spec, t.level)], t.measurement)
+        for t in family.taken
+    }
+    return values, noised
+
+
+def combine(
+    family: Family, values: Sequence[Sequence[Any]], noised: Noised
+) -> dict[int, tuple[Plan, Noisy]]:
+    """The members' answers from the released measurements, by least squares."""
     fine_level = tuple(range(len(family.sizes)))
     uses: dict[int, set[tuple[int, ...]]] = {}
     for member in family.members:
@@ -111,7 +148,9 @@ def answer_family(family: Family, rows: Sequence[tuple[Any, ...]]) -> dict[int, 
         variances: list[Fraction] = []
         scales: list[Fraction] = []
         for i, t in taken:
-            noisy = release._noisy(exact[(t.spec, t.level)], t.measurement)
+            noisy = noised[(t.spec, t.level)]
+            if len(noisy) != family.cells(t.level):
+                raise InternalError("a released measurement does not match its family")
             offsets[i] = len(y)
             y.extend(noisy)
             assert t.measurement.scale is not None
@@ -183,3 +222,51 @@ def _member(  # noqa: PLR0917
         measurements.append(replace(m, combined=signatures))
     answered = replace(plan, measurements=tuple(measurements))
     return answered, Noisy(tuple(tuple(k) for k in keys), tuple(totals))  # type: ignore[arg-type]
+
+
+# -- released families: served again at no cost -------------------------------------------------
+RECORD_KIND = "family_release"
+
+
+def family_key(family: Family, dataset: str, policy_version: str, data_version: str) -> str:
+    """What a family's release answers: the bounded query at the fine grouping (its tables,
+    WHERE, bounds, grids and key domains), the measurements taken with their noise, the policy
+    and the data version. Any later plan with the same key is answered by post-processing."""
+    taken = [
+        [t.spec, list(t.level), t.measurement.label, str(t.measurement.scale),
+         str(t.measurement.sensitivity), t.dimensions]
+        for t in family.taken
+    ]  # fmt: skip
+    body = [dataset, policy_version, data_version, family.fine.engine_sql, list(family.sizes),
+            taken]  # fmt: skip
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def released_family(records: Sequence[Record], key: str) -> Record | None:
+    """The latest release of the family ``key``, if any."""
+    for record in reversed(records):
+        if record.kind == RECORD_KIND and record.payload.get("key") == key:
+            return record
+    return None
+
+
+def family_payload(
+    key: str, charge: int, values: Sequence[Sequence[Any]], noised: Noised
+) -> dict[str, Any] | None:
+    """The ledger record of a family's release (None when a key value cannot be stored
+    exactly: the release is then not kept, never wrong)."""
+    try:
+        cells = [[_plain(v) for v in column] for column in values]
+    except TypeError:
+        return None
+    measured = [[spec, list(level), list(totals)] for (spec, level), totals in noised.items()]
+    return {"key": key, "charge": charge, "cells": cells, "measurements": measured}
+
+
+def from_payload(payload: dict[str, Any]) -> tuple[list[list[Any]], Noised]:
+    values = [[_typed(v) for v in column] for column in payload["cells"]]
+    noised = {
+        (int(spec), tuple(int(p) for p in level)): [int(v) for v in totals]
+        for spec, level, totals in payload["measurements"]
+    }
+    return values, noised

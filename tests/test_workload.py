@@ -244,3 +244,19 @@ def test_estimate_bounds_in_a_file_is_charged_with_it(tiny_policy: TinyPolicy) -
         )
         again = _workload(session, "ESTIMATE BOUNDS FOR visits.spend;\n")
         assert [s.source for s in again.steps] == ["cache"]
+
+
+def test_a_family_released_before_is_served_again_free(tiny_policy: TinyPolicy) -> None:
+    """Running the same file again: the family's measurements come from its earlier release
+    (post-processing, no charge), with the same answers; a fresh one is charged again."""
+    with closing(Session(tiny_policy(_rows(10), budget={"epsilon": "20"}))) as session:
+        first = _released(session, FILE)
+        spent = session.budget().epsilon_spent
+        again_plan = _workload(session, FILE)
+        assert [s.source for s in again_plan.steps][2:6] == ["cache"] * 4
+        again = [r for _, r in run_workload(session, again_plan)]
+        assert session.budget().epsilon_spent == spent  # nothing charged
+        for i in (2, 3, 4, 5):
+            assert again[i].rows == first[i].rows and again[i].cached_from is not None
+        fresh = _workload(session, "SET dpsql.fresh = on;\n" + FILE)
+        assert [s.source for s in fresh.steps][3:7] == ["charge"] * 4

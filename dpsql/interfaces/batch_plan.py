@@ -24,6 +24,7 @@ from dpsql.session import Planned, Session
 from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece
 from dpsql.workload import Joint, plan_joint
+from dpsql.workload_run import family_key, released_family
 
 __all__ = ["Step", "Workload", "plan_file", "plan_lines", "plan_workload"]
 
@@ -72,6 +73,9 @@ class Workload:
     event: Composite | None
     fits: bool  # whether the filter admits ``event`` now (on a copy of the ledger)
     independent: tuple[Fraction, Fraction]  # the sum of the independent plans' costs
+    # Families released before (the fine statement's index -> the ledger record): served
+    # again, free, by post-processing of the measurements kept there.
+    released: Mapping[int, int] = field(default_factory=dict)
 
 
 def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
@@ -118,6 +122,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
 
     plans = [s.plan if s.charged and s.kind == "query" else None for s in steps]
     joint = plan_joint(plans, plan_select)
+    released = _released(session, steps, joint)
     out = []
     for i, s in enumerate(steps):
         found = joint.family_of(i)
@@ -126,7 +131,11 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
             continue
         family, _ = found
         fine = steps[family.fine_index].piece.number
-        out.append(replace(s, ratio=joint.ratios[i], family=fine))
+        member = replace(s, ratio=joint.ratios[i], family=fine)
+        seq = released.get(family.fine_index)
+        if seq is not None:
+            member = replace(member, source="cache", note=f"release {seq}")
+        out.append(member)
     events: list[Event] = []
     certified: list[tuple[Fraction, Fraction] | None] = []
     done: set[int] = set()
@@ -136,7 +145,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
         found = joint.family_of(i)
         if found is not None:
             family, _ = found
-            if family.fine_index not in done:
+            if family.fine_index not in done and family.fine_index not in released:
                 done.add(family.fine_index)
                 events.extend(family.event)
             continue
@@ -158,7 +167,25 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
             trial._decide(event, session.analyst, trial.store.records())
         except BudgetExceededError:
             fits = False
-    return Workload(tuple(out), joint, event, fits, independent)
+    return Workload(tuple(out), joint, event, fits, independent, released)
+
+
+def _released(session: Session, steps: Sequence[Step], joint: Joint) -> dict[int, int]:
+    """The families of ``joint`` released before with the same key (``workload_run``), unless
+    a member asks for a fresh answer."""
+    if not joint.families:
+        return {}
+    records = session.filter.store.records()
+    out = {}
+    for family in joint.families:
+        if any(steps[m.index].settings.get("fresh") for m in family.members):
+            continue
+        key = family_key(family, session.policy.dataset.id, session.policy_version(),
+                         session.policy.dataset.data_version)  # fmt: skip
+        found = released_family(records, key)
+        if found is not None:
+            out[family.fine_index] = found.seq
+    return out
 
 
 def _workload_event(

@@ -27,7 +27,14 @@ from dpsql.session_result import _with_accuracy
 from dpsql.sql.parse import EstimateBounds, parse_statement
 from dpsql.sql.split import split_statements
 from dpsql.workload import Family
-from dpsql.workload_run import answer_family
+from dpsql.workload_run import (
+    RECORD_KIND,
+    combine,
+    family_key,
+    family_payload,
+    from_payload,
+    measure_family,
+)
 
 __all__ = ["answer_members", "run_script", "run_workload"]
 
@@ -42,7 +49,8 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
     """Per member (its statement index), its result."""
     try:
         _, rows = session.engine.run(family.fine.engine_sql)
-        answered = answer_family(family, rows)
+        values, noised = measure_family(family, rows)
+        answered = combine(family, values, noised)
         released = {i: (plan, publish(plan, noisy)) for i, (plan, noisy) in answered.items()}
     except (EngineError, MemoryError) as exc:
         cause = getattr(exc, "cause", None) or type(exc).__name__
@@ -50,12 +58,34 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
     except KeyboardInterrupt:
         session._failed(charge, "KeyboardInterrupt")
         raise
+    # The measurements released, kept for a later plan of the same family: post-processing.
+    key = family_key(family, session.policy.dataset.id, session.policy_version(),
+                     session.policy.dataset.data_version)  # fmt: skip
+    payload = family_payload(key, charge.seq, values, noised)
+    if payload is not None:
+        session.filter.store.append(RECORD_KIND, payload, session.analyst)
     members = ", ".join(str(m.index + 1) for m in family.members)
     note = NOTE.format(members=members, fine=family.fine_index + 1)
     out = {}
     for i, (plan, release) in released.items():
         result = session._result(plan, release, charge, None)
         out[i] = replace(result, note=note)
+    return out
+
+
+def served_members(session: Session, family: Family, seq: int) -> dict[int, Result]:
+    """Per member, its answer from the family's earlier release (ledger record ``seq``):
+    post-processing of released measurements, recorded and never charged."""
+    record = next(r for r in session.filter.store.records() if r.seq == seq)
+    values, noised = from_payload(dict(record.payload))
+    answered = combine(family, values, noised)
+    out = {}
+    for i, (plan, noisy) in answered.items():
+        release = publish(plan, noisy)
+        session.filter.store.append("reserve", {"query": plan.query, "release": seq},
+                                    session.analyst)  # fmt: skip
+        result = session._result(plan, release, None, seq)
+        out[i] = replace(result, note=f"served again from the family release {seq}")
     return out
 
 
@@ -88,6 +118,13 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
     for i, step in enumerate(workload.steps):
         if step.source == "refused":
             yield step, None
+            continue
+        found = workload.joint.family_of(i)
+        seq = workload.released.get(found[0].fine_index) if found is not None else None
+        if found is not None and seq is not None:
+            if i not in answered:
+                answered.update(served_members(session, found[0], seq))
+            yield step, _with_settings(session, answered.pop(i))
             continue
         if step.charged:
             assert charge is not None
