@@ -438,5 +438,10 @@ def test_the_other_group_is_set_and_explained_in_the_shell(shell: Shell) -> None
     assert "other group keyed 'elsewhere'" in explained
     shown = shell.handle(BY_REGION + ";")
     assert "elsewhere" in shown and "6 row(s)" in shown  # five regions and the other group
+    # Several statements at once are planned as one workload: the error names the statement,
+    # and nothing of the input ran (its SET neither).
     line = one_error(shell.handle("SET dpsql.other_label = 'east'; " + BY_REGION + ";"))
-    assert line.startswith("Error: ParameterError: dpsql.other_label equals a value")
+    assert line.startswith(
+        "Error: ParameterError: statement 2 (line 1): dpsql.other_label equals a value"
+    )
+    assert "elsewhere" in shell.handle("SHOW dpsql.other_label;")

@@ -82,6 +82,8 @@ def test_the_hierarchy_is_planned_jointly_and_the_total_only_under_r(
     assert workload.event.epsilon == sum(
         (s.plan.epsilon for s in workload.steps if s.plan is not None), Fraction(0)
     )
+    # Every measurement of the family states the L0 cells one unit may move, at every level.
+    assert all(e.dimensions == family.fine.max_groups for e in family.event)
     with closing(Session(policy)) as session:
         under_r = _workload(session, R_FILE)
     assert sorted(m.index + 1 for m in _family(under_r).members) == [3, 4, 5, 6, 7]

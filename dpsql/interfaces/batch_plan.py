@@ -87,7 +87,7 @@ def plan_workload(session: Session, pieces: Sequence[Piece], partial: bool = Fal
     """Plan every statement, then the file as one workload (``dpsql.workload``), and admit its
     one event on a copy of the budget: all or nothing, or with ``partial`` the longest prefix
     of statements whose own joint plan fits (its steps after it "refused"). Nothing is charged
-    and the session's settings are left as they were (a fresh session's)."""
+    and the session's settings are left as they were."""
     steps = _plan_steps(session, pieces)
     copy = MemoryLedger()  # decides on its records in place
     for record in session.filter.store.records():
@@ -209,6 +209,7 @@ def _plan_steps(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     """Plan every statement in order (a SET applied for the statements after it); each query
     is charged, or served from the cache (a release, or an earlier statement of the file)."""
     planned: dict[str, int] = {}  # exact cache key -> the statement that will release it
+    before = dict(session._settings)
     steps: list[Step] = []
     applied: set[str] = set()
     # Pipelined: while the engine checks statement i's bounded SQL (in its worker, without the
@@ -230,8 +231,11 @@ def _plan_steps(session: Session, pieces: Sequence[Piece]) -> list[Step]:
         if pending is not None:
             steps.append(_complete(*pending))
     finally:
+        # The settings as they were before the plan (a shell's earlier SETs included).
         for name in applied:
             session.set_option(name, None)
+        for name, value in before.items():
+            session.set_option(name, value)
     return steps
 
 
