@@ -262,3 +262,18 @@ def test_a_family_released_before_is_served_again_free(tiny_policy: TinyPolicy) 
             assert again[i].rows == first[i].rows and again[i].cached_from is not None
         fresh = _workload(session, "SET dpsql.fresh = on;\n" + FILE)
         assert [s.source for s in fresh.steps][3:7] == ["charge"] * 4
+
+
+def test_nothing_after_the_prefix_runs_even_what_a_refused_statement_would_serve(
+    tiny_policy: TinyPolicy,
+) -> None:
+    """Statement 3 repeats statement 2, which does not fit: had it run, statement 3 would
+    have been charged on its own, outside the file's one charge."""
+    one = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.6) COUNT(*) AS n FROM visits"
+    two = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.6) SUM(spend) AS s FROM visits"
+    with closing(Session(tiny_policy(_rows(11), budget={"epsilon": "1"}))) as session:
+        workload = _workload(session, f"{one};\n{two};\n{two};\n", partial=True)
+        assert [s.source for s in workload.steps] == ["charge", "refused", "refused"]
+        results = list(run_workload(session, workload))
+        assert [r is None for _, r in results] == [False, True, True]
+        assert len(session.filter.charges) == 1 and session.budget().epsilon_spent == Fraction(3, 5)

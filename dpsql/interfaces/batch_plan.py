@@ -106,8 +106,10 @@ def plan_workload(session: Session, pieces: Sequence[Piece], partial: bool = Fal
         else:
             high = mid
     kept = _joint(session, steps[:low], trial)
-    refused = [replace(s, source="refused", note="does not fit") if s.charged else s
-               for s in steps[low:]]  # fmt: skip
+    # Every query after the prefix is left out, one served by a statement of it included: the
+    # prefix runs, and nothing after it (which could otherwise be charged on its own).
+    refused = [s if s.kind in ("set", "show", "explain") else
+               replace(s, source="refused", note="does not fit") for s in steps[low:]]  # fmt: skip
     del partial  # the same prefix is reported either way; only --partial runs it
     return replace(kept, steps=kept.steps + tuple(refused), fits=False)
 

@@ -13,13 +13,14 @@ recorded like any other: the charge stands.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 
 from dpsql import cache
 from dpsql.accounting.filter import Charge
 from dpsql.errors import BudgetExceededError, EngineError
-from dpsql.interfaces.batch_plan import Step, Workload, _totals, plan_workload
+from dpsql.interfaces.batch_plan import Step, Workload, _one_line, _totals, plan_workload
 from dpsql.interfaces.report import exact
 from dpsql.noise.release import accuracy_columns, publish
 from dpsql.session import Result, Session
@@ -103,9 +104,10 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
     charge = None
     if workload.event is not None:
         texts = [s.piece.text for s in workload.steps if s.charged]
-        query = f"WORKLOAD of {len(texts)} statement(s): " + "; ".join(
-            " ".join(t.split()) for t in texts
-        )
+        # The statements are in the details; the label names them by a digest (a file may be
+        # 16 MiB: it is not written twice).
+        digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
+        query = f"WORKLOAD of {len(texts)} statement(s) {digest}: " + _one_line(texts[0])
         details = {
             "statements": texts,
             "bounded_sql": ";\n".join(_bounded(workload)),
