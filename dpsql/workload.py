@@ -47,6 +47,7 @@ from sqlglot import exp
 
 from dpsql.accounting.events import DiscreteLaplace, Event
 from dpsql.errors import DpsqlError, InternalError
+from dpsql.plan.least_squares import MAX_CONSTRAINTS
 from dpsql.plan.planner import Measurement, Plan
 from dpsql.plan.split import estimate_weights, planned_variance
 from dpsql.sql.parse import DIALECT, parse_select
@@ -416,6 +417,10 @@ def plan_family(  # noqa: PLR0915
     kinds = _kinds(sizes, fine_level, uses)
     n_fine = math.prod(sizes)
     if any(sum(int(mp.max()) + 1 for mp in kind.maps) > MAX_FAMILY_CELLS for kind in kinds):
+        return None
+    # One constraint per cell of each coarser level: refused here, on the plan, rather than
+    # by the least squares after the charge.
+    if any(sum(int(mp.max()) + 1 for mp in kind.maps[1:]) > MAX_CONSTRAINTS for kind in kinds):
         return None
     if n_fine == 0:
         return None

@@ -277,3 +277,24 @@ def test_nothing_after_the_prefix_runs_even_what_a_refused_statement_would_serve
         results = list(run_workload(session, workload))
         assert [r is None for _, r in results] == [False, True, True]
         assert len(session.filter.charges) == 1 and session.budget().epsilon_spent == Fraction(3, 5)
+
+
+def test_a_family_too_large_for_exact_least_squares_is_not_formed(
+    tiny_policy: TinyPolicy,
+) -> None:
+    """401 regions (with the other group) at the coarser level, 1,203 cells at the fine one:
+    more constraints than the exact least squares takes, refused by the plan, never after the
+    charge."""
+    regions = [f"r{i}" for i in range(400)]
+    columns = {"age": {"lower": 18, "upper": 90}, "spend": {"lower": 0, "upper": 200},
+               "region": {"public_values": regions}}  # fmt: skip
+    rows = [(u, regions[u % 400], 20 + u % 60, 10.0) for u in range(50)]
+    text = (
+        "SET dpsql.other_group = on;\n"
+        "SELECT region, COUNT(*) AS n FROM visits GROUP BY region;\n"
+        f"SELECT region, {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY region, band;\n"
+    )
+    with closing(Session(tiny_policy(rows, columns=columns))) as session:
+        workload = _workload(session, text)
+    assert workload.joint.families == ()
+    assert [s.source for s in workload.steps] == ["free", "charge", "charge"]
