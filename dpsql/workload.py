@@ -52,6 +52,10 @@ from dpsql.plan.planner import Measurement, Plan
 from dpsql.plan.split import estimate_weights, planned_variance
 from dpsql.sql.parse import DIALECT, parse_select
 
+# The measurement kinds whose coarser cell is the sum of its fine cells: a count of distinct
+# units (or values) is not (a unit in two fine cells of one coarser cell counts once there),
+# nor is a quantile.
+ADDITIVE = ("rows", "count", "sum", "centred", "centred_squares")
 # The largest number of measured cells of one kind in a family: the least squares runs in
 # exact rationals, and its covariance is dense.
 MAX_FAMILY_CELLS = 2000
@@ -153,7 +157,7 @@ def eligible(plan: Plan) -> bool:
         and o.sample is None
         and all(k.domain is not None for k in a.keys)
         and bool(plan.measurements)
-        and not any(m.exponential for m in plan.measurements)
+        and all(m.spec.kind in ADDITIVE for m in plan.measurements)
     )
 
 

@@ -298,3 +298,17 @@ def test_a_family_too_large_for_exact_least_squares_is_not_formed(
         workload = _workload(session, text)
     assert workload.joint.families == ()
     assert [s.source for s in workload.steps] == ["free", "charge", "charge"]
+
+
+def test_distinct_counts_are_never_summed_up_a_hierarchy(tiny_policy: TinyPolicy) -> None:
+    """A unit in two fine cells of one region counts once in the region's COUNT(DISTINCT):
+    not a sum of fine cells, so such statements are planned on their own."""
+    text = (
+        "SET dpsql.other_group = on;\n"
+        "SELECT region, COUNT(DISTINCT user_id) AS u FROM visits GROUP BY region;\n"
+        f"SELECT region, {BAND} AS band, COUNT(DISTINCT user_id) AS u FROM visits "
+        "GROUP BY region, band;\n"
+    )
+    with closing(Session(tiny_policy(_rows(12)))) as session:
+        workload = _workload(session, text)
+    assert workload.joint.families == ()
