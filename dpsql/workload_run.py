@@ -169,22 +169,26 @@ def combine(
         adjusted = adjustment.apply(y)
         for i, level in enumerate(kind.levels):
             n_cells = int(kind.maps[i].max()) + 1
-            vals, terms = [], []
+            vals = []
             for c in range(n_cells):
                 if i in offsets:
-                    combo = adjustment.row(offsets[i] + c)
                     vals.append(adjusted[offsets[i] + c])
                 else:
-                    combo = {}
-                    total = Fraction(0)
-                    for f in np.nonzero(kind.maps[i] == c)[0]:
-                        q = offsets[0] + int(f)
-                        total += adjusted[q]
-                        for k, a in adjustment.row(q).items():
-                            combo[k] = combo.get(k, Fraction(0)) + a
-                    vals.append(total)
-                terms.append(sorted((a, scales[k]) for k, a in combo.items() if a != 0))
-            answers[(kind.spec, level)] = (vals, terms)
+                    base = np.nonzero(kind.maps[i] == c)[0]
+                    vals.append(sum((adjusted[offsets[0] + int(f)] for f in base), Fraction(0)))
+            # The noise of cell 0 as a combination of the released noises. Every cell of a level
+            # has the same combination up to a permutation of the noises: permuting the values
+            # of a key's domain maps the cells, the constraints and the weights onto themselves,
+            # so the least squares commutes with it, and it moves any cell of a level to cell 0.
+            if i in offsets:
+                combo = adjustment.row(offsets[i])
+            else:
+                combo = {}
+                for f in np.nonzero(kind.maps[i] == 0)[0]:
+                    for k, a in adjustment.row(offsets[0] + int(f)).items():
+                        combo[k] = combo.get(k, Fraction(0)) + a
+            signature = sorted((a, scales[k]) for k, a in combo.items() if a != 0)
+            answers[(kind.spec, level)] = (vals, [signature])
     out = {}
     for member in family.members:
         out[member.index] = _member(

@@ -17,6 +17,7 @@ from conftest import TINY_REGIONS, TinyPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpsql import workload_run as run
 from dpsql.errors import BudgetExceededError
 from dpsql.interfaces.batch_plan import Workload, plan_workload
 from dpsql.interfaces.workload_answers import run_workload
@@ -312,3 +313,43 @@ def test_distinct_counts_are_never_summed_up_a_hierarchy(tiny_policy: TinyPolicy
     with closing(Session(tiny_policy(_rows(12)))) as session:
         workload = _workload(session, text)
     assert workload.joint.families == ()
+
+
+def test_every_cell_of_a_level_has_the_noise_combination_of_its_first(
+    tiny_policy: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The half-width of a level is computed from its first cell's combination of noises; by
+    the symmetry of the product domains every cell's is the same up to a permutation: checked
+    here on every cell, with the least squares the answers ran."""
+    seen: list[Any] = []
+    real = run.adjust
+
+    def spy(variances: Any, constraints: Any) -> Any:
+        out = real(variances, constraints)
+        seen.append((list(variances), out))
+        return out
+
+    monkeypatch.setattr(run, "adjust", spy)
+    with closing(Session(tiny_policy(_rows(13)))) as session:
+        family = _family(_workload(session, R_FILE))
+        answer_family(family, _fine_rows(session, family))
+    fine_level = tuple(range(len(family.sizes)))
+    uses: dict[int, set[tuple[int, ...]]] = {}
+    for m in family.members:
+        for spec in m.specs:
+            uses.setdefault(spec, set()).add(m.level)
+    slots = {(t.spec, t.level) for t in family.taken}
+    kinds = run._kinds(family.sizes, fine_level, uses)
+    assert len(kinds) == len(seen)
+    for kind, (variances, adjustment) in zip(kinds, seen, strict=True):
+        start = 0
+        for level in kind.levels:
+            if (kind.spec, level) not in slots:
+                continue
+            cells = family.cells(level)
+            signatures = {
+                tuple(sorted((a, variances[k]) for k, a in adjustment.row(q).items()))
+                for q in range(start, start + cells)
+            }
+            assert len(signatures) == 1, (kind.spec, level)
+            start += cells
