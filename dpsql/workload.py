@@ -273,13 +273,23 @@ def _kinds(
     return kinds
 
 
-_Structure = tuple[np.ndarray, list[np.ndarray]]
+@dataclass(frozen=True)
+class _Structure:
+    """The least squares of one kind's levels taken, split by level so that a change of the
+    noise scales costs no product with the constraint matrix C ("a coarser cell is the sum of
+    its base cells"): C V Cᵀ = Σ_i v_i G_i, C V a = Σ_i v_i h_i(a), aᵀ V a = Σ_i v_i |a_i|²,
+    with G_i = C_i C_iᵀ and h_i(a) = C_i a_i over the columns C_i of level i."""
+
+    levels: tuple[int, ...]  # the levels taken, in order
+    grams: tuple[np.ndarray, ...]  # G_i per level taken
+    pulls: tuple[np.ndarray, ...]  # per answer: the columns h_i(a), one per level taken
+    norms: tuple[np.ndarray, ...]  # per answer: |a_i|² per level taken
+
+
 _CONSTRAINTS: dict[tuple[object, ...], _Structure] = {}
 
 
-def _structure(kind: _Kind, taken: Sequence[bool]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The constraint matrix C of the levels taken ("a coarser cell is the sum of its base
-    cells") and, per level, the functional that answers one of its cells."""
+def _structure(kind: _Kind, taken: Sequence[bool]) -> _Structure:
     key = (kind.levels, kind.sizes, tuple(taken))
     found = _CONSTRAINTS.get(key)
     if found is not None:
@@ -298,15 +308,20 @@ def _structure(kind: _Kind, taken: Sequence[bool]) -> tuple[np.ndarray, list[np.
                 r[offsets[i] + c] = 1.0
                 r[np.nonzero(kind.maps[i] == c)[0]] -= 1.0
                 rows.append(r)
-    answers = []
+    matrix = np.array(rows) if rows else np.zeros((0, n))
+    levels = tuple(i for i in range(len(sizes)) if taken[i])
+    columns = [slice(offsets[i], offsets[i] + sizes[i]) for i in levels]
+    grams = tuple(matrix[:, cols] @ matrix[:, cols].T for cols in columns)
+    pulls, norms = [], []
     for i in range(len(sizes)):
         a = np.zeros(n)
         if taken[i]:
             a[offsets[i]] = 1.0
         else:
             a[np.nonzero(kind.maps[i] == 0)[0]] = 1.0  # the sum of its base cells
-        answers.append(a)
-    out = (np.array(rows) if rows else np.zeros((0, n)), answers)
+        pulls.append(np.stack([matrix[:, cols] @ a[cols] for cols in columns], axis=1))
+        norms.append(np.array([float(a[cols] @ a[cols]) for cols in columns]))
+    out = _Structure(levels, grams, tuple(pulls), tuple(norms))
     if len(_CONSTRAINTS) > 256:
         _CONSTRAINTS.clear()
     _CONSTRAINTS[key] = out
@@ -320,17 +335,20 @@ def _answer_variances(
     taken (the base one always), combined by least squares: Cov = V - V Cᵀ (C V Cᵀ)⁻¹ C V with
     the constraints "a coarser cell is the sum of its base cells". Every cell of a level has
     the same variance: the cells are a product of key domains, each level one noise scale."""
-    c, answers = _structure(kind, taken)
-    sizes = [int(mp.max()) + 1 if len(mp) else 0 for mp in kind.maps]
-    v = np.concatenate([np.full(size, variances[i]) for i, size in enumerate(sizes) if taken[i]])
+    st = _structure(kind, taken)
+    v = np.array([variances[i] for i in st.levels])
+    m = sum((vi * g for vi, g in zip(v, st.grams, strict=True)), np.zeros_like(st.grams[0]))
+    rhs = np.stack([p @ v for p in st.pulls], axis=1)  # C V a, one column per answer
+    if len(m):
+        try:
+            solved = np.linalg.solve(m, rhs)
+        except np.linalg.LinAlgError:
+            solved = np.linalg.lstsq(m, rhs, rcond=None)[0]
     out = []
-    k = c * v
-    m = k @ c.T if len(c) else None
-    for a in answers:
-        var = float(a @ (v * a))
-        if m is not None:
-            ka = k @ a
-            var -= float(ka @ np.linalg.lstsq(m, ka, rcond=None)[0])
+    for j, norms in enumerate(st.norms):
+        var = float(norms @ v)
+        if len(m):
+            var -= float(rhs[:, j] @ solved[:, j])
         out.append(max(var, 0.0))
     return out
 

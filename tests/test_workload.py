@@ -17,6 +17,7 @@ from conftest import TINY_REGIONS, TinyPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpsql import workload
 from dpsql import workload_run as run
 from dpsql.errors import BudgetExceededError
 from dpsql.interfaces.batch_plan import Workload, plan_workload
@@ -341,10 +342,15 @@ def test_every_cell_of_a_level_has_the_noise_combination_of_its_first(
     slots = {(t.spec, t.level) for t in family.taken}
     kinds = run._kinds(family.sizes, fine_level, uses)
     assert len(kinds) == len(seen)
+    scale = {(t.spec, t.level): t.measurement.scale for t in family.taken}
     for kind, (variances, adjustment) in zip(kinds, seen, strict=True):
         start = 0
-        for level in kind.levels:
-            if (kind.spec, level) not in slots:
+        taken = [(kind.spec, level) in slots for level in kind.levels]
+        planned = [2 * float(scale.get((kind.spec, lv), 1)) ** 2 for lv in kind.levels]
+        # The planner's float model of the same least squares: the exact variances.
+        predicted = workload._answer_variances(kind, planned, taken)
+        for i, level in enumerate(kind.levels):
+            if not taken[i]:
                 continue
             cells = family.cells(level)
             signatures = {
@@ -352,4 +358,5 @@ def test_every_cell_of_a_level_has_the_noise_combination_of_its_first(
                 for q in range(start, start + cells)
             }
             assert len(signatures) == 1, (kind.spec, level)
+            assert float(adjustment.variance(start)) == pytest.approx(predicted[i], rel=1e-9)
             start += cells
