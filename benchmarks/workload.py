@@ -7,8 +7,9 @@ For each contract (the example policy's L0 = 2, C = 10; and R = 10 rows per unit
 it), it plans the file as one workload and prints, per statement, the predicted variance under
 the joint plan over the independent plan's and the predicted half-widths, then the sum of the
 ratios over the charged statements (independent planning: one per statement) and the cost of
-both plans, which is the same. With ``--runs N`` it then releases the file N times in one
-session (``SET dpsql.fresh = on``, a large budget) jointly and N times statement by statement,
+both plans, which is the same. With ``--runs N`` it then releases the file N times jointly
+(a new session each time, with one salt) and N times statement by statement in one session
+(``SET dpsql.fresh = on``; a large budget),
 and reports per statement the measured variance of the released values (their spread across
 runs, cell by cell, averaged over the cells; for AVG and STDDEV the spread of the estimate) and
 its ratio, beside the planned one, with the time of one joint and one independent run.
@@ -82,24 +83,31 @@ def main() -> None:
             joint: dict[int, list[list[float]]] = {}
             alone: dict[int, list[list[float]]] = {}
             t_joint = t_alone = 0.0
+            salt = session.engine.salt
             for _ in range(args.runs):
-                started = time.perf_counter()
-                w = plan_workload(session, split_statements(fresh))
-                for step, result in run_workload(session, w):
-                    if result is not None and step.kind == "query" and step.plan is not None:
-                        joint.setdefault(step.piece.number, []).append(_values(result))
-                t_joint += time.perf_counter() - started
+                # A new session per joint run (a fresh statement shares no measurement, and a
+                # family released before would be served again), with one salt: the same
+                # bounded rows every run, only the noise differs.
+                with closing(_session()) as run:
+                    run.engine.salt = salt
+                    started = time.perf_counter()
+                    w = plan_workload(run, split_statements(source))
+                    for step, result in run_workload(run, w):
+                        if result is not None and step.kind == "query" and step.plan is not None:
+                            joint.setdefault(step.piece.number, []).append(_values(result))
+                    t_joint += time.perf_counter() - started
                 started = time.perf_counter()
                 for piece in split_statements(fresh):
                     result = session.execute(piece.text)
                     if result.plan is not None and result.columns:
-                        alone.setdefault(piece.number, []).append(_values(result))
+                        # Numbered as in the file: the SET dpsql.fresh line comes first here.
+                        alone.setdefault(piece.number - 1, []).append(_values(result))
                 t_alone += time.perf_counter() - started
             print(f"measured over {args.runs} runs (one joint run {t_joint / args.runs:.2f} s, "
                   f"one independent run {t_alone / args.runs:.2f} s):")  # fmt: skip
             total = 0.0
             for step in workload.steps:
-                number = step.piece.number + 1  # the SET dpsql.fresh line moves every statement
+                number = step.piece.number
                 if number not in joint:
                     continue
                 ratio = _spread(joint[number]) / max(_spread(alone[number]), 1e-300)

@@ -56,6 +56,8 @@ from dpsql.sql.parse import DIALECT, parse_select
 # units (or values) is not (a unit in two fine cells of one coarser cell counts once there),
 # nor is a quantile.
 ADDITIVE = ("rows", "count", "sum", "centred", "centred_squares")
+# The statements of one group of shared rows the search considers (in file order).
+MAX_CANDIDATES = 16
 # The largest number of measured cells of one kind in a family: the least squares runs in
 # exact rationals, and its covariance is dense.
 MAX_FAMILY_CELLS = 2000
@@ -542,13 +544,19 @@ def plan_joint(plans: Sequence[Plan | None], plan_select: PlanSelect) -> Joint:
         groups.setdefault(_base(p), []).append(i)
     families: list[Family] = []
     for indices in groups.values():
-        pool = list(indices)
+        # The first statements of a group only: the search plans a family per candidate fine
+        # grouping, and a long file of similar statements must not make planning quadratic.
+        pool = list(indices)[:MAX_CANDIDATES]
         while len(pool) >= 2:
             best: Family | None = None
             # The fine grouping is a maximal one: a statement whose keys another's include
-            # bounds a family that the other's could hold too (with it as a member).
-            keysets = {i: {_key_text(k) for k in _plan(plans, i).analysis.keys} for i in pool}
+            # bounds a family that the other's could hold too (with it as a member). Two
+            # statements of one key set bound the same family: the first is tried.
+            keysets = {i: frozenset(_key_text(k) for k in _plan(plans, i).analysis.keys)
+                       for i in pool}  # fmt: skip
             maximal = [f for f in pool if not any(keysets[f] < keysets[g] for g in pool)]
+            maximal = [f for n, f in enumerate(maximal)
+                       if keysets[f] not in {keysets[g] for g in maximal[:n]}]  # fmt: skip
             for f in maximal:
                 family = _try(plans, f, pool, plan_select)
                 if family is not None and (best is None or _gain(family) > _gain(best)):

@@ -360,3 +360,14 @@ def test_every_cell_of_a_level_has_the_noise_combination_of_its_first(
             assert len(signatures) == 1, (kind.spec, level)
             assert float(adjustment.variance(start)) == pytest.approx(predicted[i], rel=1e-9)
             start += cells
+
+
+def test_fresh_statements_share_no_measurement(tiny_policy: TinyPolicy) -> None:
+    """Two fresh statements alike are two draws of the noise, not one answer twice."""
+    with closing(Session(tiny_policy(_rows(14)))) as session:
+        workload = _workload(session, "SET dpsql.fresh = on;\n" + FILE)
+        assert workload.joint.families == ()
+        results = [r for _, r in run_workload(session, workload)]
+        twice = _workload(session, "SET dpsql.fresh = on;\n" + 2 * FILE)
+    assert twice.joint.families == ()
+    assert results[3] is not None and not results[3].note

@@ -122,7 +122,10 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
         session._check_soon(plan, soon=False)()
         return plan
 
-    plans = [s.plan if s.charged and s.kind == "query" else None for s in steps]
+    # A statement asking for a fresh answer gets noise of its own: it shares no measurement
+    # (two fresh statements alike are two draws, not one).
+    plans = [s.plan if s.charged and s.kind == "query" and not s.settings.get("fresh") else None
+             for s in steps]  # fmt: skip
     joint = plan_joint(plans, plan_select)
     released = _released(session, steps, joint)
     out = []
@@ -173,15 +176,13 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
 
 
 def _released(session: Session, steps: Sequence[Step], joint: Joint) -> dict[int, int]:
-    """The families of ``joint`` released before with the same key (``workload_run``), unless
-    a member asks for a fresh answer."""
+    """The families of ``joint`` released before with the same key (``workload_run``); a
+    statement asking for a fresh answer is in no family."""
     if not joint.families:
         return {}
     records = session.filter.store.records()
     out = {}
     for family in joint.families:
-        if any(steps[m.index].settings.get("fresh") for m in family.members):
-            continue
         key = family_key(family, session.policy.dataset.id, session.policy_version(),
                          session.policy.dataset.data_version)  # fmt: skip
         found = released_family(records, key)
