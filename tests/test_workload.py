@@ -52,8 +52,8 @@ def _rows(seed: int, units: int = 60) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _workload(session: Session, text: str, partial: bool = False) -> Workload:
-    return plan_workload(session, split_statements(text), partial)
+def _workload(session: Session, text: str) -> Workload:
+    return plan_workload(session, split_statements(text))
 
 
 def _family(workload: Workload) -> Family:
@@ -274,7 +274,7 @@ def test_nothing_after_the_prefix_runs_even_what_a_refused_statement_would_serve
     one = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.6) COUNT(*) AS n FROM visits"
     two = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.6) SUM(spend) AS s FROM visits"
     with closing(Session(tiny_policy(_rows(11), budget={"epsilon": "1"}))) as session:
-        workload = _workload(session, f"{one};\n{two};\n{two};\n", partial=True)
+        workload = _workload(session, f"{one};\n{two};\n{two};\n")
         assert [s.source for s in workload.steps] == ["charge", "refused", "refused"]
         results = list(run_workload(session, workload))
         assert [r is None for _, r in results] == [False, True, True]

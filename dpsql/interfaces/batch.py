@@ -65,7 +65,7 @@ MAX_BYTES_CAP = 1 << 30
 
 # -- the commands -----------------------------------------------------------------------------
 def _execute(
-    session: Session, workload: Workload, partial: bool, progress: Progress
+    session: Session, workload: Workload, progress: Progress
 ) -> tuple[list[tuple[Step, Result]], list[Step]]:
     """Charge the workload's one event, then run the steps in order; returns the results that
     are tables and the skipped steps (``--partial``: those after the prefix that fits)."""
@@ -78,7 +78,6 @@ def _execute(
         elif step.kind != "set":
             done.append((step, result))
         progress.advance(task)
-    del partial
     return done, skipped
 
 
@@ -198,7 +197,7 @@ def _run(
 ) -> None:
     if output is not None and not plan_only:
         prepare_output(output)
-    workload = plan_workload(session, split_statements(text), partial)
+    workload = plan_workload(session, split_statements(text))
     steps = workload.steps
     if not quiet or plan_only:
         echo("\n".join(plan_lines(session, name, workload)))
@@ -215,7 +214,7 @@ def _run(
         )
     show = sys.stderr.isatty() and not quiet
     with Progress(console=Console(stderr=True), transient=True, disable=not show) as progress:
-        done, skipped = _execute(session, workload, partial, progress)
+        done, skipped = _execute(session, workload, progress)
     if output is not None:
         width = max(2, len(str(len(steps))))
         for path in write_results(done, output, fmt, combined, width):

@@ -83,17 +83,15 @@ def plan_file(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     return list(plan_workload(session, pieces).steps)
 
 
-def plan_workload(session: Session, pieces: Sequence[Piece], partial: bool = False) -> Workload:
+def plan_workload(session: Session, pieces: Sequence[Piece]) -> Workload:
     """Plan every statement, then the file as one workload (``dpsql.workload``), and admit its
-    one event on a copy of the budget: all or nothing, or with ``partial`` the longest prefix
-    of statements whose own joint plan fits (its steps after it "refused"). Nothing is charged
-    and the session's settings are left as they were."""
+    one event on a copy of the budget. When it does not fit, the longest prefix of statements
+    whose own joint plan fits is planned, its steps after it "refused" (``--partial`` runs it;
+    without, nothing runs). Nothing is charged and the session's settings are left as they
+    were."""
     steps = _plan_steps(session, pieces)
-    copy = MemoryLedger()  # decides on its records in place
-    for record in session.filter.store.records():
-        copy.append(record.kind, record.payload, record.analyst)
-    trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
-    whole = _joint(session, steps)
+    trial = _trial(session)
+    whole = _joint(session, steps, trial)
     if whole.fits or not any(s.charged for s in steps):
         return whole
     # The longest prefix that fits, re-planned for that prefix: its cost grows with it, so a
@@ -110,11 +108,19 @@ def plan_workload(session: Session, pieces: Sequence[Piece], partial: bool = Fal
     # prefix runs, and nothing after it (which could otherwise be charged on its own).
     refused = [s if s.kind in ("set", "show", "explain") else
                replace(s, source="refused", note="does not fit") for s in steps[low:]]  # fmt: skip
-    del partial  # the same prefix is reported either way; only --partial runs it
     return replace(kept, steps=kept.steps + tuple(refused), fits=False)
 
 
-def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None) -> Workload:
+def _trial(session: Session) -> Budget:
+    """The budget's own filter over a copy of the ledger's records, in memory: it decides as
+    the ledger would, and a trial writes nothing."""
+    copy = MemoryLedger()  # decides on its records in place
+    for record in session.filter.store.records():
+        copy.append(record.kind, record.payload, record.analyst)
+    return budget_for(session.policy.dataset.id, session.policy.budget, copy)
+
+
+def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
     """The joint plan of ``steps`` and whether its event fits the budget now."""
 
     def plan_select(select: object, i: int) -> Plan:
@@ -163,11 +169,6 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget | None = None)
     event = _workload_event(events, independent, certified) if events else None
     fits = True
     if event is not None:
-        if trial is None:
-            copy = MemoryLedger()
-            for record in session.filter.store.records():
-                copy.append(record.kind, record.payload, record.analyst)
-            trial = budget_for(session.policy.dataset.id, session.policy.budget, copy)
         try:
             trial._decide(event, session.analyst, trial.store.records())
         except BudgetExceededError:

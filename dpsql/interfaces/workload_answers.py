@@ -162,7 +162,7 @@ def run_script(
 ) -> list[tuple[Step, Result | None]]:
     """Plan ``text`` as one workload and run it: all or nothing, or with ``partial`` the
     longest prefix that fits (None for the statements after it)."""
-    workload = plan_workload(session, split_statements(text), partial)
+    workload = plan_workload(session, split_statements(text))
     refused = [s for s in workload.steps if s.source == "refused"]
     if refused and not partial:
         eps, delta = _totals(workload.steps, "charge")
