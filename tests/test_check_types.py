@@ -207,3 +207,33 @@ def test_the_check_in_the_engines_worker_is_the_check(session: Session, sql: str
         assert session.engine.check_soon(plan.engine_sql, types)() == session.engine.check(
             plan.engine_sql, types
         )
+
+
+def test_a_bare_columns_type_from_the_catalog_is_describes(session: Session) -> None:
+    """A public key that is a bare column of a table read directly takes its type from the
+    engine's catalog instead of a DESCRIBE: the two agree for every column of the schema
+    (BIGINT, VARCHAR, INTEGER, SMALLINT, DECIMAL, BOOLEAN, DATE, TIMESTAMP), and a key over a
+    subquery still asks DESCRIBE."""
+    for name, _ in SCHEMA:
+        ((_, described),) = session.engine.describe(f'SELECT "{name}" AS _k FROM "visits"')
+        assert session.engine.catalog["visits"][name] == described, name
+    asked: list[str] = []
+    describe = session.engine.describe
+
+    def recording(sql: str) -> list[tuple[str, str]]:
+        asked.append(sql)
+        return describe(sql)
+
+    session.engine.describe = recording  # type: ignore[method-assign]
+    try:
+        for key in ("region", "tier", "score", "ok", "REGION", "visits.tier"):
+            plan = session.plan(f"SELECT {key} AS k, COUNT(*) AS n FROM visits GROUP BY k")
+            ((_, described),) = describe(
+                f'SELECT {plan.analysis.keys[0].expr.sql()} AS _k FROM "visits"'
+            )
+            assert plan.analysis.keys[0].engine_type == described
+        assert not any("AS _k FROM" in sql for sql in asked)
+        session.plan("SELECT region, COUNT(*) AS n FROM (SELECT * FROM visits) GROUP BY region")
+        assert any("AS _k FROM (" in sql for sql in asked)
+    finally:
+        del session.engine.describe

@@ -234,8 +234,20 @@ def _estimates(
             widths.append(np.full(len(raw), float(k * m.unit) * factor))
             continue
         if m.unit == 1:
-            values.append(np.array(raw, dtype=object))
+            values.append(_integers(raw))
         else:
             values.append(np.array([float(v * m.unit) for v in raw], dtype=np.float64))
         widths.append(np.full(len(raw), float(k * m.unit)))
     return values, widths
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _integers(raw: list[int]) -> Any:
+    """Exact noisy totals as int64 where every one is an integer that fits (released as
+    BIGINT, whatever the values), else as they are (integers past 64 bits; a workload's
+    combined, unrounded estimates)."""
+    if all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in raw):
+        return np.array(raw, dtype=np.int64)
+    return np.array(raw, dtype=object)
