@@ -194,6 +194,10 @@ class Plan:
     sample: Sample | None = None
     # The engine's own text of engine_sql for EXPLAIN (Spark SQL on Spark); default DuckDB's.
     shown: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
+    # The query is of a grammar the engine is sure to plan (``dpsql.sql.binds``): its
+    # pre-charge check, which only spares the analyst a charge for a query that cannot run,
+    # is left out.
+    binds: bool = False
 
     @property
     def epsilon(self) -> Fraction:
