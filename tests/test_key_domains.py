@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from dpsql.errors import BoundsError, UnsupportedQueryError
 from dpsql.policy import load_policy
 from dpsql.session import Session
+from dpsql.sql.domains import probe_sql
+from dpsql.sql.filters import literal_sql
 
 ROWS = [(u, ("east", "west")[u % 2], 18 + u % 60, float(u % 7)) for u in range(1, 200)]
 BRANCHES = ("1", "'1'", "'01'", "' 1'", "2", "'2'", "2.0", "'+2'", "3", "NULL", "'3'", "1.0")
@@ -176,3 +178,35 @@ def test_two_nans_in_a_policy_domain_are_one_group(tiny_policy: TinyPolicy) -> N
     result = session.execute("SELECT spend, COUNT(*) FROM visits GROUP BY spend")
     assert len(result.rows) == 2
     session.close()
+
+
+TEXTS = st.lists(
+    st.sampled_from(["a", "A", "é", "e\u0301", "ß", "SS", " ", "\t", "'", '"', "😀", "Z"]),
+    max_size=4,
+).map("".join)
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.lists(st.one_of(st.none(), TEXTS), max_size=8))
+def test_a_text_domain_taken_in_python_is_the_engines(
+    tiny_policy: TinyPolicy, values: list[str | None]
+) -> None:
+    """A bare VARCHAR column without a collation takes its domain's distinct values in Python
+    (``Session._text_domain``) instead of from the engine's probe: the same values in the same
+    order, for texts that differ by case, accents composed or not, spaces and quotes. A
+    collated column (the NOCASE test above) and other types still ask the engine."""
+    session = Session(tiny_policy(ROWS[:3], columns={"region": {"public_values": ["east"]}}))
+    try:
+        analysis = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region").analysis
+        domain = tuple(values)
+        fast = session._text_domain(analysis, '"region"', "VARCHAR", domain)
+        literals = [None if v is None else literal_sql(v) for v in domain]
+        engine = session.engine.key_domain(probe_sql('"visits"', '"region"', "VARCHAR", literals))
+        assert fast == engine
+        assert session._text_domain(analysis, '"region"', "INTEGER", domain) is None
+        assert session._text_domain(analysis, 'UPPER("region")', "VARCHAR", domain) is None
+        assert session._text_domain(analysis, '"region"', "VARCHAR", (*domain, 1)) is None
+    finally:
+        session.close()
