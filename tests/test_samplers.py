@@ -387,3 +387,24 @@ def test_big_integer_continuations_distribution(monkeypatch: pytest.MonkeyPatch)
     assert calls["bernoulli"] > 100 and calls["magnitude"] > 1000  # both continuations ran
     assert _small_gof_pvalue(sample, scale) > ALPHA
     assert uniform_integers(100, 10).dtype == object  # beyond the (lowered) fast limit
+
+
+def test_a_few_draws_one_at_a_time_are_discrete_laplace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to ``_ONE_BY_ONE`` values are drawn one at a time with Python integers (faster for an
+    ungrouped total or a handful of groups); 20,000 values from 5,000 calls of 4 fit the
+    distribution (alpha = 1e-6), the check has power, and larger sizes stay vectorized."""
+    calls = {"python": 0}
+    one = laplace._laplace_python
+
+    def counted(t: int, s: int) -> int:
+        calls["python"] += 1
+        return one(t, s)
+
+    monkeypatch.setattr(laplace, "_laplace_python", counted)
+    scale = Fraction(7, 6)
+    sample = np.concatenate([discrete_laplace(scale, 4) for _ in range(5000)])
+    assert calls["python"] == 20_000
+    assert _small_gof_pvalue(sample, scale) > ALPHA
+    assert _small_gof_pvalue(sample, Fraction(3, 2)) < ALPHA
+    discrete_laplace(scale, laplace._ONE_BY_ONE + 1)
+    assert calls["python"] == 20_000
