@@ -36,11 +36,13 @@ SCHEMA = (
     ("ok", "BOOLEAN"),
     ("score", "DECIMAL(6,2)"),
     ("day", "DATE"),
+    ("at", "TIMESTAMP"),
 )
 NUMBERS = ("tier", "rank", "age", "big", "spend", "ratio")
 ROWS = [
     (u, ("east", "west")[u % 2], u % 5, u % 300, 18 + u % 60, u * 10**12, u / 7, u / 3,
-     u % 3 == 0, round(u % 9 / 4, 2), dt.date(2026, 1, 1) + dt.timedelta(days=u % 30))
+     u % 3 == 0, round(u % 9 / 4, 2), dt.date(2026, 1, 1) + dt.timedelta(days=u % 30),
+     dt.datetime(2026, 1, 1) + dt.timedelta(hours=5 * u))
     for u in range(1, 60)
 ]  # fmt: skip
 COLUMNS: dict[str, dict[str, Any]] = {
@@ -52,6 +54,8 @@ COLUMNS: dict[str, dict[str, Any]] = {
     "big": {"lower": -(10**15), "upper": 10**15},
     "spend": {"lower": -5, "upper": 200},
     "ratio": {"lower": 0, "upper": 20},
+    "day": {"date_range": [dt.date(2025, 12, 1), dt.date(2026, 3, 31)]},
+    "at": {"date_range": [dt.date(2026, 1, 1), dt.date(2026, 1, 31)]},
 }
 
 
@@ -117,17 +121,46 @@ AGGREGATES = [
 ]  # fmt: skip
 
 
+TIME_KEYS = [
+    "MONTH(day)", "YEAR(day)", "QUARTER(at)", "DAYOFWEEK(day)", "DAY(day)", "HOUR(at)",
+    "DATE_TRUNC('month', day)", "DATE_TRUNC('day', at)", "DATE_TRUNC('hour', at)",
+]  # fmt: skip
+
+
+@st.composite
+def case_keys(draw: st.DrawFn) -> str:
+    texts = draw(st.booleans())
+    value = (
+        st.text(alphabet="ab'", max_size=3).map(lambda t: "'" + t.replace("'", "''") + "'")
+        if texts
+        else st.integers(-1000, 1000).map(str)
+    )
+    results = st.one_of(value, st.just("NULL")) if draw(st.booleans()) else value
+    first = (draw(predicates(1)), draw(value))  # one result at least is not NULL
+    branches = [first, *draw(st.lists(st.tuples(predicates(1), results), max_size=2))]
+    whens = " ".join(f"WHEN {p} THEN {r}" for p, r in branches)
+    default = draw(st.one_of(st.none(), value))
+    tail = f" ELSE {default}" if default is not None else ""
+    return f"CASE {whens}{tail} END"
+
+
 @st.composite
 def queries(draw: st.DrawFn) -> str:
-    keys = draw(st.lists(st.sampled_from(["region", "tier", "ok", "v.region"]), max_size=2))
+    plain = st.sampled_from(["region", "tier", "ok", "v.region", *TIME_KEYS])
+    keys = draw(st.lists(st.one_of(plain, case_keys()), max_size=2))
     keys = list(dict.fromkeys(k.removeprefix("v.") for k in keys))
     aggregates = draw(st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=3))
-    select = ", ".join([*keys, *(f"{a} AS m{i}" for i, a in enumerate(aggregates))])
+    names = [f"k{i}" for i in range(len(keys))]
+    select = ", ".join(
+        [*(f"{k} AS {n}" for k, n in zip(keys, names, strict=True))]
+        + [f"{a} AS m{i}" for i, a in enumerate(aggregates)]
+    )
     sql = f"SELECT {select} FROM visits AS v"
     if draw(st.booleans()):
         sql += f" WHERE {draw(predicates())}"
     if keys:
-        sql += f" GROUP BY {', '.join(keys)}"
+        by_alias = draw(st.booleans())
+        sql += f" GROUP BY {', '.join(names if by_alias else keys)}"
     return sql
 
 
@@ -176,6 +209,11 @@ def test_every_query_of_the_grammar_passes_the_engines_check(
         "SELECT region, COUNT(*) FROM (SELECT * FROM visits) GROUP BY region",  # a subquery
         "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (50 PERCENT)",  # a sample
         "SELECT COUNT(*) FROM visits WHERE region = region",  # two columns
+        "SELECT CASE WHEN age < 30 THEN 1 ELSE 'x' END AS k, COUNT(*) FROM visits GROUP BY k",
+        "SELECT CASE WHEN age < 30 THEN 1.5 ELSE 2 END AS k, COUNT(*) FROM visits GROUP BY k",
+        "SELECT CASE region WHEN 'east' THEN 1 END AS k, COUNT(*) FROM visits GROUP BY k",
+        "SELECT HOUR(day) AS h, COUNT(*) FROM visits GROUP BY h",  # a DATE's hour
+        "SELECT MONTH(region) AS m, COUNT(*) FROM visits GROUP BY m",
     ],
 )
 def test_queries_outside_the_grammar_keep_the_check(session: Session, sql: str) -> None:

@@ -181,7 +181,9 @@ def test_two_nans_in_a_policy_domain_are_one_group(tiny_policy: TinyPolicy) -> N
 
 
 TEXTS = st.lists(
-    st.sampled_from(["a", "A", "é", "e\u0301", "ß", "SS", " ", "\t", "'", '"', "😀", "Z"]),
+    st.sampled_from(
+        ["a", "A", "é", "e\u0301", "ß", "SS", " ", "\t", "'", '"', "😀", "Z", "\\", "\n", "%"]
+    ),
     max_size=4,
 ).map("".join)
 

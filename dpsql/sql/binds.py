@@ -9,12 +9,13 @@ nothing), not for privacy: a query that fails after its charge has paid for it.
 Binding and planning the bounded SQL costs DuckDB 2-5 ms, most of a first execution's overhead.
 This module recognises a grammar of queries whose every expression is typed by construction:
 one table read directly, aggregates of bare columns of a numeric type (or COUNT), GROUP BY bare
-columns, and a WHERE made of AND, OR and NOT over comparisons of a bare column with a literal of
-the column's own family (number with number, text with text, boolean with boolean), IN lists,
-BETWEEN and IS NULL. Nothing in it can fail to bind or to fold: no cast of a text to a number
-or date, no function, no arithmetic. ``tests/test_binds.py`` generates queries of the grammar
-under every bounding setting and requires the engine's check to pass on each, so a grammar that
-grew too far fails there.
+columns, date parts and truncations of DATE or TIMESTAMP columns, or CASE keys with literal
+results of one family, and a WHERE made of AND, OR and NOT over comparisons of a bare column
+with a literal of the column's own family (number with number, text with text, boolean with
+boolean), IN lists, BETWEEN and IS NULL. Nothing in it can fail to bind or to fold: no cast
+of a text to a number or date, no function of a constant, no arithmetic.
+``tests/test_binds.py`` generates queries of the grammar under every bounding setting and
+requires the engine's check to pass on each, so a grammar that grew too far fails there.
 """
 
 from __future__ import annotations
@@ -52,13 +53,20 @@ def provably_binds(select: exp.Expression, columns: Mapping[str, str]) -> bool:
         return False
     names = {table.name.lower(), table.alias_or_name.lower()}
     scope: Columns = {"": columns, **{n: columns for n in names}}  # by qualifier
+    aliases: dict[str, exp.Expression] = {}
     for item in select.expressions:
         node = item.this if isinstance(item, exp.Alias) else item
-        if not (_column_type(node, scope) or _aggregate(node, scope)):
+        if isinstance(item, exp.Alias):
+            aliases[item.alias.lower()] = node
+        if not (_key(node, scope) or _aggregate(node, scope)):
             return False
     group = select.args.get("group")
-    if group is not None and not all(_column_type(g, scope) for g in group.expressions):
-        return False
+    for g in group.expressions if group is not None else ():
+        key = g
+        if isinstance(g, exp.Column) and not g.table and _column_type(g, scope) is None:
+            key = aliases.get(g.name.lower(), g)  # GROUP BY an output's alias
+        if not _key(key, scope):
+            return False
     where = select.args.get("where")
     return where is None or _predicate(where.this, scope)
 
@@ -82,6 +90,49 @@ def _column_type(node: exp.Expression, columns: Columns) -> str | None:
     ):
         return None
     return columns.get(node.table.lower(), {}).get(node.name.lower())
+
+
+_TIMES = {"DATE", "TIMESTAMP"}
+_PARTS = (exp.Year, exp.Quarter, exp.Month, exp.Day, exp.DayOfWeek)
+_TRUNC_UNITS = {"day", "month", "quarter", "year", "hour", "minute", "second"}
+
+
+def _key(node: exp.Expression, columns: Columns) -> bool:
+    """A GROUP BY key of the grammar: a bare column; a date part or a truncation of a bare
+    DATE or TIMESTAMP column (typed, with no constant to fold); or a CASE whose conditions are
+    predicates of the grammar and whose results are literals of one family (texts, or
+    integers), NULL aside (no branch is cast to another branch's type)."""
+    if _column_type(node, columns) is not None:
+        return True
+    if isinstance(node, (*_PARTS, exp.Hour)):
+        kinds = _TIMES if not isinstance(node, exp.Hour) else {"TIMESTAMP"}
+        return (_column_type(node.this, columns) or "") in kinds
+    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+        unit = node.args.get("unit")
+        if not isinstance(unit, exp.Var) or unit.name.lower() not in _TRUNC_UNITS:
+            return False
+        return (
+            (_column_type(node.this, columns) or "") in _TIMES
+            and set(node.args) <= {"this", "unit", "zone"}
+            and node.args.get("zone") is None
+        )
+    if isinstance(node, exp.Case):
+        if node.this is not None:  # CASE x WHEN ...: compares x with each branch's value
+            return False
+        results = [i.args.get("true") for i in node.args.get("ifs") or []]
+        if not results or not all(
+            isinstance(i, exp.If) and _predicate(i.this, columns) for i in node.args["ifs"]
+        ):
+            return False
+        if node.args.get("default") is not None:
+            results.append(node.args["default"])
+        values = [r for r in results if not isinstance(r, exp.Null)]
+        texts = all(isinstance(r, exp.Literal) and r.is_string for r in values)
+        integers = all(
+            isinstance(r, exp.Literal) and r.is_int and abs(int(r.this)) < _LARGEST for r in values
+        )
+        return bool(values) and (texts or integers)
+    return False
 
 
 def _aggregate(node: exp.Expression, columns: Columns) -> bool:
