@@ -53,6 +53,25 @@ def _spark(spec: EngineSpec) -> Any:
         return session
 
 
+def _keep_release_pool() -> None:
+    """Closing one Spark Connect client must not stop the others' queries.
+
+    PySpark 4.0's client sends its ReleaseExecute calls through one thread pool per process,
+    and ``SparkConnectClient.close`` -- called by ``SparkSession.stop`` and by the session's
+    ``__del__`` whenever one is garbage-collected -- shuts that pool down for every client.
+    Another engine's query then fails mid-fetch ("cannot schedule new futures after
+    shutdown"), after its charge; or, when the collection happens inside that pool's
+    ``submit`` (which holds the pool's lock while it starts a thread), the shutdown waits on
+    the very thread being started and the query hangs. The pool is kept for the process
+    instead: its threads idle, and end with the interpreter. ``tests/test_spark_session.py``
+    pins it."""
+    reattach = importlib.import_module("pyspark.sql.connect.client.reattach")
+    iterator = reattach.ExecutePlanResponseReattachableIterator
+    if not getattr(iterator, "_dpsql_kept", False):
+        iterator.shutdown = classmethod(lambda cls: None)
+        iterator._dpsql_kept = True
+
+
 def _connect(remote: str) -> Any:
     """A new session of the Spark Connect server at ``remote``, the engine's own: the server
     keeps temporary views and settings per session, so engines' views never meet.
@@ -68,6 +87,7 @@ def _connect(remote: str) -> Any:
             "engine.remote needs the Spark Connect client of pyspark: install dpsql with its "
             "spark extra"
         ) from None
+    _keep_release_pool()
     # The client logs each plan it sends (SQL text, and the salt among its parameters) when
     # SPARK_CONNECT_LOG_LEVEL is set: off, as Spark's own logs are.
     logging.getLogger("pyspark.sql.connect.logging").disabled = True
