@@ -83,12 +83,13 @@ class Probes:
 
     def _key_type(self, analysis: Analysis, expression: str) -> str:
         """The engine's type of a key expression over the query's relation: for a bare column
-        of a table read directly, the type the engine's catalog gives that column (what
+        of a table read directly on DuckDB, the type the engine's catalog gives that column (what
         DESCRIBE would bind it to, ``tests/test_check_types.py``), else the engine's DESCRIBE
         (about a millisecond). Either reads no rows."""
         bare = _BARE_COLUMN.fullmatch(expression)
         table = self.engine.catalog.get(analysis.table.lower(), {})
-        if bare is not None and analysis.source == _quote(analysis.table):
+        direct = analysis.source == _quote(analysis.table)
+        if bare is not None and direct and self.engine.name == "duckdb":
             column = bare.group(1).replace('""', '"').lower()
             if column in table:
                 return table[column]
@@ -104,7 +105,7 @@ class Probes:
         table read directly, with no collation, on DuckDB: the texts themselves, distinct and
         sorted by code point (UTF-8's byte order, DuckDB's order of such a column), NULL last
         -- what ``probe_sql`` returns there, without its millisecond or two
-        (``tests/test_domains.py`` compares the two on hostile texts). None elsewhere: a
+        (``tests/test_key_domains.py`` compares the two on hostile texts). None elsewhere: a
         collation, a cast, a value of another type, or a text DuckDB may read otherwise (a NUL
         character, a lone surrogate) goes through the engine."""
         bare = _BARE_COLUMN.fullmatch(expression)
