@@ -122,7 +122,7 @@ def _published_sql(plan: Plan) -> str:
     sql = _post_sql(plan, _bare_aggregate(plan))
     sql = sql.replace("FROM _noisy", f"FROM {_typed_keys(plan)} AS _noisy", 1)
     if len(_PUBLISHED) >= _MAX_PUBLISHED:
-        _PUBLISHED.pop(next(iter(_PUBLISHED)))
+        _PUBLISHED.pop(next(iter(_PUBLISHED)), None)
     _PUBLISHED[id(plan)] = (plan, sql)
     return sql
 
