@@ -31,6 +31,31 @@ def _encodes(text: str) -> bool:
     return True
 
 
+_INTEGER_RANGES = {
+    "TINYINT": (-(2**7), 2**7 - 1),
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INTEGER": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+}
+
+
+def _integer_domain(engine_type: str, domain: tuple[object, ...]) -> list[str | None] | None:
+    """The engine's distinct values of a domain of Python integers in a signed integer type:
+    those in the type's range (TRY_CAST drops the rest), distinct, in numeric order, as their
+    decimal text (DuckDB's CAST to VARCHAR), NULL last. None if any value is not an integer
+    (a text '01', a float, a boolean): the engine decides what those spell."""
+    low, high = _INTEGER_RANGES[engine_type]
+    values: set[int] = set()
+    for value in domain:
+        if value is None:
+            continue
+        if type(value) is not int:
+            return None
+        if low <= value <= high:
+            values.add(value)
+    return [*(str(v) for v in sorted(values)), *([None] if None in domain else [])]
+
+
 class Probes:
     """The probing part of ``Session``: the engine's values of a query's constants."""
 
@@ -107,14 +132,15 @@ class Probes:
         -- what ``probe_sql`` returns there, without its millisecond or two
         (``tests/test_key_domains.py`` compares the two on hostile texts). None elsewhere: a
         collation, a cast, a value of another type, or a text DuckDB may read otherwise (a NUL
-        character, a lone surrogate) goes through the engine."""
+        character, a lone surrogate) goes through the engine. A key of a signed integer type
+        with a domain of Python integers (a date part, a CASE of integers, an integer column)
+        is ``_integer_domain``."""
+        if self.engine.name != "duckdb":
+            return None
+        if engine_type in _INTEGER_RANGES:
+            return _integer_domain(engine_type, domain)
         bare = _BARE_COLUMN.fullmatch(expression)
-        if (
-            self.engine.name != "duckdb"
-            or engine_type != "VARCHAR"
-            or bare is None
-            or analysis.source != _quote(analysis.table)
-        ):
+        if engine_type != "VARCHAR" or bare is None or analysis.source != _quote(analysis.table):
             return None
         column = bare.group(1).replace('""', '"').lower()
         if self.engine.collations.get((analysis.table.lower(), column)) is not None:

@@ -207,8 +207,43 @@ def test_a_text_domain_taken_in_python_is_the_engines(
         literals = [None if v is None else literal_sql(v) for v in domain]
         engine = session.engine.key_domain(probe_sql('"visits"', '"region"', "VARCHAR", literals))
         assert fast == engine
-        assert session._text_domain(analysis, '"region"', "INTEGER", domain) is None
+        assert session._text_domain(analysis, '"region"', "INTEGER", (*domain, "x")) is None
         assert session._text_domain(analysis, 'UPPER("region")', "VARCHAR", domain) is None
         assert session._text_domain(analysis, '"region"', "VARCHAR", (*domain, 1)) is None
+    finally:
+        session.close()
+
+
+BOUNDARIES = [-(2**63), -(2**31) - 1, -(2**31), -129, -128, -1, 0, 1, 127, 128, 2**15, 2**31 - 1]
+INTEGERS = st.one_of(
+    st.sampled_from([*BOUNDARIES, 2**31, 2**63 - 1, 2**63, 10**30]), st.integers(-300, 300)
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    values=st.lists(st.one_of(st.none(), INTEGERS), max_size=8),
+    kind=st.sampled_from(["TINYINT", "SMALLINT", "INTEGER", "BIGINT"]),
+)
+def test_an_integer_domain_taken_in_python_is_the_engines(
+    tiny_policy: TinyPolicy, values: list[int | None], kind: str
+) -> None:
+    """A key of a signed integer type over a domain of Python integers (a date part, a CASE of
+    integers) takes its distinct values in Python: the same texts in the same order as the
+    engine's probe, values outside the type dropped as TRY_CAST drops them; a text, a float or
+    a boolean among them still asks the engine (``'01'`` and ``1`` are one INTEGER)."""
+    session = Session(tiny_policy(ROWS[:3], columns={"region": {"public_values": ["east"]}}))
+    try:
+        analysis = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region").analysis
+        key = f'TRY_CAST("age" AS {kind})'
+        domain = tuple(values)
+        fast = session._text_domain(analysis, key, kind, domain)
+        literals = [None if v is None else literal_sql(v) for v in domain]
+        engine = session.engine.key_domain(probe_sql('"visits"', key, kind, literals))
+        assert fast == engine
+        for other in ("1", 1.0, True):
+            assert session._text_domain(analysis, key, kind, (*domain, other)) is None
     finally:
         session.close()
