@@ -209,6 +209,7 @@ def test_every_query_of_the_grammar_passes_the_engines_check(
         "SELECT region, COUNT(*) FROM (SELECT * FROM visits) GROUP BY region",  # a subquery
         "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (50 PERCENT)",  # a sample
         "SELECT COUNT(*) FROM visits WHERE region = region",  # two columns
+        "SELECT visits.region, COUNT(*) FROM visits AS v GROUP BY visits.region",  # not its name
         "SELECT CASE WHEN age < 30 THEN 1 ELSE 'x' END AS k, COUNT(*) FROM visits GROUP BY k",
         "SELECT CASE WHEN age < 30 THEN 1.5 ELSE 2 END AS k, COUNT(*) FROM visits GROUP BY k",
         "SELECT CASE region WHEN 'east' THEN 1 END AS k, COUNT(*) FROM visits GROUP BY k",

@@ -51,8 +51,9 @@ def provably_binds(select: exp.Expression, columns: Mapping[str, str]) -> bool:
     table = source.this
     if not isinstance(table.this, exp.Identifier) or set(table.args) - {"this", "alias"}:
         return False
-    names = {table.name.lower(), table.alias_or_name.lower()}
-    scope: Columns = {"": columns, **{n: columns for n in names}}  # by qualifier
+    # A column may be qualified by the alias, or by the name where there is no alias (the
+    # engine does not resolve a table's name once it is aliased).
+    scope: Columns = {"": columns, table.alias_or_name.lower(): columns}  # by qualifier
     aliases: dict[str, exp.Expression] = {}
     for item in select.expressions:
         node = item.this if isinstance(item, exp.Alias) else item
