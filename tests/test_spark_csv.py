@@ -221,7 +221,7 @@ _STAMP = st.builds(
 _PAD = st.sampled_from(["", "", "", " ", "\t", "  ", "\u00a0", "\u3000", "\x0b"])
 _TEXT = st.one_of(
     st.sampled_from(HOSTILE), _NUMBER, _WORD, _DAY, _STAMP, st.text(max_size=8)
-).filter(lambda v: not re.search(r"[|\r\n]", v))
+).filter(lambda v: not re.search(f"[|\r\n{CUT}]", v))  # CUT cuts the line: a line rule
 VALUE = st.builds(lambda a, v, b: a + v + b, _PAD, _TEXT, _PAD)
 
 
