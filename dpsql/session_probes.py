@@ -88,12 +88,12 @@ class Probes:
                 raise UnsupportedQueryError(f"GROUP BY key {key.name} is NULL on every row")
             domain = key.domain
             if domain is not None:
-                texts = self._text_domain(analysis, expression, engine_type, domain)
-                if texts is None:
+                values = self._python_domain(analysis, expression, engine_type, domain)
+                if values is None:
                     literals = [None if v is None else literal_sql(v) for v in domain]
                     probe = probe_sql(analysis.source, expression, engine_type, literals)
-                    texts = self.engine.key_domain(probe)
-                domain = tuple(texts)
+                    values = self.engine.key_domain(probe)
+                domain = tuple(values)
                 if not domain:
                     raise BoundsError(
                         f"the public domain of GROUP BY key {key.name} holds no value of the "
@@ -123,11 +123,11 @@ class Probes:
         )
         return engine_type
 
-    def _text_domain(
+    def _python_domain(
         self, analysis: Analysis, expression: str, engine_type: str, domain: tuple[object, ...]
     ) -> list[str | None] | None:
-        """The engine's distinct values of a domain of texts for a bare VARCHAR column of a
-        table read directly, with no collation, on DuckDB: the texts themselves, distinct and
+        """The engine's distinct values of a domain, known without asking it. Texts, for a
+        bare VARCHAR column of a table read directly, with no collation, on DuckDB: distinct and
         sorted by code point (UTF-8's byte order, DuckDB's order of such a column), NULL last
         -- what ``probe_sql`` returns there, without its millisecond or two
         (``tests/test_key_domains.py`` compares the two on hostile texts). None elsewhere: a

@@ -196,20 +196,20 @@ def test_a_text_domain_taken_in_python_is_the_engines(
     tiny_policy: TinyPolicy, values: list[str | None]
 ) -> None:
     """A bare VARCHAR column without a collation takes its domain's distinct values in Python
-    (``Session._text_domain``) instead of from the engine's probe: the same values in the same
+    (``Session._python_domain``) instead of from the engine's probe: the same values in the same
     order, for texts that differ by case, accents composed or not, spaces and quotes. A
     collated column (the NOCASE test above) and other types still ask the engine."""
     session = Session(tiny_policy(ROWS[:3], columns={"region": {"public_values": ["east"]}}))
     try:
         analysis = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region").analysis
         domain = tuple(values)
-        fast = session._text_domain(analysis, '"region"', "VARCHAR", domain)
+        fast = session._python_domain(analysis, '"region"', "VARCHAR", domain)
         literals = [None if v is None else literal_sql(v) for v in domain]
         engine = session.engine.key_domain(probe_sql('"visits"', '"region"', "VARCHAR", literals))
         assert fast == engine
-        assert session._text_domain(analysis, '"region"', "INTEGER", (*domain, "x")) is None
-        assert session._text_domain(analysis, 'UPPER("region")', "VARCHAR", domain) is None
-        assert session._text_domain(analysis, '"region"', "VARCHAR", (*domain, 1)) is None
+        assert session._python_domain(analysis, '"region"', "INTEGER", (*domain, "x")) is None
+        assert session._python_domain(analysis, 'UPPER("region")', "VARCHAR", domain) is None
+        assert session._python_domain(analysis, '"region"', "VARCHAR", (*domain, 1)) is None
     finally:
         session.close()
 
@@ -239,11 +239,11 @@ def test_an_integer_domain_taken_in_python_is_the_engines(
         analysis = session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region").analysis
         key = f'TRY_CAST("age" AS {kind})'
         domain = tuple(values)
-        fast = session._text_domain(analysis, key, kind, domain)
+        fast = session._python_domain(analysis, key, kind, domain)
         literals = [None if v is None else literal_sql(v) for v in domain]
         engine = session.engine.key_domain(probe_sql('"visits"', key, kind, literals))
         assert fast == engine
         for other in ("1", 1.0, True):
-            assert session._text_domain(analysis, key, kind, (*domain, other)) is None
+            assert session._python_domain(analysis, key, kind, (*domain, other)) is None
     finally:
         session.close()
