@@ -197,7 +197,9 @@ class ReleaseCache:
         }
         if noisy.diagnosis is not None:
             payload["diagnosis"] = list(noisy.diagnosis)
-        self.store.append("release", payload)
+        # Post-processing of the charged release: unsynced (a crash may lose it and the query
+        # is then charged afresh; the charge itself was synced before the engine ran).
+        self.store.append("release", payload, synced=False)
 
 
 def _noisy(payload: dict[str, Any]) -> Noisy:

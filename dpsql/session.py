@@ -374,7 +374,10 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         if hit is not None:
             # Serving a released answer again is post-processing: recorded, never charged.
             self.filter.store.append(
-                "reserve", {"query": canonical, "release": hit.release_seq}, self.analyst
+                "reserve",
+                {"query": canonical, "release": hit.release_seq},
+                self.analyst,
+                synced=False,
             )
             log.info("served query %s from release %d", digest, hit.release_seq)
             released = publish(plan, hit.noisy)

@@ -80,7 +80,10 @@ class EstimatedBounds:
         if found is not None and charge is None:
             # Serving a released estimate again is post-processing: recorded, never charged.
             self.filter.store.append(
-                "reserve", {"query": canonical, "release": found.payload["charge"]}, self.analyst
+                "reserve",
+                {"query": canonical, "release": found.payload["charge"]},
+                self.analyst,
+                synced=False,
             )
             return _estimate_result(found.payload, None, int(found.payload["charge"]))
         if charge is None:

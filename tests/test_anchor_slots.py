@@ -1,7 +1,8 @@
-"""The anchor's two slots: each write replaces one slot in place (slot seq % 2), so a write torn
-by a crash leaves the other slot's earlier head, which the ledger still extends; an anchor with
-no valid slot, or behind a truncated ledger, fails closed; an anchor of the older single-JSON
-form is read and rewritten in the slotted form by the next write."""
+"""The anchor's two slots: each synced write replaces one slot in place (slot seq % 2), so a
+write torn by a crash leaves the other slot's earlier head, which the ledger still extends; an
+anchor with no valid slot, or behind a truncated ledger, fails closed; an anchor of the older
+single-JSON form is read and rewritten in the slotted form by the next write. Each answer's
+release record is unsynced and named by the third slot, the tail (``test_ledger_tail.py``)."""
 
 from __future__ import annotations
 
@@ -35,48 +36,64 @@ def _ledger(tmp_path: Path, answers: int) -> tuple[Path, Path]:
     return path, ledger_module.anchor_path(path)
 
 
+def _charges(path: Path) -> list[int]:
+    con = sqlite3.connect(path)
+    try:
+        return [r[0] for r in con.execute("SELECT seq FROM records WHERE kind = 'charge'")]
+    finally:
+        con.close()
+
+
+def _slot_of(anchor: Path, seq: int) -> int:
+    text = anchor.read_bytes()
+    return next(i for i in (0, 1) if json.loads(text[i * SLOT : (i + 1) * SLOT])["seq"] == seq)
+
+
 def test_each_write_takes_the_other_slot(tmp_path: Path) -> None:
     path, anchor = _ledger(tmp_path, 2)
     text = anchor.read_bytes()
-    assert len(text) == 2 * SLOT
+    assert len(text) == 3 * SLOT  # two slots and the tail
     seqs = sorted(json.loads(text[i * SLOT : (i + 1) * SLOT])["seq"] for i in (0, 1))
     n = Ledger(path).verify()
-    assert seqs == [n - 1, n]  # the newest head and the one before it
-    assert read_anchor(anchor)["seq"] == n
+    assert seqs == _charges(path) == [n - 3, n - 1]  # the two charges; each release after one
+    assert read_anchor(anchor)["seq"] == n - 1
+    assert len(read_anchor(anchor)["tail"]) == 1  # the last release, unsynced
 
 
 @pytest.mark.parametrize("torn", [b"\x00" * SLOT, b'{"seq": 99' + b" " * (SLOT - 10)])
 def test_a_torn_slot_leaves_the_earlier_head(tmp_path: Path, torn: bytes) -> None:
-    """A crash in the middle of the slot write: the other slot's head is one record behind the
-    ledger, which is consistent; the next write repairs the torn slot."""
+    """A crash in the middle of the slot write: the other slot's head is behind the ledger,
+    which is consistent; the next write repairs the torn slot."""
     path, anchor = _ledger(tmp_path, 2)
     n = Ledger(path).verify()
+    first, last = _charges(path)
     with open(anchor, "r+b") as handle:
-        handle.seek((n % 2) * SLOT)
+        handle.seek(_slot_of(anchor, last) * SLOT)
         handle.write(torn)
-    assert read_anchor(anchor)["seq"] == n - 1
+    assert read_anchor(anchor)["seq"] == first
+    assert read_anchor(anchor)["tail"] == []  # it followed the torn head: it names nothing
     assert Ledger(path).verify() == n
     session = open_session(ledger_policy(tmp_path))
     try:
         session.execute("SELECT COUNT(*) FROM visits WHERE age > 50", epsilon="0.01")
     finally:
         session.close()
-    assert read_anchor(anchor)["seq"] == Ledger(path).verify() > n
+    assert read_anchor(anchor)["seq"] == Ledger(path).verify() - 1 > n - 1
 
 
 def test_an_altered_slot_does_not_count(tmp_path: Path) -> None:
     """A slot whose digest does not match its content is ignored, like a torn one: raising its
     seq does not make the ledger look shorter than its anchor."""
     path, anchor = _ledger(tmp_path, 2)
-    n = Ledger(path).verify()
-    raw = anchor.read_bytes()
-    newest = json.loads(raw[(n % 2) * SLOT : (n % 2 + 1) * SLOT])
-    newest["seq"] = n + 5
+    first, last = _charges(path)
+    raw, index = anchor.read_bytes(), _slot_of(anchor, last)
+    newest = json.loads(raw[index * SLOT : (index + 1) * SLOT])
+    newest["seq"] = last + 5
     forged = json.dumps(newest).encode()
     with open(anchor, "r+b") as handle:
-        handle.seek((n % 2) * SLOT)
+        handle.seek(index * SLOT)
         handle.write(forged + b" " * (SLOT - 1 - len(forged)) + b"\n")
-    assert read_anchor(anchor)["seq"] == n - 1
+    assert read_anchor(anchor)["seq"] == first
 
 
 def test_no_valid_slot_fails_closed(tmp_path: Path) -> None:
@@ -102,11 +119,11 @@ def test_an_anchor_of_the_older_form_is_read_and_rewritten(tmp_path: Path) -> No
     current = read_anchor(anchor)
     anchor.write_text(json.dumps(current))  # the single-JSON form of earlier versions
     os.sync()
-    assert Ledger(path).verify() == current["seq"]
+    assert Ledger(path).verify() == current["seq"] + 1  # and the release after the charge
     session = open_session(ledger_policy(tmp_path))
     try:
         session.execute("SELECT COUNT(*) FROM visits WHERE age > 60", epsilon="0.01")
     finally:
         session.close()
-    assert len(anchor.read_bytes()) == 2 * SLOT
-    assert read_anchor(anchor)["seq"] == Ledger(path).verify()
+    assert len(anchor.read_bytes()) == 3 * SLOT  # the slots, and the tail for the release
+    assert read_anchor(anchor)["seq"] == Ledger(path).verify() - 1

@@ -1,7 +1,8 @@
 """The durable ledger: an append-only, hash-chained, anchored record of every privacy decision.
 
 SQLite in WAL mode with ``synchronous=FULL``: a commit is on disk when it returns, several
-processes may share the file, and a transaction is atomic. Every record is chained to the one
+processes may share the file, and a transaction is atomic (a record of post-processing only may
+be appended unsynced: ``Ledger.append``). Every record is chained to the one
 before it by its SHA-256 (``ledger_chain``), and the chain's head is also written outside the
 ledger, to an anchor file (``ledger_anchor``; the other files beside it: ``ledger_files``).
 Opening the ledger checks the whole chain against the anchor and fails closed on any mismatch.
@@ -36,9 +37,11 @@ from typing import Any
 from dpsql.accounting.ledger_anchor import (
     _SLOT,  # noqa: F401  (its old home: read from here)
     MAX_ANCHOR_BYTES,
+    MAX_TAIL,
     _anchor,
     _read_anchor,
     _write_anchor,
+    _write_tail,
     anchor_path,
     read_anchor,
 )
@@ -51,7 +54,14 @@ from dpsql.accounting.ledger_chain import (
     canonical,
     record_hash,
 )
-from dpsql.accounting.ledger_files import _exists, _file_id, _file_lock, _reason, _sidecars
+from dpsql.accounting.ledger_files import (
+    _exists,
+    _file_id,
+    _file_lock,
+    _reason,
+    _sidecars,
+    _sync_wal,
+)
 from dpsql.errors import BudgetExceededError, LedgerError
 
 __all__ = [
@@ -280,17 +290,30 @@ class Ledger(CatchUp):
         payload: Mapping[str, Any],
         analyst: str | None = None,
         decide: Callable[[list[Record]], None] | None = None,
+        *,
+        synced: bool = True,
     ) -> Record:
         """Append one record in one immediate transaction.
 
         ``decide`` sees every record committed so far (by any process; it must not change the
         list) and may raise, e.g. ``BudgetExceededError``: then nothing is written. A failed
         write raises ``LedgerError`` and nothing is released.
+
+        ``synced=False`` is for a record of post-processing only (a release kept for the cache,
+        a re-serve): committed without waiting for the disk, and named in the anchor's tail
+        slot, also unsynced (``ledger_anchor``), instead of its head. A crash may lose it, and
+        only a suffix of such records: the WAL is appended in order, and the next synced commit
+        (by any process) syncs it whole. Losing one costs a fresh charge when the query comes
+        again, never privacy (DESIGN: a crash after the charge loses budget); an edit of one is
+        caught by the tail like any other. A charge is always synced and anchored, and so is a
+        record past the tail's MAX_TAIL.
         """
         body = canonical(dict(payload))
         with self._lock, _file_lock(self.path):
             try:
                 con = self._connection()
+                if not synced:  # SQLite, WAL mode: NORMAL commits are durable at the next sync
+                    con.execute("PRAGMA synchronous=NORMAL")
                 con.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
                 self._drop()
@@ -302,13 +325,17 @@ class Ledger(CatchUp):
                 # verified before the decision (``_catch_up``: the tail always, the whole
                 # history on its schedule), then checked against the anchor.
                 self._catch_up(con)
-                self._check(self._cache, _read_anchor(self.anchor))
+                anchor = _read_anchor(self.anchor)
+                self._check(self._cache, anchor)
                 if decide is not None:
                     decide(self._cache)
+                base, tail = self._tail_before(anchor)
                 seq = len(self._cache) + 1
                 prev = self._cache[-1].hash if self._cache else GENESIS
                 when = time.time()
                 digest = record_hash(prev, (seq, when, kind, analyst, body))
+                heads = [r.hash for r in self._cache[base:]] + [digest]
+                lazy = not synced and tail is not None and len(heads) <= MAX_TAIL
                 con.execute(
                     "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (seq, when, kind, analyst, body, prev, digest),
@@ -329,13 +356,41 @@ class Ledger(CatchUp):
                 with contextlib.suppress(sqlite3.Error):
                     con.execute("ROLLBACK")
                 raise
+            finally:
+                if not synced:
+                    with contextlib.suppress(sqlite3.Error):
+                        con.execute("PRAGMA synchronous=FULL")
             record = Record(seq, when, kind, analyst, json.loads(body), prev, digest)
             self._cache.append(record)
             self._rows.append((seq, when, kind, analyst, body, prev, digest))
-            # After the commit: a crash here leaves the anchor behind the ledger, which is
-            # consistent (the chain extends the anchored head) and is caught up next time.
-            _write_anchor(self.anchor, _anchor(self.identity, seq, digest))
+            self._anchor_after(record, base, heads if lazy else None, synced=synced)
             return record
+
+    def _anchor_after(
+        self, record: Record, base: int, tail: list[str] | None, *, synced: bool
+    ) -> None:
+        """Anchor a committed record: in the tail (``tail``, unsynced) or at the head. A crash
+        before this leaves the anchor behind the ledger, which is consistent (the chain extends
+        the anchored head) and is caught up next time. An unsynced record goes in the tail,
+        never the head: the head must never be ahead of what is on disk (a crash would then
+        fail every later session closed)."""
+        if tail is not None:
+            _write_tail(self.anchor, self.identity["ledger_id"], base, tail, sync=False)
+            return
+        if not synced:  # committed unsynced, yet to be anchored: sync it first
+            _sync_wal(self.path)
+        _write_anchor(self.anchor, _anchor(self.identity, record.seq, record.hash))
+
+    def _tail_before(self, anchor: Mapping[str, Any]) -> tuple[int, list[str] | None]:
+        """The anchored head's seq and the tail after it (None: an anchor of the older form,
+        without a tail slot), under the write lock, before a record is added. A tail naming
+        records a crash lost is first shrunk, synced, to those still present: else the record
+        about to take a lost one's seq would disagree with it."""
+        base, tail = int(anchor["seq"]), anchor.get("tail")
+        if tail is not None and base + len(tail) > len(self._cache):
+            tail = tail[: len(self._cache) - base]
+            _write_tail(self.anchor, self.identity["ledger_id"], base, tail, sync=True)
+        return base, tail
 
     def close(self) -> None:
         """Close this process's connection (a later call opens a new one)."""

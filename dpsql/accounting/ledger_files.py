@@ -52,6 +52,24 @@ def _file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _sync_wal(path: Path) -> None:
+    """fsync the ledger's WAL and file: what SQLite's synchronous=FULL does at a commit, for a
+    commit made with NORMAL that must now be on disk before the anchor names it."""
+    for name in (path.with_name(path.name + "-wal"), path):
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # no WAL at the moment: its frames are in the file
+        except OSError as exc:
+            raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
+        finally:
+            os.close(fd)
+
+
 def _exists(path: Path) -> bool:
     """Whether ``path`` exists; a path that cannot even be looked up is a LedgerError."""
     try:

@@ -49,6 +49,8 @@ class MemoryLedger:
         payload: Mapping[str, Any],
         analyst: str | None = None,
         decide: Callable[[list[Record]], None] | None = None,
+        *,
+        synced: bool = True,  # nothing here is on disk
     ) -> Record:
         with self._lock:
             if decide is not None:

@@ -64,7 +64,7 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
                      session.policy.dataset.data_version)  # fmt: skip
     payload = family_payload(key, charge.seq, values, noised)
     if payload is not None:
-        session.filter.store.append(RECORD_KIND, payload, session.analyst)
+        session.filter.store.append(RECORD_KIND, payload, session.analyst, synced=False)
     members = ", ".join(str(m.index + 1) for m in family.members)
     note = NOTE.format(members=members, fine=family.fine_index + 1)
     out = {}
@@ -84,7 +84,7 @@ def served_members(session: Session, family: Family, seq: int) -> dict[int, Resu
     for i, (plan, noisy) in answered.items():
         release = publish(plan, noisy)
         session.filter.store.append("reserve", {"query": plan.query, "release": seq},
-                                    session.analyst)  # fmt: skip
+                                    session.analyst, synced=False)  # fmt: skip
         result = session._result(plan, release, None, seq)
         out[i] = replace(result, note=f"served again from the family release {seq}")
     return out
