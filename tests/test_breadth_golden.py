@@ -31,6 +31,7 @@ import datetime as dt
 import math
 import os
 import random
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,7 @@ from typing import Any
 import pytest
 import sqlglot
 from conftest import write_parquet
+from sqlglot import exp
 
 from dpsql.engine.duckdb import DuckDBEngine
 from dpsql.errors import QueryError, UnsupportedQueryError
@@ -772,6 +774,45 @@ def test_bounded_sql_matches_golden(name: str, within: Session) -> None:
     normal = sqlglot.parse_one(plan.engine_sql, read=DIALECT).sql(dialect=DIALECT)
     assert sqlglot.parse_one(path.read_text(), read=DIALECT).sql(dialect=DIALECT) == normal
     assert str(within.engine.salt) not in bounded
+
+
+def _count_totals(plan: Plan) -> list[exp.Cast]:
+    """The CASTs around a SUM in the bounded query (Spark sums them in BIGINT)."""
+    tree = sqlglot.parse_one(plan.engine_sql, read=DIALECT)
+    return [c for c in tree.find_all(exp.Cast) if type(c) is exp.Cast and c.this.key == "sum"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_totals_of_counts_are_bigint_over_one_table_only(name: str, within: Session) -> None:
+    """A CAST around a SUM is the planner's total of a count column of ``_capped``, in BIGINT,
+    and only over one table read directly, whose row count bounds it (``values._count_sum``):
+    Spark's lowering relies on that (``spark_aggregates._count_total``)."""
+    plan = plan_of(within, name)
+    totals = _count_totals(plan)
+    for cast in totals:
+        assert cast.to.sql(DIALECT) == "BIGINT"
+        column = cast.this.this
+        assert isinstance(column, exp.Column) and re.fullmatch(r"_c\d*", column.name)
+    counted = any(m.kind in ("rows", "count") for m in plan.bounding.measurements)
+    assert bool(totals) == (plan.analysis.base and counted), name
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT COUNT(*) FROM (SELECT user_id, CAST(SUM(age) AS BIGINT) AS s FROM visits "
+        "GROUP BY user_id) AS p WHERE s > 100",
+        "SELECT CAST(SUM(age) AS BIGINT) AS s, CAST(COUNT(*) AS BIGINT) AS n FROM visits",
+    ],
+)
+def test_an_analysts_cast_of_a_sum_is_not_a_total_of_counts(sql: str, within: Session) -> None:
+    try:
+        plan = within.plan(sql, None)
+    except QueryError:
+        return  # refused: nothing reaches an engine
+    for cast in _count_totals(plan):
+        column = cast.this.this
+        assert isinstance(column, exp.Column) and re.fullmatch(r"_c\d*", column.name)
 
 
 # -- 2. plan figures and pre-noise totals against the Python reference ----------------------

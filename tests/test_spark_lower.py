@@ -119,6 +119,27 @@ def test_integer_sums_are_decimal_sums_never_floats() -> None:
     assert "SUM of DOUBLE" in refused("SELECT SUM(x) FROM t")
 
 
+def test_a_total_of_counts_cast_to_bigint_is_a_bigint_sum() -> None:
+    """``CAST(SUM(x) AS BIGINT)``, the planner's total of a count column over one table
+    (``values._count_sum``), sums BIGINTs on Spark: no DECIMAL(38,0) accumulator, no cast
+    after it. Any other CAST of a SUM, and a TRY_CAST, keeps the exact decimal sum."""
+    tree = spark_tree(
+        "SELECT k, CAST(SUM(u) AS BIGINT) AS n, CAST(SUM(a) AS BIGINT) AS m FROM t GROUP BY k"
+    )
+    sums = list(tree.find_all(exp.Sum))
+    assert [text_of(s) for s in sums] == ["SUM(u)", "SUM(a)"]
+    assert "DECIMAL" not in tree.sql("spark")
+    for other in (
+        "SELECT TRY_CAST(SUM(u) AS BIGINT) AS n FROM t",
+        "SELECT CAST(SUM(u) AS HUGEINT) AS n FROM t",
+    ):
+        (total,) = spark_tree(other).find_all(exp.Sum)
+        assert "DECIMAL(38, 0)" in total.this.sql("spark"), other
+    # A HUGEINT count (R's weights) is cast to BIGINT term by term: each is at most the total.
+    (total,) = spark_tree("SELECT CAST(SUM(h) AS BIGINT) AS n FROM t").find_all(exp.Sum)
+    assert text_of(total) == "SUM(CAST(h AS BIGINT))"
+
+
 def test_hugeint_integer_division_is_exact_not_spark_div() -> None:
     """Spark's div on decimals returns a BIGINT that wraps past 2^63: the quotient of HUGEINTs
     is taken in decimals; within BIGINT, div is exact and raises on overflow as DuckDB does."""

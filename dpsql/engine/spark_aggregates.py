@@ -12,7 +12,7 @@ from dpsql.engine.spark_dialect import _refuse, _SparkOut
 from dpsql.engine.spark_lists import _hash
 from dpsql.engine.spark_lowerer import _handles, _Lowerer
 from dpsql.engine.spark_nodes import _E, _case, _cast, _Ctx, _fn, _is_null
-from dpsql.engine.spark_types import _elem, _is_int
+from dpsql.engine.spark_types import _INT_RANK, _elem, _is_int, _norm_type
 from dpsql.sql.validate import describe
 
 # -- aggregates, windows, UNNEST --------------------------------------------------------------
@@ -50,6 +50,31 @@ def _sum_of(a: _E) -> exp.Expression:
         return exp.Sum(this=arg)
     # A floating SUM depends on the order of the rows on Spark; the bounded query has none.
     raise _refuse(f"SUM of {a.type} values")
+
+
+def _count_total(lw: _Lowerer, node: exp.Cast, ctx: _Ctx) -> _E | None:
+    """``CAST(SUM(x) AS BIGINT)`` of an integer x, as a SUM of BIGINTs (None: another CAST).
+
+    DuckDB sums exactly and its CAST fails only if the total leaves BIGINT; Spark's SUM of
+    BIGINTs fails (ANSI mode) if any partial sum does. The two agree where no partial sum can
+    leave BIGINT, which holds where the planner writes this: totals of non-negative row counts
+    of one table (``dpsql.sql.values._count_sum``), never above its row count; elsewhere Spark
+    could fail where DuckDB answers, never answer otherwise. No other part of the bounded query
+    writes a CAST around a SUM (an analyst's SUM inside a subquery is a column of its own,
+    ``dpsql.sql.per_unit``): ``tests/test_breadth_golden.py`` checks both."""
+    total = node.this
+    if type(node) is not exp.Cast or not isinstance(total, exp.Sum):
+        return None
+    if _norm_type(node.to.sql("duckdb")) != "BIGINT" or isinstance(total.this, exp.Distinct):
+        return None
+    inner = _aggregate_ctx(ctx, "SUM")
+    a = lw.expr(total.this, inner)
+    if not _is_int(a.type):
+        return None
+    # A HUGEINT count (a weight summed per unit, R's path) is a non-negative term of the total:
+    # at most the total, so it fits BIGINT too.
+    term = a.node if _INT_RANK[a.type] <= _INT_RANK["BIGINT"] else _cast(a.node, "BIGINT")
+    return _E(exp.Sum(this=term), "BIGINT", bits=63)
 
 
 @_handles(exp.Sum)

@@ -11,6 +11,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
+from dpsql.engine.spark_aggregates import _count_total
 from dpsql.engine.spark_dialect import _refuse
 from dpsql.engine.spark_lowerer import _handles, _Lowerer
 from dpsql.engine.spark_nodes import (
@@ -285,7 +286,8 @@ def _float_to_int(
 @_handles(exp.Cast)
 def _cast_node(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     assert isinstance(node, exp.Cast)
-    return _cast_value(lw, node, ctx, total=False)
+    counted = _count_total(lw, node, ctx)  # a total of counts, in BIGINT
+    return counted if counted is not None else _cast_value(lw, node, ctx, total=False)
 
 
 @_handles(exp.TryCast)

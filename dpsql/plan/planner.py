@@ -148,6 +148,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         measurements=tuple(builder.specs),
         direct=steps.direct,
         sample=options.sample,
+        one_table=analysis.base,
     )
     text = bounded_query(analysis, bounding)
     diagnosis = None

@@ -59,3 +59,6 @@ class Bounding:
     direct: bool = False
     # A unit-level Poisson sample at this rate (``dpsql.sql.sample``), before any bound.
     sample: Fraction | None = None
+    # The rows come from one table read directly (no join, no subquery): a sum of counts of
+    # its rows is at most its row count, which fits BIGINT (``values.measurement_sql``).
+    one_table: bool = False

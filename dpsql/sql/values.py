@@ -111,10 +111,22 @@ def _counted(raw: str, expr: exp.Expression, analysis: Analysis) -> str:
     return raw
 
 
+def _count_sum(column: str, bounding: Bounding) -> str:
+    """The total of a count column of ``_capped`` (each row's count of rows, 0 to C). Over one
+    table read directly the total is at most the table's row count, below 2^63 (COUNT(*) is a
+    BIGINT on both engines), so it is written as a BIGINT: DuckDB's HUGEINT total cast without
+    any possible error, and Spark's SUM of BIGINTs, not of DECIMAL(38,0) (``spark_aggregates.
+    _count_total``; its partial sums of counts never pass the total). Over a join or a
+    subquery the rows are not one table's: L0 * C * (2^63 - 1) does not fit, so HUGEINT."""
+    if bounding.one_table:
+        return f"CAST(SUM({column}) AS BIGINT)"
+    return f"SUM({column})"
+
+
 def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
     """The cross-unit aggregate of one measurement, over ``_capped``."""
     if spec.kind == "rows":
-        return "SUM(_c)"
+        return _count_sum("_c", bounding)
     if spec.kind == "units":
         if bounding.direct:
             # One row per kept row here, not per (unit, group): count the distinct units, the
@@ -124,7 +136,7 @@ def measurement_sql(spec: MeasurementSpec, bounding: Bounding) -> str:
     assert spec.value is not None
     i = spec.value
     if spec.kind == "count":
-        return f"SUM(_c{i})"
+        return _count_sum(f"_c{i}", bounding)
     if spec.kind == "sum":
         return f"SUM(_t{i})"
     if spec.kind == "centred_squares":

@@ -56,7 +56,7 @@ WITH _rows AS (
 ), _agg AS (
   SELECT
     SUM(2 * _t0 - _c0 * CAST(1638400 AS INT128)) AS _m0,
-    SUM(_c0) AS _m1,
+    CAST(SUM(_c0) AS BIGINT) AS _m1,
     COUNT(*) AS _z
   FROM _capped
 )

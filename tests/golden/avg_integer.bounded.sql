@@ -88,7 +88,7 @@ WITH _rows AS (
   SELECT
     _k0,
     SUM(2 * _t0 - _c0 * CAST(108 AS INT128)) AS _m0,
-    SUM(_c0) AS _m1,
+    CAST(SUM(_c0) AS BIGINT) AS _m1,
     COUNT(*) AS _z
   FROM _capped
   GROUP BY

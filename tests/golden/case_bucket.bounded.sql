@@ -87,7 +87,7 @@ WITH _rows AS (
 ), _agg AS (
   SELECT
     _k0,
-    SUM(_c) AS _m0,
+    CAST(SUM(_c) AS BIGINT) AS _m0,
     SUM(_t0) AS _m1,
     COUNT(*) AS _z
   FROM _capped

@@ -27,7 +27,7 @@ WITH _rows AS (
   FROM _kept
 ), _agg AS (
   SELECT
-    SUM(_c0) AS _m0,
+    CAST(SUM(_c0) AS BIGINT) AS _m0,
     COUNT(*) AS _z
   FROM _capped
 )

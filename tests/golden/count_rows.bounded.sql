@@ -23,7 +23,7 @@ WITH _rows AS (
   FROM _kept
 ), _agg AS (
   SELECT
-    SUM(_c) AS _m0,
+    CAST(SUM(_c) AS BIGINT) AS _m0,
     COUNT(*) AS _z
   FROM _capped
 )

@@ -87,8 +87,8 @@ WITH _rows AS (
 ), _agg AS (
   SELECT
     _k0,
-    SUM(_c) AS _m0,
-    SUM(_c0) AS _m1,
+    CAST(SUM(_c) AS BIGINT) AS _m0,
+    CAST(SUM(_c0) AS BIGINT) AS _m1,
     SUM(_t0) AS _m2,
     SUM(2 * _t0 - _c0 * CAST(1638400 AS INT128)) AS _m3,
     COUNT(*) AS _m4,

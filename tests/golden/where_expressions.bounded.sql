@@ -57,7 +57,7 @@ WITH _rows AS (
   FROM _kept
 ), _agg AS (
   SELECT
-    SUM(_c) AS _m0,
+    CAST(SUM(_c) AS BIGINT) AS _m0,
     SUM(_t0) AS _m1,
     COUNT(*) AS _z
   FROM _capped

@@ -53,7 +53,7 @@ WITH _dom0 AS (
 ), _agg AS (
   SELECT
     _k0,
-    SUM(_c) AS _m0,
+    CAST(SUM(_c) AS BIGINT) AS _m0,
     COUNT(*) AS _z
   FROM _capped
   GROUP BY
