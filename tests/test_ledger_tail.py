@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ledger import ledger_policy, open_session
+from test_ledger import ledger_policy, open_session, sql
 
 from dpsql.accounting.filter import create_ledger
 from dpsql.accounting.ledger import GENESIS, Ledger, anchor_path, read_anchor, record_hash
@@ -50,15 +50,6 @@ def _rows(path: Path) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def _sql(path: Path, statement: str, params: tuple[Any, ...] = ()) -> None:
-    con = sqlite3.connect(path)
-    try:
-        with con:
-            con.execute(statement, params)
-    finally:
-        con.close()
-
-
 def _rechain(path: Path, edit: int | None = None) -> None:
     """Rewrite every hash from GENESIS, after editing record ``edit``'s payload: a chain that
     verifies on its own (it needs no secret), so that only the anchor can tell."""
@@ -66,7 +57,7 @@ def _rechain(path: Path, edit: int | None = None) -> None:
     for seq, when, kind, analyst, stored, _, _ in _rows(path):
         payload = stored.replace("}", ',"forged":1}', 1) if seq == edit else stored
         digest = record_hash(prev, (seq, when, kind, analyst, payload))
-        _sql(path, "UPDATE records SET payload = ?, prev = ?, hash = ? WHERE seq = ?",
+        sql(path, "UPDATE records SET payload = ?, prev = ?, hash = ? WHERE seq = ?",
              (payload, prev, digest, seq))  # fmt: skip
         prev = digest
 
@@ -126,7 +117,7 @@ def test_losing_unsynced_records_is_not_an_error(
     n = len(kinds)
     unsynced = next((i for i in range(n) if all(not k for k in kinds[i:])), n)  # first of them
     keep = data.draw(st.integers(unsynced, n), label="records kept")
-    _sql(path, "DELETE FROM records WHERE seq > ?", (keep,))
+    sql(path, "DELETE FROM records WHERE seq > ?", (keep,))
     # The tail slot as last written, or as the crash left it: an earlier version (written
     # unsynced, it may not have reached the disk either) or torn.
     slot = data.draw(st.sampled_from(["last", "earlier", "torn"]), label="tail slot")
@@ -167,13 +158,13 @@ def test_an_edit_or_a_lost_synced_record_fails_closed(
         if not synced_seqs:
             return
         first = data.draw(st.sampled_from(synced_seqs), label="from")
-        _sql(path, "DELETE FROM records WHERE seq >= ?", (first,))
+        sql(path, "DELETE FROM records WHERE seq >= ?", (first,))
     else:  # an unsynced record lost and another put in its place, the chain made whole
         unsynced = [i + 1 for i, k in enumerate(kinds) if not k]
         if not unsynced:
             return
         seq = data.draw(st.sampled_from(unsynced), label="replaced")
-        _sql(path, "DELETE FROM records WHERE seq > ?", (seq,))
+        sql(path, "DELETE FROM records WHERE seq > ?", (seq,))
         _rechain(path, seq)
     with pytest.raises(LedgerError):
         _opens(path)
@@ -200,7 +191,7 @@ def test_a_release_lost_in_a_crash_costs_a_fresh_charge(tmp_path: Path) -> None:
     assert anchor["seq"] == first.charge.seq and len(anchor["tail"]) == 2
     assert _spent(raw) == Fraction(1, 2)
     # A crash lost the release and the re-serve (unsynced), not the charge (synced).
-    _sql(path, "DELETE FROM records WHERE seq > ?", (first.charge.seq,))
+    sql(path, "DELETE FROM records WHERE seq > ?", (first.charge.seq,))
     with contextlib.closing(open_session(raw)) as session:
         assert session.budget().epsilon_spent == Fraction(1, 2)
         after = session.execute(query, epsilon="0.5")
