@@ -170,6 +170,31 @@ def test_an_edit_or_a_lost_synced_record_fails_closed(
         _opens(path)
 
 
+@pytest.mark.parametrize("killed", [True, False])
+def test_a_record_the_tail_does_not_name_comes_under_the_head(tmp_path: Path, killed: bool) -> None:
+    """A charge whose process was killed after its commit, before its anchor write, is neither
+    in the head nor in the tail: the next record, even an unsynced one, is synced and anchored
+    at the head, so that the charge's loss fails closed (else its removal would pass for an
+    unsynced record lost in a crash, and give the budget back)."""
+    path = tmp_path / "ledger.db"
+    Ledger.create(path, "d", budget={"epsilon": "1"}).close()
+    ledger = Ledger(path)
+    try:
+        ledger.append("release", {"i": 0}, synced=False)
+        with pytest.MonkeyPatch.context() as patch:
+            if killed:
+                patch.setattr(ledger, "_anchor_after", lambda *args, **kwargs: None)
+            charge = ledger.append("charge", {"i": 1})
+        ledger.append("release", {"i": 2}, synced=False)
+    finally:
+        ledger.close()
+    anchor = read_anchor(anchor_path(path))
+    assert anchor["seq"] >= charge.seq
+    sql(path, "DELETE FROM records WHERE seq >= ?", (charge.seq,))
+    with pytest.raises(LedgerError):
+        _opens(path)
+
+
 def _spent(raw: dict[str, Any]) -> Fraction:
     with contextlib.closing(open_session(raw)) as session:
         return session.budget().epsilon_spent

@@ -306,7 +306,8 @@ class Ledger(CatchUp):
         (by any process) syncs it whole. Losing one costs a fresh charge when the query comes
         again, never privacy (DESIGN: a crash after the charge loses budget); an edit of one is
         caught by the tail like any other. A charge is always synced and anchored, and so is a
-        record past the tail's MAX_TAIL.
+        record past the tail's MAX_TAIL or while the tail does not name every record after the
+        head.
         """
         body = canonical(dict(payload))
         with self._lock, _file_lock(self.path):
@@ -335,7 +336,15 @@ class Ledger(CatchUp):
                 when = time.time()
                 digest = record_hash(prev, (seq, when, kind, analyst, body))
                 heads = [r.hash for r in self._cache[base:]] + [digest]
-                lazy = not synced and tail is not None and len(heads) <= MAX_TAIL
+                # Unsynced only if the tail already names every record after the head: a
+                # record it does not name (a process killed before anchoring it, perhaps a
+                # charge) must come under the head, where its loss is an error, not the tail.
+                lazy = (
+                    not synced
+                    and tail is not None
+                    and base + len(tail) == len(self._cache)
+                    and len(heads) <= MAX_TAIL
+                )
                 con.execute(
                     "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (seq, when, kind, analyst, body, prev, digest),
