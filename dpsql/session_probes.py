@@ -18,7 +18,7 @@ from dpsql.sql.analyze import Analysis
 from dpsql.sql.cells import Cell
 from dpsql.sql.domains import probe_sql
 from dpsql.sql.rewrite import key_sql, literal_sql
-from dpsql.sql.scope import _quote
+from dpsql.sql.scope import SIGNED_RANGES, _quote
 
 _BARE_COLUMN = re.compile(r'"((?:[^"]|"")+)"')
 
@@ -31,12 +31,8 @@ def _encodes(text: str) -> bool:
     return True
 
 
-_INTEGER_RANGES = {
-    "TINYINT": (-(2**7), 2**7 - 1),
-    "SMALLINT": (-(2**15), 2**15 - 1),
-    "INTEGER": (-(2**31), 2**31 - 1),
-    "BIGINT": (-(2**63), 2**63 - 1),
-}
+# The key types whose domains are deduplicated in Python (a HUGEINT key still asks the engine).
+_INTEGER_RANGES = {t: r for t, r in SIGNED_RANGES.items() if t != "HUGEINT"}
 
 
 def _integer_domain(engine_type: str, domain: tuple[object, ...]) -> list[str | None] | None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from sqlglot import exp
 
 from dpsql.engine.spark_dialect import _refuse
+from dpsql.sql.scope import SIGNED_RANGES
 
 # -- types -------------------------------------------------------------------------------------
 # The DuckDB type of every lowered expression, as DuckDB names it: what DuckDB computes decides
@@ -19,13 +20,7 @@ from dpsql.engine.spark_dialect import _refuse
 
 _INT_RANK = {"TINYINT": 1, "SMALLINT": 2, "INTEGER": 3, "BIGINT": 4, "HUGEINT": 5}
 _INT_BY_RANK = {rank: name for name, rank in _INT_RANK.items()}
-_INT_RANGE = {
-    "TINYINT": (-(2**7), 2**7 - 1),
-    "SMALLINT": (-(2**15), 2**15 - 1),
-    "INTEGER": (-(2**31), 2**31 - 1),
-    "BIGINT": (-(2**63), 2**63 - 1),
-    "HUGEINT": (-(2**127), 2**127 - 1),
-}
+_INT_RANGE = SIGNED_RANGES
 _FLOATS = ("FLOAT", "DOUBLE")
 _SPARK_NAMES = {
     "BOOLEAN": "BOOLEAN",

@@ -29,6 +29,14 @@ NUMERIC = {
     "uinteger", "ubigint", "uhugeint", "float", "double", "real",
 }  # fmt: skip
 INTEGER = {t for t in NUMERIC if t not in {"float", "double", "real"}}
+# DuckDB's signed integer types, as its DESCRIBE names them, and the values each holds.
+SIGNED_RANGES = {
+    "TINYINT": (-(2**7), 2**7 - 1),
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INTEGER": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+    "HUGEINT": (-(2**127), 2**127 - 1),
+}
 
 
 @dataclass(frozen=True)
