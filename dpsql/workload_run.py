@@ -183,10 +183,8 @@ def combine(
             if i in offsets:
                 combo = adjustment.row(offsets[i])
             else:
-                combo = {}
-                for f in np.nonzero(kind.maps[i] == 0)[0]:
-                    for k, a in adjustment.row(offsets[0] + int(f)).items():
-                        combo[k] = combo.get(k, Fraction(0)) + a
+                base = np.nonzero(kind.maps[i] == 0)[0]
+                combo = adjustment.combination({offsets[0] + int(f): Fraction(1) for f in base})
             signature = sorted((a, scales[k]) for k, a in combo.items() if a != 0)
             answers[(kind.spec, level)] = (vals, [signature])
     out = {}

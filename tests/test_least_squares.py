@@ -74,6 +74,13 @@ def test_hierarchy_matches_gls(k: int, j: int, data: st.DataObject) -> None:
     for i in range(size):
         assert exact[i] <= v[i]
         assert sum(a * y[k2] for k2, a in fit.row(i).items()) == estimate[i]
+    # A weighted sum of estimates, in one solve, is the sum of their rows.
+    weights = data.draw(st.dictionaries(st.integers(0, size - 1), variances_st, max_size=size))
+    rows: dict[int, Fraction] = {}
+    for i, w in weights.items():
+        for k2, a in fit.row(i).items():
+            rows[k2] = rows.get(k2, Fraction(0)) + w * a
+    assert fit.combination(weights) == {k2: a for k2, a in rows.items() if a != 0}
 
 
 def test_dependent_constraints_change_nothing() -> None:

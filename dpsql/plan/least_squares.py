@@ -22,7 +22,8 @@ constraint is a combination of those eliminated: it is dropped (its row is then 
 * ``apply``: λ = M⁻¹ C y, ŷ = y - V Cᵀ λ, then C ŷ = 0 is checked exactly;
 * ``variance(i)``: v_i - v_i² c_iᵀ M⁻¹ c_i = v_i - v_i² Σ_p z_p² / d_p with z = L⁻¹ c_i
   (c_i the i-th column of C), a forward solve that stays sparse on a tree;
-* ``row(i)``: ŷ_i = y_i - v_i (M⁻¹ c_i)ᵀ C y, so its coefficients are e_i - v_i Cᵀ M⁻¹ c_i.
+* ``row(i)``: ŷ_i = y_i - v_i (M⁻¹ c_i)ᵀ C y, so its coefficients are e_i - v_i Cᵀ M⁻¹ c_i;
+  ``combination(w)``, those of Σ_i w_i ŷ_i, in one solve.
 
 ``predicted_variances`` is the same diagonal in float64 for optimisers: with A = C V^½, the
 variance reduction of q_i is v_i times the i-th diagonal entry of the projection onto A's row
@@ -152,18 +153,24 @@ class Adjustment:
 
     def row(self, i: int) -> dict[int, Fraction]:
         """The coefficients a of ŷ_i = Σ_k a_k y_k (zeros omitted): e_i - v_i Cᵀ M⁻¹ c_i."""
-        self._check_index(i)
-        coefficients: dict[int, Fraction] = {i: Fraction(1)}
-        column = self.columns[i]
-        if not column:
-            return coefficients
-        x = self._solve(column)
-        v = self.variances[i]
-        for p, constraint in enumerate(self.constraints):
-            if x[p]:
-                weight = v * x[p]
-                for k, c in constraint.items():
-                    coefficients[k] = coefficients.get(k, _ZERO) - weight * c
+        return self.combination({i: Fraction(1)})
+
+    def combination(self, weights: Mapping[int, Fraction]) -> dict[int, Fraction]:
+        """The coefficients a of Σ_i w_i ŷ_i = Σ_k a_k y_k (zeros omitted), in one solve: by
+        linearity, Σ_i w_i e_i - Cᵀ M⁻¹ (Σ_i w_i v_i c_i)."""
+        coefficients: dict[int, Fraction] = {}
+        rhs: dict[int, Fraction] = {}
+        for i, w in weights.items():
+            self._check_index(i)
+            coefficients[i] = coefficients.get(i, _ZERO) + w
+            for p, c in self.columns[i].items():
+                rhs[p] = rhs.get(p, _ZERO) + w * self.variances[i] * c
+        if any(rhs.values()):
+            x = self._solve(rhs)
+            for p, constraint in enumerate(self.constraints):
+                if x[p]:
+                    for k, c in constraint.items():
+                        coefficients[k] = coefficients.get(k, _ZERO) - x[p] * c
         return {k: a for k, a in coefficients.items() if a != 0}
 
 
