@@ -9,7 +9,9 @@ quantities only (the statements, the policy, the key domains' sizes), never from
   keys are each a subset of one member's keys (the finest grouping, "fine" below). A key the
   fine grouping has and a coarser member lacks needs an other group (``SET dpsql.other_group =
   on``), so that no row outside its domain is dropped at the fine grouping that the coarser
-  statement would have counted.
+  statement would have counted. When the statements' groupings do not nest, the fine grouping
+  may be the union of their keys, which no statement asks for (``Family.union``); every
+  statement is then a coarser level of it.
 * The family's rows are **bounded once**, at the fine grouping (its L0, C and R; one bounded
   query for the union of the members' measurements). A coarser cell is the sum of fine cells,
   and a unit's L0 fine cells may all fall in one coarser cell, so a measurement of a coarser
@@ -105,11 +107,26 @@ class Family:
     """Statements answered from measurements on rows bounded once at the fine grouping."""
 
     fine: Plan  # the bounded query at the fine grouping, with every member's measurements
-    fine_index: int  # the member whose grouping is the fine one
+    fine_index: int  # the member whose grouping is the fine one (see ``union``)
     members: tuple[Member, ...]
     taken: tuple[Taken, ...]
     sizes: tuple[int, ...]  # the number of values of each fine key (its domain, other group)
     ratios: tuple[float, ...]  # per member: joint / independent weighted variance
+    # The fine grouping is no member's but the union of the members' keys (planned with the
+    # settings of a member of the most keys); ``fine_index`` is then the first member's.
+    union: bool = False
+
+    @property
+    def grouping(self) -> str:
+        """The fine grouping's keys, each by the name a member gives it."""
+        names = [k.name for k in self.fine.analysis.keys]
+        for member in reversed(self.members):
+            a = member.plan.analysis
+            for key, p in zip(a.keys, member.positions, strict=True):
+                shown = [o.name for o in a.outputs
+                         if isinstance(o.expr, exp.Column) and o.expr.name == key.name]  # fmt: skip
+                names[p] = shown[0] if shown else key.name
+        return ", ".join(names)
 
     def cells(self, level: Sequence[int]) -> int:
         return math.prod(self.sizes[p] for p in level)
@@ -216,7 +233,6 @@ def _spec_key(plan: Plan, m: Measurement) -> tuple[object, ...]:
 def synthetic(fine: Plan, members: Sequence[Plan]) -> exp.Select:
     """The fine grouping's query with every member's aggregates: one bounded query measures
     all of them on the same bounded rows."""
-    select = parse_select(fine.query)
     aggregates: list[exp.Expression] = []
     seen: set[str] = set()
     for plan in members:
@@ -226,7 +242,27 @@ def synthetic(fine: Plan, members: Sequence[Plan]) -> exp.Select:
                 seen.add(text)
                 aggregates.append(cast(exp.Expression, node.copy()))
     # The keys as the analysis resolved them (an alias in GROUP BY names a SELECT expression).
-    keys = [k.expr.copy() for k in fine.analysis.keys]
+    return _grouped(fine, [k.expr.copy() for k in fine.analysis.keys], aggregates)
+
+
+def union_select(plans: Sequence[Plan]) -> exp.Select:
+    """A count over the rows of ``plans[0]`` grouped by the union of the plans' keys (in
+    order of first appearance): the grouping of a family that no statement asks for."""
+    keys: list[exp.Expression] = []
+    seen: set[str] = set()
+    for plan in plans:
+        for k in plan.analysis.keys:
+            if _key_text(k) not in seen:
+                seen.add(_key_text(k))
+                keys.append(k.expr.copy())
+    return _grouped(plans[0], keys, [exp.Count(this=exp.Star())])
+
+
+def _grouped(
+    source: Plan, keys: Sequence[exp.Expression], aggregates: Sequence[exp.Expression]
+) -> exp.Select:
+    """``aggregates`` over the rows of ``source`` (its FROM and WHERE), grouped by ``keys``."""
+    select = parse_select(source.query)
     outputs = [exp.alias_(k, f"_wk{i}") for i, k in enumerate(keys)]
     outputs += [exp.alias_(a, f"_wa{i}") for i, a in enumerate(aggregates)]
     parts = {
@@ -430,7 +466,11 @@ def _optimise(model: _Model, taken: list[bool], start: list[float]) -> list[floa
 
 
 def plan_family(  # noqa: PLR0915
-    fine: Plan, fine_index: int, members: Sequence[Member], sizes: Sequence[int]
+    fine: Plan,
+    fine_index: int,
+    members: Sequence[Member],
+    sizes: Sequence[int],
+    union: bool = False,
 ) -> Family | None:
     """The best split for these members bounded at ``fine``, or None if it gains nothing."""
     fine_level = tuple(range(len(fine.analysis.keys)))
@@ -509,7 +549,10 @@ def plan_family(  # noqa: PLR0915
     _, ratios = model.objective(full, taken)
     if sum(t.epsilon for t in chosen) != epsilon:
         raise InternalError("the family's epsilon is not its members' sum")
-    return Family(fine, fine_index, tuple(members), tuple(chosen), tuple(sizes), tuple(ratios))
+    # A union's grouping is no member's: the family goes by its first member (members of two
+    # families are disjoint, so the index names one family).
+    index = members[0].index if union else fine_index
+    return Family(fine, index, tuple(members), tuple(chosen), tuple(sizes), tuple(ratios), union)
 
 
 def _level_label(fine: Plan, level: Sequence[int]) -> str:
@@ -561,6 +604,10 @@ def plan_joint(plans: Sequence[Plan | None], plan_select: PlanSelect) -> Joint:
                 family = _try(plans, f, pool, plan_select)
                 if family is not None and (best is None or _gain(family) > _gain(best)):
                     best = family
+            if len(maximal) >= 2:
+                family = _try_union(plans, maximal, pool, plan_select)
+                if family is not None and (best is None or _gain(family) > _gain(best)):
+                    best = family
             if best is None:
                 break
             families.append(best)
@@ -583,11 +630,32 @@ def _gain(family: Family) -> float:
     return len(family.members) - sum(family.ratios)
 
 
-def _try(
-    plans: Sequence[Plan | None], f: int, pool: Sequence[int], plan_select: PlanSelect
+def _try_union(
+    plans: Sequence[Plan | None],
+    maximal: Sequence[int],
+    pool: Sequence[int],
+    plan_select: PlanSelect,
 ) -> Family | None:
-    """The family bounded at statement f's grouping, pruned while a member loses."""
-    fine_plan = plans[f]
+    """The family bounded at the union of the maximal groupings' keys, with the settings of
+    the first statement of most keys."""
+    ordered = sorted(maximal, key=lambda i: -len(_plan(plans, i).analysis.keys))
+    try:
+        grouping = plan_select(union_select([_plan(plans, i) for i in ordered]), ordered[0])
+    except DpsqlError:
+        return None
+    return _try(plans, ordered[0], pool, plan_select, grouping)
+
+
+def _try(
+    plans: Sequence[Plan | None],
+    f: int,
+    pool: Sequence[int],
+    plan_select: PlanSelect,
+    grouping: Plan | None = None,
+) -> Family | None:
+    """The family bounded at statement f's grouping (or at ``grouping``), pruned while a
+    member loses."""
+    fine_plan = plans[f] if grouping is None else grouping
     assert fine_plan is not None
     candidates = []
     for i in pool:
@@ -616,7 +684,7 @@ def _try(
     current = members
     fine_level = tuple(range(len(fine.analysis.keys)))
     while len(current) >= 2:
-        family = plan_family(fine, f, current, sizes)
+        family = plan_family(fine, f, current, sizes, grouping is not None)
         if family is not None and (best is None or _gain(family) > _gain(best)):
             best = family
         if family is not None and max(family.ratios) < 1 - MIN_GAIN:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from dpsql import workload
 from dpsql import workload_run as run
 from dpsql.errors import BudgetExceededError
-from dpsql.interfaces.batch_plan import Workload, plan_workload
+from dpsql.interfaces.batch_plan import Workload, plan_lines, plan_workload
 from dpsql.interfaces.workload_answers import run_workload
 from dpsql.noise.release_estimates import half_width
 from dpsql.session import Session
@@ -40,6 +40,15 @@ SELECT QUANTILE_CONT(spend, 0.5) AS median FROM visits;
 """
 # Under a total row cap R alone, every level has L1 = R: the total joins the hierarchy too.
 R_FILE = "SET dpsql.max_rows_per_unit = 6;\n" + FILE
+# Groupings that do not nest (region; band): bounded at their union (region, band), which no
+# statement asks for.
+UNION_FILE = f"""SET dpsql.max_rows_per_unit = 6;
+SET dpsql.other_group = on;
+SELECT COUNT(*) AS n FROM visits;
+SELECT region, COUNT(*) AS n FROM visits GROUP BY region;
+SELECT {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY band;
+SELECT region, SUM(spend) AS s FROM visits GROUP BY region;
+"""
 
 
 def _rows(seed: int, units: int = 60) -> list[tuple[Any, ...]]:
@@ -107,9 +116,13 @@ def test_the_plan_reads_no_data(tiny_policy: TinyPolicy) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(seed=st.integers(0, 10**6), extra=st.integers(1, 40), r_cap=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    extra=st.integers(1, 40),
+    text=st.sampled_from([FILE, R_FILE, UNION_FILE]),
+)
 def test_one_unit_moves_each_measurement_by_at_most_its_sensitivity(
-    tiny_policy: TinyPolicy, seed: int, extra: int, r_cap: bool
+    tiny_policy: TinyPolicy, seed: int, extra: int, text: str
 ) -> None:
     """Neighbouring databases D and D' (D' adds one unit with up to 40 rows anywhere): every
     measurement the family takes, at every level, moves by at most its L1 sensitivity."""
@@ -117,7 +130,6 @@ def test_one_unit_moves_each_measurement_by_at_most_its_sensitivity(
     rng = random.Random(seed + 1)
     added = [(10**6, rng.choice([*TINY_REGIONS, None]), rng.randint(18, 95),
               rng.uniform(-50, 400)) for _ in range(extra)]  # fmt: skip
-    text = R_FILE if r_cap else FILE
     levels, salt = [], None
     for data in (rows, rows + added):
         with closing(Session(tiny_policy(data))) as session:
@@ -151,8 +163,41 @@ def test_children_sum_to_their_parents_in_the_released_answers(tiny_policy: Tiny
         assert n == pytest.approx(cells[region], rel=1e-9, abs=1e-6)
     assert total == pytest.approx(sum(regions.values()), rel=1e-9, abs=1e-6)
     assert "least squares" in by_statement[4].note and by_statement[3].note
-    # Counts stay unrounded: rounding each would break the sums.
-    assert any(isinstance(n, float) and n != round(n) for n in regions.values())
+    # Counts stay unrounded: rounding each would break the sums. (One level alone can come out
+    # whole by chance: the combination's weights may have a small denominator.)
+    released = [total, *regions.values(), *(row[2] for row in by_statement[5].rows)]
+    assert any(isinstance(n, float) and n != round(n) for n in released)
+
+
+def test_groupings_that_do_not_nest_are_bounded_at_their_union(tiny_policy: TinyPolicy) -> None:
+    """By region and by band: neither holds the other, so the family is bounded at (region,
+    band), which no statement asks for; the released answers sum to the same total both ways.
+    Without the other group a key's rows outside its domain would be dropped at the union, so
+    no such family is formed."""
+    with closing(Session(tiny_policy(_rows(15)))) as session:
+        workload = _workload(session, UNION_FILE)
+        family = _family(workload)
+        assert family.union and family.fine_index == family.members[0].index
+        assert family.grouping == "region, band"
+        assert sorted(m.index + 1 for m in family.members) == [3, 4, 5, 6]
+        assert all(r < 1 for r in family.ratios)
+        text = "\n".join(plan_lines(session, "f.sql", workload))
+        assert "bounded once at the grouping (region, band), the union of their keys" in text
+        assert "[family at (region, band)]" in text
+        results = [r for _, r in run_workload(session, workload)]
+        total = results[2].rows[0][0]
+        by_region = [row[1] for row in results[3].rows]
+        by_band = [row[1] for row in results[4].rows]
+        assert total == pytest.approx(sum(by_region), rel=1e-9, abs=1e-6)
+        assert total == pytest.approx(sum(by_band), rel=1e-9, abs=1e-6)
+        assert "grouping (region, band)" in results[4].note
+        spent = session.budget().epsilon_spent
+        again = [r for _, r in run_workload(session, _workload(session, UNION_FILE))]
+        assert session.budget().epsilon_spent == spent
+        assert [r.rows for r in again[2:]] == [r.rows for r in results[2:]]
+    with closing(Session(tiny_policy(_rows(15)))) as session:
+        nested = _workload(session, UNION_FILE.replace("SET dpsql.other_group = on;", ""))
+    assert not any(f.union for f in nested.joint.families)
 
 
 def test_combined_answers_cover_their_exact_totals_and_gain_in_variance(

@@ -23,7 +23,7 @@ from dpsql.plan.planner import Plan
 from dpsql.session import Planned, Session
 from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece
-from dpsql.workload import Joint, plan_joint
+from dpsql.workload import Family, Joint, plan_joint
 from dpsql.workload_run import family_key, released_family
 
 __all__ = ["Step", "Workload", "plan_file", "plan_lines", "plan_workload"]
@@ -43,9 +43,10 @@ class Step:
     settings: Mapping[str, object] = field(default_factory=dict)
     event: Composite | None = None
     # Under the workload's joint plan: its variance over its independent plan's (None: on its
-    # own), and the statement whose grouping bounds its family.
+    # own), and what bounds its family: the number of the statement whose grouping it is, or
+    # "(keys)" for the union of its members' keys.
     ratio: float | None = None
-    family: int | None = None
+    family: str | None = None
 
     @property
     def charged(self) -> bool:
@@ -141,8 +142,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
             out.append(s)
             continue
         family, _ = found
-        fine = steps[family.fine_index].piece.number
-        member = replace(s, ratio=joint.ratios[i], family=fine)
+        member = replace(s, ratio=joint.ratios[i], family=_bounded_at(steps, family))
         seq = released.get(family.fine_index)
         if seq is not None:
             member = replace(member, source="cache", note=f"release {seq}")
@@ -174,6 +174,13 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
         except BudgetExceededError:
             fits = False
     return Workload(tuple(out), joint, event, fits, independent, released)
+
+
+def _bounded_at(steps: Sequence[Step], family: Family) -> str:
+    """What bounds ``family``, for the plan: its fine statement's number, or its keys."""
+    if family.union:
+        return f"({family.grouping})"
+    return str(steps[family.fine_index].piece.number)
 
 
 def _released(session: Session, steps: Sequence[Step], joint: Joint) -> dict[int, int]:
@@ -364,9 +371,14 @@ def plan_lines(session: Session, name: str, given: Sequence[Step] | Workload) ->
     if workload is not None:
         for family in workload.joint.families:
             numbers = ", ".join(str(steps[m.index].piece.number) for m in family.members)
-            fine = steps[family.fine_index].piece.number
+            at = _bounded_at(steps, family)
+            grouping = (
+                f"({family.grouping}), the union of their keys"
+                if family.union
+                else (f"of statement {at}")
+            )
             lines.append(
-                f"joint: statements {numbers} bounded once at the grouping of statement {fine} "
+                f"joint: statements {numbers} bounded once at the grouping {grouping} "
                 f"(L0 = {family.fine.max_groups}, C = {family.fine.max_rows}); coarser cells "
                 "are sums of its cells, so their L1 = L2 = L0·C; measured:"
             )

@@ -41,8 +41,8 @@ __all__ = ["answer_members", "run_script", "run_workload"]
 
 NOTE = (
     "answered with statement(s) {members} from measurements on rows bounded once at the "
-    "grouping of statement {fine}, combined by least squares: unrounded, and not clamped at "
-    "0, so that children sum to their parents"
+    "grouping {grouping}, combined by least squares: unrounded, and not clamped at 0, so that "
+    "children sum to their parents"
 )
 
 
@@ -66,7 +66,8 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
     if payload is not None:
         session.filter.store.append(RECORD_KIND, payload, session.analyst, synced=False)
     members = ", ".join(str(m.index + 1) for m in family.members)
-    note = NOTE.format(members=members, fine=family.fine_index + 1)
+    grouping = f"({family.grouping})" if family.union else f"of statement {family.fine_index + 1}"
+    note = NOTE.format(members=members, grouping=grouping)
     out = {}
     for i, (plan, release) in released.items():
         result = session._result(plan, release, charge, None)
