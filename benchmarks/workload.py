@@ -10,14 +10,19 @@ ratios over the charged statements (independent planning: one per statement) and
 both plans, which is the same. With ``--runs N`` it then releases the file N times jointly
 (a new session each time, with one salt) and N times statement by statement in one session
 (``SET dpsql.fresh = on``; a large budget),
-and reports per statement the measured variance of the released values (their spread across
-runs, cell by cell, averaged over the cells; for AVG and STDDEV the spread of the estimate) and
-its ratio, beside the planned one, with the time of one joint and one independent run.
+and reports per statement the measured ratio of the released values' variances (their spread
+across runs, joint over independent, cell by cell, the median over the cells; for AVG and
+STDDEV the spread of the estimate; cells of no spread in either plan are left out, and a
+statement of no spread at all, such as a quantile the exponential mechanism always puts at one
+grid point, counts 1), beside the planned ratio, and how far the joint answers' mean is from
+the independent answers' (the bias of bounding at a finer grouping, which the plan cannot
+see), with the time of one joint and one independent run.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -50,10 +55,29 @@ def _values(result: Any) -> list[float]:
     return [float(v) for row in result.rows for v in row[n_keys:]]
 
 
-def _spread(samples: list[list[float]]) -> float:
-    """The variance across runs, cell by cell, averaged over the cells."""
-    cells = list(zip(*samples, strict=True))
-    return statistics.fmean(statistics.pvariance(c) for c in cells)
+def _ratio(joint: list[list[float]], alone: list[list[float]]) -> float:
+    """The variance across runs of the joint answers over the independent ones', cell by cell,
+    the median over the cells (an empty cell's AVG or STDDEV swings between its clamps in both
+    plans, and would dominate a mean); a cell of no spread in either plan is left out."""
+    ratios = []
+    for j, a in zip(zip(*joint, strict=True), zip(*alone, strict=True), strict=True):
+        vj, va = statistics.pvariance(j), statistics.pvariance(a)
+        if va > 0:
+            ratios.append(vj / va)
+        elif vj > 0:
+            ratios.append(math.inf)
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def _shift(joint: list[list[float]], alone: list[list[float]]) -> float:
+    """How far the joint answers' mean is from the independent ones', relative to it, the
+    median over the cells: the bias a finer bounding adds (L0 counts the finer cells)."""
+    shifts = []
+    for j, a in zip(zip(*joint, strict=True), zip(*alone, strict=True), strict=True):
+        mean = statistics.fmean(a)
+        if mean != 0:
+            shifts.append((statistics.fmean(j) - mean) / abs(mean))
+    return statistics.median(shifts) if shifts else 0.0
 
 
 def main() -> None:
@@ -110,11 +134,13 @@ def main() -> None:
                 number = step.piece.number
                 if number not in joint:
                     continue
-                ratio = _spread(joint[number]) / max(_spread(alone[number]), 1e-300)
+                ratio = _ratio(joint[number], alone[number])
                 total += ratio
                 planned = step.ratio if step.ratio is not None else 1.0
+                shift = _shift(joint[number], alone[number])
                 print(
-                    f"  statement {step.piece.number}: measured {ratio:.3f}, planned {planned:.3f}"
+                    f"  statement {step.piece.number}: measured {ratio:.3f}, planned "
+                    f"{planned:.3f}; mean {100 * shift:+.1f}% from the independent answers'"
                 )
             print(f"  measured sum {total:.3f} of {len(joint)}")
 
