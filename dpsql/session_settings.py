@@ -42,6 +42,7 @@ SETTINGS = (
     "rho",
     "sigma",
     "fresh",
+    "share",
     "accuracy_columns",
     "other_group",
     "other_label",
@@ -175,7 +176,7 @@ def check_setting(name: str, value: object) -> object:
         return sigma
     if name == "diagnose_epsilon":
         return check_epsilon(value, "diagnose_epsilon", MAX_QUERY_EPSILON)
-    if name in ("fresh", "accuracy_columns", "other_group", "diagnose", "sample_scale"):
+    if name in ("fresh", "share", "accuracy_columns", "other_group", "diagnose", "sample_scale"):
         return _boolean(value, name)
     if name == "other_label":
         return _label(value)
@@ -229,6 +230,7 @@ class Settings:
             "rho": None,
             "sigma": None,
             "fresh": False,
+            "share": True,
             "accuracy_columns": False,
             "other_group": False,
             "other_label": None,

@@ -407,6 +407,31 @@ def test_every_cell_of_a_level_has_the_noise_combination_of_its_first(
             start += cells
 
 
+def test_a_statement_under_share_off_is_planned_on_its_own(tiny_policy: TinyPolicy) -> None:
+    """SET dpsql.share = off keeps the statements after it out of any family (bounded at their
+    own grouping), until SET dpsql.share = on; the file costs the same, and a statement that was
+    released before is still served from the cache."""
+    text = FILE.replace(
+        "SELECT region, COUNT(*) AS n FROM visits GROUP BY region;\n",
+        "SET dpsql.share = off;\nSELECT region, COUNT(*) AS n FROM visits GROUP BY region;\n"
+        "SET dpsql.share = on;\n",
+    )
+    with closing(Session(tiny_policy(_rows(16)))) as session:
+        workload = _workload(session, text)
+        members = sorted(m.index + 1 for m in _family(workload).members)
+        # FILE's statements 4, 5, 6 moved one down; statement 3 (by region) is on its own.
+        assert members == [6, 7, 8] and workload.joint.family_of(3) is None
+        assert workload.event is not None
+        assert workload.event.epsilon == sum(
+            (s.plan.epsilon for s in workload.steps if s.plan is not None), Fraction(0)
+        )
+        results = [r for _, r in run_workload(session, workload)]
+        assert results[3] is not None and "least squares" not in results[3].note
+        # Its own release serves it again, under either setting.
+        again = _workload(session, "SET dpsql.other_group = on;\n" + text.splitlines()[3])
+        assert [s.source for s in again.steps] == ["free", "cache"]
+
+
 def test_fresh_statements_share_no_measurement(tiny_policy: TinyPolicy) -> None:
     """Two fresh statements alike are two draws of the noise, not one answer twice."""
     with closing(Session(tiny_policy(_rows(14)))) as session:

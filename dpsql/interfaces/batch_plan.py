@@ -130,9 +130,10 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
         return plan
 
     # A statement asking for a fresh answer gets noise of its own: it shares no measurement
-    # (two fresh statements alike are two draws, not one).
-    plans = [s.plan if s.charged and s.kind == "query" and not s.settings.get("fresh") else None
-             for s in steps]  # fmt: skip
+    # (two fresh statements alike are two draws, not one). One under SET dpsql.share = off is
+    # bounded at its own grouping, as its analyst chose.
+    plans = [s.plan if s.charged and s.kind == "query" and not s.settings.get("fresh")
+             and s.settings.get("share", True) else None for s in steps]  # fmt: skip
     joint = plan_joint(plans, plan_select)
     released = _released(session, steps, joint)
     out = []
