@@ -639,6 +639,14 @@ def _try_union(
     """The family bounded at the union of the maximal groupings' keys, with the settings of
     the first statement of most keys."""
     ordered = sorted(maximal, key=lambda i: -len(_plan(plans, i).analysis.keys))
+    # The union's cells are the base of every kind that spans two of the groupings: refused
+    # before planning it when there are more than the exact least squares takes.
+    sizes: dict[str, int] = {}
+    for i in ordered:
+        for k in _plan(plans, i).analysis.keys:
+            sizes[_key_text(k)] = len(k.domain or ()) + int(k.other)
+    if math.prod(sizes.values()) > MAX_FAMILY_CELLS:
+        return None
     try:
         grouping = plan_select(union_select([_plan(plans, i) for i in ordered]), ordered[0])
     except DpsqlError:

@@ -347,6 +347,27 @@ def test_a_family_too_large_for_exact_least_squares_is_not_formed(
     assert [s.source for s in workload.steps] == ["free", "charge", "charge"]
 
 
+def test_a_union_too_large_for_exact_least_squares_is_not_planned(
+    tiny_policy: TinyPolicy,
+) -> None:
+    """By region (2,001 cells with the other group) and by band: their union would have 6,003
+    cells, over the family's limit, so no family is formed, and the statements are planned on
+    their own."""
+    regions = [f"r{i}" for i in range(2000)]
+    columns = {"age": {"lower": 18, "upper": 90}, "spend": {"lower": 0, "upper": 200},
+               "region": {"public_values": regions}}  # fmt: skip
+    rows = [(u, regions[u % 2000], 20 + u % 60, 10.0) for u in range(50)]
+    text = (
+        "SET dpsql.max_rows_per_unit = 6;\nSET dpsql.other_group = on;\n"
+        "SELECT region, COUNT(*) AS n FROM visits GROUP BY region;\n"
+        f"SELECT {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY band;\n"
+    )
+    with closing(Session(tiny_policy(rows, columns=columns))) as session:
+        workload = _workload(session, text)
+    assert workload.joint.families == ()
+    assert [s.source for s in workload.steps] == ["free", "free", "charge", "charge"]
+
+
 def test_distinct_counts_are_never_summed_up_a_hierarchy(tiny_policy: TinyPolicy) -> None:
     """A unit in two fine cells of one region counts once in the region's COUNT(DISTINCT):
     not a sum of fine cells, so such statements are planned on their own."""
