@@ -100,12 +100,13 @@ def test_the_hierarchy_is_planned_jointly_and_the_total_only_under_r(
     assert sorted(m.index + 1 for m in _family(under_r).members) == [3, 4, 5, 6, 7]
 
 
-def test_the_plan_reads_no_data(tiny_policy: TinyPolicy) -> None:
+@pytest.mark.parametrize("text", [R_FILE, UNION_FILE])
+def test_the_plan_reads_no_data(tiny_policy: TinyPolicy, text: str) -> None:
     """Two databases of one schema and policy: the same families, splits and events."""
     events = []
     for seed in (2, 3):
         with closing(Session(tiny_policy(_rows(seed, units=20 + 40 * seed)))) as session:
-            workload = _workload(session, R_FILE)
+            workload = _workload(session, text)
         assert workload.event is not None
         events.append(workload.event)
     assert events[0] == events[1]
