@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.filter import Store
@@ -140,12 +141,18 @@ def _typed(value: Any) -> Any:
     return value
 
 
+Signatures = tuple[tuple[tuple[Fraction, Fraction], ...], ...]
+
+
 @dataclass(frozen=True)
 class Hit:
     """A cached release that answers a plan, and the ledger record it came from."""
 
     noisy: Noisy
     release_seq: int
+    # For an answer a workload's family gave (``record_member``): per measurement, the noise
+    # combinations of its combined values (``Measurement.combined``), for its half-widths.
+    combined: tuple[Signatures, ...] | None = None
 
 
 class ReleaseCache:
@@ -163,14 +170,20 @@ class ReleaseCache:
             if record.kind == "release":
                 payload = dict(record.payload)
                 self._exact[str(payload["key"])] = (record.seq, payload)
-                self._cores.setdefault(str(payload["core"]), []).append((record.seq, payload))
+                if "combined" not in payload:  # a family's answer serves its own query only
+                    self._cores.setdefault(str(payload["core"]), []).append((record.seq, payload))
             self._seen = max(self._seen, record.seq)
 
-    def lookup(self, plan: Plan, k: Keys) -> Hit | None:
-        """The cached release answering ``plan`` exactly, or one it can be derived from."""
+    def lookup(self, plan: Plan, k: Keys, shared: bool = True) -> Hit | None:
+        """The cached release answering ``plan`` exactly, or one it can be derived from;
+        ``shared=False`` (``SET dpsql.share = off``): not an answer a workload's family gave."""
         with self._lock:
             self._refresh()
             found = self._exact.get(k.exact)
+            if found is not None and "combined" in found[1]:
+                if shared:
+                    return Hit(_noisy(found[1]), found[0], _signatures(found[1]["combined"]))
+                found = None
             if found is not None:
                 return Hit(_noisy(found[1]), found[0])
             for seq, payload in reversed(self._cores.get(k.core, [])):
@@ -201,11 +214,47 @@ class ReleaseCache:
         # is then charged afresh; the charge itself was synced before the engine ran).
         self.store.append("release", payload, synced=False)
 
+    def record_member(self, plan: Plan, k: Keys, noisy: Noisy, family_seq: int, query: str) -> None:
+        """Store a workload member's answer (``plan`` with its ``combined`` measurements, its
+        unrounded totals) under its own query's key, so that asked again alone it is served
+        the same answer, free; ``family_seq``: the family's ``family_release`` record."""
+        combined = [
+            [[[str(a), str(t)] for a, t in sig] for sig in (m.combined or ())]
+            for m in plan.measurements
+        ]
+        try:
+            groups = [[_plain(v) for v in column] for column in noisy.keys]
+        except TypeError:
+            return
+        payload = {
+            "key": k.exact,
+            "core": k.core,
+            "family_release": family_seq,
+            "query": query,
+            "measurements": list(k.measurements),
+            "keys": groups,
+            "totals": [[float(v) for v in t] for t in noisy.totals],
+            "combined": combined,
+        }
+        # Post-processing of the family's release: unsynced, like any release record.
+        self.store.append("release", payload, synced=False)
+
+
+def _signatures(stored: Sequence[Any]) -> tuple[Signatures, ...]:
+    return tuple(
+        tuple(tuple((Fraction(a), Fraction(t)) for a, t in sig) for sig in m) for m in stored
+    )
+
+
+def _totals(column: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(v if isinstance(v, float) else int(v) for v in column)
+
 
 def _noisy(payload: dict[str, Any]) -> Noisy:
+    # A family's answers are unrounded: kept as the floats that were released.
     return Noisy(
         tuple(tuple(_typed(v) for v in column) for column in payload["keys"]),
-        tuple(tuple(int(v) for v in column) for column in payload["totals"]),
+        tuple(_totals(column) for column in payload["totals"]),
         diagnosis=tuple(int(v) for v in payload["diagnosis"]) if "diagnosis" in payload else None,
     )
 

@@ -360,18 +360,26 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         extra = accuracy_columns(plan) if settings["accuracy_columns"] else None
         # A fresh answer (not one served from the cache) is charged like any other, and a
         # plan reused from an earlier statement is charged and noised afresh in _answer.
-        result = self._answer(plan, bool(settings["fresh"]), planned)
+        result = self._answer(plan, bool(settings["fresh"]), planned, bool(settings["share"]))
         return result if extra is None else _with_accuracy(result, extra)
 
-    def _answer(self, plan: Plan, fresh: bool, planned: Planned | None = None) -> Result:
+    def _answer(
+        self, plan: Plan, fresh: bool, planned: Planned | None = None, shared: bool = True
+    ) -> Result:
         canonical = plan.query
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
         # The cache keys and the ledger details are pure functions of the plan and the policy.
         version = self.policy_version()
         k = planned.keys if planned is not None else cache.keys(plan, self.policy, version)
         details = planned.details if planned is not None else self._details(plan)
-        hit = None if fresh else self.cache.lookup(plan, k)
+        hit = None if fresh else self.cache.lookup(plan, k, shared)
         if hit is not None:
+            if hit.combined is not None:
+                # A workload family's answer to this query: its half-widths are those of the
+                # combination of noises it was released with (dpsql.workload_run).
+                plan = replace(plan, measurements=tuple(
+                    replace(m, combined=c) for m, c in zip(plan.measurements, hit.combined,
+                                                          strict=True)))  # fmt: skip
             # Serving a released answer again is post-processing: recorded, never charged.
             self.filter.store.append(
                 "reserve",

@@ -454,6 +454,36 @@ def test_a_statement_under_share_off_is_planned_on_its_own(tiny_policy: TinyPoli
         assert [s.source for s in again.steps] == ["free", "cache"]
 
 
+def test_a_member_asked_again_alone_is_served_its_answer_free(tiny_policy: TinyPolicy) -> None:
+    """After the file, each statement its family answered, asked alone (another alias, an
+    ORDER BY), is served the answer the file gave, with its half-widths: free, marked as served
+    from a release. Under share = off or fresh = on it is charged afresh."""
+    with closing(Session(tiny_policy(_rows(17), budget={"epsilon": "20"}))) as session:
+        workload = _workload(session, FILE)
+        results = [r for _, r in run_workload(session, workload)]
+        family = _family(workload)
+        spent = session.budget().epsilon_spent
+        for member in family.members:
+            step = workload.steps[member.index]
+            alone = session.execute(step.piece.text)
+            first = results[member.index]
+            assert alone.charge is None and alone.cached_from is not None, step.piece.text
+            assert alone.rows == first.rows and alone.accuracy == first.accuracy
+        assert session.budget().epsilon_spent == spent
+        varied = session.execute(
+            "SELECT region AS r, COUNT(*) AS c FROM visits GROUP BY region ORDER BY c DESC"
+        )
+        by_region = dict(results[2].rows)
+        assert varied.charge is None and dict(varied.rows) == by_region
+        session.execute("SET dpsql.share = off")
+        own = session.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
+        assert own.charge is not None and "least squares" not in own.note
+        session.execute("SET dpsql.share = on")
+        session.execute("SET dpsql.fresh = on")
+        fresh = session.execute(workload.steps[3].piece.text)
+        assert fresh.charge is not None
+
+
 def test_fresh_statements_share_no_measurement(tiny_policy: TinyPolicy) -> None:
     """Two fresh statements alike are two draws of the noise, not one answer twice."""
     with closing(Session(tiny_policy(_rows(14)))) as session:

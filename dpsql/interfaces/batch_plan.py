@@ -306,7 +306,7 @@ def _decide(
         return Step(piece, "explain", settings=settings)
     plan, keys = known.plan, known.keys
     if not fresh:
-        hit = session.cache.lookup(plan, keys)
+        hit = session.cache.lookup(plan, keys, bool(settings.get("share", True)))
         if hit is not None:
             return Step(piece, "query", plan, "cache", f"release {hit.release_seq}", settings)
         if keys.exact in planned:

@@ -240,7 +240,8 @@ class Shell:
         if not argument:
             raise click.UsageError("\\explain needs a query, e.g. \\explain SELECT COUNT(*) FROM t")
         plan = self.session.plan(argument)
-        hit = self.session.cache.lookup(plan, cache.keys(plan, self.session.policy))
+        shared = bool(self.session.settings()["share"])
+        hit = self.session.cache.lookup(plan, cache.keys(plan, self.session.policy), shared)
         cost = f"epsilon {_num(plan.event.epsilon)}, delta {_num(plan.event.delta)}"
         if hit is not None:
             verdict = f"would be served from the cache (release #{hit.release_seq}), no charge"

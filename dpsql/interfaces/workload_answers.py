@@ -64,7 +64,15 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
                      session.policy.dataset.data_version)  # fmt: skip
     payload = family_payload(key, charge.seq, values, noised)
     if payload is not None:
-        session.filter.store.append(RECORD_KIND, payload, session.analyst, synced=False)
+        record = session.filter.store.append(RECORD_KIND, payload, session.analyst,
+                                             synced=False)  # fmt: skip
+        # Each member's answer under its own query's key: asked again alone, the same answer,
+        # free (post-processing of the family's release).
+        version = session.policy_version()
+        for member in family.members:
+            plan, noisy = answered[member.index]
+            k = cache.keys(member.plan, session.policy, version)
+            session.cache.record_member(plan, k, noisy, record.seq, member.plan.query)
     members = ", ".join(str(m.index + 1) for m in family.members)
     grouping = f"({family.grouping})" if family.union else f"of statement {family.fine_index + 1}"
     note = NOTE.format(members=members, grouping=grouping)
