@@ -103,6 +103,12 @@ _SAMPLED_UNITS = frozenset(
 )  # fmt: skip
 
 
+FAMILY_SERVED = (
+    "served again from release {seq}: a workload family's answer to this query, combined by "
+    "least squares (unrounded, and not clamped at 0)"
+)
+
+
 class Session(Settings, PlanKeys, EstimatedBounds, Probes):
     """A connection's state: policy, engine, budget filter, settings, analyst."""
 
@@ -389,7 +395,10 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             )
             log.info("served query %s from release %d", digest, hit.release_seq)
             released = publish(plan, hit.noisy)
-            return self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
+            out = self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
+            if hit.combined is not None:
+                return replace(out, note=FAMILY_SERVED.format(seq=hit.release_seq))
+            return out
         # Charge first: nothing runs unless the budget admits it, and the charge is durable
         # before the engine starts (a crash after it loses budget, never privacy).
         charge = self.filter.charge(plan.event, canonical, self.analyst, details)

@@ -469,6 +469,7 @@ def test_a_member_asked_again_alone_is_served_its_answer_free(tiny_policy: TinyP
             first = results[member.index]
             assert alone.charge is None and alone.cached_from is not None, step.piece.text
             assert alone.rows == first.rows and alone.accuracy == first.accuracy
+            assert "a workload family's answer" in alone.note
         assert session.budget().epsilon_spent == spent
         varied = session.execute(
             "SELECT region AS r, COUNT(*) AS c FROM visits GROUP BY region ORDER BY c DESC"
