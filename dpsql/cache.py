@@ -214,10 +214,13 @@ class ReleaseCache:
         # is then charged afresh; the charge itself was synced before the engine ran).
         self.store.append("release", payload, synced=False)
 
-    def record_member(self, plan: Plan, k: Keys, noisy: Noisy, family_seq: int, query: str) -> None:
+    def record_member(  # noqa: PLR0917
+        self, plan: Plan, k: Keys, noisy: Noisy, charge_seq: int, family_seq: int, query: str
+    ) -> None:
         """Store a workload member's answer (``plan`` with its ``combined`` measurements, its
         unrounded totals) under its own query's key, so that asked again alone it is served
-        the same answer, free; ``family_seq``: the family's ``family_release`` record."""
+        the same answer, free; ``charge_seq``: the workload's charge, ``family_seq``: the
+        family's ``family_release`` record."""
         combined = [
             [[[str(a), str(t)] for a, t in sig] for sig in (m.combined or ())]
             for m in plan.measurements
@@ -229,6 +232,7 @@ class ReleaseCache:
         payload = {
             "key": k.exact,
             "core": k.core,
+            "charge": charge_seq,
             "family_release": family_seq,
             "query": query,
             "measurements": list(k.measurements),

@@ -463,6 +463,15 @@ def test_a_member_asked_again_alone_is_served_its_answer_free(tiny_policy: TinyP
         results = [r for _, r in run_workload(session, workload)]
         family = _family(workload)
         spent = session.budget().epsilon_spent
+        # One release per member, naming the workload's charge and the family's release.
+        records = session.filter.store.records()
+        members = [r for r in records if r.kind == "release" and "combined" in r.payload]
+        charge = next(r.seq for r in records if r.kind == "charge")
+        family_release = next(r.seq for r in records if r.kind == run.RECORD_KIND)
+        assert len(members) == len(family.members)
+        assert {(r.payload["charge"], r.payload["family_release"]) for r in members} == {
+            (charge, family_release)
+        }
         for member in family.members:
             step = workload.steps[member.index]
             alone = session.execute(step.piece.text)

@@ -72,7 +72,7 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
         for member in family.members:
             plan, noisy = answered[member.index]
             k = cache.keys(member.plan, session.policy, version)
-            session.cache.record_member(plan, k, noisy, record.seq, member.plan.query)
+            session.cache.record_member(plan, k, noisy, charge.seq, record.seq, member.plan.query)
     members = ", ".join(str(m.index + 1) for m in family.members)
     grouping = f"({family.grouping})" if family.union else f"of statement {family.fine_index + 1}"
     note = NOTE.format(members=members, grouping=grouping)
