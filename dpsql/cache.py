@@ -195,19 +195,10 @@ class ReleaseCache:
     def record(self, plan: Plan, k: Keys, noisy: Noisy, charge_seq: int, query: str) -> None:
         """Store a fresh release (after its charge); a key value that cannot be stored exactly
         leaves the release uncached, never wrong."""
-        try:
-            groups = [[_plain(v) for v in column] for column in noisy.keys]
-        except TypeError:
+        payload = _payload(k, noisy, charge_seq, query)
+        if payload is None:
             return
-        payload = {
-            "key": k.exact,
-            "core": k.core,
-            "charge": charge_seq,
-            "query": query,
-            "measurements": list(k.measurements),
-            "keys": groups,
-            "totals": [list(t) for t in noisy.totals],
-        }
+        payload["totals"] = [list(t) for t in noisy.totals]
         if noisy.diagnosis is not None:
             payload["diagnosis"] = list(noisy.diagnosis)
         # Post-processing of the charged release: unsynced (a crash may lose it and the query
@@ -221,27 +212,33 @@ class ReleaseCache:
         unrounded totals) under its own query's key, so that asked again alone it is served
         the same answer, free; ``charge_seq``: the workload's charge, ``family_seq``: the
         family's ``family_release`` record."""
-        combined = [
+        payload = _payload(k, noisy, charge_seq, query)
+        if payload is None:
+            return
+        payload["family_release"] = family_seq
+        payload["totals"] = [[float(v) for v in t] for t in noisy.totals]
+        payload["combined"] = [
             [[[str(a), str(t)] for a, t in sig] for sig in (m.combined or ())]
             for m in plan.measurements
         ]
-        try:
-            groups = [[_plain(v) for v in column] for column in noisy.keys]
-        except TypeError:
-            return
-        payload = {
-            "key": k.exact,
-            "core": k.core,
-            "charge": charge_seq,
-            "family_release": family_seq,
-            "query": query,
-            "measurements": list(k.measurements),
-            "keys": groups,
-            "totals": [[float(v) for v in t] for t in noisy.totals],
-            "combined": combined,
-        }
         # Post-processing of the family's release: unsynced, like any release record.
         self.store.append("release", payload, synced=False)
+
+
+def _payload(k: Keys, noisy: Noisy, charge_seq: int, query: str) -> dict[str, Any] | None:
+    """A release record's fields but its totals; None when a key value cannot be stored."""
+    try:
+        groups = [[_plain(v) for v in column] for column in noisy.keys]
+    except TypeError:
+        return None
+    return {
+        "key": k.exact,
+        "core": k.core,
+        "charge": charge_seq,
+        "query": query,
+        "measurements": list(k.measurements),
+        "keys": groups,
+    }
 
 
 def _signatures(stored: Sequence[Any]) -> tuple[Signatures, ...]:
