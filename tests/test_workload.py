@@ -494,6 +494,20 @@ def test_a_member_asked_again_alone_is_served_its_answer_free(tiny_policy: TinyP
         assert fresh.charge is not None
 
 
+def test_a_member_repeated_in_its_file_costs_nothing_more(tiny_policy: TinyPolicy) -> None:
+    """The plan calls a repeat of a member `cache (statement N)`, free: it is served the
+    member's answer, and the file costs its one charge. (It was charged again on its own.)"""
+    again = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region;\n"
+    with closing(Session(tiny_policy(_rows(18)))) as session:
+        workload = _workload(session, FILE + again)
+        assert workload.steps[-1].source == "cache"
+        assert workload.event is not None
+        results = [r for _, r in run_workload(session, workload)]
+        assert session.budget().epsilon_spent == workload.event.epsilon
+        assert len(session.filter.charges) == 1
+        assert results[-1].rows == results[2].rows and results[-1].charge is None
+
+
 def test_fresh_statements_share_no_measurement(tiny_policy: TinyPolicy) -> None:
     """Two fresh statements alike are two draws of the noise, not one answer twice."""
     with closing(Session(tiny_policy(_rows(14)))) as session:
