@@ -13,18 +13,18 @@ bounds, a pinned cell, the privacy parameters, and every measurement with its no
 whose measurements are all in one release of the same core (same bounded rows: same bounds,
 filter, salt and NULL handling, and the same released groups) is served from it; AVG(x) may be
 derived from a released SUM(x) and COUNT(x) of that core (its half-width is then unknown).
+A workload family's release answers a plan that is a linear function of its measurements
+(``dpsql.workload_run.derive``: the same rows, settings and bounds, keys among its fine keys).
 Releases are shared by every analyst of the data set: a released answer is public to whoever
 may query it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -35,6 +35,10 @@ from dpsql.plan.planner import Measurement, Plan
 from dpsql.policy import Policy
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import DIALECT
+from dpsql.stored_values import plain as _plain
+from dpsql.stored_values import typed as _typed
+from dpsql.workload import base_digest, eligible
+from dpsql.workload_run import RECORD_KIND, derive
 
 
 @dataclass(frozen=True)
@@ -118,29 +122,6 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     return Keys(_digest([core, list(measurements)]), _digest(core), measurements)
 
 
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, dt.datetime):
-        return {"datetime": value.isoformat()}
-    if isinstance(value, dt.date):
-        return {"date": value.isoformat()}
-    if isinstance(value, Decimal):
-        return {"decimal": str(value)}
-    raise TypeError("a key value of this type is not cached")
-
-
-def _typed(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "datetime" in value:
-            return dt.datetime.fromisoformat(value["datetime"])
-        if "date" in value:
-            return dt.date.fromisoformat(value["date"])
-        if "decimal" in value:
-            return Decimal(value["decimal"])
-    return value
-
-
 Signatures = tuple[tuple[tuple[Fraction, Fraction], ...], ...]
 
 
@@ -153,6 +134,9 @@ class Hit:
     # For an answer a workload's family gave (``record_member``): per measurement, the noise
     # combinations of its combined values (``Measurement.combined``), for its half-widths.
     combined: tuple[Signatures, ...] | None = None
+    # Derived from a workload family's release (``dpsql.workload_run.derive``): a level or an
+    # aggregate of its measurements that no member of the file asked for.
+    derived: bool = False
 
 
 class ReleaseCache:
@@ -163,6 +147,8 @@ class ReleaseCache:
         self._seen = 0
         self._exact: dict[str, tuple[int, dict[str, Any]]] = {}
         self._cores: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        # Workload families' releases, by the digest of their rows and settings (``derive``).
+        self._families: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
@@ -172,11 +158,16 @@ class ReleaseCache:
                 self._exact[str(payload["key"])] = (record.seq, payload)
                 if "combined" not in payload:  # a family's answer serves its own query only
                     self._cores.setdefault(str(payload["core"]), []).append((record.seq, payload))
+            elif record.kind == RECORD_KIND and "derive" in record.payload:
+                payload = dict(record.payload)
+                base = str(payload["derive"]["base"])
+                self._families.setdefault(base, []).append((record.seq, payload))
             self._seen = max(self._seen, record.seq)
 
     def lookup(self, plan: Plan, k: Keys, shared: bool = True) -> Hit | None:
-        """The cached release answering ``plan`` exactly, or one it can be derived from;
-        ``shared=False`` (``SET dpsql.share = off``): not an answer a workload's family gave."""
+        """The cached release answering ``plan`` exactly, or one it can be derived from (a
+        release of the same core, or a workload family's release); ``shared=False`` (``SET
+        dpsql.share = off``): not an answer a workload's family gave, nor one derived from it."""
         with self._lock:
             self._refresh()
             found = self._exact.get(k.exact)
@@ -190,6 +181,13 @@ class ReleaseCache:
                 derived = _derive(plan, k, payload)
                 if derived is not None:
                     return Hit(derived, seq)
+            if shared and self._families and eligible(plan):
+                for seq, payload in reversed(self._families.get(base_digest(plan), [])):
+                    got = derive(plan, payload)
+                    if got is not None:
+                        answered, noisy = got
+                        combined = tuple(m.combined or () for m in answered.measurements)
+                        return Hit(noisy, seq, combined, derived=True)
         return None
 
     def record(self, plan: Plan, k: Keys, noisy: Noisy, charge_seq: int, query: str) -> None:

@@ -109,6 +109,12 @@ FAMILY_SERVED = (
 )
 
 
+FAMILY_DERIVED = (
+    "derived from release {seq}, a workload family's measurements (post-processing, free): "
+    "its cells are sums of the family's least-squares values (unrounded, and not clamped at 0)"
+)
+
+
 class Session(Settings, PlanKeys, EstimatedBounds, Probes):
     """A connection's state: policy, engine, budget filter, settings, analyst."""
 
@@ -397,7 +403,8 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             released = publish(plan, hit.noisy)
             out = self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
             if hit.combined is not None:
-                return replace(out, note=FAMILY_SERVED.format(seq=hit.release_seq))
+                note = FAMILY_DERIVED if hit.derived else FAMILY_SERVED
+                return replace(out, note=note.format(seq=hit.release_seq))
             return out
         # Charge first: nothing runs unless the budget admits it, and the charge is durable
         # before the engine starts (a crash after it loses budget, never privacy).

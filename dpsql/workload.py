@@ -37,6 +37,8 @@ engine work.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -198,24 +200,38 @@ def _key_text(key: object) -> str:
     return str(expr.sql(dialect=DIALECT))
 
 
+def key_descriptor(key: object) -> list[object]:
+    """A group key as a family compares it, in JSON: its expression, its public domain (each
+    value's repr: 1 and '1' differ), whether it has an other group, and that group's text."""
+    domain = getattr(key, "domain", None)
+    return [_key_text(key), [repr(v) for v in domain or ()], bool(getattr(key, "other", False)),
+            getattr(key, "other_text", None)]  # fmt: skip
+
+
 def _positions(fine: Plan, member: Plan) -> tuple[int, ...] | None:
-    """The member's keys as positions among the fine keys; None when a key is not there (or
-    differs in domain or other group), or when a fine key the member lacks has no other
-    group: its rows outside the domain would be dropped at the fine grouping."""
-    fine_keys = {_key_text(k): i for i, k in enumerate(fine.analysis.keys)}
+    return positions_among(
+        [key_descriptor(k) for k in fine.analysis.keys],
+        [key_descriptor(k) for k in member.analysis.keys],
+    )
+
+
+def positions_among(
+    fine: Sequence[Sequence[object]], member: Sequence[Sequence[object]]
+) -> tuple[int, ...] | None:
+    """The member's keys (``key_descriptor``) as positions among the fine keys; None when a key
+    is not there (or differs in domain or other group), or when a fine key the member lacks has
+    no other group: its rows outside the domain would be dropped at the fine grouping."""
+    fine_keys = {str(k[0]): i for i, k in enumerate(fine)}
     out = []
-    for key in member.analysis.keys:
-        i = fine_keys.get(_key_text(key))
-        if i is None:
-            return None
-        f = fine.analysis.keys[i]
-        if f.domain != key.domain or f.other != key.other or f.other_text != key.other_text:
+    for key in member:
+        i = fine_keys.get(str(key[0]))
+        if i is None or list(fine[i]) != list(key):
             return None
         out.append(i)
     if len(set(out)) != len(out):
         return None
-    for i, f in enumerate(fine.analysis.keys):
-        if i not in out and not f.other:
+    for i, f in enumerate(fine):
+        if i not in out and not f[2]:
             return None
     return tuple(out)
 
@@ -228,6 +244,21 @@ def _spec_key(plan: Plan, m: Measurement) -> tuple[object, ...]:
         v = plan.bounding.values[m.spec.value]
         value = (v.expr.sql(dialect=DIALECT), repr(v.grid), v.role)
     return (m.spec.kind, value, m.spec.p, m.unit)
+
+
+def spec_text(plan: Plan, m: Measurement) -> str:
+    """``_spec_key`` as a text a ledger record keeps."""
+    kind, value, p, unit = _spec_key(plan, m)
+    return json.dumps([kind, value, None if p is None else str(p), str(unit)])
+
+
+def base_digest(plan: Plan) -> str:
+    """What a statement must share with a family's fine plan to be answered from its release:
+    the rows before bounding and every setting but epsilon (``_base``), and the contribution
+    bounds the analyst asked for (L0, C, R: the fine plan's are the family's bounding)."""
+    o = plan.options
+    bounds = (o.max_groups_per_unit, o.max_rows_per_unit_per_group, o.max_rows_per_unit)
+    return hashlib.sha256(repr((_base(plan), bounds)).encode()).hexdigest()
 
 
 def synthetic(fine: Plan, members: Sequence[Plan]) -> exp.Select:

@@ -7,7 +7,8 @@ levels taken are combined by least squares in exact rationals (``dpsql.plan.leas
 a coarser cell equals the sum of its base cells, exactly, after the adjustment). Every member
 is then published from its own plan (its estimates, outputs, HAVING, ORDER BY, LIMIT) over the
 adjusted values, with half-widths that cover the combination's noise (``dpsql.noise.tails``).
-Everything after the noise is post-processing of released values.
+Everything after the noise is post-processing of released values: the release, kept in the
+ledger, also answers any later plan that is a linear function of its measurements (``derive``).
 """
 
 from __future__ import annotations
@@ -23,18 +24,30 @@ from typing import Any
 import numpy as np
 
 from dpsql.accounting.ledger import Record
-from dpsql.cache import _plain, _typed
 from dpsql.errors import InternalError
 from dpsql.noise import release
 from dpsql.noise.release_post import Noisy
 from dpsql.plan.least_squares import adjust
 from dpsql.plan.planner import Plan
-from dpsql.workload import Family, _kinds, _level_map
+from dpsql.stored_values import plain as _plain
+from dpsql.stored_values import typed as _typed
+from dpsql.workload import (
+    Family,
+    _Kind,
+    _kinds,
+    _level_map,
+    base_digest,
+    eligible,
+    key_descriptor,
+    positions_among,
+    spec_text,
+)
 
 __all__ = [
     "RECORD_KIND",
     "answer_family",
     "combine",
+    "derive",
     "exact_levels",
     "family_key",
     "family_payload",
@@ -122,6 +135,11 @@ def measure_family(
     return values, noised
 
 
+Answers = dict[
+    tuple[int, tuple[int, ...]], tuple[list[Fraction], list[list[tuple[Fraction, Fraction]]]]
+]
+
+
 def combine(
     family: Family, values: Sequence[Sequence[Any]], noised: Noised
 ) -> dict[int, tuple[Plan, Noisy]]:
@@ -131,35 +149,52 @@ def combine(
     for member in family.members:
         for spec in member.specs:
             uses.setdefault(spec, set()).add(member.level)
-    by_slot = {(t.spec, t.level): t for t in family.taken}
-    answers: dict[
-        tuple[int, tuple[int, ...]], tuple[list[Fraction], list[list[tuple[Fraction, Fraction]]]]
-    ] = {}
-    for kind in _kinds(family.sizes, fine_level, uses):
-        taken = [
-            (i, by_slot[(kind.spec, lv)])
-            for i, lv in enumerate(kind.levels)
-            if (kind.spec, lv) in by_slot
-        ]
+    scales = {(t.spec, t.level): _scale(t.measurement.scale) for t in family.taken}
+    answers = _answers(family.sizes, _kinds(family.sizes, fine_level, uses), scales, noised)
+    out = {}
+    for member in family.members:
+        out[member.index] = _member(
+            member.plan, member.positions, member.specs, answers, values, family.sizes
+        )
+    return out
+
+
+def _scale(scale: Fraction | None) -> Fraction:
+    assert scale is not None
+    return scale
+
+
+def _answers(
+    sizes: Sequence[int],
+    kinds: Sequence[_Kind],
+    scales: dict[tuple[int, tuple[int, ...]], Fraction],
+    noised: Noised,
+) -> Answers:
+    """Per (kind, level) of ``kinds``: each cell's value from the levels taken (``scales``: the
+    discrete Laplace scale of each (kind, level) taken), by least squares, and the noise of
+    its cells as a combination of the released noises."""
+    answers: Answers = {}
+    for kind in kinds:
+        taken = [(i, lv) for i, lv in enumerate(kind.levels) if (kind.spec, lv) in scales]
         if not taken or taken[0][0] != 0:
             raise InternalError("a family kind's base level is not measured")
         offsets: dict[int, int] = {}
         y: list[int] = []
         variances: list[Fraction] = []
-        scales: list[Fraction] = []
-        for i, t in taken:
-            noisy = noised[(t.spec, t.level)]
-            if len(noisy) != family.cells(t.level):
+        cell_scales: list[Fraction] = []
+        for i, lv in taken:
+            noisy = noised[(kind.spec, lv)]
+            if len(noisy) != math.prod(sizes[p] for p in lv):
                 raise InternalError("a released measurement does not match its family")
             offsets[i] = len(y)
             y.extend(noisy)
-            assert t.measurement.scale is not None
+            scale = scales[(kind.spec, lv)]
             # Weights 1/(2t²), the Laplace variance of scale t: public, so the combination is
             # post-processing (Hay et al. 2010); any positive weights keep it unbiased.
-            variances.extend([2 * t.measurement.scale**2] * len(noisy))
-            scales.extend([t.measurement.scale] * len(noisy))
+            variances.extend([2 * scale**2] * len(noisy))
+            cell_scales.extend([scale] * len(noisy))
         constraints = []
-        for i, _t in taken[1:]:
+        for i, _lv in taken[1:]:
             for c in range(int(kind.maps[i].max()) + 1):
                 row = {offsets[i] + c: Fraction(1)}
                 for f in np.nonzero(kind.maps[i] == c)[0]:
@@ -185,23 +220,16 @@ def combine(
             else:
                 base = np.nonzero(kind.maps[i] == 0)[0]
                 combo = adjustment.combination({offsets[0] + int(f): Fraction(1) for f in base})
-            signature = sorted((a, scales[k]) for k, a in combo.items() if a != 0)
+            signature = sorted((a, cell_scales[k]) for k, a in combo.items() if a != 0)
             answers[(kind.spec, level)] = (vals, [signature])
-    out = {}
-    for member in family.members:
-        out[member.index] = _member(
-            member.plan, member.positions, member.specs, answers, values, family.sizes
-        )
-    return out
+    return answers
 
 
 def _member(  # noqa: PLR0917
     plan: Plan,
     positions: Sequence[int],
     specs: Sequence[int],
-    answers: dict[
-        tuple[int, tuple[int, ...]], tuple[list[Fraction], list[list[tuple[Fraction, Fraction]]]]
-    ],
+    answers: Answers,
     values: Sequence[Sequence[Any]],
     sizes: Sequence[int],
 ) -> tuple[Plan, Noisy]:
@@ -253,7 +281,7 @@ def released_family(records: Sequence[Record], key: str) -> Record | None:
 
 
 def family_payload(
-    key: str, charge: int, values: Sequence[Sequence[Any]], noised: Noised
+    family: Family, key: str, charge: int, values: Sequence[Sequence[Any]], noised: Noised
 ) -> dict[str, Any] | None:
     """The ledger record of a family's release (None when a key value cannot be stored
     exactly: the release is then not kept, never wrong)."""
@@ -262,7 +290,62 @@ def family_payload(
     except TypeError:
         return None
     measured = [[spec, list(level), list(totals)] for (spec, level), totals in noised.items()]
-    return {"key": key, "charge": charge, "cells": cells, "measurements": measured}
+    return {"key": key, "charge": charge, "cells": cells, "measurements": measured,
+            "derive": _description(family)}  # fmt: skip
+
+
+def _description(family: Family) -> dict[str, Any]:
+    """What a later statement's plan is matched against to be answered from the release
+    (``derive``): public quantities of the family's plan only."""
+    fine_level = tuple(range(len(family.sizes)))
+    uses: dict[int, set[tuple[int, ...]]] = {}
+    for member in family.members:
+        for spec in member.specs:
+            uses.setdefault(spec, set()).add(member.level)
+    kinds = _kinds(family.sizes, fine_level, uses)
+    return {
+        "base": base_digest(family.fine),
+        "keys": [key_descriptor(k) for k in family.fine.analysis.keys],
+        "sizes": list(family.sizes),
+        "specs": [spec_text(family.fine, m) for m in family.fine.measurements],
+        "levels": {str(k.spec): [list(lv) for lv in k.levels] for k in kinds},
+        "scales": [[t.spec, list(t.level), str(t.measurement.scale)] for t in family.taken],
+    }
+
+
+def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
+    """``plan``'s answer from a family's release, when it is a linear function of the
+    measurements released (None otherwise): the same rows before bounding, the same settings
+    but epsilon, the same contribution bounds, its keys among the fine keys (an other group for
+    each fine key it lacks), and each of its measurements a kind the family measured at a level
+    holding its keys. Its cells are sums of the fine cells' least-squares values, and their
+    noise the combination of the released noises: post-processing, so free."""
+    info = payload.get("derive")
+    if info is None or not eligible(plan) or info["base"] != base_digest(plan):
+        return None
+    positions = positions_among(info["keys"], [key_descriptor(k) for k in plan.analysis.keys])
+    if positions is None:
+        return None
+    level = tuple(sorted(positions))
+    index = {text: j for j, text in enumerate(info["specs"])}
+    specs = [index.get(spec_text(plan, m)) for m in plan.measurements]
+    sizes = tuple(int(n) for n in info["sizes"])
+    kinds = []
+    for spec in sorted({s for s in specs if s is not None}):
+        stored = [tuple(int(p) for p in lv) for lv in info["levels"].get(str(spec), [])]
+        # Answerable from the kind's base cells: a level whose keys the base holds.
+        if not stored or not set(level) <= set(stored[0]):
+            return None
+        levels = stored if level in stored else [*stored, level]
+        maps = tuple(_level_map(sizes, stored[0], lv) for lv in levels)
+        kinds.append(_Kind(spec, tuple(levels), maps, sizes))
+    if any(s is None for s in specs):
+        return None
+    scales = {(int(spec), tuple(int(p) for p in lv)): Fraction(scale)
+              for spec, lv, scale in info["scales"]}  # fmt: skip
+    values, noised = from_payload(payload)
+    answers = _answers(sizes, kinds, scales, noised)
+    return _member(plan, positions, [s for s in specs if s is not None], answers, values, sizes)
 
 
 def from_payload(payload: dict[str, Any]) -> tuple[list[list[Any]], Noised]:

@@ -62,7 +62,7 @@ def answer_members(session: Session, family: Family, charge: Charge) -> dict[int
     # The measurements released, kept for a later plan of the same family: post-processing.
     key = family_key(family, session.policy.dataset.id, session.policy_version(),
                      session.policy.dataset.data_version)  # fmt: skip
-    payload = family_payload(key, charge.seq, values, noised)
+    payload = family_payload(family, key, charge.seq, values, noised)
     if payload is not None:
         record = session.filter.store.append(RECORD_KIND, payload, session.analyst,
                                              synced=False)  # fmt: skip
