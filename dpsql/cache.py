@@ -26,7 +26,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from dpsql.accounting.filter import Store
 from dpsql.accounting.ledger import canonical
@@ -131,11 +131,14 @@ class Hit:
 
     noisy: Noisy
     release_seq: int
-    # For an answer a workload's family gave (``record_member``): per measurement, the noise
-    # combinations of its combined values (``Measurement.combined``), for its half-widths.
-    combined: tuple[Signatures, ...] | None = None
-    # Derived from a workload family's release (``dpsql.workload_run.derive``): a level or an
-    # aggregate of its measurements that no member of the file asked for.
+    # Per measurement, the noise combination of its values (``Measurement.combined``), for its
+    # half-widths; None for a measurement served as it was released.
+    combined: tuple[Signatures | None, ...] | None = None
+    # Where it came from: a release ("release"), a workload member's answer kept under its own
+    # key ("member", ``record_member``), or a workload family's release ("family",
+    # ``dpsql.workload_run.derive``: a level or an aggregate no member of the file asked for).
+    source: Literal["release", "member", "family"] = "release"
+    # Computed from released measurements other than its own (an AVG from a SUM and a COUNT).
     derived: bool = False
 
 
@@ -173,21 +176,25 @@ class ReleaseCache:
             found = self._exact.get(k.exact)
             if found is not None and "combined" in found[1]:
                 if shared:
-                    return Hit(_noisy(found[1]), found[0], _signatures(found[1]["combined"]))
+                    signatures = _signatures(found[1]["combined"])
+                    return Hit(_noisy(found[1]), found[0], tuple(signatures), "member")
                 found = None
             if found is not None:
                 return Hit(_noisy(found[1]), found[0])
             for seq, payload in reversed(self._cores.get(k.core, [])):
                 derived = _derive(plan, k, payload)
                 if derived is not None:
-                    return Hit(derived, seq)
+                    noisy, rebuilt = derived
+                    rebuilt_any = any(s is not None for s in rebuilt) or bool(noisy.derived)
+                    known = rebuilt if any(s is not None for s in rebuilt) else None
+                    return Hit(noisy, seq, known, derived=rebuilt_any)
             if shared and self._families and eligible(plan):
                 for seq, payload in reversed(self._families.get(base_digest(plan), [])):
                     got = derive(plan, payload)
                     if got is not None:
                         answered, noisy = got
-                        combined = tuple(m.combined or () for m in answered.measurements)
-                        return Hit(noisy, seq, combined, derived=True)
+                        combined = tuple(m.combined for m in answered.measurements)
+                        return Hit(noisy, seq, combined, "family", derived=True)
         return None
 
     def record(self, plan: Plan, k: Keys, noisy: Noisy, charge_seq: int, query: str) -> None:
@@ -258,28 +265,37 @@ def _noisy(payload: dict[str, Any]) -> Noisy:
     )
 
 
-def _derive(plan: Plan, k: Keys, payload: dict[str, Any]) -> Noisy | None:
+def _derive(
+    plan: Plan, k: Keys, payload: dict[str, Any]
+) -> tuple[Noisy, tuple[Signatures | None, ...]] | None:
     """The plan's measurements from a release of the same core: each one found as it is, or a
-    centred sum rebuilt from a released SUM and COUNT of the same value (AVG = SUM / COUNT)."""
+    centred sum rebuilt from a released SUM and COUNT of the same value (AVG = SUM / COUNT),
+    with its noise as their combination (None: served as released); an estimate over a
+    rebuilt sum whose noises are not all discrete Laplace has no known half-width."""
     cached = [dict(m) for m in payload["measurements"]]
     stored = _noisy(payload)
     totals: list[tuple[int, ...]] = []
+    signatures: list[Signatures | None] = []
     derived: set[int] = set()
     for j, want in enumerate(k.measurements):
         if want in cached:
             totals.append(stored.totals[cached.index(want)])
+            signatures.append(None)
             continue
         rebuilt = _centred_from_sum(want, cached, stored.totals)
         if rebuilt is None:
             return None
-        totals.append(rebuilt)
-        derived |= {i for i, e in enumerate(plan.estimates) if j in e.measurements}
-    return Noisy(stored.keys, tuple(totals), frozenset(derived), stored.diagnosis)
+        totals.append(rebuilt[0])
+        signatures.append(rebuilt[1])
+        if rebuilt[1] is None:
+            derived |= {i for i, e in enumerate(plan.estimates) if j in e.measurements}
+    noisy = Noisy(stored.keys, tuple(totals), frozenset(derived), stored.diagnosis)
+    return noisy, tuple(signatures)
 
 
 def _centred_from_sum(
     want: dict[str, Any], cached: Sequence[dict[str, Any]], totals: Sequence[tuple[int, ...]]
-) -> tuple[int, ...] | None:
+) -> tuple[tuple[int, ...], Signatures | None] | None:
     if want["kind"] != "centred" or want["grid"] is None:
         return None
     same = [
@@ -291,6 +307,13 @@ def _centred_from_sum(
         return None
     centre = int(want["grid"][1]) + int(want["grid"][2])  # lower + upper, in units of g/2
     # Σ(2x - M) = 2·Σx - n·M, computed on the noisy values: post-processing.
-    return tuple(
+    values = tuple(
         2 * s - n * centre for s, n in zip(totals[sums[0]], totals[counts[0]], strict=True)
     )
+    # Its noise is 2·Z_sum - M·Z_count, two independent discrete Laplace noises (a Gaussian's
+    # combination is not bounded here: its half-width stays unknown).
+    scales = (cached[sums[0]]["scale"], cached[counts[0]]["scale"])
+    if None in scales:
+        return values, None
+    terms = ((Fraction(2), Fraction(scales[0])), (Fraction(-centre), Fraction(scales[1])))
+    return values, (tuple(sorted(t for t in terms if t[0] != 0)),)

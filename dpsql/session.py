@@ -109,6 +109,10 @@ FAMILY_SERVED = (
 )
 
 
+DERIVED = (
+    "derived from the measurements of release {seq} (post-processing, free): an AVG from its "
+    "noisy SUM and COUNT"
+)
 FAMILY_DERIVED = (
     "derived from release {seq}, a workload family's measurements (post-processing, free): "
     "its cells are sums of the family's least-squares values (unrounded, and not clamped at 0)"
@@ -387,11 +391,11 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         hit = None if fresh else self.cache.lookup(plan, k, shared)
         if hit is not None:
             if hit.combined is not None:
-                # A workload family's answer to this query: its half-widths are those of the
-                # combination of noises it was released with (dpsql.workload_run).
+                # Values combined from released measurements (a workload family's least squares,
+                # a centred sum from a SUM and a COUNT): the half-widths of their combination.
                 plan = replace(plan, measurements=tuple(
-                    replace(m, combined=c) for m, c in zip(plan.measurements, hit.combined,
-                                                          strict=True)))  # fmt: skip
+                    m if c is None else replace(m, combined=c)
+                    for m, c in zip(plan.measurements, hit.combined, strict=True)))  # fmt: skip
             # Serving a released answer again is post-processing: recorded, never charged.
             self.filter.store.append(
                 "reserve",
@@ -402,8 +406,10 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             log.info("served query %s from release %d", digest, hit.release_seq)
             released = publish(plan, hit.noisy)
             out = self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
-            if hit.combined is not None:
-                note = FAMILY_DERIVED if hit.derived else FAMILY_SERVED
+            note = {"member": FAMILY_SERVED, "family": FAMILY_DERIVED}.get(hit.source)
+            if note is None and hit.derived:
+                note = DERIVED
+            if note is not None:
                 return replace(out, note=note.format(seq=hit.release_seq))
             return out
         # Charge first: nothing runs unless the budget admits it, and the charge is durable

@@ -134,13 +134,45 @@ def test_avg_is_derived_from_a_released_sum_and_count(session: Session) -> None:
     session.execute("SELECT region, SUM(spend), COUNT(spend) FROM visits GROUP BY region")
     derived = session.execute("SELECT region, AVG(spend) FROM visits GROUP BY region")
     assert derived.charge is None and derived.cached_from is not None
-    assert all(acc[1] is None for acc in derived.accuracy)  # not a sampled distribution
+    assert "derived from the measurements of release" in derived.note
+    # Its half-width: the box over the count and the centred sum 2·SUM - M·COUNT, whose noise
+    # is that combination of the two discrete Laplace noises (its coverage: below).
+    assert all(acc[1] is not None and acc[1] > 0 for acc in derived.accuracy)
     released = {r[0]: (r[1], r[2]) for r in session.execute(
         "SELECT region, SUM(spend), COUNT(spend) FROM visits GROUP BY region").rows}  # fmt: skip
     for region, avg in derived.rows:
         total, count = released[region]
         if count >= 1:  # below, AVG = centre + centred sum / max(count, 1) is not total / 1
             assert avg == pytest.approx(min(max(total / count, 0), 200))
+
+
+@pytest.mark.statistical
+def test_a_derived_avg_half_width_covers_its_exact_value(tiny_policy: TinyPolicy) -> None:
+    """Over fresh releases of SUM and COUNT (the same bounded rows), the derived AVG's interval
+    covers the AVG of their exact bounded totals in at least the 95% asked for (the box of two
+    bounds, each at sqrt(0.95), is conservative)."""
+    session = Session(tiny_policy(ROWS, budget={"epsilon": "1000"}))
+    session.execute("SET dpsql.split = 'even'")
+    source = "SELECT region, SUM(spend), COUNT(spend) FROM visits GROUP BY region"
+    exact_plan = session.plan(source)
+    _, rows = session.engine.run(exact_plan.engine_sql)
+    grid = session.plan("SELECT region, AVG(spend) FROM visits GROUP BY region").estimates[0].grid
+    assert grid is not None
+    step = float(exact_plan.measurements[0].unit)
+    exact = {}
+    for region, s, n in rows:  # the SUM in grid units, the COUNT
+        exact[region] = min(max(float(s) * step / max(int(n), 1), 0.0), 200.0) if n else None
+    covered = checked = 0
+    for _ in range(120):
+        session.execute(source, fresh=True)
+        derived = session.execute("SELECT region, AVG(spend) FROM visits GROUP BY region")
+        assert derived.charge is None
+        for (region, value), (_, width) in zip(derived.rows, derived.accuracy, strict=True):
+            if exact[region] is None:
+                continue
+            checked += 1
+            covered += abs(value - exact[region]) <= width + 1e-9
+    assert checked >= 300 and covered / checked >= 0.95
 
 
 def test_derived_answers_are_refused_when_rows_or_bounds_differ(session: Session) -> None:

@@ -5,20 +5,25 @@ least-squares values, with the half-widths of its noise combination; anything el
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import TinyPolicy
-from test_workload import BAND, FILE, UNION_FILE, _rows, _workload
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_workload import BAND, FILE, FUZZ_EXAMPLES, UNION_FILE, _rows, _workload
 
 from dpsql.accounting.filter import budget_caps
 from dpsql.accounting.ledger import Ledger
 from dpsql.interfaces.workload_answers import run_workload
 from dpsql.policy import LedgerSpec, Policy
 from dpsql.session import Session
+from dpsql.workload import key_descriptor
 from dpsql.workload_run import RECORD_KIND
 
 FINE = f"SELECT region, {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY region, band"
@@ -122,3 +127,65 @@ def test_a_derived_answer_survives_a_restart(tiny_policy: TinyPolicy, tmp_path: 
         again = later.execute(FINE)
         assert again.charge is None and again.rows == first.rows
         assert again.accuracy == first.accuracy
+
+
+TIER = "CASE WHEN spend < 100 THEN 'low' ELSE 'high' END"
+KEYS = {"region": "region", "band": BAND, "tier": TIER}
+GROUPINGS = [g for n in range(1, 4) for g in itertools.combinations(KEYS, n)]
+
+
+def _grouped(keys: Sequence[str]) -> str:
+    if not keys:
+        return "SELECT COUNT(*) AS n FROM visits"
+    names = ", ".join(keys)
+    chosen = ", ".join(f"{KEYS[k]} AS {k}" for k in keys)
+    return f"SELECT {chosen}, COUNT(*) AS n FROM visits GROUP BY {names}"
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    seed=st.integers(0, 10**6),
+    asked=st.lists(st.sampled_from(GROUPINGS), min_size=2, max_size=4, unique=True),
+    later=st.sampled_from([(), *GROUPINGS]),
+    r=st.sampled_from(["", "SET dpsql.max_rows_per_unit = 6;\n"]),
+)
+def test_a_derived_answer_is_the_sum_of_the_family_fine_cells(
+    tiny_policy: TinyPolicy,
+    seed: int,
+    asked: list[tuple[str, ...]],
+    later: tuple[str, ...],
+    r: str,
+) -> None:
+    """Generated files of counts at several groupings and a later count at any grouping: when
+    it is served from a family's release, it costs nothing and each of its cells is the sum of
+    the family's fine cells (as the fine grouping's own answer gives them) that it holds."""
+    text = r + "SET dpsql.other_group = on;\n" + "".join(f"{_grouped(g)};\n" for g in asked)
+    with closing(Session(tiny_policy(_rows(seed), budget={"epsilon": "40"}))) as session:
+        workload = _workload(session, text)
+        run_list = [res for _, res in run_workload(session, workload)]
+        assert run_list
+        spent = session.budget().epsilon_spent
+        derived = session.execute(_grouped(later))
+        if derived.charge is not None:
+            assert "derived" not in derived.note
+            return
+        assert session.budget().epsilon_spent == spent
+        records = {rec.seq: rec for rec in session.filter.store.records()}
+        served = records[derived.cached_from]
+        if served.kind == "release":  # a member's answer, or a statement's own release
+            if "family_release" not in served.payload:
+                return
+            served = records[served.payload["family_release"]]
+        assert served.kind == RECORD_KIND
+        texts = {key_descriptor(session.plan(_grouped([k])).analysis.keys[0])[0]: k for k in KEYS}
+        fine_names = [texts[str(d[0])] for d in served.payload["derive"]["keys"]]
+        fine = session.execute(_grouped(fine_names))
+        assert fine.charge is None
+        position = [fine_names.index(k) for k in later]
+        sums: dict[tuple[Any, ...], float] = defaultdict(float)
+        for row in fine.rows:
+            sums[tuple(row[p] for p in position)] += row[-1]
+        assert len(derived.rows) == len(sums)
+        for row in derived.rows:
+            assert row[-1] == pytest.approx(sums[tuple(row[:-1])], rel=1e-9, abs=1e-6)
