@@ -4,6 +4,9 @@ recorded, derived answers only from the same bounded rows, and it survives resta
 from __future__ import annotations
 
 import doctest
+import math
+from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ from conftest import TinyPolicy
 
 from dpsql.accounting.filter import budget_caps
 from dpsql.accounting.ledger import Ledger
+from dpsql.noise.release_estimates import _each
 from dpsql.policy import LedgerSpec, Policy
 from dpsql.session import Session
 from dpsql.sql import canonical
@@ -144,6 +148,21 @@ def test_avg_is_derived_from_a_released_sum_and_count(session: Session) -> None:
         total, count = released[region]
         if count >= 1:  # below, AVG = centre + centred sum / max(count, 1) is not total / 1
             assert avg == pytest.approx(min(max(total / count, 0), 200))
+
+
+def test_an_estimate_over_combined_noises_bounds_each_by_the_union_bound(
+    session: Session,
+) -> None:
+    """A derived centred sum shares the COUNT's noise: the AVG's box then bounds each of its two
+    measurements at (1 + c)/2 (Bonferroni), not at sqrt(c), which assumes independence."""
+    plan = session.plan("SELECT region, AVG(spend) FROM visits GROUP BY region")
+    centred, count = plan.measurements
+    assert centred.scale is not None and count.scale is not None
+    combined = replace(centred, combined=(((Fraction(2), centred.scale),),))
+    independent = math.sqrt(0.95)
+    assert _each(0.95, (centred, count), (0, 1), independent) == independent
+    union = _each(0.95, (combined, count), (0, 1), independent)
+    assert union == math.nextafter(0.975, 1.0) and union > independent
 
 
 @pytest.mark.statistical

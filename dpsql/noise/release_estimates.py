@@ -11,7 +11,10 @@ discrete Gaussian quantile. AVG: the box [sum ± k1] x [count ± k2], each at co
 sqrt(c), which covers both independent noises with probability at least c; the half-width is
 the larger distance from the estimate to the ends of the ratio's range over the box (clamped to
 the bounds). VARIANCE and STDDEV (``_spread``): the box of the three measurements, each at
-confidence c^(1/3), and the estimator's range over it by sound interval arithmetic.
+confidence c^(1/3), and the estimator's range over it by sound interval arithmetic. When one
+of an estimate's measurements is a combination of released noises (a workload's least squares,
+or a centred sum derived from a released SUM and COUNT, which shares the COUNT's noise), each
+is bounded at 1 - (1 - c)/k instead (``_each``): the union bound needs no independence.
 """
 
 from __future__ import annotations
@@ -63,6 +66,19 @@ def _combined_half_width(
     return math.ceil(linear_half_width(terms, confidence)) if terms else 0
 
 
+def _each(
+    confidence: float, measurements: Sequence[Measurement], used: Sequence[int], independent: float
+) -> float:
+    """The confidence each of an estimate's measurements is bounded at, so that all of them
+    hold at once with probability >= ``confidence``: ``independent`` (c^(1/k)) when their noises
+    are independent draws; when one is a combination of released noises (a centred sum derived
+    as 2·SUM - M·COUNT shares the COUNT's noise), the union bound 1 - (1 - c)/k, which needs no
+    independence (Bonferroni), one ulp up."""
+    if any(measurements[i].combined is not None for i in used):
+        return math.nextafter(1.0 - (1.0 - confidence) / len(used), 1.0)
+    return independent
+
+
 def _avg(
     estimate: Estimate,
     measurements: Sequence[Measurement],
@@ -78,7 +94,7 @@ def _avg(
     s = np.asarray(noisy[i_sum], dtype=np.float64)
     n = np.asarray(noisy[i_count], dtype=np.float64)
     value = np.clip(centre + s * half / np.maximum(n, 1.0), lo, hi)
-    joint = math.sqrt(confidence)
+    joint = _each(confidence, measurements, estimate.measurements, math.sqrt(confidence))
     k_s = half_width(measurements[i_sum], joint)
     k_n = half_width(measurements[i_count], joint)
     n_lo = np.maximum(n - k_n, 1.0)
@@ -166,7 +182,8 @@ def _spread(
     value = np.clip(var * _bessel(n1) if samp else var, 0.0, top)
     # Independent noises: each within its c^(1/3) half-width, all three hold with probability
     # >= c (one ulp up keeps the rounded cube root from falling short of it).
-    joint = math.nextafter(confidence ** (1 / 3), 1.0)
+    joint = _each(confidence, measurements, estimate.measurements,
+                  math.nextafter(confidence ** (1 / 3), 1.0))  # fmt: skip
     k_q, k_s, k_n = (float(half_width(measurements[i], joint)) for i in estimate.measurements)
     n_lo, n_hi = np.maximum(n - k_n, 1.0), np.maximum(n + k_n, 1.0)
     a_lo, a_hi = np.abs(s - k_s), np.abs(s + k_s)
