@@ -12,7 +12,8 @@ that the data changed), the table, the canonical WHERE, the group keys, the cont
 bounds, a pinned cell, the privacy parameters, and every measurement with its noise. A query
 whose measurements are all in one release of the same core (same bounded rows: same bounds,
 filter, salt and NULL handling, and the same released groups) is served from it; AVG(x) may be
-derived from a released SUM(x) and COUNT(x) of that core (its half-width is then unknown).
+derived from a released SUM(x) and COUNT(x) of that core (its half-width from the combination
+of their noises, under the union bound: they share the COUNT's).
 A workload family's release answers a plan that is a linear function of its measurements
 (``dpsql.workload_run.derive``: the same rows, settings and bounds, keys among its fine keys).
 Releases are shared by every analyst of the data set: a released answer is public to whoever
