@@ -12,12 +12,14 @@ quantities only (the statements, the policy, the key domains' sizes), never from
   statement would have counted. When the statements' groupings do not nest, the fine grouping
   may be the union of their keys, which no statement asks for (``Family.union``); every
   statement is then a coarser level of it.
-* The family's rows are **bounded once**, at the fine grouping (its L0, C and R; one bounded
-  query for the union of the members' measurements). A coarser cell is the sum of fine cells,
-  and a unit's L0 fine cells may all fall in one coarser cell, so a measurement of a coarser
-  level has L1 = L2 = L0·C times the per-row bound (or R times it when R binds): Hay, Rastogi,
-  Miklau, Suciu, "Boosting the accuracy of differentially private histograms through
-  consistency" (VLDB 2010), bounded at the leaves.
+* The family's rows are **bounded once** (its L0, C and R; one bounded query at the fine
+  grouping for the union of the members' measurements), with the units' groups chosen at a
+  member's coarser grouping where L0 would rank fine cells (``_selected``): that member keeps
+  its own bounded counts, and the finer levels the same rows. A coarser cell is the sum of
+  fine cells, and a unit's kept rows (at most L0·C) may all fall in one coarser cell, so a
+  measurement of a coarser level has L1 = L2 = L0·C times the per-row bound (or R times it when
+  R binds): Hay, Rastogi, Miklau, Suciu, "Boosting the accuracy of differentially private
+  histograms through consistency" (VLDB 2010), bounded at the leaves.
 * Each measurement kind (a count, a sum on its grid, ...) is taken at the fine level and at any
   member's level the plan chooses; the family's epsilon (the sum of its members' independent
   epsilons) is split across the measurements taken to minimise the sum over members of
@@ -55,6 +57,7 @@ from dpsql.plan.least_squares import MAX_CONSTRAINTS
 from dpsql.plan.planner import Measurement, Plan
 from dpsql.plan.split import estimate_weights, planned_variance
 from dpsql.sql.parse import DIALECT, parse_select
+from dpsql.sql.rewrite import bounded_query
 
 # The measurement kinds whose coarser cell is the sum of its fine cells: a count of distinct
 # units (or values) is not (a unit in two fine cells of one coarser cell counts once there),
@@ -561,8 +564,16 @@ def plan_family(  # noqa: PLR0915
         level = kind.levels[i]
         e = next(it)
         # One unit moves at most L0 cells of any level (its L0 fine cells, summed up): the
-        # accountants that read a one-coordinate mechanism never see one here.
+        # accountants that read a one-coordinate mechanism never see one here. With its groups
+        # chosen at a coarser grouping, L0 of those, but any of its rows (at most L0·C, and R)
+        # may fall in a cell of its own at another level.
         dimensions = fine.measurements[kind.spec].groups
+        picked_at = fine.bounding.select_at if fine.bounding is not None else None
+        if picked_at is not None and level != tuple(sorted(picked_at)):
+            rows = fine.max_groups * fine.max_rows
+            if fine.options.max_rows_per_unit is not None:
+                rows = min(rows, fine.options.max_rows_per_unit)
+            dimensions = min(rows, math.prod(sizes[p] for p in level))
         if level != fine_level:
             # A coarser cell may hold all of a unit's L0 fine cells: L1 = L2 = L0·C·(row bound),
             # or R·(row bound) when R binds (Hay et al. 2010, bounded at the leaves).
@@ -584,6 +595,38 @@ def plan_family(  # noqa: PLR0915
     # families are disjoint, so the index names one family).
     index = members[0].index if union else fine_index
     return Family(fine, index, tuple(members), tuple(chosen), tuple(sizes), tuple(ratios), union)
+
+
+def _selected(fine: Plan, members: Sequence[Member], sizes: Sequence[int]) -> Plan:
+    """``fine`` with its units' groups chosen at a member's coarser grouping (``Bounding.
+    select_at``), when its L0 ranking would run: each unit keeps the L0 groups of that grouping
+    its member's own query keeps (the same keyed hash), and C rows in each, so that member's
+    counts are its own bounded counts, and the finer levels keep those rows too, where L0
+    counted the fine cells before (a unit touching 3 region-months of 2 regions lost a third
+    of its rows under L0 = 2). The sensitivities stay: a unit still adds at most L0·C rows (and
+    R), at most C to any cell of a level that refines the chosen grouping. The grouping is the
+    one the most members refine, then the one of fewest cells (public quantities only)."""
+    b = fine.bounding
+    if b is None or b.direct or b.max_groups is None:
+        return fine
+    fine_level = tuple(range(len(sizes)))
+    best: tuple[tuple[int, int], tuple[int, ...]] | None = None
+    for member in members:
+        level = member.level
+        if not level or level == fine_level:
+            continue
+        refining = sum(1 for other in members if set(level) <= set(other.level))
+        rank = (-refining, math.prod(sizes[p] for p in level))
+        if best is None or rank < best[0]:
+            best = (rank, member.positions)
+    if best is None:
+        return fine
+    bounding = replace(b, select_at=best[1], direct=True)
+    names = ", ".join(fine.analysis.keys[p].name for p in best[1])
+    why = (f"groups chosen at ({names}): a unit keeps L0 = {b.max_groups} of them and C = "
+           f"{b.max_rows} rows in each, then the finer cells sum those rows")  # fmt: skip
+    return replace(fine, bounding=bounding, engine_sql=bounded_query(fine.analysis, bounding),
+                   skipped=(*fine.skipped, why))  # fmt: skip
 
 
 def _level_label(fine: Plan, level: Sequence[int]) -> str:
@@ -719,6 +762,7 @@ def _try(
             continue
         members.append(Member(i, p, pos, tuple(s for s in specs if s is not None)))
     sizes = tuple(len(k.domain or ()) + int(k.other) for k in fine.analysis.keys)
+    fine = _selected(fine, members, sizes)
     best: Family | None = None
     current = members
     fine_level = tuple(range(len(fine.analysis.keys)))

@@ -25,8 +25,11 @@ from dpsql.engine import spark as spark_engine
 from dpsql.engine.base import open_engine
 from dpsql.errors import PolicyError
 from dpsql.interfaces import cli
+from dpsql.interfaces.batch_plan import plan_workload
+from dpsql.interfaces.workload_answers import run_workload
 from dpsql.policy import load_policy
 from dpsql.session import Session
+from dpsql.sql.split import split_statements
 
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]
 
@@ -86,6 +89,40 @@ def test_the_exact_totals_are_duckdb_s(sessions: tuple[Session, Session], sql: s
     _, expected = duck.engine.run(plan.engine_sql)
     _, got = on_spark.engine.run(plan.engine_sql)
     assert sorted(map(repr, got)) == sorted(map(repr, expected))  # same values, same types
+
+
+# L0 = 6: every region (and the other group) of a unit, so no cap binds, and the coarser
+# levels' L0·C is their own.
+WORKLOAD = """SET dpsql.other_group = on;
+SET dpsql.max_groups_per_unit = 6;
+SELECT region, COUNT(*) AS n FROM visits GROUP BY region;
+SELECT region, date_trunc('month', day) AS month, COUNT(*) AS n FROM visits GROUP BY region, month;
+SELECT region, SUM(spend) AS total, AVG(spend) AS mean FROM visits GROUP BY region;
+"""
+
+
+def test_a_workload_family_bounds_and_answers_alike_on_spark(
+    sessions: tuple[Session, Session],
+) -> None:
+    """A batch file's family (its units' groups chosen at region, measured at region x month):
+    the same bounded query on both engines, the same exact totals (no cap binds here), and the
+    file answered on Spark in its one charge."""
+    duck, on_spark = sessions
+    families = []
+    for session in (duck, on_spark):
+        workload = plan_workload(session, split_statements(WORKLOAD))
+        assert len(workload.joint.families) == 1
+        families.append(workload.joint.families[0])
+    fine = families[0].fine
+    assert fine.bounding is not None and fine.bounding.select_at == (0,)
+    assert families[1].fine.engine_sql == fine.engine_sql
+    _, expected = duck.engine.run(fine.engine_sql)
+    _, got = on_spark.engine.run(fine.engine_sql)
+    assert sorted(map(repr, got)) == sorted(map(repr, expected))
+    planned = plan_workload(on_spark, split_statements(WORKLOAD))
+    results = [r for _, r in run_workload(on_spark, planned)]
+    assert len(on_spark.filter.charges) == 1
+    assert all(r is not None and "least squares" in r.note for r in results[2:])
 
 
 def test_an_answer_is_charged_once_and_published_like_duckdb_s(

@@ -93,8 +93,14 @@ def test_the_hierarchy_is_planned_jointly_and_the_total_only_under_r(
     assert workload.event.epsilon == sum(
         (s.plan.epsilon for s in workload.steps if s.plan is not None), Fraction(0)
     )
-    # Every measurement of the family states the L0 cells one unit may move, at every level.
-    assert all(e.dimensions == family.fine.max_groups for e in family.event)
+    # The units' groups are chosen at the grouping most members refine (region): L0 of them,
+    # and C rows in each. Every measurement states the cells one unit may move: L0 at that
+    # grouping, and up to its L0·C rows' cells at any other level.
+    assert family.fine.bounding is not None and family.fine.bounding.select_at == (0,)
+    l0, c = family.fine.max_groups, family.fine.max_rows
+    for t, e in zip(family.taken, family.event, strict=True):
+        cells = family.cells(t.level)
+        assert e.dimensions == (min(l0, cells) if t.level == (0,) else min(l0 * c, cells))
     with closing(Session(policy)) as session:
         under_r = _workload(session, R_FILE)
     assert sorted(m.index + 1 for m in _family(under_r).members) == [3, 4, 5, 6, 7]
@@ -517,3 +523,28 @@ def test_fresh_statements_share_no_measurement(tiny_policy: TinyPolicy) -> None:
         twice = _workload(session, "SET dpsql.fresh = on;\n" + 2 * FILE)
     assert twice.joint.families == ()
     assert results[3] is not None and not results[3].note
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(seed=st.integers(0, 10**6))
+def test_the_grouping_the_groups_are_chosen_at_keeps_its_own_bounded_counts(
+    tiny_policy: TinyPolicy, seed: int
+) -> None:
+    """Bounded at (region, band) with the units' groups chosen at region: the count by region
+    the family measures is, cell by cell, the exact bounded count of the statement by region
+    on its own (the same L0 regions per unit by the same keyed hash, C rows in each). Bounded
+    with L0 counting the (region, band) cells, a unit in 3 of them of 2 regions lost rows."""
+    with closing(Session(tiny_policy(_rows(seed)))) as session:
+        workload = _workload(session, FILE)
+        family = _family(workload)
+        assert family.fine.bounding is not None and family.fine.bounding.select_at == (0,)
+        alone = workload.steps[2].plan  # SELECT region, COUNT(*) ... GROUP BY region
+        assert alone is not None and alone.analysis.keys[0].name == "region"
+        own = {row[0]: int(row[1]) for row in session.engine.run(alone.engine_sql)[1]}
+        member = next(m for m in family.members if m.index == 2)
+        column = len(family.sizes) + member.specs[0]  # its count among the fine query's
+        summed: dict[Any, int] = {}
+        for row in _fine_rows(session, family):
+            summed[row[0]] = summed.get(row[0], 0) + int(row[column] or 0)
+        assert summed == own

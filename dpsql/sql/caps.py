@@ -70,6 +70,35 @@ def _weighted_row_cap(rows: str, keys: list[str], r: int) -> str:
     )
 
 
+def _picked(keys: list[str], bounding: Bounding) -> str:
+    """The CTEs ending in ``_picked`` (a workload family's bounding, ``Bounding.select_at``):
+    each unit keeps its L0 groups of the chosen keys, ranked by the keyed hash of (unit, those
+    keys) exactly as a query grouped by them alone ranks its groups (``_kept``), then at most C
+    of its rows in each such group, ranked by the keyed hash of the row. Both depend on the
+    unit's own rows only; ties left in the row order are identical in every column a
+    measurement reads, so which copy is kept cannot change a total."""
+    assert bounding.select_at is not None
+    chosen = [keys[p] for p in bounding.select_at]
+    salt = f"CAST(${SALT_PARAMETER} AS BIGINT)"
+    listed = ", ".join(chosen)
+    groups = f"_gs AS (SELECT _u, {listed} FROM _rows GROUP BY _u, {listed}), "
+    ranked = "SELECT * FROM _gs"
+    if bounding.max_groups is not None:
+        order = ", ".join(["_u", *chosen, salt])
+        ranked += (f" QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})"
+                   f"{''.join(f', {k}' for k in chosen)}) <= {bounding.max_groups}")  # fmt: skip
+    on = " AND ".join(f"_rows.{k} IS NOT DISTINCT FROM _gk.{k}" for k in ["_u", *chosen])
+    columns = [*keys, *(f"_x{i}" for i in range(len(bounding.values)))]
+    row_order = ", ".join(["_u", *columns, salt])
+    ties = "".join(f", {c}" for c in columns)
+    window = (f"QUALIFY ROW_NUMBER() OVER (PARTITION BY _u, {listed} ORDER BY "
+              f"hash({row_order}){ties}) <= {bounding.max_rows}")  # fmt: skip
+    return (
+        f"{groups}_gk AS ({ranked}), "
+        f"_picked AS (SELECT * FROM (SELECT _rows.* FROM _rows SEMI JOIN _gk ON {on}) {window}), "
+    )
+
+
 def _kept(bounding: Bounding, keys: list[str], size: int | None) -> tuple[str, str]:
     """The ``_multi`` CTE (if any) and the query of ``_kept``: at most L0 groups per unit,
     ranked by a salted hash of (unit, keys), which depends only on the unit's own rows."""

@@ -46,7 +46,7 @@ from dpsql.sql.bounding import (
     ValueRole,
     ValueSpec,
 )
-from dpsql.sql.caps import _kept, _row_cap
+from dpsql.sql.caps import _kept, _picked, _row_cap
 from dpsql.sql.filters import (
     _cell_join,
     _domain_ctes,
@@ -96,7 +96,12 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
     # speed on public numbers only; the totals are the same either way.)
     size = public_size(analysis.keys)
     r = bounding.max_total_rows
-    weighted = r is not None and not bounding.values and (size is not None and size <= r)
+    weighted = (
+        r is not None
+        and not bounding.values
+        and (size is not None and size <= r)
+        and bounding.select_at is None  # its row window reads rows, not weighted copies
+    )
     vals = ", ".join(
         ["_u"]
         + keys
@@ -177,10 +182,11 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
             f"LEFT JOIN ({final}) AS _f ON {on}"
         )
     rows = _row_cap(rows, keys, len(bounding.values), r, weighted)
+    picked = _picked(keys, bounding) if bounding.select_at is not None else ""
     text = (
         f"WITH {relation_ctes(analysis)}"
-        f"{rows}"
-        f"_vals AS (SELECT {vals} FROM _rows), "
+        f"{rows}{picked}"
+        f"_vals AS (SELECT {vals} FROM {'_picked' if picked else '_rows'}), "
         + (
             f"_capped AS ({_direct(keys, bounding, squared, weighted)}), "
             if bounding.direct
