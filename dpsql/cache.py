@@ -186,9 +186,8 @@ class ReleaseCache:
                 derived = _derive(plan, k, payload)
                 if derived is not None:
                     noisy, rebuilt = derived
-                    rebuilt_any = any(s is not None for s in rebuilt) or bool(noisy.derived)
                     known = rebuilt if any(s is not None for s in rebuilt) else None
-                    return Hit(noisy, seq, known, derived=rebuilt_any)
+                    return Hit(noisy, seq, known, derived=known is not None or bool(noisy.derived))
             if shared and self._families and eligible(plan):
                 for seq, payload in reversed(self._families.get(base_digest(plan), [])):
                     got = derive(plan, payload)

@@ -330,6 +330,16 @@ class _Kind:
     sizes: tuple[int, ...]  # the fine keys' domain sizes
 
 
+def member_kinds(sizes: Sequence[int], members: Sequence[Member]) -> list[_Kind]:
+    """The measurement kinds of a family of ``members`` at the fine grouping of ``sizes``, each
+    with the levels its members use (``_kinds``)."""
+    uses: dict[int, set[tuple[int, ...]]] = {}
+    for member in members:
+        for spec in member.specs:
+            uses.setdefault(spec, set()).add(member.level)
+    return _kinds(sizes, tuple(range(len(sizes))), uses)
+
+
 def _kinds(
     sizes: Sequence[int], fine_level: tuple[int, ...], uses: dict[int, set[tuple[int, ...]]]
 ) -> list[_Kind]:
@@ -508,11 +518,7 @@ def plan_family(  # noqa: PLR0915
 ) -> Family | None:
     """The best split for these members bounded at ``fine``, or None if it gains nothing."""
     fine_level = tuple(range(len(fine.analysis.keys)))
-    uses: dict[int, set[tuple[int, ...]]] = {}
-    for member in members:
-        for spec in member.specs:
-            uses.setdefault(spec, set()).add(member.level)
-    kinds = _kinds(sizes, fine_level, uses)
+    kinds = member_kinds(sizes, members)
     n_fine = math.prod(sizes)
     if any(sum(int(mp.max()) + 1 for mp in kind.maps) > MAX_FAMILY_CELLS for kind in kinds):
         return None

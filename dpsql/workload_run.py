@@ -34,11 +34,11 @@ from dpsql.stored_values import typed as _typed
 from dpsql.workload import (
     Family,
     _Kind,
-    _kinds,
     _level_map,
     base_digest,
     eligible,
     key_descriptor,
+    member_kinds,
     positions_among,
     spec_text,
 )
@@ -144,13 +144,8 @@ def combine(
     family: Family, values: Sequence[Sequence[Any]], noised: Noised
 ) -> dict[int, tuple[Plan, Noisy]]:
     """The members' answers from the released measurements, by least squares."""
-    fine_level = tuple(range(len(family.sizes)))
-    uses: dict[int, set[tuple[int, ...]]] = {}
-    for member in family.members:
-        for spec in member.specs:
-            uses.setdefault(spec, set()).add(member.level)
     scales = {(t.spec, t.level): _scale(t.measurement.scale) for t in family.taken}
-    answers = _answers(family.sizes, _kinds(family.sizes, fine_level, uses), scales, noised)
+    answers = _answers(family.sizes, member_kinds(family.sizes, family.members), scales, noised)
     out = {}
     for member in family.members:
         out[member.index] = _member(
@@ -297,12 +292,7 @@ def family_payload(
 def _description(family: Family) -> dict[str, Any]:
     """What a later statement's plan is matched against to be answered from the release
     (``derive``): public quantities of the family's plan only."""
-    fine_level = tuple(range(len(family.sizes)))
-    uses: dict[int, set[tuple[int, ...]]] = {}
-    for member in family.members:
-        for spec in member.specs:
-            uses.setdefault(spec, set()).add(member.level)
-    kinds = _kinds(family.sizes, fine_level, uses)
+    kinds = member_kinds(family.sizes, family.members)
     return {
         "base": base_digest(family.fine),
         "keys": [key_descriptor(k) for k in family.fine.analysis.keys],
@@ -328,10 +318,13 @@ def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
         return None
     level = tuple(sorted(positions))
     index = {text: j for j, text in enumerate(info["specs"])}
-    specs = [index.get(spec_text(plan, m)) for m in plan.measurements]
+    found = [index.get(spec_text(plan, m)) for m in plan.measurements]
+    specs = [s for s in found if s is not None]
+    if len(specs) != len(found):
+        return None
     sizes = tuple(int(n) for n in info["sizes"])
     kinds = []
-    for spec in sorted({s for s in specs if s is not None}):
+    for spec in sorted(set(specs)):
         stored = [tuple(int(p) for p in lv) for lv in info["levels"].get(str(spec), [])]
         # Answerable from the kind's base cells: a level whose keys the base holds.
         if not stored or not set(level) <= set(stored[0]):
@@ -339,13 +332,11 @@ def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
         levels = stored if level in stored else [*stored, level]
         maps = tuple(_level_map(sizes, stored[0], lv) for lv in levels)
         kinds.append(_Kind(spec, tuple(levels), maps, sizes))
-    if any(s is None for s in specs):
-        return None
     scales = {(int(spec), tuple(int(p) for p in lv)): Fraction(scale)
               for spec, lv, scale in info["scales"]}  # fmt: skip
     values, noised = from_payload(payload)
     answers = _answers(sizes, kinds, scales, noised)
-    return _member(plan, positions, [s for s in specs if s is not None], answers, values, sizes)
+    return _member(plan, positions, specs, answers, values, sizes)
 
 
 def from_payload(payload: dict[str, Any]) -> tuple[list[list[Any]], Noised]:
