@@ -2,8 +2,12 @@
 
 Run: ``python benchmarks/scale.py`` (5M and 20M rows), ``--large`` (also 50M and 100M),
 ``--sizes 5000000 ...``, ``--repeats K``, ``--queries count sum ...``. Every (size, variant,
-query) runs in its own process, so that its peak memory is its own; the variants of one query
-run one after the other on the same data (OS page cache warm after the first). Data: rows/5
+query) runs in its own process, so that its peak memory is its own. Up to 20M rows, the
+processes of one query (every size and variant) stay alive together, run once to warm up, then
+K rounds in which each runs once: a drift of the machine over the minutes of a run then hits
+both sizes and every variant alike, instead of the growth from 5M to 20M rows, and each round
+pairs the two sizes (the growth's range over rounds is printed). Larger sizes run once each,
+cold, one process at a time (their memory would not fit side by side). Data: rows/5
 units (1M units at 5M rows), skewed contributions (``queries.rows_per_unit``: most units 1-10
 rows, 1% with 50-800, rescaled), written in chunks of units so that 100M rows need little
 memory to write.
@@ -32,6 +36,7 @@ import itertools
 import json
 import math
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -314,15 +319,23 @@ def totals(rows: list[tuple[Any, ...]], n_keys: int) -> dict[str, list[int]]:
 
 
 def _rss_mib() -> float:
+    """This process's peak RSS. ``VmHWM`` is its own address space's high-water mark;
+    ``ru_maxrss`` would also count the driver's memory at the fork before the exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(
-    path: Path, contract: str, variant: str, name: str, repeats: int, *, memory_limit: str
-) -> dict[str, Any]:
+def worker(path: Path, contract: str, variant: str, name: str, *, memory_limit: str) -> None:
+    """Serve runs of one (size, variant, query) until told to end: ``run`` on standard input
+    runs the query once and answers its wall and CPU seconds; ``end`` answers the totals of the
+    first run and the process's peak RSS. The driver keeps one such process per (size, variant)
+    and interleaves their runs, so that a drift of the machine hits every cell alike."""
     q = next(q for q in QUERIES if q.name == name)
     bounds = Bounds(salt=SALT)
     totals_seen: dict[str, list[int]] | None = None
+    extra: dict[str, Any] = {}
     if variant == "dpsql":
         # Imported here: the raw and hand workers' memory holds no dpsql.
         from dpsql.policy import load_policy  # noqa: PLC0415
@@ -346,7 +359,7 @@ def worker(
         def fn() -> object:
             return session.execute(q.sql, fresh=True)
 
-        extra = {"skipped": list(plan.skipped)}
+        extra["skipped"] = list(plan.skipped)
     else:
         con = duckdb.connect(":memory:", config={"memory_limit": memory_limit})
         con.execute(f"CREATE VIEW visits AS SELECT * FROM read_parquet('{path}')")
@@ -355,43 +368,72 @@ def worker(
         def fn() -> object:
             return con.execute(sql).fetchall()
 
-        extra = {}
     before = _rss_mib()
-    walls, cpus = [], []
-    for i in range(repeats + 1):
+    for command in sys.stdin:
+        if command.strip() != "run":
+            break
         t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        if i or repeats == 0:
-            walls.append(wall)
-            cpus.append(cpu)
-        if i == 0:
+        if totals_seen is None:
             if variant == "dpsql":
                 totals_seen = totals(seen[-1], len(q.keys))
             elif variant == "hand":
                 assert isinstance(out, list)
                 totals_seen = totals(out, len(q.keys))
-        if repeats == 0:
-            break
-    return {"walls": walls, "cpus": cpus, "rss_before_mib": before, "peak_rss_mib": _rss_mib(),
-            "totals": totals_seen, **extra}  # fmt: skip
+        print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+    print(json.dumps({"rss_before_mib": before, "peak_rss_mib": _rss_mib(),
+                      "totals": totals_seen, **extra}), flush=True)  # fmt: skip
 
 
 # -- the driver ---------------------------------------------------------------------------------
 
 VARIANTS = (("R", "raw"), ("R", "hand"), ("R", "dpsql"), ("L0C", "hand"), ("L0C", "dpsql"))
+INTERLEAVED_ROWS = 20_000_000  # sizes up to this run interleaved; larger ones one cold run each
 
 
-def measure(
-    path: Path, contract: str, variant: str, name: str, repeats: int, *, memory_limit: str
-) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", str(path), contract, variant, name,
-           str(repeats), memory_limit]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+class Worker:
+    """One (size, variant, query) in its own process, so that its peak memory is its own."""
+
+    def __init__(self, path: Path, contract: str, variant: str, name: str, memory_limit: str):
+        cmd = [sys.executable, __file__, "--worker", str(path), contract, variant, name,
+               memory_limit]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.error: str | None = None
+
+    def _ask(self, command: str) -> dict[str, Any] | None:
+        if self.error is not None:
+            return None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            assert self.proc.stderr is not None
+            self.error = (self.proc.stderr.read().strip().splitlines() or ["failed"])[-1]
+            return None
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def run(self, *, keep: bool = True) -> None:
+        answer = self._ask("run")
+        if answer is not None and keep:
+            self.walls.append(answer["wall"])
+            self.cpus.append(answer["cpu"])
+
+    def end(self) -> dict[str, Any]:
+        answer = self._ask("end") or {}
+        self.proc.wait()
+        if self.error is not None:
+            return {"error": [self.error]}
+        return {"walls": self.walls, "cpus": self.cpus, **answer}
 
 
 def _median(xs: list[float]) -> float:
@@ -404,6 +446,32 @@ def _spread(xs: list[float]) -> str:
     return f"±{(max(xs) - min(xs)) / 2 / statistics.median(xs) * 100:.0f}%"
 
 
+def _merge(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cold runs of one (size, variant), each in its own process: their times in round order,
+    the largest peak, the first run's totals (and every run's must agree)."""
+    if any("error" in out for out in outs):
+        return next(out for out in outs if "error" in out)
+    assert all(out["totals"] == outs[0]["totals"] for out in outs), "cold runs disagree"
+    return {**outs[0], "walls": [w for out in outs for w in out["walls"]],
+            "cpus": [c for out in outs for c in out["cpus"]],
+            "peak_rss_mib": max(out["peak_rss_mib"] for out in outs)}  # fmt: skip
+
+
+def _label(contract: str, variant: str) -> str:
+    return f"{contract}_{variant}" if variant != "raw" else "raw"
+
+
+def _row(n: int, name: str, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"rows": n, "query": name, **cells}
+    for contract in ("R", "L0C"):
+        hand = row.get(f"{contract}_hand", {})
+        ours = row.get(f"{contract}_dpsql", {})
+        row[f"{contract}_same"] = hand.get("totals") is not None and hand.get("totals") == ours.get(
+            "totals"
+        )
+    return row
+
+
 def run(
     sizes: list[int],
     repeats: int,
@@ -412,29 +480,47 @@ def run(
     memory_limit: str,
     *,
     variants: list[str],
+    cold_rounds: int = 1,
 ) -> list[dict[str, Any]]:
+    """Per query: every (size, variant) up to ``INTERLEAVED_ROWS`` in a process of its own, all
+    alive together, warmed up once, then ``repeats`` rounds in which each runs once (the order
+    rotating from round to round); larger sizes in ``cold_rounds`` rounds of one cold run of
+    each (size, variant), each in a new process, one process at a time."""
+    paths = {n: data_file(data_dir, n) for n in sizes}
+    cells = [(c, v) for c, v in VARIANTS if _label(c, v) in variants]
+    small = [n for n in sizes if n <= INTERLEAVED_ROWS]
     results = []
-    for n in sizes:
-        path = data_file(data_dir, n)
-        reps = repeats if n <= 20_000_000 else 0  # one cold run each above 20M rows
-        for q in QUERIES:
-            if q.name not in names:
-                continue
-            row: dict[str, Any] = {"rows": n, "query": q.name}
-            for contract, variant in VARIANTS:
-                label = f"{contract}_{variant}" if variant != "raw" else "raw"
-                if label in variants:
-                    row[label] = measure(
-                        path, contract, variant, q.name, reps, memory_limit=memory_limit
-                    )
-            for contract in ("R", "L0C"):
-                hand = row.get(f"{contract}_hand", {})
-                ours = row.get(f"{contract}_dpsql", {})
-                row[f"{contract}_same"] = hand.get("totals") is not None and hand.get(
-                    "totals"
-                ) == ours.get("totals")
+    for q in QUERIES:
+        if q.name not in names:
+            continue
+        if small:
+            workers = {(n, _label(c, v)): Worker(paths[n], c, v, q.name, memory_limit)
+                       for n in small for c, v in cells}  # fmt: skip
+            order = list(workers.values())
+            for w in order:
+                w.run(keep=repeats == 0)
+            for i in range(repeats):
+                for w in order[i % len(order) :] + order[: i % len(order)]:
+                    w.run()
+            ended = {key: w.end() for key, w in workers.items()}
+            for n in small:
+                row = _row(n, q.name, {label: out for (m, label), out in ended.items() if m == n})
+                results.append(row)
+                print(_line(row), flush=True)
+        large = [n for n in sizes if n not in small]
+        runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        for _ in range(cold_rounds if large else 0):
+            for n in large:
+                for c, v in cells:
+                    w = Worker(paths[n], c, v, q.name, memory_limit)
+                    w.run()
+                    runs.setdefault((n, _label(c, v)), []).append(w.end())
+        for n in large:
+            row = _row(n, q.name, {label: _merge(outs) for (m, label), outs in runs.items()
+                                   if m == n})  # fmt: skip
             results.append(row)
             print(_line(row), flush=True)
+    results.sort(key=lambda r: (r["rows"], [x.name for x in QUERIES].index(r["query"])))
     return results
 
 
@@ -474,9 +560,21 @@ HEADER = (
 )
 
 
+def _growth(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The ratio of the medians, and where both sizes ran interleaved (as many runs each, run
+    i of both in round i) the range of the per-round ratios."""
+    ratio = f"{_ms(b) / _ms(a):.2f}x"
+    wa, wb = a.get("walls", []), b.get("walls", [])
+    if len(wa) > 1 and len(wa) == len(wb):
+        rounds = [y / x for x, y in zip(wa, wb, strict=True)]
+        ratio += f" [{min(rounds):.2f}-{max(rounds):.2f}]"
+    return ratio
+
+
 def growth(results: list[dict[str, Any]]) -> list[str]:
     """Time ratio between consecutive sizes, per query and variant, beside the data ratio."""
-    lines = ["", "growth (time ratio to the previous size; data ratio in the first column)"]
+    lines = ["", "growth (time ratio to the previous size, [range over the paired rounds]; "
+             "data ratio in the first column)"]  # fmt: skip
     sizes = sorted({r["rows"] for r in results})
     for a, b in itertools.pairwise(sizes):
         for q in QUERIES:
@@ -484,25 +582,47 @@ def growth(results: list[dict[str, Any]]) -> list[str]:
             rb = next((r for r in results if r["rows"] == b and r["query"] == q.name), None)
             if ra is None or rb is None:
                 continue
-            parts = [f"{k} {_ms(rb.get(k, {})) / _ms(ra.get(k, {})):.2f}x" for k in
+            parts = [f"{k} {_growth(ra.get(k, {}), rb.get(k, {}))}" for k in
                      ("raw", "R_hand", "R_dpsql", "L0C_hand", "L0C_dpsql")]  # fmt: skip
+            parts += [_relative_growth(ra, rb, c) for c in ("R", "L0C")]
             lines.append(f"  {a:,} -> {b:,} ({b / a:.1f}x) {q.name:<19} " + ", ".join(parts))
     return lines
 
 
+def _relative_growth(ra: dict[str, Any], rb: dict[str, Any], contract: str) -> str:
+    """dpsql's growth over the hand SQL's, as the ratio of their medians over paired rounds
+    (round i of both sizes), with a 90% bootstrap interval over the rounds: above 1.0 only
+    where the interval is, dpsql grows faster than the hand SQL beyond the noise."""
+    runs = [
+        r.get(f"{contract}_{v}", {}).get("walls", []) for r in (ra, rb) for v in ("dpsql", "hand")
+    ]
+    if len({len(w) for w in runs}) != 1 or len(runs[0]) < 3:
+        return f"{contract} d/hand -"
+    ours = [y / x for x, y in zip(runs[0], runs[2], strict=True)]
+    theirs = [y / x for x, y in zip(runs[1], runs[3], strict=True)]
+    rng = random.Random(0)
+    k = len(ours)
+    boot = []
+    for _ in range(2000):
+        pick = [rng.randrange(k) for _ in range(k)]
+        boot.append(_median([ours[i] for i in pick]) / _median([theirs[i] for i in pick]))
+    boot.sort()
+    point = _median(ours) / _median(theirs)
+    return f"{contract} d/hand {point:.2f} [{boot[100]:.2f}-{boot[1899]:.2f}]"
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        path, contract, variant, name, repeats, limit = sys.argv[2:8]
-        print(
-            json.dumps(
-                worker(Path(path), contract, variant, name, int(repeats), memory_limit=limit)
-            )
-        )
+        path, contract, variant, name, limit = sys.argv[2:7]
+        worker(Path(path), contract, variant, name, memory_limit=limit)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[5_000_000, 20_000_000])
     parser.add_argument("--large", action="store_true", help="also 50M and 100M rows")
-    parser.add_argument("--repeats", type=int, default=3, help="after one warm-up run")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds, after one warm-up run")
+    parser.add_argument(
+        "--cold-rounds", type=int, default=1, help="rounds of cold runs above 20M rows"
+    )
     parser.add_argument("--queries", nargs="+", default=[q.name for q in QUERIES])
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
@@ -513,12 +633,13 @@ def main() -> None:
     started = dt.datetime.now(dt.UTC)
     print(
         f"{os.cpu_count()} CPUs, DuckDB {duckdb.__version__}, memory limit {args.memory_limit}, "
-        f"median of {args.repeats} after a warm-up (1 run, no warm-up, above 20M rows)"
+        f"median of {args.repeats} interleaved rounds after a warm-up ({args.cold_rounds} "
+        f"round(s) of cold runs above {INTERLEAVED_ROWS:,} rows)"
     )
     print(HEADER)
     labels = ["raw", "R_hand", "R_dpsql", "L0C_hand", "L0C_dpsql"]
     results = run(sizes, args.repeats, args.queries, args.data_dir, args.memory_limit,
-                  variants=args.variants or labels)  # fmt: skip
+                  variants=args.variants or labels, cold_rounds=args.cold_rounds)  # fmt: skip
     for line in growth(results):
         print(line)
     from run import write_results  # noqa: PLC0415  (run.py imports dpsql)
