@@ -82,7 +82,11 @@ class DuckDBEngine:
             # statistics skip row groups under a filter pushed into the scan (a bare x > 200
             # keeps a NaN only where another row of its row group exceeds 200): the bounded
             # query's WHERE is TRY(...) IS TRUE, which is never pushed (the same tests).
-            "disabled_optimizers": "statistics_propagation",
+            # And a speed choice, the same rows either way: DuckDB rewrites a window
+            # ROW_NUMBER() <= k into a top-k aggregate with a heap per partition, which on L0's
+            # ranking (millions of units of a few groups each) took 25% more time than the
+            # window itself (benchmarks/README.md, "top-k rewrite").
+            "disabled_optimizers": "statistics_propagation,top_n_window_elimination",
         }
         # Past its memory cap DuckDB spills to disk (hash tables, sorts, windows): a query on
         # data larger than memory runs slower instead of exhausting the machine. A per-connection
