@@ -549,6 +549,14 @@ CASES: dict[str, Case] = {
         bounds=(L0, C),
         tight=(0, 1),
     ),
+    # Counts over few public keys: L0's ranking per unit in one row (dpsql.sql.pivot)
+    "count_by_region": Case(
+        visits,
+        (Ref("rows"), Ref("count", lambda r: r["age"]), Ref("units")),
+        key=region_key,
+        domain=REGION_DOMAIN,
+        bounds=(L0, C),
+    ),
     "count_distinct_ungrouped": Case(
         visits, (Ref("distinct", lambda r: r["item"]), Ref("distinct", age)), tight=(0,)
     ),

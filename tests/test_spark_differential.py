@@ -53,6 +53,7 @@ from dpsql.engine.spark_lower import lower
 from dpsql.plan.planner import Plan
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Session
+from dpsql.sql import pivot
 
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]
 
@@ -115,6 +116,7 @@ class World:
     tables: Mapping[str, Path]
     catalog: Mapping[str, Mapping[str, str]]
     plan: Callable[[str, int | None, int | None], Plan]  # (name, L0, R); None: the corpus's
+    session: Session | None = None  # the breadth corpus's, planning any text
 
 
 def golden_policy(path: Path, max_groups: int) -> Policy:
@@ -168,7 +170,7 @@ def breadth_world(directory: Path, data: breadth.Data) -> Iterator[World]:
         return session.plan(sql, None, **options)
 
     try:
-        yield World(tables, session.engine.catalog, plan)
+        yield World(tables, session.engine.catalog, plan, session)
     finally:
         session.close()
 
@@ -507,6 +509,49 @@ def test_the_binding_runs_do_bind(
     assert sum(heavy.values()) > 10
     from_duck, from_spark = run_both(spark, world, plan)
     assert sorted_rows(from_duck) != sorted_rows(from_spark)
+
+
+# L0's ranking per unit in one row (dpsql.sql.pivot), at the corpus's binding L0: on Spark as on
+# DuckDB (tests/test_pivot.py) it keeps the groups of the ranking window it replaces, both ranked
+# by the engine's own keyed hash.
+PIVOTED = {
+    "count_by_region": ("SELECT region, COUNT(*), COUNT(age), COUNT(DISTINCT user_id) "
+                        "FROM visits GROUP BY region", {}),
+    "count_other_group": ("SELECT region, COUNT(*) FROM visits GROUP BY region",
+                          {"other_group": True}),
+    "two_keys": ("SELECT CASE WHEN spend > 50 THEN 1 ELSE 0 END AS hi, CASE WHEN age > 40 "
+                 "THEN 'old' ELSE 'young' END AS b, COUNT(*) FROM visits GROUP BY hi, b", {}),
+    "join_public_left": (breadth.sql_of("join_public_left"), {}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PIVOTED))
+def test_the_pivot_keeps_the_windows_groups_on_spark(
+    name: str,
+    worlds: dict[str, list[World]],
+    spark: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sql, options = PIVOTED[name]
+    for world in worlds["breadth"]:
+        session = world.session
+        assert session is not None
+        forms = []
+        try:
+            for cells in (pivot.PIVOT_CELLS, 0):
+                monkeypatch.setattr(pivot, "PIVOT_CELLS", cells)
+                session._plans.clear()  # planned again under the other form
+                plan = session.plan(sql, None, **options)
+                forms.append(("_pivot AS" in plan.engine_sql, plan.engine_sql))
+        finally:
+            session._plans.clear()  # no plan of the window form is kept for the other tests
+        assert [f for f, _ in forms] == [True, False], name
+        register(spark, world.tables)
+        pivoted, window = (
+            sorted_rows(spark_rows(spark, lower(text, world.catalog), SALT)) for _, text in forms
+        )
+        assert pivoted, name
+        assert pivoted == window, name
 
 
 # -- 3. neighbours on Spark -------------------------------------------------------------------

@@ -24,6 +24,11 @@ def _comparable(
     way), text, dates, timestamps, booleans. A text literal next to a date is cast here, once
     it is checked to be a date (Spark and DuckDB parse other texts differently)."""
     ka, kb = _kind(a.type), _kind(b.type)
+    if ka == kb == "HASH":
+        # Two keyed hashes (``dpsql.sql.pivot``'s ranking of a unit's key combinations): ordered
+        # as Spark's ranking windows order them, by xxhash64's signed BIGINT. Each engine ranks
+        # by its own hash (docs/engines.md), so only the order within one engine matters.
+        return _p(a.node), _p(b.node)
     if "NULL" in (ka, kb) or ka == kb:
         if (
             ka.startswith("?")

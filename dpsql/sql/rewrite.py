@@ -60,6 +60,7 @@ from dpsql.sql.filters import (
     public_size,
 )
 from dpsql.sql.parse import DIALECT
+from dpsql.sql.pivot import Aggregate, pivot_cells, pivoted
 from dpsql.sql.sample import sample_filter
 from dpsql.sql.totality import WIDENED, as_boolean, total
 from dpsql.sql.values import (
@@ -113,24 +114,36 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
             for i, v in enumerate(bounding.values)
         ]
     )
+    aggregates = [
+        Aggregate("SUM", "_w", "_n", zero=False) if weighted else Aggregate("COUNT", "*", "_n")
+    ]
+    aggregates += [
+        Aggregate("COUNT", f"_v{i}", f"_n{i}")
+        for i, v in enumerate(bounding.values)
+        if not v.listed
+    ]
+    aggregates += [
+        Aggregate("SUM", f"_v{i}", f"_s{i}")
+        for i, v in enumerate(bounding.values)
+        if v.grid is not None and not v.listed
+    ]
+    aggregates += [
+        Aggregate(
+            "SUM",
+            f"CAST({_centred(i, bounding)} AS HUGEINT) * CAST({_centred(i, bounding)} AS HUGEINT)",
+            f"_q{i}",
+        )
+        for i in squared
+    ]
     per_unit = ", ".join(
-        ["_u", *keys, "SUM(_w) AS _n" if weighted else "COUNT(*) AS _n"]
-        + [f"COUNT(_v{i}) AS _n{i}" for i, v in enumerate(bounding.values) if not v.listed]
-        + [
-            f"COALESCE(SUM(_v{i}), 0) AS _s{i}"
-            for i, v in enumerate(bounding.values)
-            if v.grid is not None and not v.listed
-        ]
+        ["_u", *keys]
+        + [f"{a.sql()} AS {a.name}" for a in aggregates]
         + [_listed(i, v) for i, v in enumerate(bounding.values) if v.listed]
-        + [
-            f"COALESCE(SUM(CAST({_centred(i, bounding)} AS HUGEINT) * "
-            f"CAST({_centred(i, bounding)} AS HUGEINT)), 0) AS _q{i}"
-            for i in squared
-        ]
     )
     group_units = ", ".join(["_u", *keys])
     ctes = ""
     multi, kept = _kept(bounding, keys, size)
+    cells = pivot_cells(analysis.keys, bounding)
     c = bounding.max_rows
     capped = ", ".join(
         [*keys, f"LEAST(_n, {c}) AS _c"]
@@ -190,9 +203,13 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
         + (
             f"_capped AS ({_direct(keys, bounding, squared, weighted)}), "
             if bounding.direct
-            else f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
-            f"{multi}_kept AS ({kept}), "
-            f"_capped AS (SELECT {capped} FROM _kept), "
+            else (
+                pivoted(aggregates, cells, bounding.max_groups)
+                if cells is not None and bounding.max_groups is not None
+                else f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
+                f"{multi}_kept AS ({kept}), "
+            )
+            + f"_capped AS (SELECT {capped} FROM _kept), "
         )
         + f"{ctes}_agg AS ({aggregated}) "
         f"{final}"

@@ -38,42 +38,80 @@ WITH _dom0 AS (
     _k0,
     _x0 AS _v0
   FROM _rows
-), _units AS (
+), _pivot AS (
   SELECT
     _u,
-    _k0,
-    COUNT(*) AS _n,
-    COUNT(_v0) AS _n0
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('central' AS TEXT) THEN 1 END) AS _n__0,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('central' AS TEXT) THEN _v0 END) AS _n0__0,
+    HASH(_u, CAST('central' AS TEXT), CAST($salt AS BIGINT)) AS _h__0,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('east' AS TEXT) THEN 1 END) AS _n__1,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('east' AS TEXT) THEN _v0 END) AS _n0__1,
+    HASH(_u, CAST('east' AS TEXT), CAST($salt AS BIGINT)) AS _h__1,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('north' AS TEXT) THEN 1 END) AS _n__2,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('north' AS TEXT) THEN _v0 END) AS _n0__2,
+    HASH(_u, CAST('north' AS TEXT), CAST($salt AS BIGINT)) AS _h__2,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('south' AS TEXT) THEN 1 END) AS _n__3,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('south' AS TEXT) THEN _v0 END) AS _n0__3,
+    HASH(_u, CAST('south' AS TEXT), CAST($salt AS BIGINT)) AS _h__3,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('west' AS TEXT) THEN 1 END) AS _n__4,
+    COUNT(CASE WHEN _k0 IS NOT DISTINCT FROM CAST('west' AS TEXT) THEN _v0 END) AS _n0__4,
+    HASH(_u, CAST('west' AS TEXT), CAST($salt AS BIGINT)) AS _h__4
   FROM _vals
   GROUP BY
-    _u,
-    _k0
-), _multi AS (
-  SELECT
     _u
-  FROM _units
-  GROUP BY
-    _u
-  HAVING
-    COUNT(*) > 2
 ), _kept AS (
   SELECT
-    *
-  FROM _units
-  ANTI JOIN _multi
-    ON _units._u IS NOT DISTINCT FROM _multi._u
-  UNION ALL
-  SELECT
-    *
-  FROM (
-    SELECT
-      _units.*
-    FROM _units
-    SEMI JOIN _multi
-      ON _units._u IS NOT DISTINCT FROM _multi._u
-  )
-  QUALIFY
-    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, CAST($salt AS BIGINT))) <= 2
+    _pivot._u,
+    _d._k0,
+    CASE
+      WHEN _d._j = 0
+      THEN _n__0
+      WHEN _d._j = 1
+      THEN _n__1
+      WHEN _d._j = 2
+      THEN _n__2
+      WHEN _d._j = 3
+      THEN _n__3
+      WHEN _d._j = 4
+      THEN _n__4
+    END AS _n,
+    CASE
+      WHEN _d._j = 0
+      THEN _n0__0
+      WHEN _d._j = 1
+      THEN _n0__1
+      WHEN _d._j = 2
+      THEN _n0__2
+      WHEN _d._j = 3
+      THEN _n0__3
+      WHEN _d._j = 4
+      THEN _n0__4
+    END AS _n0
+  FROM _pivot
+  CROSS JOIN (VALUES
+    (0, CAST('central' AS TEXT)),
+    (1, CAST('east' AS TEXT)),
+    (2, CAST('north' AS TEXT)),
+    (3, CAST('south' AS TEXT)),
+    (4, CAST('west' AS TEXT))) AS _d(_j, _k0)
+  WHERE
+    CASE
+      WHEN _d._j = 0
+      THEN _n__0 > 0
+      AND CASE WHEN _n__1 > 0 AND _h__1 < _h__0 THEN 1 ELSE 0 END + CASE WHEN _n__2 > 0 AND _h__2 < _h__0 THEN 1 ELSE 0 END + CASE WHEN _n__3 > 0 AND _h__3 < _h__0 THEN 1 ELSE 0 END + CASE WHEN _n__4 > 0 AND _h__4 < _h__0 THEN 1 ELSE 0 END < 2
+      WHEN _d._j = 1
+      THEN _n__1 > 0
+      AND CASE WHEN _n__0 > 0 AND _h__0 <= _h__1 THEN 1 ELSE 0 END + CASE WHEN _n__2 > 0 AND _h__2 < _h__1 THEN 1 ELSE 0 END + CASE WHEN _n__3 > 0 AND _h__3 < _h__1 THEN 1 ELSE 0 END + CASE WHEN _n__4 > 0 AND _h__4 < _h__1 THEN 1 ELSE 0 END < 2
+      WHEN _d._j = 2
+      THEN _n__2 > 0
+      AND CASE WHEN _n__0 > 0 AND _h__0 <= _h__2 THEN 1 ELSE 0 END + CASE WHEN _n__1 > 0 AND _h__1 <= _h__2 THEN 1 ELSE 0 END + CASE WHEN _n__3 > 0 AND _h__3 < _h__2 THEN 1 ELSE 0 END + CASE WHEN _n__4 > 0 AND _h__4 < _h__2 THEN 1 ELSE 0 END < 2
+      WHEN _d._j = 3
+      THEN _n__3 > 0
+      AND CASE WHEN _n__0 > 0 AND _h__0 <= _h__3 THEN 1 ELSE 0 END + CASE WHEN _n__1 > 0 AND _h__1 <= _h__3 THEN 1 ELSE 0 END + CASE WHEN _n__2 > 0 AND _h__2 <= _h__3 THEN 1 ELSE 0 END + CASE WHEN _n__4 > 0 AND _h__4 < _h__3 THEN 1 ELSE 0 END < 2
+      WHEN _d._j = 4
+      THEN _n__4 > 0
+      AND CASE WHEN _n__0 > 0 AND _h__0 <= _h__4 THEN 1 ELSE 0 END + CASE WHEN _n__1 > 0 AND _h__1 <= _h__4 THEN 1 ELSE 0 END + CASE WHEN _n__2 > 0 AND _h__2 <= _h__4 THEN 1 ELSE 0 END + CASE WHEN _n__3 > 0 AND _h__3 <= _h__4 THEN 1 ELSE 0 END < 2
+    END
 ), _capped AS (
   SELECT
     _k0,

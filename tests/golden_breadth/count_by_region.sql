@@ -1,0 +1,1 @@
+SELECT region, COUNT(*), COUNT(age), COUNT(DISTINCT user_id) FROM visits GROUP BY region
