@@ -533,12 +533,13 @@ def test_the_pivot_keeps_the_windows_groups_on_spark(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sql, options = PIVOTED[name]
+    limit = pivot.PIVOT_CELLS  # read once: the loop below sets it to 0 for each world
     for world in worlds["breadth"]:
         session = world.session
         assert session is not None
         forms = []
         try:
-            for cells in (pivot.PIVOT_CELLS, 0):
+            for cells in (limit, 0):
                 monkeypatch.setattr(pivot, "PIVOT_CELLS", cells)
                 session._plans.clear()  # planned again under the other form
                 plan = session.plan(sql, None, **options)
