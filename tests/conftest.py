@@ -92,6 +92,37 @@ def write_parquet(
         con.close()
 
 
+def policy_over(
+    path: Path,
+    *,
+    max_groups: int,
+    max_rows: int,
+    columns: Mapping[str, Mapping[str, Any]] | None = None,
+    budget: Mapping[str, Any] | None = None,
+    dataset_id: str = "tiny",
+) -> Policy:
+    """The tiny policy over the Parquet file ``path`` (its folder the policy's base)."""
+    return load_policy(
+        {
+            "dataset": {"id": dataset_id, "data_version": "1"},
+            "data": {"tables": {"visits": str(path)}},
+            "budget": {**TINY_BUDGET, **(budget or {})},
+            "tables": {
+                "visits": {
+                    "privacy_unit": "user_id",
+                    "max_groups_per_unit": max_groups,
+                    "max_rows_per_unit_per_group": max_rows,
+                    "columns": {
+                        k: dict(v)
+                        for k, v in (TINY_COLUMNS if columns is None else columns).items()
+                    },
+                }
+            },
+        },
+        base_dir=path.parent,
+    )
+
+
 @pytest.fixture
 def tiny_policy(tmp_path: Path) -> TinyPolicy:
     counter = itertools.count()
@@ -107,24 +138,8 @@ def tiny_policy(tmp_path: Path) -> TinyPolicy:
     ) -> Policy:
         path = tmp_path / f"visits_{next(counter)}.parquet"
         write_parquet(path, rows, schema or TINY_SCHEMA)
-        return load_policy(
-            {
-                "dataset": {"id": "tiny", "data_version": "1"},
-                "data": {"tables": {"visits": str(path)}},
-                "budget": {**TINY_BUDGET, **(budget or {})},
-                "tables": {
-                    "visits": {
-                        "privacy_unit": "user_id",
-                        "max_groups_per_unit": max_groups,
-                        "max_rows_per_unit_per_group": max_rows,
-                        "columns": {
-                            k: dict(v)
-                            for k, v in (TINY_COLUMNS if columns is None else columns).items()
-                        },
-                    }
-                },
-            },
-            base_dir=tmp_path,
+        return policy_over(
+            path, max_groups=max_groups, max_rows=max_rows, columns=columns, budget=budget
         )
 
     return make

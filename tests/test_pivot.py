@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_BUDGET, TINY_COLUMNS, TINY_SCHEMA, write_parquet
+from conftest import TINY_SCHEMA, write_parquet
+from conftest import policy_over as tiny_policy_over
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.policy import load_policy
 from dpsql.session import Session
 from dpsql.sql import pivot
 
@@ -62,22 +62,7 @@ def policy_over(rows: Sequence[tuple[Any, ...]], max_groups: int, max_rows: int)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "visits.parquet"
         write_parquet(path, rows, TINY_SCHEMA)
-        yield load_policy(
-            {
-                "dataset": {"id": "pivot", "data_version": "1"},
-                "data": {"tables": {"visits": str(path)}},
-                "budget": dict(TINY_BUDGET),
-                "tables": {
-                    "visits": {
-                        "privacy_unit": "user_id",
-                        "max_groups_per_unit": max_groups,
-                        "max_rows_per_unit_per_group": max_rows,
-                        "columns": {k: dict(v) for k, v in TINY_COLUMNS.items()},
-                    }
-                },
-            },
-            base_dir=Path(folder),
-        )
+        yield tiny_policy_over(path, max_groups=max_groups, max_rows=max_rows, dataset_id="pivot")
 
 
 def bounded_totals(policy: Any, sql: str, other: bool) -> tuple[str, list[tuple[Any, ...]]]:

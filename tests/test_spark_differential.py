@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 import test_breadth_golden as breadth
 import test_rewrite_golden as golden
-from conftest import TINY_BUDGET, TINY_COLUMNS, TINY_SCHEMA, write_parquet
+from conftest import TINY_SCHEMA, policy_over, write_parquet
 from spark_fixtures import (
     FULL,
     SOCKET_WARNINGS,
@@ -51,7 +51,7 @@ from spark_fixtures import (
 
 from dpsql.engine.spark_lower import lower
 from dpsql.plan.planner import Plan
-from dpsql.policy import Policy, load_policy
+from dpsql.policy import Policy
 from dpsql.session import Session
 from dpsql.sql import pivot
 
@@ -121,22 +121,7 @@ class World:
 
 def golden_policy(path: Path, max_groups: int) -> Policy:
     """The policy of tests/test_rewrite_golden.py (the conftest's tiny policy) over ``path``."""
-    return load_policy(
-        {
-            "dataset": {"id": "tiny", "data_version": "1"},
-            "data": {"tables": {"visits": str(path)}},
-            "budget": dict(TINY_BUDGET),
-            "tables": {
-                "visits": {
-                    "privacy_unit": "user_id",
-                    "max_groups_per_unit": max_groups,
-                    "max_rows_per_unit_per_group": golden.C,
-                    "columns": {k: dict(v) for k, v in TINY_COLUMNS.items()},
-                }
-            },
-        },
-        base_dir=path.parent,
-    )
+    return policy_over(path, max_groups=max_groups, max_rows=golden.C)
 
 
 def golden_world(directory: Path, rows: Sequence[tuple[Any, ...]]) -> World:
