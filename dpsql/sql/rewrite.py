@@ -135,15 +135,7 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
         )
         for i in squared
     ]
-    per_unit = ", ".join(
-        ["_u", *keys]
-        + [f"{a.sql()} AS {a.name}" for a in aggregates]
-        + [_listed(i, v) for i, v in enumerate(bounding.values) if v.listed]
-    )
-    group_units = ", ".join(["_u", *keys])
     ctes = ""
-    multi, kept = _kept(bounding, keys, size)
-    cells = pivot_cells(analysis.keys, bounding)
     c = bounding.max_rows
     capped = ", ".join(
         [*keys, f"LEAST(_n, {c}) AS _c"]
@@ -196,25 +188,31 @@ def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
         )
     rows = _row_cap(rows, keys, len(bounding.values), r, weighted)
     picked = _picked(keys, bounding) if bounding.select_at is not None else ""
-    text = (
+    cells = pivot_cells(analysis.keys, bounding)  # None for a direct bounding
+    if bounding.direct:
+        units = f"_capped AS ({_direct(keys, bounding, squared, weighted)}), "
+    elif cells is not None:
+        assert bounding.max_groups is not None  # pivot_cells: only where L0 ranks
+        units = pivoted(aggregates, cells, bounding.max_groups)
+        units += f"_capped AS (SELECT {capped} FROM _kept), "
+    else:
+        multi, kept = _kept(bounding, keys, size)
+        per_unit = ", ".join(
+            ["_u", *keys]
+            + [f"{a.sql()} AS {a.name}" for a in aggregates]
+            + [_listed(i, v) for i, v in enumerate(bounding.values) if v.listed]
+        )
+        units = (
+            f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {', '.join(['_u', *keys])}), "
+            f"{multi}_kept AS ({kept}), _capped AS (SELECT {capped} FROM _kept), "
+        )
+    return (
         f"WITH {relation_ctes(analysis)}"
         f"{rows}{picked}"
         f"_vals AS (SELECT {vals} FROM {'_picked' if picked else '_rows'}), "
-        + (
-            f"_capped AS ({_direct(keys, bounding, squared, weighted)}), "
-            if bounding.direct
-            else (
-                pivoted(aggregates, cells, bounding.max_groups)
-                if cells is not None and bounding.max_groups is not None
-                else f"_units AS (SELECT {per_unit} FROM _vals GROUP BY {group_units}), "
-                f"{multi}_kept AS ({kept}), "
-            )
-            + f"_capped AS (SELECT {capped} FROM _kept), "
-        )
-        + f"{ctes}_agg AS ({aggregated}) "
+        f"{units}{ctes}_agg AS ({aggregated}) "
         f"{final}"
     )
-    return text
 
 
 def _total_sql(analysis: Analysis) -> Callable[[exp.Expression], str]:
