@@ -16,6 +16,9 @@ derived from a released SUM(x) and COUNT(x) of that core (its half-width from th
 of their noises, under the union bound: they share the COUNT's).
 A workload family's release answers a plan that is a linear function of its measurements
 (``dpsql.workload_run.derive``: the same rows, settings and bounds, keys among its fine keys).
+Every fresh release of the same bounded-row definition (``Keys.rows``: the core without the
+privacy parameters, with the engine) answers a plan whose measurements they all hold, at any
+epsilon, each the least noisy release or their inverse-variance combination (``_assemble``).
 Releases are shared by every analyst of the data set: a released answer is public to whoever
 may query it.
 """
@@ -32,6 +35,7 @@ from typing import Any, Literal
 from dpsql.accounting.filter import Store
 from dpsql.accounting.ledger import canonical
 from dpsql.noise.release import Noisy
+from dpsql.noise.release_estimates import combined_half_width
 from dpsql.plan.planner import Measurement, Plan
 from dpsql.policy import Policy
 from dpsql.sql.canonical import canonical_sql
@@ -49,6 +53,9 @@ class Keys:
     exact: str
     core: str
     measurements: tuple[dict[str, Any], ...]
+    # The core without the privacy parameters, with the engine: the bounded-row definition.
+    # Releases of one such key measured the same rows (``_assemble``).
+    rows: str = ""
 
 
 def _digest(data: Any) -> str:
@@ -120,7 +127,11 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
                              describe(d.measurement, {})]  # fmt: skip
     values = _values(plan)
     measurements = tuple(describe(m, values) for m in plan.measurements)
-    return Keys(_digest([core, list(measurements)]), _digest(core), measurements)
+    # Which rows are kept is a function of everything in the core but the privacy parameters,
+    # and of the engine's keyed hash (one per engine, docs/engines.md): a release at another
+    # epsilon measured the same rows, so combining the two is post-processing (Dwork-Roth 2.1).
+    rows = {**{k: v for k, v in core.items() if k != "params"}, "engine": policy.engine.name}
+    return Keys(_digest([core, list(measurements)]), _digest(core), measurements, _digest(rows))
 
 
 Signatures = tuple[tuple[tuple[Fraction, Fraction], ...], ...]
@@ -138,9 +149,18 @@ class Hit:
     # Where it came from: a release ("release"), a workload member's answer kept under its own
     # key ("member", ``record_member``), or a workload family's release ("family",
     # ``dpsql.workload_run.derive``: a level or an aggregate no member of the file asked for).
-    source: Literal["release", "member", "family"] = "release"
+    source: Literal["release", "member", "family", "releases"] = "release"
     # Computed from released measurements other than its own (an AVG from a SUM and a COUNT).
     derived: bool = False
+    # With source "releases" (``_assemble``): every release whose measurements it combines.
+    sources: tuple[int, ...] = ()
+
+    @property
+    def origin(self) -> str:
+        """Where the answer comes from, for a plan's display: ``release N`` or ``releases N, M``."""
+        if len(self.sources) > 1:
+            return "releases " + ", ".join(map(str, self.sources))
+        return f"release {self.release_seq}"
 
 
 class ReleaseCache:
@@ -153,6 +173,8 @@ class ReleaseCache:
         self._cores: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         # Workload families' releases, by the digest of their rows and settings (``derive``).
         self._families: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        # Fresh releases by their bounded-row definition (``Keys.rows``, ``_assemble``).
+        self._rows: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
@@ -162,6 +184,10 @@ class ReleaseCache:
                 self._exact[str(payload["key"])] = (record.seq, payload)
                 if "combined" not in payload:  # a family's answer serves its own query only
                     self._cores.setdefault(str(payload["core"]), []).append((record.seq, payload))
+                    if "rows" in payload:
+                        self._rows.setdefault(str(payload["rows"]), []).append(
+                            (record.seq, payload)
+                        )
             elif record.kind == RECORD_KIND and "derive" in record.payload:
                 payload = dict(record.payload)
                 base = str(payload["derive"]["base"])
@@ -195,6 +221,11 @@ class ReleaseCache:
                         answered, noisy = got
                         combined = tuple(m.combined for m in answered.measurements)
                         return Hit(noisy, seq, combined, "family", derived=True)
+            if k.rows in self._rows and eligible(plan):
+                assembled = _assemble(k, self._rows[k.rows], plan.options.confidence)
+                if assembled is not None:
+                    noisy, signatures, seqs = assembled
+                    return Hit(noisy, seqs[-1], signatures, "releases", True, seqs)
         return None
 
     def record(self, plan: Plan, k: Keys, noisy: Noisy, charge_seq: int, query: str) -> None:
@@ -239,6 +270,7 @@ def _payload(k: Keys, noisy: Noisy, charge_seq: int, query: str) -> dict[str, An
     return {
         "key": k.exact,
         "core": k.core,
+        "rows": k.rows,
         "charge": charge_seq,
         "query": query,
         "measurements": list(k.measurements),
@@ -317,3 +349,126 @@ def _centred_from_sum(
         return values, None
     terms = ((Fraction(2), Fraction(scales[0])), (Fraction(-centre), Fraction(scales[1])))
     return values, (tuple(sorted(t for t in terms if t[0] != 0)),)
+
+
+def _cells(columns: Sequence[Sequence[Any]]) -> dict[str, int]:
+    """Each released group's position, by its key values' canonical JSON."""
+    rows = list(zip(*columns, strict=True)) if columns else [()]
+    return {canonical(list(row)): i for i, row in enumerate(rows)}
+
+
+def _what(m: dict[str, Any]) -> str:
+    """What a released measurement measured, apart from its noise (kind, value, grid, groups).
+    A count of a value does not depend on its grid (the bounded SQL counts the value's non-NULL,
+    non-NaN rows either way: ``dpsql.sql.rewrite``), so COUNT(x) and AVG(x)'s count are one."""
+    drop = ("scale", "sigma2", "grid") if m["kind"] in ("count", "rows") else ("scale", "sigma2")
+    return canonical({k: v for k, v in m.items() if k not in drop})
+
+
+Entry = tuple[int, tuple[Any, ...], Fraction]  # a release's seq, its noisy totals, its scale
+
+
+def _assemble(
+    k: Keys, releases: Sequence[tuple[int, dict[str, Any]]], confidence: float
+) -> tuple[Noisy, tuple[Signatures, ...], tuple[int, ...]] | None:
+    """The plan's measurements from every fresh release of the same bounded rows (``k.rows``:
+    same table, WHERE, keys and domains, bounds, policy, data version and engine) whatever its
+    epsilon: each one its least noisy release or the inverse-variance combination of its
+    releases (``_best``), or a centred sum rebuilt from a SUM and a COUNT so found; None unless
+    every one is found. Only discrete Laplace measurements take part (their noises'
+    combination has a sound half-width), and only releases of the same released groups (public
+    domains: all of them)."""
+    reference = releases[-1][1]["keys"]
+    # A released group is a row of its key columns (as stored: JSON-typed, so 1 and '1' differ);
+    # each release's totals are read in the reference's order (the engine's order may differ).
+    cells = _cells(reference)
+    pool: dict[str, tuple[dict[str, Any], list[Entry]]] = {}
+    for seq, payload in releases:
+        order = _cells(payload["keys"])
+        if order.keys() != cells.keys():
+            continue
+        at = [order[cell] for cell in cells]
+        stored = _noisy(payload)
+        for m, column in zip(payload["measurements"], stored.totals, strict=True):
+            if m["scale"] is not None:
+                aligned = tuple(column[i] for i in at)
+                pool.setdefault(_what(m), (m, []))[1].append((seq, aligned, Fraction(m["scale"])))
+    if not pool:
+        return None
+    totals: list[tuple[Any, ...]] = []
+    signatures: list[Signatures] = []
+    used: set[int] = set()
+    for want in k.measurements:
+        found = pool.get(_what(want))
+        if found is not None:
+            values, terms, seqs = _best(found[1], confidence)
+        else:
+            rebuilt = _centred_from_pool(want, list(pool.values()), confidence)
+            if rebuilt is None:
+                return None
+            values, terms, seqs = rebuilt
+        used |= seqs
+        totals.append(values)
+        signatures.append((terms,))
+    keys = tuple(tuple(_typed(v) for v in column) for column in reference)
+    return Noisy(keys, tuple(totals)), tuple(signatures), tuple(sorted(used))
+
+
+def _best(
+    entries: Sequence[Entry], confidence: float
+) -> tuple[tuple[Any, ...], tuple[tuple[Fraction, Fraction], ...], set[int]]:
+    """The narrower, at ``confidence``, of the inverse-variance combination of ``entries`` and
+    their least noisy one alone (the combination has the lower variance, but its half-width is
+    a tail bound, wider than a single noise's exact quantile): chosen from scales alone."""
+    single = min(entries, key=lambda e: (e[2], e[0]))
+    alone = ((Fraction(1), single[2]),)
+    if len(entries) > 1:
+        values, terms = _inverse_variance(entries)
+        if combined_half_width(terms, confidence) < combined_half_width(alone, confidence):
+            return values, terms, {seq for seq, _, _ in entries}
+    return single[1], alone, {single[0]}
+
+
+def _inverse_variance(
+    entries: Sequence[Entry],
+) -> tuple[tuple[Any, ...], tuple[tuple[Fraction, Fraction], ...]]:
+    """Independent noisy releases of one quantity combined with weights w_i = b_i^-2 / sum_j
+    b_j^-2 (exact rationals summing to 1, so the combination is unbiased: any weights would be;
+    b^-2 is the inverse of the Laplace variance 2b^2 up to a constant, so these are the
+    minimum-variance ones up to the discrete distribution's small difference), and its noise
+    as the terms (w_i, b_i): independent draws, one per release."""
+    if len(entries) == 1:
+        _, values, scale = entries[0]
+        return values, ((Fraction(1), scale),)
+    inverse = [1 / (scale * scale) for _, _, scale in entries]
+    total = sum(inverse, Fraction(0))
+    weights = [w / total for w in inverse]
+    cells = zip(*(values for _, values, _ in entries), strict=True)
+    combined = tuple(float(sum((w * Fraction(v) for w, v in zip(weights, cell, strict=True)),
+                               Fraction(0))) for cell in cells)  # fmt: skip
+    terms = tuple(sorted(zip(weights, (scale for _, _, scale in entries), strict=True)))
+    return combined, terms
+
+
+def _centred_from_pool(
+    want: dict[str, Any], pool: Sequence[tuple[dict[str, Any], list[Entry]]], confidence: float
+) -> tuple[tuple[Any, ...], tuple[tuple[Fraction, Fraction], ...], set[int]] | None:
+    """A centred sum Σ(2x - M) = 2·SUM - M·COUNT from the pool's SUM and COUNT of the same value
+    and grid (each combined over its releases); its noise 2·Z_sum - M·Z_count, whose terms are
+    independent draws (two measurements, or two releases)."""
+    if want["kind"] != "centred" or want["grid"] is None:
+        return None
+    parts = {}
+    for kind in ("sum", "count"):
+        match = [entries for m, entries in pool if m["kind"] == kind and m["value"] == want["value"]
+                 and (kind == "count" or m["grid"] == want["grid"])]  # fmt: skip
+        if not match:
+            return None
+        parts[kind] = match[0]
+    centre = int(want["grid"][1]) + int(want["grid"][2])  # lower + upper, in units of g/2
+    sums, sum_terms, sum_seqs = _best(parts["sum"], confidence)
+    counts, count_terms, count_seqs = _best(parts["count"], confidence)
+    values = tuple(2 * s - n * centre for s, n in zip(sums, counts, strict=True))
+    terms = tuple(sorted([(2 * a, b) for a, b in sum_terms]
+                         + [(-centre * a, b) for a, b in count_terms if centre != 0]))  # fmt: skip
+    return values, terms, sum_seqs | count_seqs

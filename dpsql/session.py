@@ -113,6 +113,11 @@ DERIVED = (
     "derived from the measurements of release {seq} (post-processing, free): an AVG from its "
     "noisy SUM and COUNT"
 )
+ASSEMBLED = (
+    "derived from release(s) {seqs}: measurements of the same bounded rows (post-processing, "
+    "free), weighted by their inverse variances where measured more than once; its accuracy is "
+    "theirs, whatever this query's epsilon (SET dpsql.fresh = on for a fresh answer)"
+)
 FAMILY_DERIVED = (
     "derived from release {seq}, a workload family's measurements (post-processing, free): "
     "its cells are sums of the family's least-squares values (unrounded, and not clamped at 0)"
@@ -397,17 +402,17 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
                     m if c is None else replace(m, combined=c)
                     for m, c in zip(plan.measurements, hit.combined, strict=True)))  # fmt: skip
             # Serving a released answer again is post-processing: recorded, never charged.
-            self.filter.store.append(
-                "reserve",
-                {"query": canonical, "release": hit.release_seq},
-                self.analyst,
-                synced=False,
-            )
+            reserve: dict[str, object] = {"query": canonical, "release": hit.release_seq}
+            if hit.sources:
+                reserve["releases"] = list(hit.sources)
+            self.filter.store.append("reserve", reserve, self.analyst, synced=False)
             log.info("served query %s from release %d", digest, hit.release_seq)
             released = publish(plan, hit.noisy)
             out = self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
             note = {"member": FAMILY_SERVED, "family": FAMILY_DERIVED}.get(hit.source)
-            if note is None and hit.derived:
+            if hit.source == "releases":
+                note = ASSEMBLED.replace("{seqs}", ", ".join(map(str, hit.sources)))
+            elif note is None and hit.derived:
                 note = DERIVED
             if note is not None:
                 return replace(out, note=note.format(seq=hit.release_seq))

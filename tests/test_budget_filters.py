@@ -97,13 +97,14 @@ def test_analyst_shares_cap_each_analyst_and_the_total_caps_all(tiny_policy: Tin
     # Sessions are separate budgets in this version (in memory), so share one by hand.
     bo.filter = nobody.filter = ana.filter
     ana.execute(QUERY, epsilon="0.5")
+    # Fresh: at another epsilon the release above would answer the same rows, free.
     with pytest.raises(BudgetExceededError):
-        ana.execute(QUERY, epsilon="0.2")  # 0.7 > ana's 0.6
-    bo.execute(QUERY, epsilon="0.4")
+        ana.execute(QUERY, epsilon="0.2", fresh=True)  # 0.7 > ana's 0.6
+    bo.execute(QUERY, epsilon="0.4", fresh=True)
     with pytest.raises(BudgetExceededError):
-        bo.execute(QUERY, epsilon="0.2")  # bo fits (0.6) but the data set does not (1.1)
+        bo.execute(QUERY, epsilon="0.2", fresh=True)  # bo fits (0.6), the data set not (1.1)
     with pytest.raises(BudgetExceededError):
-        nobody.execute(QUERY, epsilon="0.01")  # no share, no spending
+        nobody.execute(QUERY, epsilon="0.01", fresh=True)  # no share, no spending
     assert [c.analyst for c in ana.filter.charges] == ["ana", "bo"]
 
 

@@ -87,7 +87,6 @@ def test_a_parameter_bound_or_inlined_hits(session: Session) -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        {"epsilon": "0.7"},
         {"delta": "1e-9", "mechanism": "gaussian"},
         {"max_rows_per_unit_per_group": 3},
         {"max_groups_per_unit": 1},

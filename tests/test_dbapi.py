@@ -356,7 +356,8 @@ def test_execute_options_charge_exactly(conn: dbapi.Connection) -> None:
     cursor.execute("SELECT COUNT(*), SUM(spend) FROM visits", epsilon=0.25)
     assert spent(conn) == Fraction(1, 4)
     assert cursor.result.charge.epsilon == Fraction(1, 4)
-    cursor.execute("SELECT COUNT(*) FROM visits", epsilon="0.1")
+    # Another filter: the count above would answer the same rows at any epsilon, free.
+    cursor.execute("SELECT COUNT(*) FROM visits WHERE age > 30", epsilon="0.1")
     assert spent(conn) == Fraction(1, 4) + Fraction(1, 10)
     with pytest.raises(dbapi.ProgrammingError):
         cursor.execute("SELECT COUNT(*) FROM visits", seed=1)
@@ -380,10 +381,11 @@ def test_set_epsilon_then_query_charges_exactly(conn: dbapi.Connection) -> None:
     cursor.execute("SELECT COUNT(*) FROM visits", epsilon=0.5)
     assert spent(conn) == Fraction(7, 10)
     cursor.execute("RESET dpsql.epsilon")
-    cursor.execute("SELECT COUNT(*) FROM visits")
+    # Fresh: at another epsilon the count above would answer the same rows, free.
+    cursor.execute("SELECT COUNT(*) FROM visits", fresh=True)
     assert spent(conn) == Fraction(17, 10)
     conn.set("epsilon", "0.125")
-    cursor.execute("SELECT COUNT(*) FROM visits")
+    cursor.execute("SELECT COUNT(*) FROM visits", fresh=True)
     assert spent(conn) == Fraction(17, 10) + Fraction(1, 8)
 
 
@@ -439,7 +441,7 @@ def test_budget_exceeded_is_an_operational_error(data: Path) -> None:
         assert isinstance(info.value, dbapi.OperationalError)
         assert isinstance(info.value, errors.BudgetExceededError)
         assert spent(connection) == 1
-        cursor.execute("SELECT COUNT(*) FROM visits", epsilon=0.5)
+        cursor.execute("SELECT COUNT(*) FROM visits", epsilon=0.5, fresh=True)
         assert spent(connection) == Fraction(3, 2)
 
 

@@ -564,17 +564,17 @@ def test_budget_exceeded_charges_nothing_and_smaller_queries_still_work(data: Pa
     assert len(result.rows) == 1
     assert charged(s) == (1, 0, 2)
     with pytest.raises(errors.BudgetExceededError):
-        s.execute(Q, epsilon="1e-9")
+        s.execute(Q, epsilon="1e-9", fresh=True)  # not answered from the first release
     assert charged(s) == (1, 0, 2)
     # Through the DB-API: an OperationalError and a dpsql BudgetExceededError.
     conn = dbapi.connect(policy)
     conn.cursor().execute(Q, epsilon="0.9")
     with pytest.raises(dbapi.OperationalError) as pep:
-        conn.cursor().execute(Q, epsilon="0.2")
+        conn.cursor().execute(Q, epsilon="0.2", fresh=True)
     assert type(pep.value) is dbapi.BudgetExceededError
     assert isinstance(pep.value, errors.BudgetExceededError)
     assert conn.budget().epsilon_spent == Fraction(9, 10)
-    conn.cursor().execute(Q, epsilon="0.1")
+    conn.cursor().execute(Q, epsilon="0.1", fresh=True)
     assert conn.budget().epsilon_spent == 1
 
 

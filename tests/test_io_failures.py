@@ -213,14 +213,14 @@ def test_a_ledger_file_that_fails_at_any_point(
     ask = session.execute if through == "session" else conn.cursor().execute
     try:
         for i in range(before):
-            ask(Q, epsilon=f"0.0{i + 1}")
+            ask(Q, epsilon=f"0.0{i + 1}", fresh=True)
             answered += 1
         blocked = OBSTACLES[obstacle](ledger)
         _block(blocked)
         outcomes = []
         for i in range(after):
             try:
-                ask(Q, epsilon=f"0.1{i + 1}")
+                ask(Q, epsilon=f"0.1{i + 1}", fresh=True)
                 answered += 1
                 outcomes.append("answered")
             except errors.LedgerError as exc:

@@ -257,7 +257,7 @@ def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
         click.echo("\n".join(plan.explain()))
         hit = session.cache.lookup(plan, cache.keys(plan, session.policy))
         if hit is not None:
-            click.echo(f"cache: served from release {hit.release_seq}; it would cost nothing")
+            click.echo(f"cache: served from {hit.origin}; it would cost nothing")
         if note is not None:
             click.echo(note)
     except DpsqlError as exc:

@@ -308,7 +308,7 @@ def _decide(
     if not fresh:
         hit = session.cache.lookup(plan, keys, bool(settings.get("share", True)))
         if hit is not None:
-            return Step(piece, "query", plan, "cache", f"release {hit.release_seq}", settings)
+            return Step(piece, "query", plan, "cache", hit.origin, settings)
         if keys.exact in planned:
             note = f"statement {planned[keys.exact]}"
             return Step(piece, "query", plan, "cache", note, settings)

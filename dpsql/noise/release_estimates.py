@@ -33,7 +33,7 @@ from dpsql.noise.tails import Noise, linear_half_width
 from dpsql.plan.planner import Estimate, Measurement, Plan
 from dpsql.sql.analyze import SPREAD_KINDS
 
-__all__ = ["TOTALS", "FloatArray", "half_width", "scaled"]
+__all__ = ["TOTALS", "FloatArray", "combined_half_width", "half_width", "scaled"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -50,7 +50,7 @@ def half_width(m: Measurement, confidence: float) -> int:
     largest over its cells' combinations: sound, a little wider than the exact quantile."""
     if m.combined is not None:
         return max(
-            (_combined_half_width(signature, confidence) for signature in m.combined), default=0
+            (combined_half_width(signature, confidence) for signature in m.combined), default=0
         )
     if m.scale is not None:
         return _laplace_half_width(m.scale, confidence)
@@ -59,9 +59,7 @@ def half_width(m: Measurement, confidence: float) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _combined_half_width(
-    signature: tuple[tuple[Fraction, Fraction], ...], confidence: float
-) -> int:
+def combined_half_width(signature: tuple[tuple[Fraction, Fraction], ...], confidence: float) -> int:
     terms = [(a, Noise(scale=t)) for a, t in signature]
     return math.ceil(linear_half_width(terms, confidence)) if terms else 0
 
