@@ -16,7 +16,9 @@ STDDEV the spread of the estimate; cells of no spread in either plan are left ou
 statement of no spread at all, such as a quantile the exponential mechanism always puts at one
 grid point, counts 1), beside the planned ratio, and how far the joint answers' mean is from
 the independent answers' (the bias of bounding at a finer grouping, which the plan cannot
-see), with the time of one joint and one independent run.
+see), and the released half-widths (the ``±`` an analyst reads) of the joint answers over the
+independent ones' (the median over the cells), with the time of one joint and one independent
+run.
 """
 
 from __future__ import annotations
@@ -53,6 +55,21 @@ def _values(result: Any) -> list[float]:
     """The released numbers of a result, cell by cell (keys left out)."""
     n_keys = len(result.plan.analysis.keys) if result.plan is not None else 0
     return [float(v) for row in result.rows for v in row[n_keys:]]
+
+
+def _widths(result: Any) -> list[float]:
+    """The released half-widths of a result, cell by cell (NaN where none is known)."""
+    n_keys = len(result.plan.analysis.keys) if result.plan is not None else 0
+    out = []
+    for row in result.accuracy or ():
+        out += [math.nan if w is None else float(w) for w in row[n_keys:]]
+    return out
+
+
+def _width_factor(joint: list[float], alone: list[float]) -> float:
+    """The released half-widths, joint over independent: the median over the cells."""
+    pairs = [j / a for j, a in zip(joint, alone, strict=False) if a > 0 and not math.isnan(j + a)]
+    return statistics.median(pairs) if pairs else math.nan
 
 
 def _ratio(joint: list[list[float]], alone: list[list[float]]) -> float:
@@ -106,6 +123,7 @@ def main() -> None:
             fresh = "SET dpsql.fresh = on;\n" + source
             joint: dict[int, list[list[float]]] = {}
             alone: dict[int, list[list[float]]] = {}
+            widths: dict[int, list[list[float]]] = {}  # the first run's: joint, then alone
             t_joint = t_alone = 0.0
             salt = session.engine.salt
             for _ in range(args.runs):
@@ -119,6 +137,7 @@ def main() -> None:
                     for step, result in run_workload(run, w):
                         if result is not None and step.kind == "query" and step.plan is not None:
                             joint.setdefault(step.piece.number, []).append(_values(result))
+                            widths.setdefault(step.piece.number, [_widths(result)])
                     t_joint += time.perf_counter() - started
                 started = time.perf_counter()
                 for piece in split_statements(fresh):
@@ -126,6 +145,8 @@ def main() -> None:
                     if result.plan is not None and result.columns:
                         # Numbered as in the file: the SET dpsql.fresh line comes first here.
                         alone.setdefault(piece.number - 1, []).append(_values(result))
+                        if len(widths.get(piece.number - 1, ())) == 1:
+                            widths[piece.number - 1].append(_widths(result))
                 t_alone += time.perf_counter() - started
             print(f"measured over {args.runs} runs (one joint run {t_joint / args.runs:.2f} s, "
                   f"one independent run {t_alone / args.runs:.2f} s):")  # fmt: skip
@@ -138,9 +159,11 @@ def main() -> None:
                 total += ratio
                 planned = step.ratio if step.ratio is not None else 1.0
                 shift = _shift(joint[number], alone[number])
+                factor = _width_factor(*widths[number])
                 print(
                     f"  statement {step.piece.number}: measured {ratio:.3f}, planned "
-                    f"{planned:.3f}; mean {100 * shift:+.1f}% from the independent answers'"
+                    f"{planned:.3f}; mean {100 * shift:+.1f}% from the independent answers'; "
+                    f"released half-width x{factor:.3f}"
                 )
             print(f"  measured sum {total:.3f} of {len(joint)}")
 

@@ -46,7 +46,7 @@ _gaussian_half_width = functools.lru_cache(maxsize=1024)(discrete_gaussian_half_
 def half_width(m: Measurement, confidence: float) -> int:
     """The noise half-width of one measurement, in its integer units, from the exact discrete
     distribution sampled: the smallest k with P(|Z| <= k) >= confidence. For a combination of
-    a workload's measurements, a Chernoff bound over its terms (``dpsql.noise.tails``), the
+    a workload's measurements, a bound over its terms (``dpsql.noise.tails``: near-exact), the
     largest over its cells' combinations: sound, a little wider than the exact quantile."""
     if m.combined is not None:
         return max(

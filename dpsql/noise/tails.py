@@ -18,6 +18,12 @@ on log λ finds its minimum.)
 * Discrete Gaussian: M(u) ≤ exp(u²σ²/2): N_Z(0, σ²) is σ-sub-Gaussian (Canonne, Kamath and
   Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020, arXiv:2004.00010).
 
+Near-exact, for discrete Laplace terms (``_convolved``): each term rounded to a fine grid δZ,
+the rounded sum's distribution computed by FFT convolution, and h read from it plus K·δ/2 for
+the rounding, a bound on the float error and a Chernoff bound on what wraps around the grid:
+within about 1% of the exact quantile where Chernoff is 1.4-1.9 times it. The smallest of the
+bounds that apply is returned.
+
 Floating point: h(λ) is evaluated with expm1/log1p so that no term loses precision; its
 relative error is below 1e-12 while λ stays at least 1e-6 (relatively) inside the Laplace
 poles, far below the ``_MARGIN`` of 1e-9 by which the result is enlarged. Two exact
@@ -35,6 +41,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+from scipy.fft import next_fast_len
 from scipy.optimize import minimize_scalar
 
 from dpsql.errors import ParameterError
@@ -55,6 +62,9 @@ _POLE_GAP = 1e-6
 _CUT = 1e-7
 """The dominant term's values beyond the cut, of mass at most this fraction of the miss rate,
 are counted as if they all missed."""
+
+_LEAST_TAIL = 1e-15
+"""The smallest cut tail: 1 - tail must stay below 1.0 in floats (a wider cut only loosens)."""
 
 _BINS = 4000
 """Most bins of the dominant term's values (a bin's mass is bounded by its size times its
@@ -173,7 +183,7 @@ def _chernoff(terms: Sequence[tuple[Fraction, Noise]], miss: float) -> float:
 def _bins(noise: Noise, miss: float) -> tuple[FloatArray, FloatArray, float]:
     """Bins of Z ≥ 0's values up to a cut: (upper end of each bin, an upper bound on the mass
     of ±bin), and P(|Z| > cut) ≤ the returned tail. The bins cover 0..cut; bin 0 is {0}."""
-    tail = miss * _CUT
+    tail = max(miss * _CUT, _LEAST_TAIL)
     if noise.scale is not None:
         # P(|Z| > cut) ≤ tail exactly: the exact discrete half-width (CKS 2020 discrete tail).
         cut = discrete_laplace_half_width(noise.scale, 1 - tail)
@@ -241,6 +251,98 @@ def _conditioned(terms: Sequence[tuple[Fraction, Noise]], miss: float) -> float:
     return hi
 
 
+_CELLS = 2000
+"""Grid cells per standard deviation of S, at least (and 20 per term): the rounding of each term
+to the grid loosens the half-width by at most (number of terms)·δ/2, δ = sd(S)/cells."""
+
+_WINDOW = 40
+"""The circular grid spans ±_WINDOW standard deviations of S: what lies beyond (wrapped onto
+the grid by the circular convolution) is bounded by Chernoff and counted as missed."""
+
+_MAX_FFT = 1 << 22
+"""The largest grid; beyond it the convolution is not tried."""
+
+_MAX_WORK = 1 << 25
+"""The most (distinct terms)·(grid cells), one FFT per distinct (|a|, scale): about a second."""
+
+_FFT_ERROR = 1e-13
+"""Per unit of √n·log2(n)·(terms), a bound on the absolute error of the computed central mass:
+some 1000 times the float rounding of an FFT convolution of sub-probability vectors."""
+
+
+def _rounded_pmf(a: float, scale: Fraction, delta: float, n: int, tail: float) -> FloatArray:
+    """aZ rounded to the grid δZ (Z discrete Laplace of ``scale``), as a circular array of n
+    cells: cell j holds P((j - 1/2)δ ≤ aZ < (j + 1/2)δ), computed from the closed-form tails
+    (each a lower bound: masses are scaled down by 1e-12 against float error); |z| beyond the
+    cut where P(|Z| > cut) ≤ ``tail`` is dropped (a sub-probability: only ever conservative)."""
+    rate = scale.denominator / scale.numerator
+    cut = discrete_laplace_half_width(scale, 1 - tail)
+    reach = math.ceil(a * cut / delta + 0.5)
+    cells = np.arange(-reach, reach + 1, dtype=np.float64)
+    step = delta / a
+    low = np.clip(np.ceil((cells - 0.5) * step), -cut, cut + 1)  # first integer of each cell
+    high = np.clip(np.ceil((cells + 0.5) * step) - 1, -cut - 1, cut)  # last integer
+    ratio = 1 / (1 + math.exp(-rate))  # P(Z = z) = (1-p)/(1+p)·p^|z| = ratio·(p^|z| - p^(|z|+1))
+
+    def between(m: npt.NDArray[np.float64], k: npt.NDArray[np.float64]) -> FloatArray:
+        # P(m ≤ Z ≤ k) for 0 ≤ m ≤ k: (p^m - p^(k+1))/(1+p), by expm1 (no cancellation).
+        ok = m <= k
+        width = np.where(ok, k + 1 - m, 0.0)
+        return np.where(ok, ratio * np.exp(-m * rate) * -np.expm1(-width * rate), 0.0)
+
+    positive = between(np.maximum(low, 0.0), high)  # the cell's integers z ≥ 0
+    negative = between(np.maximum(-high, 1.0), -low)  # and z ≤ -1, by symmetry
+    mass = (positive + negative) * (1 - 1e-12)
+    out = np.zeros(n)
+    np.add.at(out, cells.astype(np.int64) % n, mass)
+    return out
+
+
+def _convolved(terms: Sequence[tuple[Fraction, Noise]], miss: float) -> float:
+    """A near-exact half-width for discrete Laplace terms: each term a_k·Z_k rounded to a grid
+    δZ (|a_k Z_k - round| ≤ δ/2, so |S - Ŝ| ≤ Kδ/2), the distribution of the rounded sum Ŝ
+    computed by FFT convolution on a circular grid, and h = δ·m + Kδ/2 for the smallest m with
+    P(|Ŝ| > δm) ≤ miss, where P(|Ŝ| > δm) is bounded above by 1 minus the computed central
+    mass, plus a bound on its float error and on the mass wrapped around the grid (Chernoff).
+    Dropped tails only lower the central mass: the bound stays sound. inf when not tried."""
+    if any(noise.scale is None for _, noise in terms) or len(terms) < 2:
+        return math.inf
+    groups: dict[tuple[Fraction, Fraction], int] = {}
+    for a, noise in terms:
+        assert noise.scale is not None
+        key = (abs(a), noise.scale)
+        groups[key] = groups.get(key, 0) + 1
+    floats, pole, spread = _prepare(terms)
+    sd = math.sqrt(spread)
+    cells = max(_CELLS, 20 * len(terms))
+    delta = sd / cells
+    half = _WINDOW * cells
+    n = int(next_fast_len(2 * half + 1, real=True))
+    if n > _MAX_FFT or len(groups) * n > _MAX_WORK or not (math.isfinite(delta) and delta > 0):
+        return math.inf
+    tail = max(miss * _CUT / len(terms), _LEAST_TAIL)
+    spectrum = np.ones(n // 2 + 1, dtype=np.complex128)
+    for (a, scale), copies in groups.items():
+        spectrum *= np.fft.rfft(_rounded_pmf(float(a), scale, delta, n, tail)) ** copies
+    mass = np.fft.irfft(spectrum, n)
+    # What lies beyond ±(n/2)δ wraps onto the grid: P(|Ŝ| ≥ y) ≤ P(|S| ≥ y - Kδ/2) ≤
+    # 2·exp(K(λ) - λ(y - Kδ/2)) for any λ inside the poles (Chernoff, as in _chernoff).
+    shift = len(terms) * delta / 2
+    reach = (n // 2) * delta - shift
+    top = pole * (1 - _POLE_GAP)
+    exponents = (_log_mgf(lam, floats) - lam * reach for lam in (top, top / 2))
+    wrapped = min(1.0, *(2 * math.exp(min(0.0, x)) for x in exponents))
+    error = _FFT_ERROR * math.sqrt(n) * math.log2(n) * len(terms) + wrapped
+    central = mass[0] + np.cumsum(mass[1 : n // 2] + mass[n - 1 : n - n // 2 : -1])
+    covered = np.nonzero(1 - central + error <= miss)[0]
+    if covered.size == 0:
+        return math.inf
+    m = int(covered[0]) + 1  # central[i] sums the cells |j| ≤ i + 1
+    if 1 - mass[0] + error <= miss:
+        m = 0
+    return math.nextafter((m * delta + shift * (1 + 1e-9)) * (1 + _MARGIN), math.inf)
+
+
 def _float_up(x: Fraction) -> float:
     """The smallest float ≥ x (a half-width rounded down would be unsound)."""
     value = float(x)
@@ -276,7 +378,9 @@ def linear_half_width(terms: Sequence[tuple[Fraction, Noise]], confidence: float
     miss = 1.0 - float(confidence)
     h = _chernoff(live, miss)
     if len(live) > 1:
-        h = min(h, _conditioned(live, miss))
+        # The grid's near-exact bound when it can be computed, else conditioning on a term.
+        convolved = _convolved(live, miss)
+        h = min(h, convolved if math.isfinite(convolved) else _conditioned(live, miss))
     if len(live) == 1:
         a, noise = live[0]
         # P(|aZ| ≤ |a|k) = P(|Z| ≤ k) ≥ confidence: the exact discrete half-width k (CKS 2020).
