@@ -475,3 +475,29 @@ def test_a_syntax_error_names_the_construct_and_its_line_in_the_file(
     assert "the comparison is incomplete" in message
     assert message.endswith("(line 7, column 8)")  # GROUP, on the file's seventh line
     assert "<class" not in message and "sqlglot" not in message
+
+
+def test_a_later_file_is_answered_from_releases_of_the_same_rows(
+    policy: Path, tmp_path: Path
+) -> None:
+    """Released apart (``dpsql.share = off``: no family), a SUM and a COUNT by region answer a
+    later file's AVG by region at another epsilon: planned from the cache, charged nothing."""
+    first = sql_file(tmp_path, """\
+SET dpsql.share = off;
+SELECT region, SUM(spend) AS s FROM visits GROUP BY region;
+SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.3) region, COUNT(spend) AS c
+FROM visits GROUP BY region;
+""", "first.sql")  # fmt: skip
+    assert invoke(policy, "run", str(first)).exit_code == 0
+    spent = charges(policy)
+    later = sql_file(tmp_path, (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 2) region, AVG(spend) AS a "
+        "FROM visits GROUP BY region;\n"
+    ), "later.sql")  # fmt: skip
+    plan = invoke(policy, "run", str(later), "--plan")
+    assert plan.exit_code == 0, plan.output
+    assert "cache (releases " in plan.stdout and "epsilon 0, delta 0" in plan.stdout
+    result = invoke(policy, "run", str(later))
+    assert result.exit_code == 0, result.output
+    assert "derived from release(s)" in result.stdout
+    assert charges(policy) == spent
