@@ -357,6 +357,11 @@ def _cells(columns: Sequence[Sequence[Any]]) -> dict[str, int]:
     return {canonical(list(row)): i for i, row in enumerate(rows)}
 
 
+def _count(columns: Sequence[Sequence[Any]]) -> int:
+    """How many groups were released (one without GROUP BY)."""
+    return len(columns[0]) if columns else 1
+
+
 def _what(m: dict[str, Any]) -> str:
     """What a released measurement measured, apart from its noise (kind, value, grid, groups).
     A count of a value does not depend on its grid (the bounded SQL counts the value's non-NULL,
@@ -382,10 +387,12 @@ def _assemble(
     # A released group is a row of its key columns (as stored: JSON-typed, so 1 and '1' differ);
     # each release's totals are read in the reference's order (the engine's order may differ).
     cells = _cells(reference)
+    if len(cells) != _count(reference):
+        return None  # a group released twice (not with public domains): nothing is derived
     pool: dict[str, tuple[dict[str, Any], list[Entry]]] = {}
     for seq, payload in releases:
         order = _cells(payload["keys"])
-        if order.keys() != cells.keys():
+        if order.keys() != cells.keys() or len(order) != _count(payload["keys"]):
             continue
         at = [order[cell] for cell in cells]
         stored = _noisy(payload)

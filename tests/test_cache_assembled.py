@@ -209,3 +209,17 @@ def test_whether_and_what_is_derived_does_not_depend_on_the_data(
         and measured & {"COUNT(spend) AS c", "AVG(spend) AS a"}
     ):
         assert first_free
+
+
+def test_a_group_released_twice_derives_nothing() -> None:
+    """Defence in depth (public domains have no duplicates, the policy refuses them): a release
+    whose groups repeat a key is never read by position into another's order."""
+    measured = {"kind": "rows", "p": None, "value": None, "grid": None, "groups": 1,
+                "per_group": 1, "sigma2": None}  # fmt: skip
+    keys = cache.Keys("exact", "core", ({**measured, "scale": "2"},), "rows")
+    twice = {"keys": [["a", "a"]], "totals": [[1, 2]], "measurements": [{**measured, "scale": "2"}]}
+    once = {"keys": [["a", "b"]], "totals": [[1, 2]], "measurements": [{**measured, "scale": "2"}]}
+    assert cache._assemble(keys, [(1, twice)], 0.95) is None
+    assert cache._assemble(keys, [(1, twice), (2, once)], 0.95) is not None  # only "once" read
+    got = cache._assemble(keys, [(1, once), (2, twice)], 0.95)
+    assert got is None
