@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from dpsql.accounting.filter import Store
 from dpsql.accounting.ledger import canonical
+from dpsql.errors import ParameterError
 from dpsql.noise.release import Noisy
 from dpsql.noise.release_estimates import combined_half_width
 from dpsql.plan.planner import Measurement, Plan
@@ -431,7 +432,12 @@ def _best(
     alone = ((Fraction(1), single[2]),)
     if len(entries) > 1:
         values, terms = _inverse_variance(entries)
-        if combined_half_width(terms, confidence) < combined_half_width(alone, confidence):
+        try:
+            single_width = combined_half_width(alone, confidence)
+            narrower = combined_half_width(terms, confidence) < single_width
+        except ParameterError:  # no finite bound on the combination (scales only): the one
+            narrower = False
+        if narrower:
             return values, terms, {seq for seq, _, _ in entries}
     return single[1], alone, {single[0]}
 
