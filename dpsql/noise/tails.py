@@ -327,7 +327,7 @@ def _convolved(terms: Sequence[tuple[Fraction, Noise]], miss: float) -> float:
     mass = np.fft.irfft(spectrum, n)
     # What lies beyond ±(n/2)δ wraps onto the grid: P(|Ŝ| ≥ y) ≤ P(|S| ≥ y - Kδ/2) ≤
     # 2·exp(K(λ) - λ(y - Kδ/2)) for any λ inside the poles (Chernoff, as in _chernoff).
-    shift = len(terms) * delta / 2
+    shift = len(terms) * delta / 2 * (1 + 1e-9)  # the rounding, and the float error of its cells
     reach = (n // 2) * delta - shift
     top = pole * (1 - _POLE_GAP)
     exponents = (_log_mgf(lam, floats) - lam * reach for lam in (top, top / 2))
@@ -340,7 +340,7 @@ def _convolved(terms: Sequence[tuple[Fraction, Noise]], miss: float) -> float:
     m = int(covered[0]) + 1  # central[i] sums the cells |j| ≤ i + 1
     if 1 - mass[0] + error <= miss:
         m = 0
-    return math.nextafter((m * delta + shift * (1 + 1e-9)) * (1 + _MARGIN), math.inf)
+    return math.nextafter((m * delta + shift) * (1 + _MARGIN), math.inf)
 
 
 def _float_up(x: Fraction) -> float:
