@@ -135,7 +135,8 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     return Keys(_digest([core, list(measurements)]), _digest(core), measurements, _digest(rows))
 
 
-Signatures = tuple[tuple[tuple[Fraction, Fraction], ...], ...]
+Terms = tuple[tuple[Fraction, Fraction], ...]  # (coefficient, discrete Laplace scale) pairs
+Signatures = tuple[Terms, ...]
 
 
 @dataclass(frozen=True)
@@ -338,18 +339,31 @@ def _centred_from_sum(
     counts = [i for i in same if cached[i]["kind"] == "count"]
     if not sums or not counts:
         return None
-    centre = int(want["grid"][1]) + int(want["grid"][2])  # lower + upper, in units of g/2
-    # Σ(2x - M) = 2·Σx - n·M, computed on the noisy values: post-processing.
-    values = tuple(
-        2 * s - n * centre for s, n in zip(totals[sums[0]], totals[counts[0]], strict=True)
-    )
     # Its noise is 2·Z_sum - M·Z_count, two independent discrete Laplace noises (a Gaussian's
     # combination is not bounded here: its half-width stays unknown).
     scales = (cached[sums[0]]["scale"], cached[counts[0]]["scale"])
-    if None in scales:
+    values, terms = _centred(
+        want,
+        (totals[sums[0]], None if scales[0] is None else ((Fraction(1), Fraction(scales[0])),)),
+        (totals[counts[0]], None if scales[1] is None else ((Fraction(1), Fraction(scales[1])),)),
+    )
+    return values, None if terms is None else (terms,)
+
+
+def _centred(
+    want: dict[str, Any],
+    sums: tuple[tuple[Any, ...], Terms | None],
+    counts: tuple[tuple[Any, ...], Terms | None],
+) -> tuple[tuple[Any, ...], Terms | None]:
+    """Σ(2x - M) = 2·SUM - M·COUNT on the noisy values (post-processing), M = lower + upper of
+    the grid in units of g/2; its noise 2·Z_sum - M·Z_count over the two parts' independent
+    noise terms (None when a part's are not known)."""
+    centre = int(want["grid"][1]) + int(want["grid"][2])
+    values = tuple(2 * s - n * centre for s, n in zip(sums[0], counts[0], strict=True))
+    if sums[1] is None or counts[1] is None:
         return values, None
-    terms = ((Fraction(2), Fraction(scales[0])), (Fraction(-centre), Fraction(scales[1])))
-    return values, (tuple(sorted(t for t in terms if t[0] != 0)),)
+    terms = [(2 * a, b) for a, b in sums[1]] + [(-centre * a, b) for a, b in counts[1]]
+    return values, tuple(sorted(t for t in terms if t[0] != 0))
 
 
 def _cells(columns: Sequence[Sequence[Any]]) -> dict[str, int]:
@@ -422,9 +436,7 @@ def _assemble(
     return Noisy(keys, tuple(totals)), tuple(signatures), tuple(sorted(used))
 
 
-def _best(
-    entries: Sequence[Entry], confidence: float
-) -> tuple[tuple[Any, ...], tuple[tuple[Fraction, Fraction], ...], set[int]]:
+def _best(entries: Sequence[Entry], confidence: float) -> tuple[tuple[Any, ...], Terms, set[int]]:
     """The narrower, at ``confidence``, of the inverse-variance combination of ``entries`` and
     their least noisy one alone (the combination has the lower variance, but its half-width is
     a tail bound, wider than a single noise's exact quantile): chosen from scales alone."""
@@ -444,7 +456,7 @@ def _best(
 
 def _inverse_variance(
     entries: Sequence[Entry],
-) -> tuple[tuple[Any, ...], tuple[tuple[Fraction, Fraction], ...]]:
+) -> tuple[tuple[Any, ...], Terms]:
     """Independent noisy releases of one quantity combined with weights w_i = b_i^-2 / sum_j
     b_j^-2 (exact rationals summing to 1, so the combination is unbiased: any weights would be;
     b^-2 is the inverse of the Laplace variance 2b^2 up to a constant, so these are the
@@ -465,7 +477,7 @@ def _inverse_variance(
 
 def _centred_from_pool(
     want: dict[str, Any], pool: Sequence[tuple[dict[str, Any], list[Entry]]], confidence: float
-) -> tuple[tuple[Any, ...], tuple[tuple[Fraction, Fraction], ...], set[int]] | None:
+) -> tuple[tuple[Any, ...], Terms, set[int]] | None:
     """A centred sum Σ(2x - M) = 2·SUM - M·COUNT from the pool's SUM and COUNT of the same value
     and grid (each combined over its releases); its noise 2·Z_sum - M·Z_count, whose terms are
     independent draws (two measurements, or two releases)."""
@@ -478,10 +490,8 @@ def _centred_from_pool(
         if not match:
             return None
         parts[kind] = match[0]
-    centre = int(want["grid"][1]) + int(want["grid"][2])  # lower + upper, in units of g/2
     sums, sum_terms, sum_seqs = _best(parts["sum"], confidence)
     counts, count_terms, count_seqs = _best(parts["count"], confidence)
-    values = tuple(2 * s - n * centre for s, n in zip(sums, counts, strict=True))
-    terms = tuple(sorted([(2 * a, b) for a, b in sum_terms]
-                         + [(-centre * a, b) for a, b in count_terms if centre != 0]))  # fmt: skip
+    values, terms = _centred(want, (sums, sum_terms), (counts, count_terms))
+    assert terms is not None  # the pool holds discrete Laplace measurements only
     return values, terms, sum_seqs | count_seqs

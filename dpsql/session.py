@@ -411,7 +411,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
             out = self._result(plan, released, None, hit.release_seq, hit.noisy.diagnosis)
             note = {"member": FAMILY_SERVED, "family": FAMILY_DERIVED}.get(hit.source)
             if hit.source == "releases":
-                note = ASSEMBLED.replace("{seqs}", ", ".join(map(str, hit.sources)))
+                note = ASSEMBLED.format(seqs=", ".join(map(str, hit.sources)))
             elif note is None and hit.derived:
                 note = DERIVED
             if note is not None:
