@@ -32,10 +32,10 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpsql.accounting.advanced import AdvancedAccountant, AdvancedFilter
-from dpsql.accounting.events import DiscreteLaplace, Event, Gaussian, PureDP
-from dpsql.accounting.optimal import OptimalAccountant
-from dpsql.accounting.pld import PldAccountant, PldFilter
+from dpsql.accounting.theorems.advanced import AdvancedAccountant, AdvancedFilter
+from dpsql.accounting.theorems.optimal import OptimalAccountant
+from dpsql.accounting.theorems.pld import PldAccountant, PldFilter
+from dpsql.mechanisms.events import DiscreteLaplace, Event, Gaussian, PureDP
 
 CHECKPOINTS = (100, 1_000, 10_000)
 EPS_CAP, DELTA_CAP, DELTA = Fraction(1000), Fraction(1, 10**5), 1e-6

@@ -77,7 +77,7 @@ def statements(n: int, distinct: bool) -> str:
 
 
 def dpsql(policy: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "dpsql.interfaces.cli", "--policy", str(policy), *args]
+    command = [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy), *args]
     return subprocess.run(command, check=True, capture_output=True, text=True).stdout
 
 

@@ -47,7 +47,7 @@ from typing import Any
 import duckdb
 
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import policy_dict, write_visits

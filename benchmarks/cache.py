@@ -8,8 +8,8 @@ again from the cache (plan, lookup, re-serve record, post-processing), interleav
 
 Then, as the releases of one bounded-row definition grow (a count by region released k times,
 fresh), the same count asked at another epsilon (derived from all k: their least noisy one or
-their inverse-variance combination, ``dpsql.cache._assemble``) beside the exact repeat of the
-last release (served as it was), interleaved; medians.
+their inverse-variance combination, ``dpsql.cache.releases._assemble``) beside the exact repeat of
+the last release (served as it was), interleaved; medians.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 
-from dpsql.accounting.filter import create_ledger
+from dpsql.accounting.budget.build import create_ledger
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = {

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from dp_accounting import dp_event, rdp
 
-from dpsql.accounting.events import Composite, DiscreteGaussian, composite_to_json
-from dpsql.accounting.filter import budget_caps, budget_for
-from dpsql.accounting.ledger import Ledger, _anchor, _write_anchor, canonical, record_hash
+from dpsql.accounting.budget.build import budget_caps, budget_for
+from dpsql.accounting.ledger.ledger import Ledger, _anchor, _write_anchor, canonical, record_hash
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, composite_to_json
 from dpsql.policy import BudgetSpec
 
 LENGTHS = (1_000, 10_000, 100_000)

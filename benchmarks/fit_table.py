@@ -12,7 +12,7 @@ s": ``SET dpsql.mechanism = 'gaussian'`` and ``SET dpsql.sigma = s`` (each query
   stream (chosen in hindsight, on the session's own events through the Budget API, among
   ``CANDIDATE_ORDERS``), then run like the others.
 - The other tables (more streams, other caps) charge the events a ``dpsql.connect`` session
-  charges for the stream's queries through the Budget API (``dpsql.accounting.filter``), which
+  charges for the stream's queries through the Budget API (``dpsql.accounting.budget.build``), which
   decides exactly as the session does (their counts reach 10^5).
 - Last, the RDP reading of 10^4 discrete Gaussians of sigma 1 at delta 1e-6.
 
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import dpsql
-from dpsql.accounting.budget import SELECTION_PARTS
-from dpsql.accounting.conversions import zcdp_to_dp
-from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, Event
-from dpsql.accounting.filter import budget_for, events_for
-from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
+from dpsql.accounting.budget.budget import SELECTION_PARTS
+from dpsql.accounting.budget.build import budget_for, events_for
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
+from dpsql.mechanisms.conversions import zcdp_to_dp
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, Event
 from dpsql.policy import FILTER_VERSION, BudgetSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -31,9 +31,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql.accounting.events import Composite, DiscreteLaplace
-from dpsql.accounting.filter import MemoryLedger, budget_caps, budget_for
-from dpsql.accounting.ledger import Ledger
+from dpsql.accounting.budget.build import MemoryLedger, budget_caps, budget_for
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.mechanisms.events import Composite, DiscreteLaplace
 from dpsql.policy import BudgetSpec
 
 PROCESSES = (1, 2, 4, 8)
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["dpsql.accounting.filter"])
+    ctx.set_forkserver_preload(["dpsql.accounting.budget.build"])
     with tempfile.TemporaryDirectory(dir=args.dir or Path(__file__).parent) as folder:
         text = table(measure(Path(folder), args.charges), args.charges)
     print(f"{dt.date.today().isoformat()}, python benchmarks/ledger.py --charges {args.charges}")

@@ -43,11 +43,11 @@ from typing import Any
 
 import duckdb
 
-import dpsql.cache
-import dpsql.session
-from dpsql.accounting.filter import create_ledger
+import dpsql.cache.releases
+import dpsql.session.session
+from dpsql.accounting.budget.build import create_ledger
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import QUERIES, policy_dict
@@ -55,18 +55,18 @@ from run import HERE, data_file, write_results
 
 STAGES = ("parse", "analyze", "probes", "plan", "bind checks", "keys", "lookup", "charge",
           "engine", "noise", "publish", "record")  # fmt: skip
-# (module, function) -> stage: the names dpsql.session looks up at call time.
+# (module, function) -> stage: the names dpsql.session.session looks up at call time.
 MODULE_STAGES = {
-    (dpsql.session, "parse_statement"): "parse",
-    (dpsql.session, "bind_parameters"): "analyze",
-    (dpsql.session, "validate"): "analyze",
-    (dpsql.session, "analyze"): "analyze",
-    (dpsql.session, "plan_query"): "plan",
-    (dpsql.session, "check_samplable"): "bind checks",
-    (dpsql.session, "check_post_processing"): "bind checks",
-    (dpsql.session, "measure"): "noise",
-    (dpsql.session, "publish"): "publish",
-    (dpsql.cache, "keys"): "keys",
+    (dpsql.session.session, "parse_statement"): "parse",
+    (dpsql.session.session, "bind_parameters"): "analyze",
+    (dpsql.session.session, "validate"): "analyze",
+    (dpsql.session.session, "analyze"): "analyze",
+    (dpsql.session.session, "plan_query"): "plan",
+    (dpsql.session.session, "check_samplable"): "bind checks",
+    (dpsql.session.session, "check_post_processing"): "bind checks",
+    (dpsql.session.session, "measure"): "noise",
+    (dpsql.session.session, "publish"): "publish",
+    (dpsql.cache.releases, "keys"): "keys",
 }
 
 

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import policy_dict
 from run import data_file
 
-from dpsql.accounting.filter import create_ledger
+from dpsql.accounting.budget.build import create_ledger
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 HERE = Path(__file__).resolve().parent
 SQL = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"

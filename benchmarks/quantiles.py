@@ -50,8 +50,8 @@ import numpy as np
 import numpy.typing as npt
 
 import dpsql
-from dpsql.noise.release import measure
-from dpsql.session import Session
+from dpsql.noise.measure import measure
+from dpsql.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -8,7 +8,7 @@ totals as dpsql's bounded query before noise, but it is written the way a person
 for this one table: no TRY wrappers, no chain of five CTEs, ranking in the same SELECT as the
 per-unit GROUP BY. ``tests/test_benchmark_sql.py`` checks the equality.
 
-Grid rule (DESIGN.md section 3, ``dpsql/sql/grid.py``): for bounds [lo, hi] the step is
+Grid rule (DESIGN.md section 3, ``dpsql/bound/grid.py``): for bounds [lo, hi] the step is
 g = 2^(floor(log2(hi - lo)) - 20); a value x becomes round(clamp(x, lo, hi) / g) (an integer,
 half away from zero as DuckDB's ROUND), NaN and NULL become NULL. Sums are in units of g; the
 centred sum of AVG in units of g/2: sum over capped rows of 2·t - n'·(lo + hi)/g.

@@ -31,7 +31,9 @@ from charges import fill
 from dp_accounting import dp_event, rdp
 from dp_accounting.pld import pld_privacy_accountant
 
-from dpsql.accounting.events import (
+from dpsql.accounting.budget.build import budget_caps, budget_for
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.mechanisms.events import (
     Composite,
     DiscreteGaussian,
     DiscreteLaplace,
@@ -39,8 +41,6 @@ from dpsql.accounting.events import (
     Exponential,
     LaplacePartitionSelection,
 )
-from dpsql.accounting.filter import budget_caps, budget_for
-from dpsql.accounting.ledger import Ledger
 from dpsql.policy import BudgetSpec
 
 LENGTHS = (100, 1_000, 10_000)

@@ -39,9 +39,9 @@ from typing import Any
 
 import duckdb
 
-from dpsql.noise.release import release
+from dpsql.noise.measure import release
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import QUERIES, Bounds, policy_dict, totals, write_visits

@@ -33,7 +33,7 @@ import duckdb
 from dpsql.errors import BudgetExceededError
 from dpsql.plan.plans import Plan
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ACCOUNTANTS = ("basic", "rdp", "zcdp")
 MECHANISMS = ("laplace", "gaussian")

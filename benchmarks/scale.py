@@ -339,7 +339,7 @@ def worker(path: Path, contract: str, variant: str, name: str, *, memory_limit: 
     if variant == "dpsql":
         # Imported here: the raw and hand workers' memory holds no dpsql.
         from dpsql.policy import load_policy  # noqa: PLC0415
-        from dpsql.session import Session  # noqa: PLC0415
+        from dpsql.session.session import Session  # noqa: PLC0415
 
         session = Session(load_policy(policy_dict(path, contract, memory_limit)))
         session.engine.salt = SALT  # the hand SQL's salt: both must keep the same rows

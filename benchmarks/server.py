@@ -61,11 +61,11 @@ from typing import Protocol
 import psycopg
 
 import dpsql
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.pgwire.auth import add_user
+from dpsql.interfaces.pgwire.server import DpsqlServer, ServerConfig
 from dpsql.policy import Policy, load_policy
-from dpsql.server.auth import add_user
-from dpsql.server.server import DpsqlServer, ServerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantiles import example_data

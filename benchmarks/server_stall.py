@@ -90,7 +90,7 @@ class Served:
         # The folder, not the repository, is the working directory: with -m it comes first on
         # sys.path, and --source must win over the installed dpsql.
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "dpsql.interfaces.cli", "--policy", str(policy), "serve",
+            [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy), "serve",
              "--users-file", str(users), "--listen", "127.0.0.1:0"],
             stdout=subprocess.DEVNULL, stderr=self._log_file, cwd=folder, env=env,
         )  # fmt: skip

@@ -228,7 +228,7 @@ def spark_session(conf: dict[str, str] | None = None) -> Any:
     the settings dpsql pins, and no progress bars or logs."""
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from dpsql.policy_engine import SPARK_PINNED  # noqa: PLC0415
+    from dpsql.policy.engine import SPARK_PINNED  # noqa: PLC0415
 
     builder = SparkSession.builder.appName("dpsql").master(MASTER)
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or SPARK_CONF), **SPARK_PINNED}
@@ -299,7 +299,7 @@ def worker(path: Path, variant: str, name: str, repeats: int) -> dict[str, Any]:
     fn: Callable[[], object]
     if variant.endswith("_dpsql"):
         from dpsql.policy import load_policy  # noqa: PLC0415
-        from dpsql.session import Session  # noqa: PLC0415
+        from dpsql.session.session import Session  # noqa: PLC0415
 
         regions = reads_regions(q)
         spec = (

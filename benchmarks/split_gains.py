@@ -13,7 +13,7 @@ BIGINT, region VARCHAR with five public values, age INTEGER in [18, 90], spend D
   the split minimises (Var_j as the split models it: 2b² for a discrete Laplace of scale b, σ²
   for a discrete Gaussian), from ``Session.plan(sql, split=..., mechanism=...)``;
 * measured: the same objective with each Var_j the empirical variance, in value units, of the
-  noise of ``--draws`` calls of ``dpsql.noise.release.measure`` on one run of the bounded query
+  noise of ``--draws`` calls of ``dpsql.noise.measure.measure`` on one run of the bounded query
   (the noisy totals minus the exact ones, averaged over the groups), even/optimal, ± one
   standard error (from the spread of the squared errors); beside it, measured/planned under
   each split;
@@ -41,12 +41,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from dpsql.noise.release import measure
-from dpsql.noise.release_estimates import FloatArray, _estimates
+from dpsql.noise.measure import measure
 from dpsql.plan.planner import Plan
 from dpsql.plan.split import SPLITS, Split, objective, weights
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.release.estimates import FloatArray, _estimates
+from dpsql.session.session import Session
 
 UNITS = 1000
 REGIONS = ("central", "east", "north", "south", "west")

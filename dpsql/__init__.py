@@ -4,8 +4,8 @@ Analysts send ordinary SQL; dpsql answers only with noisy aggregates, after char
 privacy loss to the data set's budget. ``dpsql.connect(policy)`` returns a PEP 249 connection.
 """
 
-from dpsql.accounting.filter import BudgetReport
-from dpsql.interfaces.dbapi import (
+from dpsql.accounting.budget.build import BudgetReport
+from dpsql.interfaces.dbapi.connection import (
     BINARY,
     DATETIME,
     NUMBER,
@@ -42,7 +42,7 @@ from dpsql.interfaces.dbapi import (
     threadsafety,
 )
 from dpsql.policy import Policy, load_policy
-from dpsql.session import VERSION, Result, Session
+from dpsql.session.session import VERSION, Result, Session
 
 __version__ = VERSION
 

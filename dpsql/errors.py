@@ -24,7 +24,7 @@ a column, an SQL node, a policy field), never a value taken from the data.
     └── InternalError              a dpsql bug detected by an internal consistency check
 
 The PEP 249 classes (``dpsql.Error`` and friends) are defined over this tree in
-``dpsql.interfaces.dbapi``; the CLI maps it to exit codes in one table.
+``dpsql.interfaces.dbapi.connection``; the CLI maps it to exit codes in one table.
 """
 
 from __future__ import annotations

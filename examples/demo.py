@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import dpsql  # noqa: E402
-from dpsql.accounting.budget_report import (  # noqa: E402
+from dpsql.accounting.budget.report import (  # noqa: E402
     cap_text,
     figure_left,
     figure_value,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from test_shell import write_policy
 
-from dpsql.interfaces.shell import Shell
-from dpsql.session import Session
+from dpsql.interfaces.shell.shell import Shell
+from dpsql.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"

@@ -34,12 +34,12 @@ import duckdb
 import psycopg
 import pytest
 
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger, Record
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger, Record
+from dpsql.interfaces.pgwire.auth import add_user
+from dpsql.interfaces.pgwire.server import DpsqlServer, Limits, ServerConfig
+from dpsql.interfaces.pgwire.worker import start_forkserver
 from dpsql.policy import Policy, load_policy
-from dpsql.server.auth import add_user
-from dpsql.server.server import DpsqlServer, Limits, ServerConfig
-from dpsql.server.worker import start_forkserver
 
 PSQL = shutil.which("psql") or "psql"
 REGIONS = ("central", "east", "north", "south", "west")
@@ -310,9 +310,9 @@ class ServeProcess:
 
 def start_subprocess(policy: Path, users: Path, *extra: str, timeout: float = 30.0) -> ServeProcess:
     """``dpsql --policy P serve --users-file U --listen 127.0.0.1:0`` (as tests/test_cli.py runs
-    the CLI: ``python -m dpsql.interfaces.cli``), once it logs the port it listens on."""
+    the CLI: ``python -m dpsql.interfaces.cli.main``), once it logs the port it listens on."""
     command = [
-        sys.executable, "-m", "dpsql.interfaces.cli", "--policy", str(policy), "serve",
+        sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy), "serve",
         "--users-file", str(users), "--listen", "127.0.0.1:0", *extra,
     ]  # fmt: skip
     process = subprocess.Popen(

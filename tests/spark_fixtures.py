@@ -1,6 +1,6 @@
 """The Spark session of the Spark tests: one per pytest run (a session-scoped fixture), local
 with two cores, with the settings dpsql pins for Spark (ANSI mode, the UTC session time zone, no
-UI; ``dpsql.policy_spec.SPARK_PINNED``).
+UI; ``dpsql.policy.spec.SPARK_PINNED``).
 
 A test module uses it by importing the fixture (``from spark_fixtures import spark``) and marks
 its tests ``@pytest.mark.spark``. Without pyspark or without Java the tests are skipped, saying
@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from dpsql.policy_spec import SPARK_PINNED
+from dpsql.policy.spec import SPARK_PINNED
 
 FULL = os.environ.get("DPSQL_SPARK_FULL") == "1"
 # PySpark reads a result over a local socket that it leaves to the garbage collector: the

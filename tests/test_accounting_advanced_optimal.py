@@ -16,15 +16,20 @@ from dp_accounting.pld.common import DifferentialPrivacyParameters
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.advanced import (
+from dpsql.accounting.theorems.advanced import (
     AdvancedAccountant,
     AdvancedFilter,
     approx_dp,
     drv_epsilon,
     wrrw_bound,
 )
-from dpsql.accounting.events import ZCDP, ApproxDP, DiscreteLaplace, Gaussian, PureDP
-from dpsql.accounting.optimal import OptimalAccountant, kov_delta, kov_epsilon, murtagh_vadhan
+from dpsql.accounting.theorems.optimal import (
+    OptimalAccountant,
+    kov_delta,
+    kov_epsilon,
+    murtagh_vadhan,
+)
+from dpsql.mechanisms.events import ZCDP, ApproxDP, DiscreteLaplace, Gaussian, PureDP
 
 # --- DRV / KOV Theorem 3.5 figure -------------------------------------------------------------
 

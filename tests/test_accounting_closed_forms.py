@@ -14,8 +14,11 @@ import mpmath
 import pytest
 from dp_accounting.rdp import RdpAccountant as ReferenceRdp
 
-from dpsql.accounting.basic import BasicAccountant, BasicFilter, basic_cost
-from dpsql.accounting.conversions import (
+from dpsql.accounting.theorems.basic import BasicAccountant, BasicFilter, basic_cost
+from dpsql.accounting.theorems.gdp import GdpAccountant, GdpFilter
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
+from dpsql.accounting.theorems.zcdp import ZcdpAccountant, ZcdpFilter
+from dpsql.mechanisms.conversions import (
     discrete_gaussian_delta,
     discrete_gaussian_epsilon,
     gaussian_rdp_epsilon_optimal_order,
@@ -30,8 +33,8 @@ from dpsql.accounting.conversions import (
     zcdp_to_dp,
     zcdp_to_dp_simple,
 )
-from dpsql.accounting.curves import discrete_laplace_rdp, laplace_rdp, rdp
-from dpsql.accounting.events import (
+from dpsql.mechanisms.curves import discrete_laplace_rdp, laplace_rdp, rdp
+from dpsql.mechanisms.events import (
     ApproxDP,
     DiscreteGaussian,
     Event,
@@ -39,9 +42,6 @@ from dpsql.accounting.events import (
     Laplace,
     PureDP,
 )
-from dpsql.accounting.gdp import GdpAccountant, GdpFilter
-from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
-from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
 
 mpmath.mp.dps = 50
 

@@ -14,8 +14,11 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpsql.accounting.conversions import discrete_gaussian_epsilon
-from dpsql.accounting.events import (
+from dpsql.accounting.theorems.optimal import kov_epsilon
+from dpsql.accounting.theorems.pld import PldAccountant, PldFilter
+from dpsql.errors import ParameterError, UndeclaredMechanismError
+from dpsql.mechanisms.conversions import discrete_gaussian_epsilon
+from dpsql.mechanisms.events import (
     ZCDP,
     DiscreteGaussian,
     DiscreteLaplace,
@@ -24,9 +27,6 @@ from dpsql.accounting.events import (
     Laplace,
     PureDP,
 )
-from dpsql.accounting.optimal import kov_epsilon
-from dpsql.accounting.pld import PldAccountant, PldFilter
-from dpsql.errors import ParameterError, UndeclaredMechanismError
 
 
 def _gdp_epsilon(mu: float, delta: float) -> float:

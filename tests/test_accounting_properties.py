@@ -24,11 +24,14 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
-from dpsql.accounting.base import Accountant
-from dpsql.accounting.basic import BasicAccountant, BasicFilter
-from dpsql.accounting.conversions import discrete_gaussian_delta
-from dpsql.accounting.curves import discrete_laplace_rdp, laplace_rdp
-from dpsql.accounting.events import (
+from dpsql.accounting.theorems.base import Accountant
+from dpsql.accounting.theorems.basic import BasicAccountant, BasicFilter
+from dpsql.accounting.theorems.gdp import GdpAccountant, GdpFilter
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
+from dpsql.accounting.theorems.zcdp import ZcdpAccountant, ZcdpFilter
+from dpsql.mechanisms.conversions import discrete_gaussian_delta
+from dpsql.mechanisms.curves import discrete_laplace_rdp, laplace_rdp
+from dpsql.mechanisms.events import (
     ZCDP,
     ApproxDP,
     DiscreteGaussian,
@@ -40,9 +43,6 @@ from dpsql.accounting.events import (
     LaplacePartitionSelection,
     PureDP,
 )
-from dpsql.accounting.gdp import GdpAccountant, GdpFilter
-from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
-from dpsql.accounting.zcdp import ZcdpAccountant, ZcdpFilter
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

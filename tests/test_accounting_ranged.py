@@ -1,4 +1,4 @@
-"""Bounded range (dpsql.accounting.ranged): DDR 2020 Theorem 3 and the bounded-range PLD.
+"""Bounded range (dpsql.accounting.theorems.ranged): DDR 2020 Theorem 3 and the bounded-range PLD.
 
 The references share no code with the module: Theorem 3 is transcribed again in mpmath at 50
 digits (every outcome count summed, no window); the optimum itself is checked by brute force
@@ -23,21 +23,21 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.events import Exponential, PureDP
-from dpsql.accounting.optimal import OptimalAccountant, kov_epsilon, murtagh_vadhan
-from dpsql.accounting.pld import PldAccountant, randomized_response_pld
-from dpsql.accounting.ranged import (
+from dpsql.accounting.theorems.optimal import OptimalAccountant, kov_epsilon, murtagh_vadhan
+from dpsql.accounting.theorems.pld import PldAccountant, randomized_response_pld
+from dpsql.accounting.theorems.ranged import (
     bounded_range_masses,
     br_delta,
     br_epsilon,
     envelope_delta,
     rr_t_probability,
 )
-from dpsql.accounting.zcdp import ZcdpAccountant
-from dpsql.noise import release
+from dpsql.accounting.theorems.zcdp import ZcdpAccountant
+from dpsql.mechanisms.events import Exponential, PureDP
+from dpsql.noise import measure as release
 from dpsql.noise.exponential import exponential_probabilities, quantile_scores, score_sensitivity
 from dpsql.policy import Policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 Floats = npt.NDArray[np.float64]
 

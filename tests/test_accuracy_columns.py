@@ -10,7 +10,7 @@ import pytest
 from conftest import TinyPolicy
 
 from dpsql.errors import ParameterError
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, ("east", "west")[u % 2], 18 + u % 60, float(u % 50)) for u in range(1, 300)]
 GROUPED = "SELECT region, COUNT(*) AS n, AVG(spend) AS mean FROM visits GROUP BY region"

@@ -17,7 +17,7 @@ from test_batch import policy as batch_policy  # noqa: F401  (a fixture)
 from test_shell import write_policy
 
 import dpsql
-from dpsql.interfaces.shell import Shell
+from dpsql.interfaces.shell.shell import Shell
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"

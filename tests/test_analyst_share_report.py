@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import dpsql
 from dpsql.errors import BudgetExceededError
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, ("east", "west")[u % 2], 18 + u % 60, float(u % 50)) for u in range(1, 120)]
 QUERY = "SELECT COUNT(*) AS n FROM visits"

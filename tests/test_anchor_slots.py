@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from test_ledger import ledger_policy, open_session
 
-from dpsql.accounting import ledger as ledger_module
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger, read_anchor
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger import ledger as ledger_module
+from dpsql.accounting.ledger.ledger import Ledger, read_anchor
 from dpsql.errors import LedgerError
 from dpsql.policy import load_policy
 

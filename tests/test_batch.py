@@ -19,17 +19,17 @@ import duckdb
 import pytest
 from click.testing import CliRunner, Result
 
-from dpsql.accounting.ledger import Ledger
-from dpsql.interfaces import cli
-from dpsql.interfaces.batch import (
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.cli.batch import (
     explain_command,
     plan_file,
     query_command,
     run_command,
     split_statements,
 )
-from dpsql.interfaces.report import exact
-from dpsql.session import Session
+from dpsql.interfaces.report.report import exact
+from dpsql.session.session import Session
 from dpsql.sql.options import KEYS, PRIVACY_UNIT
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -21,7 +21,7 @@ import pytest
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]

@@ -17,7 +17,7 @@ import duckdb
 import pytest
 
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 QUERIES_PY = Path(__file__).resolve().parent.parent / "benchmarks" / "queries.py"
 

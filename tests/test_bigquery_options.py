@@ -14,7 +14,7 @@ import sqlglot
 
 import dpsql
 from dpsql.errors import ParameterError, ParseError
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.options import KEYS, split_options
 from dpsql.sql.parse import Explain, Query, SetOption, parse_statement
 

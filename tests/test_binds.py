@@ -1,4 +1,4 @@
-"""The grammar of queries the engine is sure to plan (``dpsql.sql.binds``).
+"""The grammar of queries the engine is sure to plan (``dpsql.analyze.binds``).
 
 For a query of the grammar, the session leaves out the engine's pre-charge check of the bounded
 SQL. That is right only if the check would pass: here queries of the grammar are generated over
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dpsql.errors import DpsqlError, UnsupportedQueryError
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.parse import parse_statement
 
 SCHEMA = (

@@ -33,11 +33,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
-from dpsql import bounds
-from dpsql.accounting.events import PureDP
+from dpsql.mechanisms.events import PureDP
 from dpsql.noise.laplace import discrete_laplace_pmf
 from dpsql.noise.sparse_vector import Walks
 from dpsql.policy import Policy
+from dpsql.release import clamp_bounds as bounds
 
 LONG = os.environ.get("DPSQL_FUZZ") == "long"
 DATA_SETS, DRAWS = (40, 50) if LONG else (12, 25)

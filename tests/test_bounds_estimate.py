@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import TinyPolicy
 
-from dpsql import bounds, errors
-from dpsql.accounting.filter import create_ledger
+from dpsql import errors
+from dpsql.accounting.budget.build import create_ledger
 from dpsql.policy import LedgerSpec, Policy
-from dpsql.session import Session
+from dpsql.release import clamp_bounds as bounds
+from dpsql.session.session import Session
 
 # 3000 units; spend in [10, 59], one unit far out (each bound leaves a few units beyond it).
 ROWS = [(u, "east", 30, float(10 + (u * 7 + r) % 50)) for u in range(3000) for r in range(3)]

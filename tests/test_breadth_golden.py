@@ -44,12 +44,12 @@ import sqlglot
 from conftest import write_parquet
 from sqlglot import exp
 
-from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.errors import QueryError, UnsupportedQueryError
 from dpsql.noise.exponential import quantile_scores
 from dpsql.plan.planner import Measurement, Plan
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.parse import DIALECT
 
 GOLDEN = Path(__file__).parent / "golden_breadth"
@@ -549,7 +549,7 @@ CASES: dict[str, Case] = {
         bounds=(L0, C),
         tight=(0, 1),
     ),
-    # Counts over few public keys: L0's ranking per unit in one row (dpsql.sql.pivot)
+    # Counts over few public keys: L0's ranking per unit in one row (dpsql.bound.pivot)
     "count_by_region": Case(
         visits,
         (Ref("rows"), Ref("count", lambda r: r["age"]), Ref("units")),

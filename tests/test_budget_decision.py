@@ -22,10 +22,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
-from dpsql.accounting import parallel
-from dpsql.accounting.base import Filter
-from dpsql.accounting.budget_report import EXCEEDS, Figure, figure_left
-from dpsql.accounting.events import (
+from dpsql.accounting.budget import parallel
+from dpsql.accounting.budget.build import (
+    Budget,
+    MemoryLedger,
+    budget_caps,
+    events_for,
+    odometers,
+    pinned_spec,
+)
+from dpsql.accounting.budget.report import EXCEEDS, Figure, figure_left
+from dpsql.accounting.ledger.ledger import BUDGET_RECORD
+from dpsql.accounting.theorems.base import Filter
+from dpsql.errors import BudgetExceededError
+from dpsql.interfaces.cli.budget_view import show_text
+from dpsql.mechanisms.events import (
     ApproxDP,
     Composite,
     DiscreteGaussian,
@@ -35,17 +46,6 @@ from dpsql.accounting.events import (
     LaplacePartitionSelection,
     PureDP,
 )
-from dpsql.accounting.filter import (
-    Budget,
-    MemoryLedger,
-    budget_caps,
-    events_for,
-    odometers,
-    pinned_spec,
-)
-from dpsql.accounting.ledger import BUDGET_RECORD
-from dpsql.errors import BudgetExceededError
-from dpsql.interfaces.budget_view import show_text
 from dpsql.policy import BudgetSpec
 
 F = Fraction

@@ -10,10 +10,10 @@ import pytest
 from conftest import TinyPolicy
 from dp_accounting import dp_event, rdp
 
-from dpsql.accounting.events import DiscreteGaussian, DiscreteLaplace, flatten
 from dpsql.errors import BudgetExceededError, PolicyError
+from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace, flatten
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, "east", 30, 10.0) for u in range(1, 200)]
 QUERY = "SELECT COUNT(*) FROM visits"

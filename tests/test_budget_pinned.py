@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from test_ledger import COUNT, ledger_policy
 
 import dpsql
-from dpsql.accounting.filter import budget_caps, create_ledger
-from dpsql.accounting.ledger import BUDGET_RECORD, Ledger, read_anchor
-from dpsql.accounting.zcdp import ZcdpFilter
+from dpsql.accounting.budget.build import budget_caps, create_ledger
+from dpsql.accounting.ledger.ledger import BUDGET_RECORD, Ledger, read_anchor
+from dpsql.accounting.theorems.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
-from dpsql.interfaces import cli
+from dpsql.interfaces.cli import main as cli
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 BASE: dict[str, Any] = {"epsilon": "3", "delta": "0.000001", "query_epsilon": "1"}
 

@@ -24,14 +24,14 @@ from conftest import TinyPolicy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.budget import SELECTION_PARTS, _decider
-from dpsql.accounting.conversions import rdp_to_dp
-from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace
-from dpsql.accounting.filter import budget_for
-from dpsql.accounting.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
+from dpsql.accounting.budget.budget import SELECTION_PARTS, _decider
+from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
+from dpsql.mechanisms.conversions import rdp_to_dp
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace
 from dpsql.policy import FILTER_VERSION, BudgetSpec
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 LAPLACE = Composite((DiscreteLaplace(Fraction(1000), Fraction(10), dimensions=1),))

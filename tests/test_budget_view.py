@@ -26,18 +26,19 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 import dpsql
-from dpsql.accounting.conversions import zcdp_to_dp
-from dpsql.accounting.filter import budget_for, open_store
-from dpsql.interfaces import budget_view, cli
-from dpsql.interfaces.budget_view import (
+from dpsql.accounting.budget.build import budget_for, open_store
+from dpsql.interfaces.cli import budget_view
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.cli.budget_view import (
     demo_command,
     fit_count,
     show_command,
     whatif_command,
 )
-from dpsql.interfaces.charts import CURVES, history_curves, label, write_chart
-from dpsql.interfaces.html_report import render_html, schedule_curves
-from dpsql.interfaces.report import build_report, render_markdown
+from dpsql.interfaces.report.charts import CURVES, history_curves, label, write_chart
+from dpsql.interfaces.report.html import render_html, schedule_curves
+from dpsql.interfaces.report.report import build_report, render_markdown
+from dpsql.mechanisms.conversions import zcdp_to_dp
 from dpsql.policy import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent

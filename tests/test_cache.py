@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from conftest import TinyPolicy
 
-from dpsql.accounting.filter import budget_caps
-from dpsql.accounting.ledger import Ledger
-from dpsql.noise.release_estimates import _each
+from dpsql.accounting.budget.build import budget_caps
+from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.policy import LedgerSpec, Policy
-from dpsql.session import Session
+from dpsql.release.estimates import _each
+from dpsql.session.session import Session
 from dpsql.sql import canonical
 
 ROWS = [(u, ["east", "west", "north"][u % 3], 20 + u % 50, float(u % 90)) for u in range(1, 400)]

@@ -1,4 +1,4 @@
-"""Answers derived from every release of the same bounded rows (``dpsql.cache._assemble``):
+"""Answers derived from every release of the same bounded rows (``dpsql.cache.releases._assemble``):
 a query whose measurements were all released over the identical bounded-row definition (same
 table, WHERE, keys and domains, bounds, policy, data version and engine), at any epsilon and
 across releases, is answered free from them; anything else is charged. What is derived must
@@ -16,12 +16,12 @@ from conftest import TINY_SCHEMA, policy_over, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql import cache
-from dpsql.accounting.filter import budget_caps
-from dpsql.accounting.ledger import Ledger
-from dpsql.noise.release_estimates import combined_half_width
+from dpsql.accounting.budget.build import budget_caps
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.cache import releases as cache
 from dpsql.policy import LedgerSpec, Policy
-from dpsql.session import Session
+from dpsql.release.estimates import combined_half_width
+from dpsql.session.session import Session
 
 REGIONS = ("central", "east", "north", "south", "west")
 BY_REGION = "SELECT region, {} FROM visits GROUP BY region"

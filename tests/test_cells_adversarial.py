@@ -30,10 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
-from dpsql.accounting.rdp import DEFAULT_ORDERS
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS
 from dpsql.errors import BudgetExceededError
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 # (table, column, type, collation) -> spellings the analyst may use
 FAMILIES: dict[tuple[str, str, str, str | None], tuple[str, ...]] = {

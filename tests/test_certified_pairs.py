@@ -18,9 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.basic import BasicFilter
-from dpsql.accounting.conversions import discrete_gaussian_delta, zcdp_to_dp
-from dpsql.accounting.events import (
+from dpsql.accounting.budget.build import Budget, MemoryLedger, budget_caps, odometers, pinned_spec
+from dpsql.accounting.ledger.ledger import BUDGET_RECORD
+from dpsql.accounting.theorems.basic import BasicFilter
+from dpsql.errors import BudgetExceededError, InternalError, LedgerError
+from dpsql.mechanisms.conversions import discrete_gaussian_delta, zcdp_to_dp
+from dpsql.mechanisms.events import (
     Composite,
     DiscreteGaussian,
     DiscreteLaplace,
@@ -32,9 +35,6 @@ from dpsql.accounting.events import (
     flatten,
     supports,
 )
-from dpsql.accounting.filter import Budget, MemoryLedger, budget_caps, odometers, pinned_spec
-from dpsql.accounting.ledger import BUDGET_RECORD
-from dpsql.errors import BudgetExceededError, InternalError, LedgerError
 from dpsql.plan import calibration
 from dpsql.policy import BudgetSpec
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dpsql.errors import DpsqlError, UnsupportedQueryError
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.parse import parse_statement
 
 SCHEMA = (
@@ -171,7 +171,7 @@ def test_only_a_private_key_asks_the_engine_for_types(session: Session) -> None:
 def test_the_post_processing_check_keeps_only_what_bound(session: Session) -> None:
     """Passed post-processing checks are kept by text; a refused one is refused every time,
     for free, and a kept one still lets a query of another WHERE through."""
-    from dpsql.noise import release
+    from dpsql.noise import measure as release
 
     bad = "SELECT region, UPPER(COUNT(*)) AS n FROM visits WHERE age > {} GROUP BY region"
     for age in (20, 20, 30):

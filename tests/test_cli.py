@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import dpsql
-from dpsql.accounting.filter import budget_caps
-from dpsql.accounting.ledger import GENESIS, Ledger, record_hash
+from dpsql.accounting.budget.build import budget_caps
+from dpsql.accounting.ledger.ledger import GENESIS, Ledger, record_hash
 from dpsql.errors import (
     BudgetExceededError,
     EngineError,
@@ -33,8 +33,8 @@ from dpsql.errors import (
     ParseError,
     PolicyError,
 )
-from dpsql.interfaces import cli
-from dpsql.interfaces.report import exact
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.report.report import exact
 from dpsql.policy import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -434,7 +434,14 @@ def test_an_error_in_a_command_is_one_line_and_never_its_data(
 
 def test_the_console_script_exits_with_the_table_codes(policy: Path) -> None:
     def dpsql_cmd(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "dpsql.interfaces.cli", "--policy", str(policy), *args]
+        command = [
+            sys.executable,
+            "-m",
+            "dpsql.interfaces.cli.main",
+            "--policy",
+            str(policy),
+            *args,
+        ]
         return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
     assert dpsql_cmd("ledger", "verify").returncode == 0

@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from dpsql.interfaces import cli
+from dpsql.interfaces.cli import main as cli
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
 COMMANDS = list(cli.walk(cli.cli))

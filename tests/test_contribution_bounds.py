@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from conftest import TINY_COLUMNS, TinyPolicy
 
-from dpsql import contribution_bounds, errors
+from dpsql import errors
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.release import contribution_bounds
+from dpsql.session.session import Session
 
 REGIONS = ("east", "west", "north")
 # 500 units with 1..20 rows each (unit u has u % 20 + 1), spread over the regions in turn.

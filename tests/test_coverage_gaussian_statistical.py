@@ -14,7 +14,7 @@ The exact discrete coverage is computed here independently of dpsql (a local pmf
 exp(-k^2 / (2 sigma2)) normalised over a window leaving out < 1e-12 of mass): P(|Z| <= k) for
 COUNT and SUM, and for AVG a full enumeration of both independent noises (per noise < 1e-12 of
 mass left out) through an independent re-implementation of the interval rule of
-``dpsql.noise.release._avg``. The enumeration is small enough to be exact: with these bounds
+``dpsql.noise.measure._avg``. The enumeration is small enough to be exact: with these bounds
 the centred sum's sigma is ~1.4e3 (a window of ~2.4e4 values) and the count's ~19 (~330
 values), so no coarse grid is needed.
 
@@ -42,12 +42,12 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-import dpsql.noise.release as release_module
-from dpsql.noise.release import release
+import dpsql.noise.measure as release_module
+from dpsql.bound.grid import Grid
+from dpsql.noise.measure import release
 from dpsql.noise.samplers import discrete_gaussian, discrete_gaussian_half_width
 from dpsql.plan.planner import Plan
-from dpsql.session import Session
-from dpsql.sql.grid import Grid
+from dpsql.session.session import Session
 
 pytestmark = pytest.mark.statistical
 

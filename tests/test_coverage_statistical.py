@@ -11,7 +11,7 @@ its grid unit, or for AVG m + centred · (g/2) / count. A draw covers when
 |released - truth| <= half-width. The exact discrete coverage is computed independently here:
 P(|Z| <= k) from the discrete Laplace pmf for COUNT and SUM, and for AVG by enumerating both
 independent noises (each truncated where its tail mass is below 1e-12) through an independent
-re-implementation of the interval rule of ``dpsql.noise.release._avg``.
+re-implementation of the interval rule of ``dpsql.noise.measure._avg``.
 
 Checks, at false-failure rate alpha = 1e-6 per test: the exact coverage is at least 0.95
 (deterministic); the observed coverage is not significantly below 0.95 (one-sided binomial,
@@ -31,12 +31,12 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-import dpsql.noise.release as release_module
-from dpsql.noise.release import release
+import dpsql.noise.measure as release_module
+from dpsql.bound.grid import Grid
+from dpsql.noise.measure import release
 from dpsql.noise.samplers import discrete_laplace, discrete_laplace_half_width
 from dpsql.plan.planner import Plan
-from dpsql.session import Session
-from dpsql.sql.grid import Grid
+from dpsql.session.session import Session
 
 pytestmark = pytest.mark.statistical
 

@@ -20,7 +20,7 @@ from test_neighbours import _check
 
 from dpsql.errors import PolicyError
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 HEADER = b"user_id,region,age,spend,note\n"
 REGIONS = ("north", "south", "east")

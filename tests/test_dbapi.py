@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from dpsql import errors
-from dpsql.interfaces import dbapi
+from dpsql.interfaces.dbapi import connection as dbapi
 from dpsql.policy import Policy, load_policy
 
 REGIONS = ["east", "north", "south", "west"]

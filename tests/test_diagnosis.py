@@ -24,13 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
-from dpsql.accounting.events import DiscreteGaussian, DiscreteLaplace
 from dpsql.errors import ParameterError, UndeclaredMechanismError
-from dpsql.noise.diagnosis import diagnose
-from dpsql.noise.release import measure_diagnosis
+from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace
+from dpsql.noise.measure import measure_diagnosis
 from dpsql.plan.diagnosis import LABEL
 from dpsql.policy import Policy
-from dpsql.session import Session
+from dpsql.release.diagnosis import diagnose
+from dpsql.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "policy.toml"

@@ -19,7 +19,7 @@ from test_batch import policy as batch_policy  # noqa: F401  (a fixture)
 from test_shell import COUNT, write_policy
 
 import dpsql
-from dpsql.interfaces.shell import Shell
+from dpsql.interfaces.shell.shell import Shell
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"
@@ -51,7 +51,7 @@ def test_the_diagnosis_in_a_real_terminal(tmp_path: Path) -> None:
     env = {**os.environ, "TERM": "dumb", "DPSQL_ANALYST": "ann"}
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "dpsql.interfaces.shell", "--policy", str(policy), "--no-history"],
+        ["-m", "dpsql.interfaces.shell.shell", "--policy", str(policy), "--no-history"],
         env=env, encoding="utf-8", timeout=30, dimensions=(40, 160),
     )  # fmt: skip
     try:

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from sqlglot import exp
 
 from dpsql import errors, policy
-from dpsql.interfaces import dbapi
-from dpsql.session import SETTINGS
+from dpsql.interfaces.dbapi import connection as dbapi
+from dpsql.session.session import SETTINGS
 from dpsql.sql import validate
 
 ROOT = Path(__file__).resolve().parent.parent

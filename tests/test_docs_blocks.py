@@ -44,10 +44,10 @@ import pytest
 from click.testing import CliRunner
 from server_fixtures import ServerThread
 
-from dpsql.interfaces import cli
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.pgwire.auth import add_user
 from dpsql.policy import PolicyError, load_policy
-from dpsql.server.auth import add_user
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.split import split_statements
 
 ROOT = Path(__file__).resolve().parent.parent

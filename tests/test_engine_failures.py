@@ -31,14 +31,15 @@ from server_fixtures import ServerThread, write_dataset, write_policy, write_use
 from server_fixtures import connect as wire_connect
 
 from dpsql import errors
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger
-from dpsql.interfaces import cli, dbapi
-from dpsql.interfaces.shell import Shell
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.dbapi import connection as dbapi
+from dpsql.interfaces.pgwire.server import Limits
+from dpsql.interfaces.pgwire.statements import ENGINE_FAILED, sqlstate
+from dpsql.interfaces.shell.shell import Shell
 from dpsql.policy import load_policy
-from dpsql.server.server import Limits
-from dpsql.server.statements import ENGINE_FAILED, sqlstate
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 # No public GROUP BY key: its domain is typed by the engine before the charge, which a starved
 # engine cannot do either (refused, free); this query's first allocation is after the charge.
@@ -273,7 +274,7 @@ def test_out_of_memory_over_the_wire_is_sqlstate_58r01(starved_server: tuple[int
 CHILD = """
 import json, resource, sys
 from dpsql import errors
-from dpsql.session import Session
+from dpsql.session.session import Session
 session = Session(sys.argv[1], "ann")
 session.plan(sys.argv[2])  # the imports and the check's code paths are warm
 size = next(int(line.split()[1]) for line in open("/proc/self/status")

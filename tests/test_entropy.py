@@ -20,10 +20,10 @@ import duckdb
 import pytest
 
 from dpsql import errors
-from dpsql.interfaces import dbapi
+from dpsql.interfaces.dbapi import connection as dbapi
 from dpsql.noise import bits, gaussian, laplace, samplers
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 REGIONS = ["east", "west"]
 

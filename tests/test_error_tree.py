@@ -18,8 +18,9 @@ import pytest
 
 import dpsql
 from dpsql import errors
-from dpsql.interfaces import cli, dbapi
-from dpsql.server import statements
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.dbapi import connection as dbapi
+from dpsql.interfaces.pgwire import statements
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
 WIRE = DOC[DOC.index("## SQLSTATEs over the wire") :]

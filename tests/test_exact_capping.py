@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 SCHEMA = (("user_id", "BIGINT"), ("region", "VARCHAR"), ("age", "BIGINT"), ("spend", "DOUBLE"))
 

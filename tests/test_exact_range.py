@@ -12,7 +12,7 @@ from conftest import TINY_COLUMNS, TinyPolicy
 
 from dpsql.errors import BoundsError
 from dpsql.plan.sensitivity import MAX_EXACT_TOTAL, MAX_ROWS
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(1, "east", 30, 2.0**31), (2, "west", 40, 2.0**31 + 1)]
 # spend in [2^31, 2^31 + 1]: a grid of 2^-20, so about 2^51 grid units a row

@@ -12,7 +12,7 @@ import pytest
 
 import dpsql
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, "east" if u % 2 else "west", 20 + u % 50, float(u % 200)) for u in range(1, 41)]
 

@@ -19,11 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.advanced import AdvancedFilter, approx_dp, wrrw_bound
-from dpsql.accounting.base import grouped
-from dpsql.accounting.basic import BasicFilter, basic_totals
-from dpsql.accounting.conversions import frac_down, frac_up, gdp_epsilon, rdp_to_dp, zcdp_to_dp
-from dpsql.accounting.events import (
+from dpsql.accounting.theorems.advanced import AdvancedFilter, approx_dp, wrrw_bound
+from dpsql.accounting.theorems.base import grouped
+from dpsql.accounting.theorems.basic import BasicFilter, basic_totals
+from dpsql.accounting.theorems.gdp import GdpFilter
+from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, RdpFilter, composed_rdp, order_budget
+from dpsql.accounting.theorems.zcdp import ZcdpFilter, composed_zcdp
+from dpsql.mechanisms.conversions import frac_down, frac_up, gdp_epsilon, rdp_to_dp, zcdp_to_dp
+from dpsql.mechanisms.events import (
     ZCDP,
     ApproxDP,
     DiscreteGaussian,
@@ -34,10 +38,6 @@ from dpsql.accounting.events import (
     LaplacePartitionSelection,
     PureDP,
 )
-from dpsql.accounting.gdp import GdpFilter
-from dpsql.accounting.pld import PldFilter
-from dpsql.accounting.rdp import DEFAULT_ORDERS, RdpFilter, composed_rdp, order_budget
-from dpsql.accounting.zcdp import ZcdpFilter, composed_zcdp
 
 F = Fraction
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from dpsql.accounting.events import DiscreteLaplace, describe
-from dpsql.interfaces import cli
+from dpsql.interfaces.cli import main as cli
+from dpsql.mechanisms.events import DiscreteLaplace, describe
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "durable.toml"

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpsql
-from dpsql.interfaces import frames
-from dpsql.session import Result
+from dpsql.release import frames
+from dpsql.session.session import Result
 
 ROWS = [(u, ("east", "west")[u % 2], 18 + u % 60, float(u % 50)) for u in range(1, 300)]
 GROUPED = "SELECT region, COUNT(*) AS n, AVG(spend) AS mean FROM visits GROUP BY region"

@@ -37,7 +37,7 @@ from sqlglot import exp
 
 from dpsql import errors
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql import validate as allow
 from dpsql.sql.parse import DIALECT, Query, parse_statement
 from dpsql.sql.totality import WIDENED, total

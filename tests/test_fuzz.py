@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from dpsql import errors
 from dpsql.policy import load_policy
-from dpsql.session import SETTINGS, Session
+from dpsql.session.session import SETTINGS, Session
 
 SECRET_REGION = "SECRET_REGION_Q7"
 SECRET_SPEND = "987654.321"

@@ -7,11 +7,11 @@ from fractions import Fraction
 import pytest
 from conftest import TinyPolicy
 
-from dpsql.accounting.conversions import discrete_gaussian_delta, zcdp_to_dp
-from dpsql.accounting.events import DiscreteGaussian, DiscreteLaplace, LaplacePartitionSelection
 from dpsql.errors import ParameterError
-from dpsql.plan.mechanisms import partition_threshold
-from dpsql.session import Session
+from dpsql.mechanisms.conversions import discrete_gaussian_delta, zcdp_to_dp
+from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace, LaplacePartitionSelection
+from dpsql.mechanisms.partition import partition_threshold
+from dpsql.session.session import Session
 
 ROWS = [(u, ["east", "west", "north"][u % 3], 20 + u % 60, float(u % 150)) for u in range(1, 600)]
 GAUSS = {"mechanism": "gaussian", "epsilon": "0.5", "delta": "1e-7"}

@@ -20,9 +20,9 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql import errors
-from dpsql.interfaces import dbapi
+from dpsql.interfaces.dbapi import connection as dbapi
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.parse import DIALECT, MAX_QUERY_LENGTH
 
 SECRETS = ("SECRET_REGION_XYZ", "987654.321", "987654", "SECRET_NOTE_QRS", "424242")

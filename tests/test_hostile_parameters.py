@@ -39,12 +39,13 @@ from server_fixtures import ServerThread, write_dataset, write_policy, write_use
 from server_fixtures import connect as wire_connect
 
 from dpsql import errors
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger
-from dpsql.interfaces import cli, dbapi
-from dpsql.interfaces.shell import Shell
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.dbapi import connection as dbapi
+from dpsql.interfaces.shell.shell import Shell
 from dpsql.policy import load_policy
-from dpsql.session import SETTINGS, Session
+from dpsql.session.session import SETTINGS, Session
 from dpsql.sql.options import KEYS
 
 PROMPT = 10  # seconds: far above any honest refusal, far below an expansion of 1e999999999

@@ -17,10 +17,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting import parallel
-from dpsql.accounting.advanced import AdvancedFilter
-from dpsql.accounting.basic import BasicFilter
-from dpsql.accounting.events import (
+from dpsql.accounting.budget import parallel
+from dpsql.accounting.budget.build import (
+    Budget,
+    MemoryLedger,
+    budget_caps,
+    events_for,
+    odometers,
+    pinned_spec,
+)
+from dpsql.accounting.ledger.ledger import BUDGET_RECORD
+from dpsql.accounting.theorems.advanced import AdvancedFilter
+from dpsql.accounting.theorems.basic import BasicFilter
+from dpsql.accounting.theorems.gdp import GdpFilter
+from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.rdp import ORDERS_V1, RdpFilter
+from dpsql.accounting.theorems.zcdp import ZcdpFilter
+from dpsql.errors import BudgetExceededError, ParameterError, UndeclaredMechanismError
+from dpsql.mechanisms.events import (
     ZCDP,
     ApproxDP,
     Composite,
@@ -32,20 +46,6 @@ from dpsql.accounting.events import (
     LaplacePartitionSelection,
     PureDP,
 )
-from dpsql.accounting.filter import (
-    Budget,
-    MemoryLedger,
-    budget_caps,
-    events_for,
-    odometers,
-    pinned_spec,
-)
-from dpsql.accounting.gdp import GdpFilter
-from dpsql.accounting.ledger import BUDGET_RECORD
-from dpsql.accounting.pld import PldFilter
-from dpsql.accounting.rdp import ORDERS_V1, RdpFilter
-from dpsql.accounting.zcdp import ZcdpFilter
-from dpsql.errors import BudgetExceededError, ParameterError, UndeclaredMechanismError
 from dpsql.plan import calibration
 from dpsql.policy import BudgetSpec
 

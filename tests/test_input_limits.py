@@ -33,15 +33,15 @@ from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import TokenType
 
 from dpsql import errors
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger
-from dpsql.interfaces import cli
-from dpsql.interfaces.batch import DEFAULT_MAX_BYTES
-from dpsql.interfaces.shell import MAX_INPUT, Shell, run_shell
-from dpsql.interfaces.users_cli import MAX_PASSWORD_BYTES, users
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.cli.batch import DEFAULT_MAX_BYTES
+from dpsql.interfaces.cli.users import MAX_PASSWORD_BYTES, users
+from dpsql.interfaces.pgwire.auth import MAX_USERS_BYTES, add_user, load_users
+from dpsql.interfaces.shell.shell import MAX_INPUT, Shell, run_shell
 from dpsql.policy import MAX_POLICY_BYTES, load_policy
-from dpsql.server.auth import MAX_USERS_BYTES, add_user, load_users
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql import split
 from dpsql.sql.split import MAX_STATEMENT_LENGTH, Piece, split_statements
 
@@ -112,7 +112,7 @@ def test_dev_zero_is_refused_within_bounded_memory(policy: Path) -> None:
 
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "dpsql.interfaces.cli", "--policy", str(policy), "run",
+        [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy), "run",
          "/dev/zero"],
         capture_output=True, text=True, preexec_fn=limit, timeout=120, check=False,
     )  # fmt: skip

@@ -31,9 +31,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dpsql import errors
-from dpsql.accounting.ledger import Ledger, anchor_path
-from dpsql.interfaces import cli, dbapi
-from dpsql.session import Session
+from dpsql.accounting.ledger.ledger import Ledger, anchor_path
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.dbapi import connection as dbapi
+from dpsql.session.session import Session
 
 HYPOTHESIS = settings(
     deadline=None,
@@ -404,7 +405,7 @@ def test_a_full_output_file_system(policy: Path, tmp_path: Path) -> None:
 
 def test_standard_output_that_cannot_be_written(policy: Path, tmp_path: Path) -> None:
     sql = sql_file(tmp_path, 1)
-    dpsql = [sys.executable, "-m", "dpsql.interfaces.cli", "--policy", str(policy)]
+    dpsql = [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy)]
     # The plan is printed before anything runs; with --quiet the tables after the charges.
     for args in (["run", str(sql)], ["run", "--quiet", str(sql)], ["report"], ["ledger", "export"]):
         before = charge_count(policy)

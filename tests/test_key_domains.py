@@ -19,11 +19,11 @@ from conftest import TinyPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpsql.analyze.domains import probe_sql
+from dpsql.bound.filters import literal_sql
 from dpsql.errors import BoundsError, UnsupportedQueryError
 from dpsql.policy import load_policy
-from dpsql.session import Session
-from dpsql.sql.domains import probe_sql
-from dpsql.sql.filters import literal_sql
+from dpsql.session.session import Session
 
 ROWS = [(u, ("east", "west")[u % 2], 18 + u % 60, float(u % 7)) for u in range(1, 200)]
 BRANCHES = ("1", "'1'", "'01'", "' 1'", "2", "'2'", "2.0", "'+2'", "3", "NULL", "'3'", "1.0")

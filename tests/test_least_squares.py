@@ -1,4 +1,4 @@
-"""Exact constrained least squares (dpsql.plan.least_squares): consistency, agreement with
+"""Exact constrained least squares (dpsql.plan.workload.least_squares): consistency, agreement with
 numpy's weighted least squares, dependent constraints, variances and a Monte Carlo check."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpsql.errors import InternalError
-from dpsql.plan.least_squares import adjust, predicted_variances
+from dpsql.plan.workload.least_squares import adjust, predicted_variances
 
 Constraint = dict[int, Fraction]
 

@@ -20,12 +20,12 @@ import pytest
 from conftest import write_parquet
 
 import dpsql
-from dpsql.accounting import ledger as ledger_module
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import GENESIS, Ledger, anchor_path, canonical, record_hash
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger import ledger as ledger_module
+from dpsql.accounting.ledger.ledger import GENESIS, Ledger, anchor_path, canonical, record_hash
 from dpsql.errors import BudgetExceededError, LedgerError
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 DATASET = "ledger-test"
 ROWS = [(u, ["east", "west"][u % 2], 20 + u % 50, float(u % 200)) for u in range(1, 60)]
@@ -60,7 +60,7 @@ def worker_context() -> Any:
     dpsql once (fast to start) but holds no DuckDB connection or thread (unlike pytest's own
     process, which fork would copy)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["dpsql.session", "test_ledger"])
+    ctx.set_forkserver_preload(["dpsql.session.session", "test_ledger"])
     return ctx
 
 

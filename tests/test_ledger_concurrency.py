@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from test_ledger import COUNT, charges_in, ledger_policy, open_session, worker_context
 
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.errors import BudgetExceededError
 from dpsql.policy import load_policy
 

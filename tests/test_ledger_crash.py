@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from test_ledger import charges_in, ledger_policy, open_session, worker_context
 
-from dpsql.accounting import ledger as ledger_module
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger, anchor_path
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger import ledger as ledger_module
+from dpsql.accounting.ledger.ledger import Ledger, anchor_path
 from dpsql.policy import load_policy
 
 ROUNDS = 5

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from test_ledger import worker_context
 
-from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, flatten
-from dpsql.accounting.filter import MemoryLedger, budget_caps, budget_for
-from dpsql.accounting.ledger import Ledger
-from dpsql.accounting.rdp import RdpFilter
+from dpsql.accounting.budget.build import MemoryLedger, budget_caps, budget_for
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.accounting.theorems.rdp import RdpFilter
 from dpsql.errors import BudgetExceededError, LedgerError
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, flatten
 from dpsql.policy import BudgetSpec
 
 PROCESSES = 4

@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_ledger import ledger_policy, open_session, sql
 
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import GENESIS, Ledger, anchor_path, read_anchor, record_hash
-from dpsql.accounting.ledger_anchor import _TAIL, MAX_TAIL
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.anchor import _TAIL, MAX_TAIL
+from dpsql.accounting.ledger.ledger import GENESIS, Ledger, anchor_path, read_anchor, record_hash
 from dpsql.errors import LedgerError
 from dpsql.policy import load_policy
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import TinyPolicy
 
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 NAN_UNITS = 50
 QUERIES = [

@@ -39,10 +39,10 @@ from test_function_totality import NUMERIC_TEMPLATES, PREDICATE_TEMPLATES
 from test_fuzz import AGGREGATE, NUM_EXPR, PREDICATE
 
 from dpsql import errors
-from dpsql.engine import duckdb as duckdb_engine
+from dpsql.engine.duckdb import engine as duckdb_engine
 from dpsql.plan.planner import Plan
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 LONG = os.environ.get("DPSQL_FUZZ") == "long"
 SCHEMA = (
@@ -365,7 +365,7 @@ def test_on_a_sample_one_more_unit_moves_every_total_by_at_most_the_plan_sensiti
     """The same neighbours on a unit-level sample (``sample_rate`` 1/2, so joins and subqueries
     are sampled too) with one secret for both runs: the sample keeps or drops each unit as a
     whole, before any bound, so the added unit moves every exact total by at most what the plan
-    bounds, and no other unit's contribution moves (dpsql.sql.sample)."""
+    bounds, and no other unit's contribution moves (dpsql.analyze.sample)."""
     secret = "00112233445566778899aabbccddeeff"
     monkeypatch.setattr(duckdb_engine.secrets, "token_hex", lambda n: secret)
     try:

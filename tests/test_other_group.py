@@ -38,7 +38,7 @@ from dpsql import errors
 from dpsql.errors import BoundsError, ParameterError, UnsupportedQueryError
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 SCHEMA = (
     ("user_id", "BIGINT"),

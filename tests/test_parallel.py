@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.events import Composite, DiscreteLaplace
-from dpsql.accounting.filter import Budget
+from dpsql.accounting.budget.build import Budget
 from dpsql.errors import BudgetExceededError
+from dpsql.mechanisms.events import Composite, DiscreteLaplace
 from dpsql.policy import BudgetSpec, Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 QUERY = "SELECT COUNT(*) FROM visits WHERE home = '{home}' AND spend >= 0"
 

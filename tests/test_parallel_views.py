@@ -1,4 +1,4 @@
-"""The views of parallel composition (``dpsql.accounting.parallel``), checked against the
+"""The views of parallel composition (``dpsql.accounting.budget.parallel``), checked against the
 definition: a unit holds one cell per family, so its history is the unpinned queries plus one
 cell's queries of each family, for some choice of cells."""
 
@@ -10,8 +10,8 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting import parallel
-from dpsql.accounting.parallel import Cell
+from dpsql.accounting.budget import parallel
+from dpsql.accounting.budget.parallel import Cell
 
 CELLS = st.one_of(
     st.none(),

@@ -1,4 +1,4 @@
-"""L0's ranking per unit in one row (``dpsql.sql.pivot``) keeps exactly the groups, and so the
+"""L0's ranking per unit in one row (``dpsql.bound.pivot``) keeps exactly the groups, and so the
 totals, of the ranking window it replaces.
 
 The pivot form is taken for counts over few public key combinations. On generated data (units
@@ -22,8 +22,8 @@ from conftest import policy_over as tiny_policy_over
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.session import Session
-from dpsql.sql import pivot
+from dpsql.bound import pivot
+from dpsql.session.session import Session
 
 REGIONS = ("central", "east", "north", "south", "west")
 BAND = "CASE WHEN age > 40 THEN 'old' WHEN age > 25 THEN 'mid' ELSE 'young' END"

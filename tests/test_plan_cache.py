@@ -11,7 +11,7 @@ import pytest
 from conftest import TinyPolicy
 
 from dpsql.errors import BudgetExceededError, ParameterError
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, ["east", "west"][u % 2], 20 + u % 50, float(u % 300)) for u in range(1, 400)]
 QUERY = "SELECT region, COUNT(*) AS n, SUM(spend) AS s FROM visits GROUP BY region"

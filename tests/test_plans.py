@@ -24,7 +24,7 @@ import sqlglot
 from dpsql.errors import BoundsError, ParameterError
 from dpsql.plan.planner import Measurement, Plan
 from dpsql.policy import Policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 TinyPolicy = Callable[..., Policy]
 ROWS = [(1, "east", 30, 10.0), (2, "west", 40, 20.0)]

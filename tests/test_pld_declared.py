@@ -13,18 +13,18 @@ from conftest import TinyPolicy
 from test_ledger import ledger_policy
 
 import dpsql
-from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.pld import PldFilter
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.theorems.pld import PldFilter
 from dpsql.errors import (
     BudgetExceededError,
     PolicyError,
     UndeclaredMechanismError,
     UnsupportedQueryError,
 )
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace
 from dpsql.plan import calibration
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, ("east", "west")[u % 2], 20 + u % 50, float(u % 150)) for u in range(1, 301)]
 LAPLACE = {"kind": "discrete_laplace", "scale": "1000", "sensitivity": 10}

@@ -1,4 +1,4 @@
-"""The lattice PLDs of the discrete Laplace and Gaussian (dpsql.accounting.pld_lattice): exact
+"""The lattice PLDs of the discrete Laplace and Gaussian (dpsql.mechanisms.pld_lattice): exact
 against a 40-digit direct convolution of the pmfs in both directions, the shift dominance, the
 rigour of the float bound, and the FFT noise of dp_accounting that the PLD figure now covers."""
 
@@ -17,10 +17,10 @@ from dp_accounting.pld import privacy_loss_distribution
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.conversions import discrete_gaussian_delta
-from dpsql.accounting.events import DiscreteGaussian, DiscreteLaplace
-from dpsql.accounting.pld import PldAccountant, PldFilter
-from dpsql.accounting.pld_lattice import (
+from dpsql.accounting.theorems.pld import PldAccountant, PldFilter
+from dpsql.mechanisms.conversions import discrete_gaussian_delta
+from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace
+from dpsql.mechanisms.pld_lattice import (
     Composition,
     LatticePld,
     discrete_gaussian_pld,

@@ -13,9 +13,9 @@ import duckdb
 import pytest
 
 from dpsql.errors import PolicyError
-from dpsql.interfaces import dbapi
+from dpsql.interfaces.dbapi import connection as dbapi
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.toml"
 

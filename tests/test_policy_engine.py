@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dpsql.policy_engine import SPARK_PINNED, EngineSpec
-from dpsql.policy_spec import Policy
+from dpsql.policy.engine import SPARK_PINNED, EngineSpec
+from dpsql.policy.spec import Policy
 
 
 def test_a_spark_engine_with_its_settings() -> None:

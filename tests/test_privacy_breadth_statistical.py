@@ -10,7 +10,7 @@ both with the same options (the plans must be equal: they depend on public infor
 and the plan's bounded SQL runs ONCE per data set through the engine.
 
 Counts and sums (discrete Laplace). The noisy measurements are drawn many times exactly as
-``dpsql.noise.release.measure`` draws them: each bounded total plus an independent
+``dpsql.noise.measure.measure`` draws them: each bounded total plus an independent
 ``discrete_laplace(measurement.scale)``. Everything after that is post-processing. Only the
 coordinates (group, measurement) whose totals differ are drawn: the others have the same
 distribution under D and D' and are independent of them. Events: for the shift d = x' - x and
@@ -66,7 +66,7 @@ from dpsql.noise.exponential import (
 from dpsql.noise.samplers import discrete_laplace
 from dpsql.plan.planner import Measurement, Plan
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 pytestmark = pytest.mark.statistical
 

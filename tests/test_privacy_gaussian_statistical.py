@@ -4,7 +4,7 @@ D and D' are the data sets of ``test_privacy_statistical.py``: D' is D plus one 
 500 rows (100 in each of the 5 public regions, every value far above its bound). For each query
 a Session is built on each data set, the same query is planned with ``mechanism="gaussian"``,
 epsilon 1, delta 1e-6 (the plans' measurements must be identical), and the plan's engine SQL
-runs ONCE per data set. The noisy measurements are then drawn as ``dpsql.noise.release`` draws
+runs ONCE per data set. The noisy measurements are then drawn as ``dpsql.noise.measure`` draws
 them: bounded total + ``discrete_gaussian(measurement.sigma2, N)`` per cell. Everything after
 (AVG, clamping, HAVING, ...) is post-processing, so testing the noisy measurements is stronger.
 Only the cells whose totals differ between D and D' are drawn; the others have the same law
@@ -50,7 +50,7 @@ from scipy import signal, stats
 
 from dpsql.noise.samplers import discrete_gaussian, discrete_gaussian_pmf
 from dpsql.plan.planner import Measurement, Plan
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 pytestmark = pytest.mark.statistical
 

@@ -4,7 +4,7 @@ D is a small table; D' is D plus one extreme unit: 500 rows, 100 in each of the 
 regions, with every value far above its upper bound. For each query, a Session is built on each
 data set (Parquet files in tmp_path), the same query is planned with the same options, and the
 plan's bounded SQL runs ONCE per data set through the engine. The noisy measurements are then
-drawn many times exactly as ``dpsql.noise.release.release`` draws them: each measurement total
+drawn many times exactly as ``dpsql.noise.measure.release`` draws them: each measurement total
 of each group plus an independent ``discrete_laplace(measurement.scale)`` draw. Everything
 release does after that (AVG = m + centred/count, clamping, HAVING, ...) is post-processing, so
 testing the noisy measurements themselves is the stronger test.
@@ -41,7 +41,7 @@ from scipy import stats
 
 from dpsql.noise.samplers import discrete_laplace
 from dpsql.plan.planner import Measurement, Plan
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 pytestmark = pytest.mark.statistical
 

@@ -20,11 +20,11 @@ from conftest import write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.noise import release_post
-from dpsql.noise.release_post import Noisy, Release, publish
 from dpsql.plan.planner import Plan
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.release import post as release_post
+from dpsql.release.post import Noisy, Release, publish
+from dpsql.session.session import Session
 
 SCHEMA = (
     ("user_id", "BIGINT"),

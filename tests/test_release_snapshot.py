@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 from conftest import write_parquet
 
-from dpsql.interfaces.workload_answers import run_script
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Result, Session
+from dpsql.session.session import Result, Session
+from dpsql.session.workloads import run_script
 
 GOLDEN = Path(__file__).parent / "golden" / "releases.json"
 

@@ -33,9 +33,9 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
+from dpsql.analyze.analyze import analyze
 from dpsql.plan.planner import Plan, QueryOptions, plan_query
 from dpsql.policy import Policy
-from dpsql.sql.analyze import analyze
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import DIALECT, Query, parse_statement
 from dpsql.sql.validate import validate

@@ -1,4 +1,4 @@
-"""Unit-level Poisson samples and their amplified charge (dpsql.sql.sample, dpsql.plan.sample).
+"""Unit-level Poisson samples and their amplified charge (dpsql.analyze.sample, dpsql.plan.sample).
 
 What must hold:
 
@@ -36,24 +36,24 @@ from scipy import stats
 from server_fixtures import write_dataset
 from server_fixtures import write_policy as write_server_policy
 
-from dpsql.accounting.curves import subsampled_rdp
-from dpsql.accounting.events import (
-    PureDP,
-    SubsampledGaussian,
-    composite_from_json,
-    composite_to_json,
-)
-from dpsql.engine import duckdb as duckdb_engine
+from dpsql.analyze.sample import implemented, sample_filter, threshold
+from dpsql.engine.duckdb import engine as duckdb_engine
 from dpsql.errors import (
     BudgetExceededError,
     ParameterError,
     UndeclaredMechanismError,
     UnsupportedQueryError,
 )
-from dpsql.interfaces import frames
+from dpsql.mechanisms.curves import subsampled_rdp
+from dpsql.mechanisms.events import (
+    PureDP,
+    SubsampledGaussian,
+    composite_from_json,
+    composite_to_json,
+)
 from dpsql.plan.sample import amplified_epsilon
-from dpsql.session import Session
-from dpsql.sql.sample import implemented, sample_filter, threshold
+from dpsql.release import frames
+from dpsql.session.session import Session
 
 UNITS = 400
 ROWS = [(u, ("north", "south", "east")[u % 3], 20 + u % 50, float(u % 200)) for u in range(UNITS)]

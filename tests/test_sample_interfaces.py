@@ -17,9 +17,9 @@ from test_batch import policy as batch_policy  # noqa: F401  (a fixture)
 from test_shell import write_policy
 
 import dpsql
-from dpsql.interfaces.shell import Shell
+from dpsql.analyze.sample import implemented
+from dpsql.interfaces.shell.shell import Shell
 from dpsql.plan.sample import amplified_epsilon
-from dpsql.sql.sample import implemented
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"

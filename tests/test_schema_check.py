@@ -14,7 +14,7 @@ from conftest import write_parquet
 import dpsql
 from dpsql.errors import PolicyError, SchemaError
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 SCHEMA = (("user_id", "BIGINT"), ("region", "VARCHAR"), ("age", "INTEGER"), ("spend", "DOUBLE"))
 ROWS = [(u, ("east", "west")[u % 2], 20 + u % 50, float(u)) for u in range(1, 60)]

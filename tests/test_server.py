@@ -56,10 +56,10 @@ from server_fixtures import (
     write_users,
 )
 
-from dpsql.accounting.ledger import Ledger
-from dpsql.server.server import Limits
-from dpsql.server.statements import engine_failure
-from dpsql.session import Session
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.pgwire.server import Limits
+from dpsql.interfaces.pgwire.statements import engine_failure
+from dpsql.session.session import Session
 
 COUNT = "SELECT COUNT(*) FROM visits WHERE age > %s"
 
@@ -1122,7 +1122,7 @@ def test_in_process_server_in_a_fresh_interpreter(
         from pathlib import Path
         import psycopg
         from dpsql.policy import load_policy
-        from dpsql.server.server import DpsqlServer, ServerConfig
+        from dpsql.interfaces.pgwire.server import DpsqlServer, ServerConfig
 
         async def main():
             config = ServerConfig(policy=load_policy(sys.argv[1]), users_file=Path(sys.argv[2]),

@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpsql.errors import ParameterError, PolicyError
-from dpsql.interfaces.users_cli import users as users_group
-from dpsql.server import auth
-from dpsql.server.auth import (
+from dpsql.interfaces.cli.users import users as users_group
+from dpsql.interfaces.pgwire import auth
+from dpsql.interfaces.pgwire.auth import (
     AuthenticationFailed,
     ScramExchange,
     ScramMessageError,
@@ -656,7 +656,7 @@ def test_cli_every_command_and_option_has_help() -> None:
 
 
 def test_dpsql_users_through_the_main_group(tmp_path: Path) -> None:
-    from dpsql.interfaces import cli
+    from dpsql.interfaces.cli import main as cli
 
     path = tmp_path / "users.json"
     file_args = ["--users-file", str(path)]

@@ -33,9 +33,9 @@ from server_fixtures import (
 )
 
 from dpsql import errors
-from dpsql.server.catalog import Catalog, catalog_sql, wire_type
-from dpsql.server.server import Limits
-from dpsql.server.statements import engine_failure, public_settings
+from dpsql.interfaces.pgwire.catalog import Catalog, catalog_sql, wire_type
+from dpsql.interfaces.pgwire.server import Limits
+from dpsql.interfaces.pgwire.statements import engine_failure, public_settings
 
 POLICY_TABLES = ["purchases", "regions", "visits"]
 VISITS_COLUMNS = [

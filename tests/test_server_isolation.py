@@ -44,16 +44,16 @@ from server_fixtures import (
 )
 
 from dpsql import errors
-from dpsql.accounting.ledger import Ledger
-from dpsql.server.server import Limits
-from dpsql.server.statements import (
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.interfaces.pgwire.server import Limits
+from dpsql.interfaces.pgwire.statements import (
     HEALTH_CHECK,
     PROBE,
     SHOW,
     TRANSACTION,
     engine_failure,
 )
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 COUNT = "SELECT COUNT(*) FROM visits WHERE age > %s"
 

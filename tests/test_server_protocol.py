@@ -1,4 +1,4 @@
-"""The PostgreSQL v3 codec in ``dpsql.server.protocol``.
+"""The PostgreSQL v3 codec in ``dpsql.interfaces.pgwire.protocol``.
 
 Expected bytes are assembled by hand from the layouts in the PostgreSQL documentation
 ("Frontend/Backend Protocol", "Message Formats"), not produced by the code under test.
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.server import protocol as pg
+from dpsql.interfaces.pgwire import protocol as pg
 
 
 def i16(n: int) -> bytes:

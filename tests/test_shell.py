@@ -21,10 +21,10 @@ from click.testing import CliRunner
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 
-from dpsql.accounting.budget_report import figure_left, figure_value, spent_text
-from dpsql.accounting.filter import create_ledger
-from dpsql.interfaces.cli import Config
-from dpsql.interfaces.shell import (
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.budget.report import figure_left, figure_value, spent_text
+from dpsql.interfaces.cli.main import Config
+from dpsql.interfaces.shell.shell import (
     META,
     Shell,
     _cell,
@@ -35,7 +35,7 @@ from dpsql.interfaces.shell import (
     standalone,
 )
 from dpsql.policy import load_policy
-from dpsql.session import SETTINGS, Session
+from dpsql.session.session import SETTINGS, Session
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data" / "visits.parquet"
@@ -357,7 +357,7 @@ def test_the_shell_in_a_real_terminal(policy: Path, tmp_path: Path) -> None:
     env = {**os.environ, "TERM": "xterm", "DPSQL_ANALYST": "ann"}
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "dpsql.interfaces.shell", "--policy", str(policy), "--history", str(history)],
+        ["-m", "dpsql.interfaces.shell.shell", "--policy", str(policy), "--history", str(history)],
         env=env, encoding="utf-8", timeout=30, dimensions=(40, 120),
     )  # fmt: skip
 
@@ -412,8 +412,8 @@ def test_the_shell_on_a_dumb_terminal(policy: Path) -> None:
     pexpect = pytest.importorskip("pexpect")
     env = {**os.environ, "TERM": "dumb"}
     child = pexpect.spawn(
-        sys.executable, ["-m", "dpsql.interfaces.shell", "--policy", str(policy), "--no-history"],
-        env=env, encoding="utf-8", timeout=30, dimensions=(40, 120),
+        sys.executable, ["-m", "dpsql.interfaces.shell.shell", "--policy", str(policy),
+        "--no-history"], env=env, encoding="utf-8", timeout=30, dimensions=(40, 120),
     )  # fmt: skip
     try:
         child.expect(re.escape("dpsql (eps 0/1)> "))

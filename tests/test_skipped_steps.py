@@ -18,11 +18,11 @@ from conftest import TINY_BUDGET, TINY_COLUMNS, TINY_SCHEMA, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpsql.bound.rewrite import bounded_query
 from dpsql.errors import BoundsError
 from dpsql.plan.planner import Plan
 from dpsql.policy import load_policy
-from dpsql.session import Session
-from dpsql.sql.rewrite import bounded_query
+from dpsql.session.session import Session
 
 REGIONS = ("central", "east", "north", "south", "west")
 QUERIES = [

@@ -3,8 +3,8 @@ Spark Connect server: it keeps DuckDB's exact totals, charges once, explains wit
 placeholder, is interrupted and closed cleanly, and holds the pinned settings or refuses.
 
 The server is a separate process started once for this module, from pyspark's own install,
-with the very command docs/engines.md gives (``dpsql.engine.spark.connect_server_command``) on
-a free port of 127.0.0.1, so it never meets the classic local Spark other modules run in this
+with the very command docs/engines.md gives (``dpsql.engine.spark.engine.connect_server_command``)
+on a free port of 127.0.0.1, so it never meets the classic local Spark other modules run in this
 process. Its defaults for two session settings differ on purpose (no ANSI mode, another zone):
 each engine must set dpsql's on its own server session.
 """
@@ -26,15 +26,15 @@ import pytest
 from server_fixtures import ServerThread, charges, psql, write_users
 from spark_fixtures import SOCKET_WARNINGS
 
-from dpsql.accounting.filter import create_ledger
-from dpsql.accounting.ledger import Ledger
-from dpsql.engine import spark as spark_engine
+from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.engine.base import Engine, open_engine
+from dpsql.engine.spark import engine as spark_engine
 from dpsql.errors import EngineError, PolicyError
+from dpsql.interfaces.pgwire.server import Limits
 from dpsql.policy import load_policy
-from dpsql.policy_spec import SPARK_PINNED
-from dpsql.server.server import Limits
-from dpsql.session import Session
+from dpsql.policy.spec import SPARK_PINNED
+from dpsql.session.session import Session
 
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]
 

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 
 from dpsql.engine.csv_text import BOM, CUT, MAX_LINE_BYTES
-from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.engine.spark import SparkEngine
+from dpsql.engine.duckdb.engine import DuckDBEngine
+from dpsql.engine.spark.engine import SparkEngine
 from dpsql.errors import PolicyError
 from dpsql.policy import Policy, load_policy
 

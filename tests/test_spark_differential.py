@@ -49,11 +49,11 @@ from spark_fixtures import (
     spark_rows,
 )
 
-from dpsql.engine.spark_lower import lower
+from dpsql.bound import pivot
+from dpsql.engine.spark.lower import lower
 from dpsql.plan.planner import Plan
 from dpsql.policy import Policy
-from dpsql.session import Session
-from dpsql.sql import pivot
+from dpsql.session.session import Session
 
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]
 
@@ -496,7 +496,7 @@ def test_the_binding_runs_do_bind(
     assert sorted_rows(from_duck) != sorted_rows(from_spark)
 
 
-# L0's ranking per unit in one row (dpsql.sql.pivot), at the corpus's binding L0: on Spark as on
+# L0's ranking per unit in one row (dpsql.bound.pivot), at the corpus's binding L0: on Spark as on
 # DuckDB (tests/test_pivot.py) it keeps the groups of the ranking window it replaces, both ranked
 # by the engine's own keyed hash.
 PIVOTED = {

@@ -20,15 +20,15 @@ from server_fixtures import ServerThread, psql, write_dataset, write_users
 from server_fixtures import write_policy as write_server_policy
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 
-from dpsql.engine import duckdb as duckdb_engine
-from dpsql.engine import spark as spark_engine
 from dpsql.engine.base import open_engine
+from dpsql.engine.duckdb import engine as duckdb_engine
+from dpsql.engine.spark import engine as spark_engine
 from dpsql.errors import PolicyError
-from dpsql.interfaces import cli
-from dpsql.interfaces.batch_plan import plan_workload
-from dpsql.interfaces.workload_answers import run_workload
+from dpsql.interfaces.cli import main as cli
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
+from dpsql.session.workload_plan import plan_workload
+from dpsql.session.workloads import run_workload
 from dpsql.sql.split import split_statements
 
 pytestmark = [pytest.mark.spark, *SOCKET_WARNINGS]

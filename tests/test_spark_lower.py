@@ -1,4 +1,4 @@
-"""The lowering of the bounded query to Spark SQL (``dpsql.engine.spark_lower``), rule by rule.
+"""The lowering of the bounded query to Spark SQL (``dpsql.engine.spark.lower``), rule by rule.
 
 The first part needs no Spark: each rule on small SQL, its Spark text read back with sqlglot's
 Spark parser (for the tree's shape) or searched (where the parser reads the text loosely: it
@@ -35,11 +35,11 @@ from spark_fixtures import (
 )
 from sqlglot import exp
 
-from dpsql.engine import spark_lower
-from dpsql.engine.spark_lower import lower
+from dpsql.engine.spark import lower as spark_lower
+from dpsql.engine.spark.lower import lower
 from dpsql.errors import NotSupportedOnEngineError, UnsupportedQueryError
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 pytestmark = SOCKET_WARNINGS
 

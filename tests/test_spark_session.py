@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-from dpsql.engine import spark_session
+from dpsql.engine.spark import session as spark_session
 
 pytestmark = [pytest.mark.spark]
 

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from spark_fixtures import duck_rows, sorted_rows
 from test_spark_differential import EXTRA, breadth_world, golden_policy, golden_world
 
-from dpsql.engine.spark_shape import reshape
+from dpsql.bound import pivot
+from dpsql.engine.spark.shape import reshape
 from dpsql.errors import DpsqlError
-from dpsql.session import Session
-from dpsql.sql import pivot
+from dpsql.session.session import Session
 
 SALT = 11
 
@@ -106,7 +106,7 @@ def test_the_merged_ranking_keeps_the_same_rows_for_any_units(
     )
     session = Session(golden_policy(path, 2))
     try:
-        # Counts over these five regions rank per unit in one row (dpsql.sql.pivot), which has
+        # Counts over these five regions rank per unit in one row (dpsql.bound.pivot), which has
         # no split to merge: the split of the window form is what is tested here.
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(pivot, "PIVOT_CELLS", 0)

@@ -25,7 +25,7 @@ from dpsql.errors import ParameterError
 from dpsql.plan import calibration
 from dpsql.plan.planner import Plan
 from dpsql.plan.split import estimate_weights, objective, planned_variance, shares
-from dpsql.session import Session
+from dpsql.session.session import Session
 
 ROWS = [(u, "north", 30, 100.0) for u in range(40)]
 SUM_COUNT = "SELECT SUM(spend), COUNT(*) FROM visits"

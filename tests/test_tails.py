@@ -1,4 +1,4 @@
-"""The sound half-width of a linear combination of discrete noises (dpsql.noise.tails):
+"""The sound half-width of a linear combination of discrete noises (dpsql.mechanisms.tails):
 coverage against the exact samplers, tightness, the one-term exact case and bad input."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpsql.errors import ParameterError
+from dpsql.mechanisms.tails import Noise, linear_half_width
 from dpsql.noise.samplers import (
     discrete_gaussian,
     discrete_gaussian_half_width,
     discrete_laplace,
     discrete_laplace_half_width,
 )
-from dpsql.noise.tails import Noise, linear_half_width
 
 DRAWS = 200_000
 

@@ -1,5 +1,5 @@
 """Accuracy targets (``dpsql.halfwidth``, ``dpsql.rank_error``, ``dpsql.min_group``;
-dpsql.noise.targets).
+dpsql.plan.targets).
 
 What must hold:
 
@@ -29,11 +29,11 @@ from conftest import TinyPolicy
 from scipy import stats
 
 from dpsql.errors import ParameterError
-from dpsql.noise.release import release
-from dpsql.noise.targets import Target, planned
+from dpsql.noise.measure import release
 from dpsql.plan.planner import Plan, calibrate
-from dpsql.policy_numbers import decimal_text
-from dpsql.session import Session
+from dpsql.plan.targets import Target, planned
+from dpsql.policy.numbers import decimal_text
+from dpsql.session.session import Session
 
 GROUPS = tuple(f"g{i:02d}" for i in range(100))
 COLUMNS = {

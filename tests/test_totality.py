@@ -15,9 +15,9 @@ import duckdb
 import pytest
 
 from dpsql import errors
-from dpsql.interfaces import dbapi
+from dpsql.interfaces.dbapi import connection as dbapi
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
+from dpsql.session.session import Session
 from dpsql.sql.parse import DIALECT
 
 SECRET = "SECRET_VALUE_31337"

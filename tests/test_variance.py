@@ -24,13 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpsql.engine.duckdb import DuckDBEngine
+from dpsql.bound.grid import Grid
+from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.errors import BoundsError
-from dpsql.noise.release import _spread, half_width
+from dpsql.noise.measure import _spread, half_width
 from dpsql.plan.planner import Plan
 from dpsql.policy import Policy, load_policy
-from dpsql.session import Session
-from dpsql.sql.grid import Grid
+from dpsql.session.session import Session
 from dpsql.sql.parse import DIALECT
 
 REGIONS = ("central", "east", "north", "south", "west")

@@ -1,5 +1,5 @@
-"""A file planned as one workload (``dpsql.workload``): shared measurements bounded once at the
-finest grouping, their sensitivities on neighbouring databases, least squares that keeps
+"""A file planned as one workload (``dpsql.plan.workload.family``): shared measurements bounded once
+at the finest grouping, their sensitivities on neighbouring databases, least squares that keeps
 children summing to parents, a plan made from public quantities only, one charge for the
 whole file before any engine work, and the longest prefix that fits with ``--partial``."""
 
@@ -17,16 +17,16 @@ from conftest import TINY_REGIONS, TinyPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql import workload
-from dpsql import workload_run as run
 from dpsql.errors import BudgetExceededError
-from dpsql.interfaces.batch_plan import Workload, plan_lines, plan_workload
-from dpsql.interfaces.workload_answers import run_workload
-from dpsql.noise.release_estimates import half_width
-from dpsql.session import Session
+from dpsql.plan.workload import family as workload
+from dpsql.plan.workload.family import Family
+from dpsql.release import families as run
+from dpsql.release.estimates import half_width
+from dpsql.release.families import answer_family, exact_levels
+from dpsql.session.session import Session
+from dpsql.session.workload_plan import Workload, plan_lines, plan_workload
+from dpsql.session.workloads import run_workload
 from dpsql.sql.split import split_statements
-from dpsql.workload import Family
-from dpsql.workload_run import answer_family, exact_levels
 
 FUZZ_EXAMPLES = 200 if os.environ.get("DPSQL_FUZZ") == "long" else 6
 BAND = "CASE WHEN age < 40 THEN 'young' ELSE 'old' END"

@@ -1,4 +1,4 @@
-"""Answers derived from a workload family's release (``dpsql.workload_run.derive``): a later
+"""Answers derived from a workload family's release (``dpsql.release.families.derive``): a later
 statement whose plan is a linear function of the family's measurements (a level or an aggregate
 no member asked for, over the same rows, settings and bounds) is answered free, from the
 least-squares values, with the half-widths of its noise combination; anything else is charged."""
@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_workload import BAND, FILE, FUZZ_EXAMPLES, UNION_FILE, _rows, _workload
 
-from dpsql.accounting.filter import budget_caps
-from dpsql.accounting.ledger import Ledger
-from dpsql.interfaces.workload_answers import run_workload
+from dpsql.accounting.budget.build import budget_caps
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.plan.workload.family import key_descriptor
 from dpsql.policy import LedgerSpec, Policy
-from dpsql.session import Session
-from dpsql.workload import key_descriptor
-from dpsql.workload_run import RECORD_KIND
+from dpsql.release.families import RECORD_KIND
+from dpsql.session.session import Session
+from dpsql.session.workloads import run_workload
 
 FINE = f"SELECT region, {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY region, band"
 BY_BAND = f"SELECT {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY band"

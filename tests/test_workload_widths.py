@@ -3,7 +3,7 @@
 no count's or sum's released half-width is more than 10% wider than the same statement
 answered on its own, and each is within 1% of what the plan predicted (the predicted factor is
 the square root of the variance ratio; the released one is the bound on the noise combination
-of ``dpsql.noise.tails``, which was 1.4-1.9 times the exact quantile before it was computed on
+of ``dpsql.mechanisms.tails``, which was 1.4-1.9 times the exact quantile before it was computed on
 a grid)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dpsql.interfaces.batch_plan import plan_workload
-from dpsql.interfaces.workload_answers import run_workload
-from dpsql.policy_load import load_policy
-from dpsql.session import Session
+from dpsql.policy.load import load_policy
+from dpsql.session.session import Session
+from dpsql.session.workload_plan import plan_workload
+from dpsql.session.workloads import run_workload
 from dpsql.sql.split import split_statements
 
 ROOT = Path(__file__).resolve().parent.parent

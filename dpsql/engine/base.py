@@ -2,7 +2,7 @@
 
 Everything above this interface (analysis, planning, accounting, noise, every interface) is the
 same whichever engine runs: the bounded query is generated once, in DuckDB's dialect, from a
-sqlglot tree, and an engine lowers it to its own dialect (``dpsql.engine.spark_lower`` for
+sqlglot tree, and an engine lowers it to its own dialect (``dpsql.engine.spark.lower`` for
 Spark). ``open_engine`` picks the engine the policy names.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from dpsql.engine.duckdb import DuckDBEngine
-from dpsql.engine.spark import SparkEngine
+from dpsql.engine.duckdb.engine import DuckDBEngine
+from dpsql.engine.spark.engine import SparkEngine
 from dpsql.policy import Policy
 
 __all__ = ["Engine", "open_engine"]
@@ -34,10 +34,10 @@ class Engine(Protocol):
         """(table, column) -> collation; ``?`` where it is unknown."""
 
     def cell_key(self, table: str, column: str, literal_sql: str) -> str | None:
-        """The key of the cell ``column = literal`` pins, or None (``dpsql.sql.cells``)."""
+        """The key of the cell ``column = literal`` pins, or None (``dpsql.analyze.cells``)."""
 
     def key_domain(self, probe: str) -> list[str | None]:
-        """The values of a public key domain, as text (``dpsql.sql.domains.probe_sql``)."""
+        """The values of a public key domain, as text (``dpsql.analyze.domains.probe_sql``)."""
 
     def check(self, sql: str, types: bool = True) -> list[str]:
         """Plan ``sql`` without reading rows, before the charge; its column types."""

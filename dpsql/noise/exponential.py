@@ -6,7 +6,7 @@ exp(-γ·(s_j - m)) / Σ_i exp(-γ·(s_i - m)), m = min s. If every score moves 
 row is added or removed, γ = ε/(2Δ) makes it ε-DP (McSherry and Talwar, FOCS 2007, Theorem 6);
 it is also (γΔ)²/2-zCDP (Cesar and Rogers 2021, bounded range). The caller picks γ and charges it.
 
-The quantile score is in :mod:`dpsql.noise.quantile_score`; the exact sampler, with the proof
+The quantile score is in :mod:`dpsql.mechanisms.quantile_score`; the exact sampler, with the proof
 that it draws exactly this distribution, in :mod:`dpsql.noise.exponential_sampler`. This module
 holds the entry points and re-exports the names once defined here, so imports from
 ``dpsql.noise.exponential`` keep working.
@@ -27,6 +27,12 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.errors import ParameterError
+from dpsql.mechanisms.quantile_score import (
+    _bin_counts,  # noqa: F401  (its old home: read from here)
+    _check_p,  # noqa: F401
+    quantile_scores,
+    score_sensitivity,
+)
 from dpsql.noise.bits import IntArray, _check_count
 from dpsql.noise.exponential_sampler import (
     _INT64_LIMIT,  # noqa: F401  (its old home: read from here)
@@ -47,12 +53,6 @@ from dpsql.noise.exponential_sampler import (
     _Table,  # noqa: F401
     _uniform,  # noqa: F401
     _weight_sum,  # noqa: F401
-)
-from dpsql.noise.quantile_score import (
-    _bin_counts,  # noqa: F401  (its old home: read from here)
-    _check_p,  # noqa: F401
-    quantile_scores,
-    score_sensitivity,
 )
 
 __all__ = [

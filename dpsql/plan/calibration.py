@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dpsql.accounting import conversions, events, zcdp
+from dpsql.accounting.theorems import zcdp
 from dpsql.errors import InternalError
+from dpsql.mechanisms import conversions, events
 
 # Rationals with this many significant bits keep exact arithmetic cheap; the rounding they
 # force is far below any effect on accuracy (2^-40 relative).

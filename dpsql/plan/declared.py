@@ -10,7 +10,7 @@ measurements is k of them (k-fold self-composition, totally ordered in k):
 * its noise is the declared scale or sigma, whatever the query's epsilon;
 * a measurement that one unit moves by s <= Delta on one coordinate is the declared mechanism
   (its sensitivity is an upper bound, and the shift Delta dominates every smaller one,
-  ``dpsql.accounting.pld_lattice``): it is charged as it, sensitivity Delta;
+  ``dpsql.mechanisms.pld_lattice``): it is charged as it, sensitivity Delta;
 * anything else is refused before the charge (``UndeclaredMechanismError``, naming the
   construct): partition selection and quantiles (other mechanisms), a GROUP BY with L0 > 1 (a
   shift spread over coordinates, for which no dominance is proven), a larger sensitivity;
@@ -26,14 +26,14 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, declared_event
 from dpsql.errors import InternalError, UndeclaredMechanismError
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, declared_event
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions
 from dpsql.plan.sensitivity import Calibrated, _measurement
 from dpsql.policy import DeclaredMechanism
-from dpsql.policy_numbers import decimal_text
+from dpsql.policy.numbers import decimal_text
 
 __all__ = ["check_declared", "declared_calibration", "refuse_sample", "refuse_selection"]
 

@@ -3,14 +3,14 @@
 A diagnosis is one more measurement of the query, released with it in its one privacy event
 (its ``Composite``), so the charge covers both before the engine runs and EXPLAIN shows its cost:
 
-* its histogram has one cell per pattern of the k flags (``dpsql.sql.diagnosis``); each unit is
+* its histogram has one cell per pattern of the k flags (``dpsql.bound.diagnosis``); each unit is
   in exactly one cell, so adding or removing a unit moves one cell by 1: L1 = L2 = 1 on one
   coordinate (the sensitivity of a histogram, Dwork, McSherry, Nissim, Smith 2006);
 * it is a discrete Laplace of scale 1/epsilon_d (``dpsql.diagnose_epsilon``), pure
   epsilon_d-DP, whatever the query's mechanism: with the discrete Gaussian the query's certified
   pair grows by (epsilon_d, 0) (basic composition, Dwork and Roth 2014, Theorem 3.16);
 * under the PLD filter it is the declared mechanism (a shift of 1 <= Delta on one coordinate is
-  dominated by the declared one, ``dpsql.accounting.pld_lattice``): the declared noise, charged
+  dominated by the declared one, ``dpsql.mechanisms.pld_lattice``): the declared noise, charged
   as one more declared measurement; a ``dpsql.diagnose_epsilon`` the analyst gave must ask for
   exactly that noise (Delta/scale with the Laplace; none with the Gaussian), else refused.
 """
@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from dpsql.accounting.events import DiscreteLaplace, Event, declared_event
+from dpsql.analyze.analyze import Analysis
+from dpsql.bound.diagnosis import diagnosis_query
+from dpsql.bound.rewrite import Bounding, MeasurementSpec
 from dpsql.errors import UndeclaredMechanismError
+from dpsql.mechanisms.events import DiscreteLaplace, Event, declared_event
 from dpsql.plan.plans import Diagnosis, Measurement, QueryOptions
-from dpsql.policy_numbers import decimal_text
-from dpsql.sql.analyze import Analysis
-from dpsql.sql.diagnosis import diagnosis_query
-from dpsql.sql.rewrite import Bounding, MeasurementSpec
+from dpsql.policy.numbers import decimal_text
 
 __all__ = ["LABEL", "plan_diagnosis"]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from dpsql.analyze.analyze import SPREAD_KINDS, Analysis
+from dpsql.bound.grid import Grid, quantile_grid, value_grid
+from dpsql.bound.rewrite import MeasurementSpec, ValueRole, ValueSpec
 from dpsql.plan.plans import Estimate
-from dpsql.sql.analyze import SPREAD_KINDS, Analysis
-from dpsql.sql.grid import Grid, quantile_grid, value_grid
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.rewrite import MeasurementSpec, ValueRole, ValueSpec
 
 
 class _Builder:

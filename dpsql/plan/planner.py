@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from dpsql.accounting.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
+from dpsql.analyze.analyze import Analysis
+from dpsql.bound.rewrite import Bounding, MeasurementSpec, bounded_query
 from dpsql.errors import InternalError, ParameterError, UnsupportedQueryError
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
+from dpsql.mechanisms.partition import partition_threshold
 from dpsql.plan import calibration
 from dpsql.plan.declared import (
     check_declared,
@@ -24,22 +27,19 @@ from dpsql.plan.declared import (
 )
 from dpsql.plan.diagnosis import plan_diagnosis
 from dpsql.plan.estimates import _Builder, _estimates
-from dpsql.plan.mechanisms import partition_threshold
 from dpsql.plan.plans import Diagnosis, Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sample import amplified
 from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
 from dpsql.plan.split import weights
 from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
 from dpsql.policy import Policy
-from dpsql.policy_numbers import decimal_text
-from dpsql.sql.analyze import Analysis
-from dpsql.sql.rewrite import Bounding, MeasurementSpec, bounded_query
+from dpsql.policy.numbers import decimal_text
 
 
 @dataclass(frozen=True)
 class Calibration:
     """A query's measurements and their noise at one set of options, before the bounded SQL:
-    what accuracy targets search over (``dpsql.noise.targets``), cheaply, many times."""
+    what accuracy targets search over (``dpsql.plan.targets``), cheaply, many times."""
 
     options: QueryOptions  # as planned (a Gaussian with only pure parts runs as a Laplace)
     l0: int
@@ -121,7 +121,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     cell = None
     if analysis.cell is not None:
         # The partition family: one column of one table at one declared data version
-        # (dpsql.sql.cells); queries of different keys within it touch disjoint units.
+        # (dpsql.analyze.cells); queries of different keys within it touch disjoint units.
         family = f"{analysis.table}.{analysis.cell.column}@{policy.dataset.data_version}"
         cell = (family, analysis.cell.key)
     event = Composite(tuple(events), certified, cell)

@@ -12,15 +12,15 @@ from typing import Literal
 
 from sqlglot import exp
 
-from dpsql.accounting.events import Composite
+from dpsql.analyze.analysis import GroupKey
+from dpsql.analyze.analyze import AggregateKind, Analysis
+from dpsql.bound.grid import Grid
+from dpsql.bound.rewrite import Bounding, MeasurementSpec, parse_bounded
+from dpsql.mechanisms.events import Composite
 from dpsql.plan.sample import Sample
 from dpsql.policy import DeclaredMechanism, Mechanism
-from dpsql.policy_numbers import decimal_text
-from dpsql.sql.analysis import GroupKey
-from dpsql.sql.analyze import AggregateKind, Analysis
-from dpsql.sql.grid import Grid
+from dpsql.policy.numbers import decimal_text
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.rewrite import Bounding, MeasurementSpec, parse_bounded
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,10 @@ class QueryOptions:
     diagnose_epsilon: Fraction = Fraction(1, 10)
     # How the budget is split across the measurements (``dpsql.plan.split``).
     split: Literal["optimal", "even"] = "optimal"
-    # Or each measurement's own budget, solved for an accuracy target (dpsql.noise.targets):
+    # Or each measurement's own budget, solved for an accuracy target (dpsql.plan.targets):
     # epsilon_j for a discrete Laplace or exponential mechanism, rho_j for a discrete Gaussian.
     budgets: tuple[Fraction, ...] | None = None
-    # A unit-level Poisson sample at this rate (``dpsql.sql.sample``; None: every unit).
+    # A unit-level Poisson sample at this rate (``dpsql.analyze.sample``; None: every unit).
     sample: Fraction | None = None
     # On a sample: release COUNT and SUM estimates of the whole table, scaled by 1/q.
     sample_scale: bool = False
@@ -78,7 +78,7 @@ class Measurement:
     # Its share of the query's epsilon (discrete Laplace, exponential) or of the Gaussian
     # part's rho (discrete Gaussian), from ``dpsql.plan.split``; None under a declared mechanism.
     share: Fraction | None = None
-    # Answered from a workload's measurements (``dpsql.workload_run``): its error is a linear
+    # Answered from a workload's measurements (``dpsql.release.families``): its error is a linear
     # combination of their noises, one signature of (coefficient, discrete Laplace scale)
     # pairs per distinct combination among its cells; None for a measurement of its own.
     combined: tuple[tuple[tuple[Fraction, Fraction], ...], ...] | None = None
@@ -131,7 +131,7 @@ class Selection:
 @dataclass(frozen=True)
 class Diagnosis:
     """The diagnosis of a query's bounds: a noisy histogram of the 2^k patterns of its flags
-    (``dpsql.sql.diagnosis``), one unit in exactly one cell, so one unit moves one cell by 1:
+    (``dpsql.bound.diagnosis``), one unit in exactly one cell, so one unit moves one cell by 1:
     L1 = L2 = 1 (Dwork, McSherry, Nissim, Smith 2006). ``measurement`` carries its noise."""
 
     flags: tuple[str, ...]  # in the order of their bits: "L0", "C", "R", "clamped"
@@ -188,13 +188,13 @@ class Plan:
     bounding: Bounding | None = None  # the public numbers the bounded query enforces
     # The histogram of the units' flags, charged in ``event`` with the query (or None).
     diagnosis: Diagnosis | None = None
-    # The accuracy target the epsilon was solved for, and what it plans (``dpsql.noise.targets``).
+    # The accuracy target the epsilon was solved for, and what it plans (``dpsql.plan.targets``).
     targets: tuple[str, ...] = ()
     # The query's sample and its own loss before amplification (``dpsql.plan.sample``).
     sample: Sample | None = None
     # The engine's own text of engine_sql for EXPLAIN (Spark SQL on Spark); default DuckDB's.
     shown: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
-    # The query is of a grammar the engine is sure to plan (``dpsql.sql.binds``): its
+    # The query is of a grammar the engine is sure to plan (``dpsql.analyze.binds``): its
     # pre-charge check, which only spares the analyst a charge for a query that cannot run,
     # is left out.
     binds: bool = False

@@ -26,8 +26,10 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.accounting.conversions import frac_up, round_up
-from dpsql.accounting.events import (
+from dpsql.analyze.sample import implemented
+from dpsql.errors import InternalError
+from dpsql.mechanisms.conversions import frac_up, round_up
+from dpsql.mechanisms.events import (
     ApproxDP,
     Composite,
     DiscreteGaussian,
@@ -35,9 +37,7 @@ from dpsql.accounting.events import (
     PureDP,
     SubsampledGaussian,
 )
-from dpsql.errors import InternalError
-from dpsql.policy_numbers import decimal_text, decimal_up
-from dpsql.sql.sample import implemented
+from dpsql.policy.numbers import decimal_text, decimal_up
 
 __all__ = ["Sample", "amplified", "amplified_epsilon"]
 

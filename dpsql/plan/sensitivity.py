@@ -16,17 +16,17 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from dpsql.accounting.events import Composite, DiscreteGaussian, DiscreteLaplace, Event, Exponential
+from dpsql.bound.grid import Grid
+from dpsql.bound.rewrite import MeasurementSpec, ValueSpec
 from dpsql.errors import BoundsError, InternalError
+from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, Event, Exponential
 from dpsql.noise.exponential import score_sensitivity
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions
 from dpsql.plan.split import shares
-from dpsql.policy_numbers import decimal_text
-from dpsql.sql.grid import Grid
+from dpsql.policy.numbers import decimal_text
 from dpsql.sql.parse import DIALECT
-from dpsql.sql.rewrite import MeasurementSpec, ValueSpec
 
 
 def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) -> str:
@@ -129,7 +129,7 @@ def _laplace(
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
     free = [j for j in range(k) if j not in pure]
     if options.budgets is not None:
-        # An accuracy target's own epsilon_j per measurement (dpsql.noise.targets), summing to
+        # An accuracy target's own epsilon_j per measurement (dpsql.plan.targets), summing to
         # the query's epsilon.
         share = {j: b / options.epsilon for j, b in enumerate(options.budgets)}
     else:
@@ -191,7 +191,7 @@ def _gaussian(
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
     pure_eps = {j: eps_sel / len(pure) for j in pure}
     if options.budgets is not None:
-        # An accuracy target's own budget per measurement (dpsql.noise.targets): epsilon_j for
+        # An accuracy target's own budget per measurement (dpsql.plan.targets): epsilon_j for
         # the pure parts, rho_j for the Gaussians; the query's loss is their composition.
         pure_eps = {j: options.budgets[j] for j in pure}
         eps_sel = sum(pure_eps.values(), Fraction(0))

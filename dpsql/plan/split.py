@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Literal
 
+from dpsql.analyze.analyze import SPREAD_KINDS
 from dpsql.errors import InternalError
 from dpsql.plan.plans import Estimate, Measurement
-from dpsql.sql.analyze import SPREAD_KINDS
 
 Split = Literal["optimal", "even"]
 SPLITS: tuple[Split, ...] = ("optimal", "even")

@@ -1,5 +1,5 @@
 """The contribution bounds a query runs with: the effective L0 and C, and which bounding steps
-the bounded query runs (``dpsql.sql.rewrite``). A step is left out only when the plan proves from
+the bounded query runs (``dpsql.bound.rewrite``). A step is left out only when the plan proves from
 public information that it cannot bind, or that no total depends on it.
 """
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dpsql.analyze.analyze import Analysis
+from dpsql.bound.rewrite import MeasurementSpec, public_size
 from dpsql.errors import BoundsError
 from dpsql.plan.plans import QueryOptions
-from dpsql.sql.analyze import Analysis
-from dpsql.sql.rewrite import MeasurementSpec, public_size
 
 # More public keys than this would be released as one huge table of noise: refuse instead.
 MAX_PUBLIC_GROUPS = 1_000_000

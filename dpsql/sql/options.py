@@ -53,11 +53,11 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "diagnose": "diagnose",
         "diagnose_epsilon": "diagnose_epsilon",
         "split": "split",
-        # Accuracy targets: the cheapest epsilon that meets them (dpsql.noise.targets).
+        # Accuracy targets: the cheapest epsilon that meets them (dpsql.plan.targets).
         "halfwidth": "halfwidth",
         "rank_error": "rank_error",
         "min_group": "min_group",
-        # A unit-level Poisson sample of the query's table (dpsql.sql.sample).
+        # A unit-level Poisson sample of the query's table (dpsql.analyze.sample).
         "sample_rate": "sample_rate",
         "sample_scale": "sample_scale",
     }

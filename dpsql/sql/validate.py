@@ -32,7 +32,7 @@ _STRUCTURE: tuple[type[exp.Expression], ...] = (
     exp.Paren,
     exp.DataType,
     exp.DataTypeParam,
-    # Joins, CTEs and FROM-subqueries: dpsql.sql.relations decides which keep bounding valid.
+    # Joins, CTEs and FROM-subqueries: dpsql.analyze.relations decides which keep bounding valid.
     exp.Join,
     exp.With,
     exp.CTE,

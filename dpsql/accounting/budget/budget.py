@@ -1,0 +1,374 @@
+"""``Budget``: check-and-charge under the policy's filter, over a ledger's records.
+
+The deciding filter is the one the policy names (``_decider``), fixed when the budget is
+created. ``Budget.charge`` decides and records a charge in one ledger transaction, from the
+history folded incrementally (``budget_state.py``: O(views) per decision), or with
+``replay=True`` by replaying the whole history through the filters' stateless ``admits``;
+analyst shares are decided the same way on their own history. ``Budget.add`` and
+``Budget.allocate`` are the recorded owner acts, and ``Budget.report`` the odometer report
+(``budget_report.py``), its figures read by the ``Readings`` base (``budget_readings.py``).
+``filter.py`` builds a budget from a policy (``budget_for``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from dpsql.accounting.budget.parallel import Cell, views, views_with
+from dpsql.accounting.budget.readings import Readings
+from dpsql.accounting.budget.report import BudgetReport, Charge, _down, _shown, _up
+from dpsql.accounting.budget.state import _add, _additive_delta, _State, _Views, events_for
+from dpsql.accounting.ledger.ledger import Record
+from dpsql.accounting.ledger.store import MemoryLedger, Store
+from dpsql.accounting.theorems.advanced import AdvancedFilter
+from dpsql.accounting.theorems.base import Accountant, Filter, Spent
+from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.rdp import RDP_GRIDS, RdpFilter
+from dpsql.accounting.theorems.zcdp import ZcdpFilter
+from dpsql.errors import BudgetExceededError
+from dpsql.mechanisms.events import (
+    Composite,
+    composite_from_json,
+    composite_to_json,
+    declared_event,
+)
+from dpsql.policy import FILTER_VERSION, BudgetSpec
+
+__all__ = ["SELECTION_PARTS", "Budget"]
+
+# Per version of the filters' defaults: the part of delta the rdp and zcdp filters reserve for
+# partition selection where the policy states no ``selection_delta``. Version 2's tenth admits
+# ten private-key GROUP BYs at a query delta of delta/100 (twenty with the Gaussian, whose
+# selection takes half of it) and costs the conversion ln(10/9) = 0.105 of ln(1/delta), under 1%
+# of the queries at delta 1e-6; version 1's half cost ln 2, about 5% (docs/accounting.md).
+SELECTION_PARTS: dict[int, Fraction] = {1: Fraction(1, 2), 2: Fraction(1, 10)}
+
+
+class Budget(Readings):
+    """Check-and-charge under the policy's filter, atomic across threads and (with a durable
+    ledger) processes; analyst shares; budget administration; the odometer report.
+
+    Every decision is taken inside the ledger's transaction on the records committed so far, so
+    its inputs are public (earlier charges, the policy, top-ups and allocations), never data.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        spec: BudgetSpec,
+        store: Store | None = None,
+        accountants: Sequence[Accountant] = (),
+        *,
+        replay: bool = False,
+    ):
+        self.dataset = dataset
+        self.spec = spec
+        self.store: Store = store if store is not None else MemoryLedger()
+        self._accountants = tuple(accountants)
+        self._parsed: dict[int, Composite] = {}
+        self._folded: _State | None = None
+        self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter | None] = {}
+        self._lock = threading.RLock()  # _state builds deciders under it
+        # Decide by replaying the whole history through the filters' stateless ``admits``
+        # (O(history) per charge): the reference the incremental path is tested against.
+        self.replay = replay
+
+    @property
+    def name(self) -> str:
+        return self.spec.accountant
+
+    def _decider(
+        self, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None
+    ) -> Filter | None:
+        key = (epsilon, delta, rho)
+        with self._lock:
+            if key not in self._deciders:  # building a filter may solve for its cap: keep it
+                self._deciders[key] = _decider(self.spec, epsilon, delta, rho)
+            return self._deciders[key]
+
+    def _state(self, records: Sequence[Record]) -> _State:
+        """The ledger folded into a state, reading only the records since the last call (the
+        store guarantees that earlier records never change under a session). The state is the
+        live one: callers hold ``_lock`` while they read it."""
+        with self._lock:
+            state = self._folded
+            if state is None or len(records) < state.seen:
+                spec = self.spec
+                shares = {n: (a.epsilon, a.delta) for n, a in spec.analysts.items()}
+                state = _State([], _epsilon_total(self, spec), spec.delta, shares, {})
+                rule = self._rule((state.epsilon, state.delta), True)
+                # A tally holds sums only, never a cap: one kind serves every cap of the filter.
+                state.new_tally = None if isinstance(rule, tuple) else rule.tally
+            for r in records[state.seen :]:
+                self._fold(state, r)
+            state.seen = len(records)
+            self._folded = state
+            return state
+
+    def _fold(self, state: _State, r: Record) -> None:
+        if r.kind == "charge":
+            event = self._parsed.get(r.seq)
+            if event is None:
+                event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
+            state.charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
+            _add(state, "*", event)
+            if r.analyst is not None:
+                _add(state, r.analyst, event)
+            if state.new_tally is not None:
+                events = events_for(self.name, [event])
+                for who in ("*", r.analyst) if r.analyst is not None else ("*",):
+                    mine = state.views.get(who)
+                    if mine is None:
+                        mine = state.views[who] = _Views(state.new_tally)
+                    mine.add(event.cell, events, _additive_delta([event]))
+        elif r.kind == "budget_add":
+            state.epsilon += Fraction(str(r.payload["epsilon"]))
+            state.delta += Fraction(str(r.payload["delta"]))
+            if state.charges and state.adaptive_cap is None:
+                # Decided after answers: a filter's cap must be fixed before the first query
+                # (Rogers, Roth, Ullman, Vadhan 2016; Whitehouse, Ramdas, Rogers, Wu 2023).
+                state.adaptive_cap = r.seq
+        elif r.kind == "allocate":
+            share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
+            state.shares[str(r.payload["analyst"])] = share
+
+    def _rule(
+        self, cap: tuple[Fraction, Fraction], total: bool
+    ) -> Filter | tuple[Fraction, Fraction]:
+        """The filter for a cap; a tuple stands for basic composition with that cap."""
+        rho = self.spec.rho if total and cap[0] == _epsilon_total(self, self.spec) else None
+        decider = self._decider(None if rho is not None else cap[0], cap[1], rho)
+        return decider if decider is not None else cap
+
+    def _admits(
+        self,
+        rule: Filter | tuple[Fraction, Fraction],
+        state: _State,
+        who: str,
+        new: Composite,
+    ) -> bool:
+        """Whether ``rule`` admits ``new`` in every view of ``who``'s history it belongs to.
+
+        Parallel composition (McSherry 2009) within a partition family only
+        (``dpsql.accounting.budget.parallel``): a view per cell holds every query except those
+        pinned to another cell of that cell's family; ``new`` must fit every view that holds it.
+        """
+        if isinstance(rule, tuple):
+            # Basic composition from the running sums, the worst view in closed form.
+            eps, delta = state.worst(who, new.cell)
+            return eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
+        if self.replay or state.new_tally is None:
+            return self._admits_replay(rule, state, who, new)
+        mine = state.views.get(who)
+        if mine is None:
+            mine = _Views(state.new_tally)  # an empty history (not kept: it may be refused)
+        events = events_for(rule.name, [new])
+        # The filter's own decision on each view's running tally (``base.Tally``): exactly
+        # ``admits`` on that view's history (tests/test_incremental_filters.py).
+        return all(rule.admits_tally(tally, events) for tally in mine.holding(new.cell))
+
+    def _admits_replay(self, rule: Filter, state: _State, who: str, new: Composite) -> bool:
+        """``_admits`` by replaying every view's whole history through ``rule.admits``."""
+        mine = state.charges if who == "*" else [c for c in state.charges if c.analyst == who]
+        history = [c.event for c in mine]
+        for seen in views_with(history, new, _cell_of):
+            if not rule.admits(events_for(rule.name, seen[:-1]), events_for(rule.name, [new])):
+                return False
+        return True
+
+    def _decide(self, event: Composite, analyst: str | None, records: Sequence[Record]) -> None:
+        with self._lock:
+            self._decide_on(self._state(records), event, analyst)
+
+    def _decide_on(self, state: _State, event: Composite, analyst: str | None) -> None:
+        cap = (state.epsilon, state.delta)
+        rule = self._rule(cap, True)
+        if not self._admits(rule, state, "*", event):
+            why = self._refusal(state, rule, "*", cap, event)
+            raise BudgetExceededError(
+                f"this query (epsilon {_shown(event.epsilon)}, delta {_shown(event.delta)}) "
+                f"would take the data set over its budget under the {self.name} filter "
+                f"({why}); nothing was charged"
+            )
+        if state.shares and (analyst is None or analyst not in state.shares):
+            # With shares declared, only the analysts they name may spend anything.
+            raise BudgetExceededError(
+                "the budget is shared among named analysts only, and this connection's analyst "
+                "has no share; nothing was charged"
+            )
+        if analyst is not None and analyst in state.shares:
+            share = self._rule(state.shares[analyst], False)
+            if not self._admits(share, state, analyst, event):
+                why = self._refusal(state, share, analyst, state.shares[analyst], event)
+                raise BudgetExceededError(
+                    f"this query (epsilon {_shown(event.epsilon)}) would take analyst "
+                    f"{analyst} over their share of the budget ({why}); nothing was charged"
+                )
+
+    def _refusal(
+        self,
+        state: _State,
+        rule: Filter | tuple[Fraction, Fraction],
+        who: str,
+        cap: tuple[Fraction, Fraction],
+        new: Composite,
+    ) -> str:
+        """Why ``rule`` refuses ``new`` for ``who``: what its own figure would reach, and what
+        is left of ``cap`` read as ``rule`` reads the spend (left rounded down, the figure
+        rounded up: a refusal never overstates what remains)."""
+        spent: Spent
+        if isinstance(rule, tuple):
+            spent, delta = state.worst(who, None)
+            eps_after, delta_after = state.worst(who, new.cell)
+            reach = (
+                f"its sums would reach epsilon {_up(eps_after + new.epsilon)} of "
+                f"{_shown(cap[0])}, delta {_up(delta_after + new.delta)} of {_shown(cap[1])}"
+            )
+        else:
+            spent, delta = self._deciding(state, rule, who)
+            after = self._would_spend(state, rule, who, new)
+            reach = (
+                f"its own epsilon would reach {_up(after)} of {_shown(cap[0])}"
+                if math.isfinite(after)
+                else "it would certify nothing: the deltas would pass the part of delta it "
+                "keeps for them, or it cannot bound the query"
+            )
+        left = cap[0] - spent if math.isfinite(spent) else Fraction(0)
+        return (
+            f"{reach}; epsilon {_down(left)} of {_shown(cap[0])} left, "
+            f"delta {_down(cap[1] - delta)} of {_shown(cap[1])}"
+        )
+
+    def charge(
+        self,
+        event: Composite,
+        query: str,
+        analyst: str | None,
+        details: Mapping[str, Any] | None = None,
+    ) -> Charge:
+        """Decide and record the charge in one ledger transaction, or raise
+        ``BudgetExceededError`` and record nothing."""
+        payload = {
+            "query": query,
+            "event": composite_to_json(event),
+            "epsilon": str(event.epsilon),
+            "delta": str(event.delta),
+            "accountant": self.name,
+            **(details or {}),
+        }
+        record = self.store.append(
+            "charge", payload, analyst, lambda records: self._decide(event, analyst, records)
+        )
+        self._parsed[record.seq] = event
+        return Charge(record.time, analyst, query, event, record.seq)
+
+    def add(self, epsilon: Fraction, delta: Fraction, by: str, why: str) -> Record:
+        """A top-up of the data set's budget, recorded with who did it and why."""
+        payload = {"epsilon": str(epsilon), "delta": str(delta), "by": by, "why": why}
+        return self.store.append("budget_add", payload, None)
+
+    def allocate(
+        self, analyst: str, epsilon: Fraction, delta: Fraction, by: str, why: str
+    ) -> Record:
+        """Set an analyst's share (replacing the policy's or an earlier one), recorded."""
+        payload = {"analyst": analyst, "epsilon": str(epsilon), "delta": str(delta), "by": by,
+                   "why": why}  # fmt: skip
+        return self.store.append("allocate", payload, None)
+
+    @property
+    def charges(self) -> tuple[Charge, ...]:
+        records = self.store.records()
+        with self._lock:
+            return tuple(self._state(records).charges)
+
+    def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
+        """The histories that bound every unit's (``dpsql.accounting.budget.parallel``: one per cell
+        of a partition family, or the whole history when no query was pinned). The guarantee is
+        the worst view."""
+        composites = [c.event for c in (charges if charges is not None else self.charges)]
+        return views(composites, _cell_of)
+
+    def report(self, analyst: str | None = None) -> BudgetReport:
+        """Spent and remaining budget now, with ``analyst``'s share when they have one. The
+        deciding filter's figure is read from the running tallies (O(views)); every
+        accountant's figure (``BudgetReport.figures``) is computed on first use, over the
+        history as it was at this call."""
+        records = self.store.records()
+        with self._lock:
+            state = self._state(records)
+            # Not copied: the list only grows, so its first ``count`` items stay this history.
+            charges, count = state.charges, len(state.charges)
+            basic = state.worst("*", None)  # what basic composition decides on
+            decider = self._rule((state.epsilon, state.delta), True)
+            eps: Spent
+            eps, delta = basic
+            if not isinstance(decider, tuple):
+                eps, delta = self._deciding(state, decider)
+            share = None
+            if analyst is not None and analyst in state.shares:
+                share = self._share(state, analyst)
+        return BudgetReport(
+            self.dataset,
+            self.name,
+            state.epsilon,
+            state.delta,
+            eps,
+            delta,
+            count,
+            self.store.durable,
+            functools.partial(self._figures, charges, count, float(state.delta), basic[0], eps),
+            share,
+            state.adaptive_cap,
+            basic if state.adaptive_cap is not None else None,
+        )
+
+
+def _decider(
+    spec: BudgetSpec, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None = None
+) -> Filter | None:
+    """The filter the policy names, for a cap (epsilon, delta) or (rho, delta); None is basic
+    composition. Where the policy leaves a parameter of the rdp or zcdp filter unstated, its
+    ``filter_version`` (the ledger's, ``store.pinned_spec``) gives it: the grid and split
+    (``rdp.RDP_GRIDS``) and the selection reserve (``SELECTION_PARTS``)."""
+    if spec.accountant == "advanced":
+        assert spec.advanced_delta_prime is not None and epsilon is not None  # policy-validated
+        return AdvancedFilter(epsilon, delta, spec.advanced_delta_prime)
+    if spec.accountant == "pld":
+        # The natural PLD filter over one mechanism fixed in the policy (Regehr et al. 2026).
+        assert spec.declared_mechanism is not None and epsilon is not None  # policy-validated
+        return PldFilter(epsilon, delta, "identical", declared_event(spec.declared_mechanism))
+    version = spec.filter_version if spec.filter_version is not None else FILTER_VERSION
+    # The part of delta reserved for partition selection's additive deltas, as a fraction of
+    # the total, applied alike to the data set's cap and to analyst shares. Fixed in advance:
+    # the additive deltas then add to the conversion's (curves module docstring).
+    part = spec.selection_delta / spec.delta if spec.selection_delta is not None else None
+    selection = delta * (part if part is not None else SELECTION_PARTS[version])
+    if spec.accountant == "rdp":
+        assert epsilon is not None
+        orders, main_share = RDP_GRIDS[version]
+        if spec.rdp_order is not None:
+            orders = (spec.rdp_order,)
+        return RdpFilter(epsilon, delta, orders, approx_delta_cap=selection, main_share=main_share)
+    if spec.accountant == "zcdp":
+        if rho is not None:
+            return ZcdpFilter(delta_cap=delta, rho_cap=rho, approx_delta_cap=selection)
+        return ZcdpFilter(epsilon, delta, approx_delta_cap=selection)
+    return None
+
+
+def _cell_of(event: Composite) -> Cell | None:
+    return event.cell
+
+
+def _epsilon_total(budget: Budget, spec: BudgetSpec) -> Fraction:
+    """The policy's epsilon, or with a rho budget the epsilon the zCDP filter certifies."""
+    if spec.epsilon is not None:
+        return spec.epsilon
+    decider = budget._decider(None, spec.delta, spec.rho)
+    assert isinstance(decider, ZcdpFilter)  # a rho budget goes with the zcdp filter
+    return Fraction(decider.epsilon_cap)

@@ -1,0 +1,294 @@
+"""The join rules: which joins keep every row of a private relation one unit's.
+
+* ``private JOIN public`` (inner, LEFT from the private side, SEMI, ANTI, CROSS): a joined row
+  is one private row with public columns attached, so it is still that row's unit's.
+* ``private JOIN private`` on equal units (same table, or tables declaring the same
+  ``unit_domain``): a joined row pairs two rows of one unit. Join fan-out multiplies a unit's
+  rows but never mixes units; the bounding after the join caps it.
+
+RIGHT and FULL joins, which keep rows with no unit, and private tables joined on other columns,
+which pair rows of different units, are refused with the reason. The methods here are part of
+``dpsql.analyze.relations.Builder``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from dpsql.analyze.scope import (
+    NUMERIC,
+    Relation,
+    RelColumn,
+    _alias_of,
+    _quote,
+    _reject_nested_queries,
+)
+from dpsql.errors import SchemaError, UnsupportedQueryError
+from dpsql.policy import TableSpec
+from dpsql.sql.totality import as_boolean
+from dpsql.sql.tree import transform
+
+
+class Joins:
+    """The join half of ``Builder``: a FROM clause's joined inputs, checked and combined."""
+
+    total: Callable[[exp.Expression, frozenset[str]], exp.Expression]
+    # Per joined input: its USING columns -> (input, column) of the left side they merge with.
+    using: dict[int, dict[str, tuple[int, str]]]
+
+    if TYPE_CHECKING:
+
+        def item(self, node: exp.Expression) -> Relation: ...
+
+    def joined(self, first: Relation, joins: list[exp.Join]) -> Relation:
+        inputs = [first]
+        aliases = [_alias_of(first)]
+        clauses: list[str] = []
+        kinds: list[str] = []
+        self.using = {}
+        for join in joins:
+            right = self.item(join.this)
+            side = (join.args.get("side") or "").upper()
+            kind = (join.args.get("kind") or "").upper()
+            if side in ("RIGHT", "FULL"):
+                raise UnsupportedQueryError(
+                    f"{side} JOIN keeps rows that belong to no privacy unit; write it as a LEFT "
+                    "JOIN from the private table"
+                )
+            method = str(join.args.get("method") or "").upper()
+            if method or kind in ("ASOF", "POSITIONAL", "NATURAL"):
+                raise UnsupportedQueryError(
+                    f"{method or kind} JOIN is not supported; name the columns with ON or USING"
+                )
+            left_private = [r for r in inputs if r.private]
+            filtering = kind in ("SEMI", "ANTI")
+            if right.private and not left_private and (side == "LEFT" or filtering):
+                raise UnsupportedQueryError(
+                    "a private table must be on the preserved (left) side of a LEFT, SEMI or "
+                    "ANTI JOIN: otherwise a row's existence depends on other units' rows"
+                )
+            alias = _alias_of(right)
+            if alias in aliases:
+                raise SchemaError(f"table name or alias {alias} is used twice in FROM")
+            inputs.append(right)
+            aliases.append(alias)
+            on = self._on(join, inputs, kind)
+            if right.private and left_private:
+                self._check_unit_join(left_private, on, inputs)
+            word = {"SEMI": "SEMI JOIN", "ANTI": "ANTI JOIN", "CROSS": "CROSS JOIN"}.get(
+                kind, "LEFT JOIN" if side == "LEFT" else "JOIN"
+            )
+            condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
+            clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
+            kinds.append("LEFT" if side == "LEFT" else kind)
+        return self._combine(inputs, aliases, clauses, kinds)
+
+    @staticmethod
+    def _resolve_in(column: exp.Column, inputs: list[Relation]) -> tuple[int, str]:
+        """(input index, relation column) a reference names among the joined inputs."""
+        qualifier = column.table.lower() if column.table else None
+        matches: list[tuple[int, str]] = []
+        for i, relation in enumerate(inputs):
+            if qualifier is not None and qualifier not in relation.scope:
+                continue
+            try:
+                probe = column if qualifier is not None else exp.column(column.name)
+                matches.append((i, relation.resolve(probe)))
+            except SchemaError:
+                continue
+        if not matches:
+            raise SchemaError(f"unknown column {column.name.lower()} in the joined tables")
+        if len(matches) > 1:
+            raise SchemaError(
+                f"column {column.name.lower()} is ambiguous; qualify it with its table"
+            )
+        return matches[0]
+
+    def _on(self, join: exp.Join, inputs: list[Relation], kind: str) -> exp.Expression:
+        right = len(inputs) - 1
+        using = join.args.get("using") or []
+        on = join.args.get("on")
+        if kind == "CROSS" or (on is None and not using):
+            if kind not in ("CROSS", ""):
+                raise UnsupportedQueryError(f"{kind} JOIN needs ON or USING")
+            return exp.true()
+        conjuncts: list[exp.Expression] = []
+        for ident in using:
+            name = ident.name.lower()
+            left_index, left_col = self._resolve_in(exp.column(name), inputs[:right])
+            right_col = inputs[right].resolve(exp.column(name))
+            # USING merges the two columns into one, as in SQL: the right one is not output.
+            self.using.setdefault(right, {})[right_col] = (left_index, left_col)
+            conjuncts.append(
+                exp.EQ(
+                    this=exp.column(left_col, table=f"_j{left_index}", quoted=True),
+                    expression=exp.column(right_col, table=f"_j{right}", quoted=True),
+                )
+            )
+        if on is not None:
+            _reject_nested_queries(on, "ON")
+            for agg in on.find_all(exp.AggFunc):
+                raise UnsupportedQueryError(f"aggregate {agg.key.upper()} is not allowed in ON")
+
+            def swap(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, exp.Column):
+                    index, name = self._resolve_in(n, inputs)
+                    return exp.column(name, table=f"_j{index}", quoted=True)
+                return n
+
+            resolved = transform(on, swap)
+            conjuncts.extend(_conjuncts(resolved))
+        integers: frozenset[str] = frozenset()  # TRY covers what can raise in a join condition
+        parts = []
+        for conjunct in conjuncts:
+            if _column_equality(conjunct) and self._same_kind(conjunct, inputs):
+                parts.append(conjunct)  # cannot raise; kept bare so the engine can hash-join
+            else:
+                # A condition the engine casts to BOOLEAN, on the data: cast it totally.
+                checked = self.total(as_boolean(conjunct), integers)
+                parts.append(exp.Is(this=checked, expression=exp.true()))
+        return exp.and_(*parts) if len(parts) > 1 else parts[0]  # type: ignore[return-value]
+
+    @staticmethod
+    def _same_kind(conjunct: exp.Expression, inputs: list[Relation]) -> bool:
+        """Whether ``a = b`` compares columns of one type, or two numbers: only then can it not
+        raise (DuckDB casts the other side implicitly, and '1' = 'east' fails on the data)."""
+        types = []
+        for column in (conjunct.this, conjunct.expression):
+            assert isinstance(column, exp.Column)
+            types.append(inputs[int(column.table[2:])].columns[column.name].type.lower())
+        return types[0] == types[1] or all(t in NUMERIC for t in types)
+
+    @staticmethod
+    def _check_unit_join(
+        left_private: list[Relation], on: exp.Expression, inputs: list[Relation]
+    ) -> None:
+        """Two private relations join only on equal units of one unit domain."""
+        right = inputs[-1]
+        domain = left_private[0].domain
+        if right.domain != domain:
+            raise UnsupportedQueryError(
+                f"tables {left_private[0].table} and {right.table} have different privacy units; "
+                "they can be joined only if the policy gives both the same unit_domain"
+            )
+        right_index = len(inputs) - 1
+        units = {(i, r.unit) for i, r in enumerate(inputs[:right_index]) if r.private and r.unit}
+        assert right.unit is not None
+        for conjunct in _conjuncts(on):
+            if not _column_equality(conjunct):
+                continue
+            a, b = conjunct.this, conjunct.expression
+            ends = {(int(a.table[2:]), a.name), (int(b.table[2:]), b.name)}
+            if (right_index, right.unit) in ends and ends & units:
+                return
+        raise UnsupportedQueryError(
+            f"joining private tables {left_private[0].table} and {right.table} needs ON "
+            "equality of their privacy unit columns: rows of different units must never pair"
+        )
+
+    def _combine(
+        self, inputs: list[Relation], aliases: list[str], clauses: list[str], kinds: list[str]
+    ) -> Relation:
+        # SEMI and ANTI joins only filter: their right side's columns are not visible.
+        visible = [True] + [k not in ("SEMI", "ANTI") for k in kinds]
+        counts: dict[str, int] = {}
+        for i, (relation, show) in enumerate(zip(inputs, visible, strict=True)):
+            if show:
+                for name in relation.columns:
+                    counts[name] = counts.get(name, 0) + (name not in self.using.get(i, {}))
+        mappings: list[dict[str, str]] = []
+        columns: dict[str, RelColumn] = {}
+        select: list[str] = []
+        scope: dict[str, dict[str, str]] = {}
+        anchor = next(i for i, r in enumerate(inputs) if r.private)
+        unit_name = ""
+        units: set[str] = set()
+        kinds_of = ["", *kinds]
+        for i, (relation, alias, show) in enumerate(zip(inputs, aliases, visible, strict=True)):
+            if not show:
+                mappings.append({})
+                continue
+            mapping: dict[str, str] = {}
+            mappings.append(mapping)
+            for name, column in relation.columns.items():
+                merged = self.using.get(i, {}).get(name)
+                if merged is not None and merged[1] in mappings[merged[0]]:
+                    mapping[name] = mappings[merged[0]][merged[1]]
+                    continue
+                out = name if counts[name] == 1 else f"{alias}_{name}"
+                while out in columns:
+                    out = "_" + out
+                columns[out] = column
+                mapping[name] = out
+                select.append(f"{_quote('_j' + str(i))}.{_quote(name)} AS {_quote(out)}")
+            for qualifier, names in relation.scope.items():
+                scope[qualifier] = {
+                    written: mapping[target]
+                    for written, target in names.items()
+                    if target in mapping
+                }
+            if i == anchor:
+                assert relation.unit is not None
+                unit_name = mapping[relation.unit]
+            if relation.private and kinds_of[i] not in ("LEFT",):
+                # Inner joins on the unit make every private input's unit column equal to it.
+                units.update(mapping[u] for u in relation.units if u in mapping)
+        private = [r for r in inputs if r.private]
+        spec = _merged_spec([r.spec for r in private if r.spec is not None])
+        sql = (
+            f"(SELECT {', '.join(select)} FROM {inputs[0].sql} AS {_quote('_j0')} "
+            + " ".join(clauses)
+            + ")"
+        )
+        tables = tuple(dict.fromkeys(t for r in inputs for t in r.tables))
+        return Relation(
+            sql=sql,
+            base=False,
+            table=private[0].table if private else inputs[0].table,
+            tables=tables,
+            unit=unit_name or None,
+            spec=spec,
+            domain=private[0].domain if private else None,
+            columns=columns,
+            scope=scope,
+            unit_columns=frozenset(units),
+        )
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if not isinstance(node, exp.And):
+        return [node]
+    return [n for n in node.flatten() if isinstance(n, exp.Expression)]
+
+
+def _column_equality(node: exp.Expression) -> bool:
+    return (
+        isinstance(node, exp.EQ)
+        and isinstance(node.this, exp.Column)
+        and isinstance(node.expression, exp.Column)
+    )
+
+
+def _merged_spec(specs: list[TableSpec]) -> TableSpec | None:
+    """The bounds of a join of private tables: the smallest each table declares (any bounds
+    are valid, since they are enforced after the join; the smallest is what every table's owner
+    accepts)."""
+    if not specs:
+        return None
+    first = specs[0]
+
+    def smallest(values: list[int | None]) -> int | None:
+        known = [v for v in values if v is not None]
+        return min(known) if known else None
+
+    return first.model_copy(
+        update={
+            "max_groups_per_unit": smallest([s.max_groups_per_unit for s in specs]),
+            "max_rows_per_unit_per_group": smallest([s.max_rows_per_unit_per_group for s in specs]),
+            "max_rows_per_unit": smallest([s.max_rows_per_unit for s in specs]),
+            "constant_per_unit": (),
+        }
+    )

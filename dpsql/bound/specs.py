@@ -1,0 +1,70 @@
+"""What the bounded query enforces: the public numbers of contribution bounding
+(:class:`Bounding`), the row-level values it reads (:class:`ValueSpec`) and what each of its
+output columns measures (:class:`MeasurementSpec`), with the name of the salt the engine binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from sqlglot import exp
+
+from dpsql.bound.grid import Grid
+
+SALT_PARAMETER = "salt"
+MeasurementKind = Literal[
+    "rows", "count", "sum", "centred", "centred_squares", "units", "distinct", "quantile"
+]
+# value: counted, and summed on its grid; quantile: listed on its (coarser) grid, C per unit and
+# group; distinct: its distinct values listed, C per unit and group.
+ValueRole = Literal["value", "quantile", "distinct"]
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """A distinct row-level expression that is counted, and summed on ``grid`` if given."""
+
+    expr: exp.Expression
+    grid: Grid | None
+    role: ValueRole = "value"
+
+    @property
+    def listed(self) -> bool:
+        return self.role != "value"
+
+
+@dataclass(frozen=True)
+class MeasurementSpec:
+    """What one output column of the bounded query measures (see ``measurement_sql``)."""
+
+    kind: MeasurementKind
+    value: int | None = None
+    p: Fraction | None = None  # the order of a quantile
+
+
+@dataclass(frozen=True)
+class Bounding:
+    """The public numbers the bounded query enforces."""
+
+    max_groups: int | None  # L0 for the ranking; None when no ranking is needed
+    max_rows: int  # C
+    values: tuple[ValueSpec, ...]
+    measurements: tuple[MeasurementSpec, ...]
+    max_total_rows: int | None = None  # R: rows per unit in total, kept by keyed hash
+    # Every unit holds at most C rows per group and at most L0 groups once the rows are built
+    # (after R's window, or by the relation's structure): the per-(unit, group) step is then
+    # the identity and the aggregate reads the rows directly (``dpsql.plan.planner``).
+    direct: bool = False
+    # A unit-level Poisson sample at this rate (``dpsql.analyze.sample``), before any bound.
+    sample: Fraction | None = None
+    # The rows come from one table read directly (no join, no subquery): a sum of counts of
+    # its rows is at most its row count, which fits BIGINT (``values.measurement_sql``).
+    one_table: bool = False
+    # A workload family's bounding (``dpsql.plan.workload.family``): the positions of the keys of
+    # one member's grouping (in that member's order). Each unit keeps its L0 groups of those keys,
+    # ranked by the keyed hash of (unit, those keys) as that member's own query ranks them, and
+    # at most C of its rows in each, by the keyed hash of the row; the aggregate at the finer
+    # grouping then reads the rows (``direct``).
+    select_at: tuple[int, ...] | None = None

@@ -1,0 +1,161 @@
+"""The lowered expression (``_E``: a Spark tree and its DuckDB type), the lowering's context
+(``_Ctx``, the ``_Source`` relations in FROM), the small builders of Spark trees (``_col``,
+``_fn``, ``_cast``, ``_try_cast``, ``_case``, ...) and the types of number literals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from sqlglot import exp
+
+from dpsql.engine.spark.types import _INT_RANGE, _is_int, _spark_type
+
+# -- lowered expressions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _E:
+    """A lowered expression: its Spark tree and DuckDB type. ``fails``: inside TRY, it may be a
+    NULL standing in for an error DuckDB raises, which only a strict path may carry to the TRY
+    (where DuckDB's error makes the whole TRY NULL)."""
+
+    node: exp.Expression
+    type: str
+    fails: bool = False
+    bits: int | None = None  # an integer within ±2^bits on any data, when known
+
+
+def _bits(*args: _E) -> int | None:
+    """The magnitude bound of one of several values (CASE branches, LEAST, ...); a NULL has
+    none to add."""
+    known = [a.bits for a in args if a.type != "NULL"]
+    if any(b is None for b in known):
+        return None
+    return max(b for b in known if b is not None) if known else 0
+
+
+@dataclass
+class _Source:
+    """A relation in FROM: its alias and columns (name -> type, in order); ``star``: whether
+    ``*`` lists it (the right side of a SEMI or ANTI join is only visible in ON)."""
+
+    alias: str
+    columns: dict[str, str]
+    star: bool = True
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    sources: tuple[_Source, ...]
+    ctes: Mapping[str, dict[str, str]]
+    in_try: bool = False
+    aggregates: bool = False  # aggregate functions allowed here (SELECT list, HAVING)
+    windows: bool = False  # window functions allowed here (SELECT list)
+    generators: bool = False  # UNNEST allowed here (SELECT list)
+    qualified: bool = False  # qualify column references (more than one source)
+
+
+_SIMPLE_NAME = re.compile(r"_[a-z0-9_]*")
+
+
+def _ident(name: str) -> exp.Identifier:
+    # Names dpsql generates (_u, _k0, ...) are printed bare; anything else is quoted.
+    return exp.Identifier(this=name, quoted=not _SIMPLE_NAME.fullmatch(name))
+
+
+def _col(name: str, table: str | None = None) -> exp.Column:
+    return exp.Column(this=_ident(name), table=_ident(table) if table else None)
+
+
+def _fn(name: str, *args: exp.Expression) -> exp.Expression:
+    return exp.Anonymous(this=name, expressions=list(args))
+
+
+_ATOMIC: tuple[type, ...] = (
+    exp.Column, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Func, exp.Cast,
+    exp.Placeholder, exp.Case, exp.Window, exp.Identifier,
+)  # fmt: skip
+
+
+def _p(node: exp.Expression) -> exp.Expression:
+    """``node`` as an operand: parenthesized unless it is atomic (sqlglot prints the tree as
+    built, without precedence)."""
+    return node if isinstance(node, _ATOMIC) else exp.Paren(this=node)
+
+
+def _cast(node: exp.Expression, t: str) -> exp.Expression:
+    return exp.Cast(this=node, to=_spark_type(t))
+
+
+def _try_cast(node: exp.Expression, t: str) -> exp.Expression:
+    # safe=True: sqlglot prints a TryCast without it as a plain CAST on Spark (which raises).
+    return exp.TryCast(this=node, to=_spark_type(t), safe=True)
+
+
+def _double(text: str) -> exp.Expression:
+    return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build("DOUBLE"))
+
+
+_INF, _NINF, _NAN = "Infinity", "-Infinity", "NaN"
+
+
+def _case(
+    *whens: tuple[exp.Expression, exp.Expression], default: exp.Expression | None = None
+) -> exp.Case:
+    node = exp.Case(ifs=[exp.If(this=c, true=v) for c, v in whens])
+    if default is not None:
+        node.set("default", default)
+    return node
+
+
+def _is_null(node: exp.Expression) -> exp.Expression:
+    return exp.Is(this=_p(node), expression=exp.Null())
+
+
+def _number(node: exp.Expression) -> Decimal | None:
+    """The value of a numeric literal (possibly negated or parenthesized), else None."""
+    sign = 1
+    while isinstance(node, exp.Paren | exp.Neg):
+        if isinstance(node, exp.Neg):
+            sign = -sign
+        node = node.this
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return sign * Decimal(str(node.this))
+        except InvalidOperation:
+            return None
+    return None
+
+
+def _literal_type(value: Decimal, text: str) -> str:
+    """DuckDB's type of a number literal: the smallest integer type holding it, DOUBLE with an
+    exponent, DECIMAL otherwise."""
+    if "e" in text.lower():
+        return "DOUBLE"
+    if value == value.to_integral_value() and "." not in text:
+        for name in ("INTEGER", "BIGINT", "HUGEINT"):
+            lo, hi = _INT_RANGE[name]
+            if lo <= value <= hi:
+                return name
+        return "DOUBLE"
+    digits = text.lstrip("-").lstrip("0")
+    whole, _, frac = digits.partition(".")
+    return f"DECIMAL({max(len(whole) + len(frac), 1)},{len(frac)})"
+
+
+def _int_bits(value: Decimal, t: str) -> int | None:
+    return int(abs(value)).bit_length() if _is_int(t) else None
+
+
+def _small_literal_type(value: Decimal) -> str:
+    """The integer type DuckDB gives an integer literal next to a narrower integer: the
+    smallest that holds it (``smallint_col + 1`` is SMALLINT on DuckDB)."""
+    for name in ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"):
+        lo, hi = _INT_RANGE[name]
+        if lo <= value <= hi:
+            return name
+    return "HUGEINT"

@@ -1,0 +1,206 @@
+"""Writing the results of ``dpsql run`` and ``dpsql query``: files, tables and standard output.
+
+``write_results`` writes each statement's result (``01.csv``, ...) or all of them in one file,
+as CSV (a ``<name> ±`` column after each column with half-widths), JSON or Parquet (through
+DuckDB); ``prepare_output`` checks before anything runs that the folder can hold them. A file or
+a standard output that cannot be written is an ``OutputError`` naming it, never a value.
+``_text_table`` is the aligned table printed to a terminal.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import duckdb
+
+from dpsql.errors import OutputError
+from dpsql.interfaces.report.report import exact
+from dpsql.release import frames
+from dpsql.session.session import Result
+from dpsql.session.workload_plan import Step
+
+__all__ = ["FORMATS", "LONG", "echo", "prepare_output", "write_results"]
+
+FORMATS = ("csv", "json", "parquet")
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+
+
+def _cost(result: Result) -> tuple[Any, Any]:
+    if result.charge is None:
+        return 0, 0
+    if result.plan is not None:
+        return result.plan.epsilon, result.plan.delta
+    return result.charge.epsilon, result.charge.delta
+
+
+def _document(step: Step, result: Result) -> dict[str, Any]:
+    return {
+        "statement": step.piece.number,
+        "line": step.piece.line,
+        "sql": step.piece.text,
+        "columns": list(result.columns),
+        "types": list(result.types),
+        "rows": [[_plain(v) for v in row] for row in result.rows],
+        "accuracy": [list(row) for row in result.accuracy],
+        "confidence": result.confidence,
+        # The statement's own cost: within a file's one charge, its independent plan's.
+        "epsilon": exact(_cost(result)[0]),
+        "delta": exact(_cost(result)[1]),
+        "cached_from": result.cached_from,
+        # What the ± covers: the noise only, never the bias of the bounds.
+        "accuracy_covers": frames.covers(result),
+        "diagnosis": result.diagnosis.as_dict() if result.diagnosis is not None else None,
+    }
+
+
+def _long_rows(done: Sequence[tuple[Step, Result]]) -> Iterator[tuple[Any, ...]]:
+    """One row per released cell: the combined CSV and Parquet layout."""
+    for step, result in done:
+        for i, row in enumerate(result.rows):
+            accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+            for j, value in enumerate(row):
+                half = accuracy[j] if j < len(accuracy) else None
+                text = None if value is None else str(_plain(value))
+                yield step.piece.number, i + 1, result.columns[j], text, half
+
+
+LONG = (("statement", "INTEGER"), ("row", "INTEGER"), ("column", "VARCHAR"),
+        ("value", "VARCHAR"), ("accuracy", "DOUBLE"))  # fmt: skip
+
+
+def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([_plain(v) for v in row] for row in rows)
+    return out.getvalue()
+
+
+def _csv_with_accuracy(result: Result) -> str:
+    columns = frames.columns(result, result.rows, accuracy=True)
+    rows = zip(*(values for _, _, values in columns), strict=True) if columns else iter(())
+    return _csv([name for name, _, _ in columns], list(rows))
+
+
+def _parquet(path: Path, schema: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> None:
+    """Write with DuckDB (pyarrow is a development dependency only)."""
+    names: list[str] = []
+    for name, _ in schema:  # duplicate output names (two COUNT(*)) need distinct columns
+        unique, n = name, 1
+        while unique in names:
+            n, unique = n + 1, f"{name}_{n + 1}"
+        names.append(unique)
+    columns = ", ".join(
+        '"' + n.replace('"', '""') + '" ' + t for n, (_, t) in zip(names, schema, strict=True)
+    )
+    with duckdb.connect() as con:
+        con.execute(f"CREATE TABLE result ({columns})")
+        if rows:
+            marks = ", ".join("?" * len(schema))
+            con.executemany(f"INSERT INTO result VALUES ({marks})", [list(r) for r in rows])
+        target = str(path).replace("'", "''")
+        con.execute(f"COPY result TO '{target}' (FORMAT PARQUET)")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a write failed, in the OS's words (never a value: only the file is named)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return "the engine could not write the file" if isinstance(exc, duckdb.Error) else "failed"
+
+
+def prepare_output(folder: Path) -> None:
+    """Create ``folder`` and check that a file can be written in it, before anything runs (so
+    that a folder that cannot hold the results costs nothing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpsql-", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write results to the folder {folder}: {_reason(exc)}; nothing was run"
+        ) from None
+
+
+def _write_one(path: Path, what: str, write: Callable[[], object]) -> Path:
+    try:
+        write()
+    except (OSError, duckdb.Error) as exc:
+        raise OutputError(
+            f"cannot write {path} ({what}): {_reason(exc)}; the statements ran and their charges "
+            "stand (run the file again to write the results: the cache serves them free)"
+        ) from None
+    return path
+
+
+def write_results(
+    done: Sequence[tuple[Step, Result]], folder: Path, fmt: str, combined: bool, width: int
+) -> list[Path]:
+    """Write each result (``01.csv``, ...) or all of them (``results.csv``); return the files.
+    A file that cannot be written is an ``OutputError`` naming it and its statement."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the folder {folder}: {_reason(exc)}") from None
+    if combined:
+        path = folder / f"results.{fmt}"
+        what = "the results of every statement"
+        if fmt == "json":
+            docs = [_document(s, r) for s, r in done]
+            text = json.dumps(docs, indent=2) + "\n"
+            return [_write_one(path, what, lambda: path.write_text(text, encoding="utf-8"))]
+        if fmt == "csv":
+            text = _csv([n for n, _ in LONG], _long_rows(done))
+            return [_write_one(path, what, lambda: path.write_text(text, encoding="utf-8"))]
+        rows = list(_long_rows(done))
+        return [_write_one(path, what, lambda: _parquet(path, LONG, rows))]
+    paths = []
+    for step, result in done:
+        path = folder / f"{step.piece.number:0{width}d}.{fmt}"
+        what = f"the result of statement {step.piece.number}, line {step.piece.line}"
+        if fmt == "json":
+            text = json.dumps(_document(step, result), indent=2) + "\n"
+            write: Callable[[], object] = functools.partial(path.write_text, text, encoding="utf-8")
+        elif fmt == "csv":  # with a <name> ± column after each column that has half-widths
+            write = functools.partial(path.write_text, _csv_with_accuracy(result), encoding="utf-8")
+        else:
+            schema = list(zip(result.columns, result.types, strict=True))
+            write = functools.partial(_parquet, path, schema, result.rows)
+        paths.append(_write_one(path, what, write))
+    return paths
+
+
+def echo(text: str = "", nl: bool = True) -> None:
+    """``click.echo``, but a standard output that cannot be written (a full disk, a closed pipe)
+    is an ``OutputError`` rather than an internal error."""
+    try:
+        click.echo(text, nl=nl)
+    except OSError as exc:
+        raise OutputError(f"cannot write to standard output: {_reason(exc)}") from None
+
+
+def _text_table(result: Result) -> list[str]:
+    """An aligned table; a noisy value shows its accuracy half-width (``± a``, rounded up)."""
+    cells = []
+    for i, row in enumerate(result.rows):
+        accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+        halves = [accuracy[j] if j < len(accuracy) else None for j in range(len(row))]
+        cells.append([
+            frames.cell(v, h)
+            for v, h in zip(row, halves, strict=True)
+        ])  # fmt: skip
+    widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return [line.rstrip() for line in lines]

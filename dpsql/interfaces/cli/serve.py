@@ -1,0 +1,104 @@
+"""``dpsql serve``: run the PostgreSQL-wire proxy (``dpsql.interfaces.pgwire.server``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from dpsql.interfaces.cli.context import Config, pass_config
+from dpsql.interfaces.pgwire.server import DpsqlServer, Limits, ServerConfig, serve
+from dpsql.interfaces.pgwire.worker import LOG_FORMAT
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter("give HOST:PORT, e.g. 127.0.0.1:5433", param_hint="'--listen'")
+    return host.strip("[]"), int(port)
+
+
+@click.command("serve")
+@click.option(
+    "--listen",
+    default="127.0.0.1:5433",
+    show_default=True,
+    help="HOST:PORT to listen on (port 0 picks a free one and logs it).",
+)
+@click.option(
+    "--users-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The users file (SCRAM-SHA-256 verifiers and roles) managed with dpsql users.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="A PEM certificate (chain) to offer TLS with.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The certificate's PEM private key (default: in the --tls-cert file).",
+)
+@click.option("--require-tls", is_flag=True, help="Refuse clients that do not negotiate TLS.")
+@click.option(
+    "--max-connections", type=click.IntRange(1, 10_000), default=64, show_default=True,
+    help="Concurrent connections; more are refused with SQLSTATE 53300.",
+)  # fmt: skip
+@click.option(
+    "--statement-timeout", type=click.FloatRange(0.1, 86_400), default=300.0, show_default=True,
+    help="Seconds a statement may run; one cut off fails as an engine failure does, and "
+    "keeps its charge.",
+)  # fmt: skip
+@click.option(
+    "--memory-limit", default="1GB", show_default=True,
+    help="DuckDB memory cap of each connection's worker process (a DuckDB size, e.g. 512MB).",
+)  # fmt: skip
+@click.option(
+    "--max-statement-bytes", type=click.IntRange(1, 1 << 20), default=100_000,
+    show_default=True,
+    help="Longest statement text (a whole query message); longer ones are refused before "
+    "parsing, free of charge (SQLSTATE 54000).",
+)  # fmt: skip
+@pass_config
+def serve_command(  # noqa: PLR0917 - click passes every option
+    config: Config,
+    listen: str,
+    users_file: Path,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    require_tls: bool,
+    max_connections: int,
+    statement_timeout: float,
+    memory_limit: str,
+    max_statement_bytes: int,
+) -> None:
+    """Serve the policy's data over the PostgreSQL wire protocol until SIGTERM.
+
+    Analysts connect with psql, psycopg, JDBC or a BI tool, authenticated by SCRAM-SHA-256
+    against --users-file; every query is charged to the data set's budget and the analyst's
+    share in the policy's durable ledger (the policy needs a [ledger]).
+    """
+    host, port = _listen(listen)
+    if require_tls and tls_cert is None:
+        raise click.BadParameter("--require-tls needs --tls-cert", param_hint="'--require-tls'")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # each worker logs the same way
+    server_config = ServerConfig(
+        policy=config.policy(),
+        users_file=users_file,
+        host=host,
+        port=port,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        require_tls=require_tls,
+        limits=Limits(
+            max_connections=max_connections,
+            statement_timeout=statement_timeout,
+            memory_limit=memory_limit,
+            max_statement=max_statement_bytes,
+        ),
+    )
+    DpsqlServer(server_config)  # fail fast (policy, ledger, users file, TLS) before listening
+    serve(server_config)

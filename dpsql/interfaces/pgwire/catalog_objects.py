@@ -1,0 +1,174 @@
+"""What the synthetic catalog of ``dpsql serve`` holds: its relations and its functions.
+
+Relations: DuckDB's own ``pg_catalog`` views (``pg_class`` with the columns clients read that
+DuckDB lacks, added as constants); empty relations of PostgreSQL's columns, for the relations
+DuckDB lacks and for a few whose DuckDB columns fall short; the ``information_schema`` views
+provided; and relations of constant rows (the one database, the connected user as the one
+role). Functions: the catalog and plain scalar functions a catalog query may call, those that
+give the definition of an object the catalog never has, and the set-returning ones allowed in
+FROM. ``dpsql.interfaces.pgwire.catalog_rewrite`` classifies and rewrites statements by these
+tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
+# DuckDB's catalog relations, and the PostgreSQL ones it lacks, answered as empty relations of
+# PostgreSQL's columns (what clients select from them) or as constants.
+_EMPTY_RELATIONS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    name: tuple(tuple(c.split(":")) for c in columns.split())  # type: ignore[misc]
+    for name, columns in {
+        "pg_stats": "schemaname:VARCHAR tablename:VARCHAR attname:VARCHAR inherited:BOOLEAN "
+        "null_frac:REAL avg_width:INTEGER n_distinct:REAL most_common_vals:VARCHAR "
+        "most_common_freqs:REAL[] histogram_bounds:VARCHAR correlation:REAL",
+        "pg_inherits": "inhrelid:BIGINT inhparent:BIGINT inhseqno:INTEGER inhdetachpending:BOOLEAN",
+        "pg_partitioned_table": "partrelid:BIGINT partstrat:VARCHAR partnatts:SMALLINT "
+        "partdefid:BIGINT partattrs:SMALLINT[] partclass:BIGINT[] partcollation:BIGINT[] "
+        "partexprs:VARCHAR",
+        "pg_foreign_table": "ftrelid:BIGINT ftserver:BIGINT ftoptions:VARCHAR[]",
+        "pg_trigger": "oid:BIGINT tgrelid:BIGINT tgparentid:BIGINT tgname:VARCHAR "
+        "tgfoid:BIGINT tgtype:SMALLINT tgenabled:VARCHAR tgisinternal:BOOLEAN "
+        "tgconstrrelid:BIGINT tgconstrindid:BIGINT tgconstraint:BIGINT tgdeferrable:BOOLEAN "
+        "tginitdeferred:BOOLEAN tgnargs:SMALLINT tgattr:SMALLINT[] tgargs:BLOB "
+        "tgqual:VARCHAR tgoldtable:VARCHAR tgnewtable:VARCHAR",
+        "pg_policy": "oid:BIGINT polname:VARCHAR polrelid:BIGINT polcmd:VARCHAR "
+        "polpermissive:BOOLEAN polroles:BIGINT[] polqual:VARCHAR polwithcheck:VARCHAR",
+        "pg_rewrite": "oid:BIGINT rulename:VARCHAR ev_class:BIGINT ev_type:VARCHAR "
+        "ev_enabled:VARCHAR is_instead:BOOLEAN ev_qual:VARCHAR ev_action:VARCHAR",
+        "pg_statistic_ext": "oid:BIGINT stxrelid:BIGINT stxname:VARCHAR stxnamespace:BIGINT "
+        "stxowner:BIGINT stxstattarget:INTEGER stxkeys:SMALLINT[] stxkind:VARCHAR[] "
+        "stxexprs:VARCHAR",
+        "pg_publication": "oid:BIGINT pubname:VARCHAR pubowner:BIGINT puballtables:BOOLEAN "
+        "pubinsert:BOOLEAN pubupdate:BOOLEAN pubdelete:BOOLEAN pubtruncate:BOOLEAN "
+        "pubviaroot:BOOLEAN",
+        "pg_publication_rel": "oid:BIGINT prpubid:BIGINT prrelid:BIGINT prqual:VARCHAR "
+        "prattrs:SMALLINT[]",
+        "pg_publication_namespace": "oid:BIGINT pnpubid:BIGINT pnnspid:BIGINT",
+        "pg_extension": "oid:BIGINT extname:VARCHAR extowner:BIGINT extnamespace:BIGINT "
+        "extrelocatable:BOOLEAN extversion:VARCHAR",
+        "pg_matviews": "schemaname:VARCHAR matviewname:VARCHAR matviewowner:VARCHAR "
+        "tablespace:VARCHAR hasindexes:BOOLEAN ispopulated:BOOLEAN definition:VARCHAR",
+        "pg_opclass": "oid:BIGINT opcmethod:BIGINT opcname:VARCHAR opcnamespace:BIGINT "
+        "opcowner:BIGINT opcfamily:BIGINT opcintype:BIGINT opcdefault:BOOLEAN "
+        "opckeytype:BIGINT",
+        "pg_event_trigger": "oid:BIGINT evtname:VARCHAR evtevent:VARCHAR evtowner:BIGINT "
+        "evtfoid:BIGINT evtenabled:VARCHAR evttags:VARCHAR[]",
+        "pg_auth_members": "oid:BIGINT roleid:BIGINT member:BIGINT grantor:BIGINT "
+        "admin_option:BOOLEAN",
+        # DuckDB's pg_collation has two of PostgreSQL's columns; no column has a collation.
+        "pg_collation": "oid:BIGINT collname:VARCHAR collnamespace:BIGINT collowner:BIGINT "
+        "collprovider:VARCHAR collisdeterministic:BOOLEAN collencoding:INTEGER "
+        "collcollate:VARCHAR collctype:VARCHAR colliculocale:VARCHAR collversion:VARCHAR",
+        "pg_operator": "oid:BIGINT oprname:VARCHAR oprnamespace:BIGINT oprowner:BIGINT "
+        "oprkind:VARCHAR oprleft:BIGINT oprright:BIGINT oprresult:BIGINT oprcode:VARCHAR",
+        "pg_aggregate": "aggfnoid:BIGINT aggkind:VARCHAR",
+        "pg_language": "oid:BIGINT lanname:VARCHAR",
+        "pg_foreign_server": "oid:BIGINT srvname:VARCHAR",
+        "pg_foreign_data_wrapper": "oid:BIGINT fdwname:VARCHAR",
+        "pg_conversion": "oid:BIGINT conname:VARCHAR connamespace:BIGINT conowner:BIGINT "
+        "conforencoding:INTEGER contoencoding:INTEGER conproc:VARCHAR condefault:BOOLEAN",
+        "pg_cast": "oid:BIGINT castsource:BIGINT casttarget:BIGINT",
+        # No index exists here; DuckDB's pg_index lacks PostgreSQL 15's columns.
+        "pg_index": "indexrelid:BIGINT indrelid:BIGINT indnatts:SMALLINT indnkeyatts:SMALLINT "
+        "indisunique:BOOLEAN indnullsnotdistinct:BOOLEAN indisprimary:BOOLEAN "
+        "indisexclusion:BOOLEAN indimmediate:BOOLEAN indisclustered:BOOLEAN indisvalid:BOOLEAN "
+        "indcheckxmin:BOOLEAN indisready:BOOLEAN indislive:BOOLEAN indisreplident:BOOLEAN "
+        "indkey:SMALLINT[] indcollation:BIGINT[] indclass:BIGINT[] indoption:SMALLINT[] "
+        "indexprs:VARCHAR indpred:VARCHAR",
+    }.items()
+}
+_DUCKDB_RELATIONS = frozenset(
+    {
+        "pg_am", "pg_attrdef", "pg_attribute", "pg_class", "pg_constraint",
+        "pg_depend", "pg_description", "pg_enum", "pg_indexes",
+        "pg_namespace", "pg_proc", "pg_sequence", "pg_sequences", "pg_settings", "pg_tables",
+        "pg_tablespace", "pg_type", "pg_views",
+    }
+)  # fmt: skip
+# DuckDB relations that lack columns PostgreSQL clients read: the columns added, as constants.
+_AUGMENTED: Mapping[str, str] = {
+    "pg_class": "* REPLACE (CAST(NULL AS VARCHAR[]) AS reloptions, "
+    "CAST(NULL AS VARCHAR[]) AS relacl), false AS relforcerowsecurity",
+}
+_INFORMATION_SCHEMA = frozenset(
+    {
+        "tables", "columns", "schemata", "views", "table_constraints", "key_column_usage",
+        "referential_constraints", "constraint_column_usage", "character_sets",
+    }
+)  # fmt: skip
+# Catalog functions (DuckDB's pg_catalog macros, less pg_sleep and the connection's addresses)
+# and plain scalar functions, by the lower-case name sqlglot gives them.
+_FUNCTIONS = frozenset(
+    {
+        # catalog
+        "col_description", "current_database", "current_schema", "current_schemas",
+        "format_pg_type", "format_type", "has_any_column_privilege", "has_column_privilege",
+        "has_database_privilege", "has_function_privilege", "has_schema_privilege",
+        "has_sequence_privilege", "has_table_privilege", "has_tablespace_privilege",
+        "obj_description", "pg_collation_is_visible", "pg_function_is_visible",
+        "pg_get_constraintdef", "pg_get_expr", "pg_get_viewdef", "pg_has_role",
+        "pg_is_other_temp_schema", "pg_my_temp_schema", "pg_table_is_visible",
+        "pg_type_is_visible", "pg_typeof", "shobj_description", "version", "pg_get_userbyid",
+        "pg_get_indexdef", "pg_get_serial_sequence", "pg_encoding_to_char", "pg_size_pretty",
+        "pg_relation_size", "pg_total_relation_size", "pg_table_size", "pg_indexes_size",
+        "pg_database_size", "pg_get_partkeydef", "pg_get_statisticsobjdef_columns",
+        "pg_backend_pid", "quote_ident", "current_user", "session_user", "user",
+        "to_regtype", "to_regclass", "pg_relation_is_publishable", "pg_conversion_is_visible",
+        "pg_operator_is_visible", "pg_opfamily_is_visible", "pg_opclass_is_visible",
+        "pg_ts_config_is_visible", "pg_ts_dict_is_visible", "pg_ts_parser_is_visible",
+        "pg_ts_template_is_visible", "pg_tablespace_location", "pg_get_function_result",
+        "pg_get_function_arguments", "pg_get_triggerdef", "pg_get_ruledef",
+        "pg_get_function_identity_arguments", "json_build_object", "json_agg", "json_object",
+        # scalar and aggregate
+        "lower", "upper", "coalesce", "nullif", "concat", "concat_ws", "substring", "substr",
+        "length", "char_length", "trim", "ltrim", "rtrim", "replace", "left", "right",
+        "position", "strpos", "split_part", "string_agg", "array_agg", "array_to_string",
+        "array_length", "array_upper", "array_lower", "cardinality", "unnest",
+        "generate_subscripts", "generate_series", "count", "min", "max", "sum", "avg", "abs",
+        "round", "greatest", "least", "regexp_replace", "regexp_matches", "starts_with",
+        "to_char", "now", "current_timestamp", "current_date", "bool_and", "bool_or",
+        "row_number", "rank", "any_value", "first", "last", "cast", "try_cast", "if",
+        "array", "list", "list_value", "contains", "array_contains", "list_contains",
+        "string_to_array", "md5", "ifnull", "nvl", "isnull", "case", "any", "all",
+        "extract", "date_trunc", "to_timestamp", "array_position", "logical_and", "logical_or",
+    }
+)  # fmt: skip
+# Definitions of objects the catalog never has (its tables have no defaults, constraints,
+# indexes, partitions or sequences, and there are no views): NULL text.
+_NO_DEFINITIONS = frozenset(
+    {
+        "pg_get_expr", "pg_get_constraintdef", "pg_get_indexdef", "pg_get_viewdef",
+        "pg_get_partkeydef", "pg_get_statisticsobjdef_columns", "pg_get_serial_sequence",
+        "pg_get_function_result", "pg_get_function_arguments", "pg_get_triggerdef",
+        "pg_get_ruledef", "pg_get_function_identity_arguments",
+    }
+)  # fmt: skip
+_SET_FUNCTIONS = frozenset({"unnest", "generate_series", "generate_subscripts"})
+# Relations of constant rows: ``{name}`` is the connected database, ``{user}`` the connected user.
+_STAT_TABLES = (
+    "SELECT c.oid AS relid, n.nspname AS schemaname, c.relname AS relname, 0 AS seq_scan, "
+    "0 AS n_live_tup, 0 AS n_dead_tup, 0 AS n_tup_ins FROM pg_catalog.pg_class c "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r'"
+)
+_ROLES = (
+    "SELECT 10 AS oid, {user} AS rolname, {user} AS usename, 10 AS usesysid, false AS rolsuper, "
+    "false AS usesuper, true AS rolinherit, false AS rolcreaterole, false AS rolcreatedb, "
+    "true AS rolcanlogin, false AS rolreplication, -1 AS rolconnlimit, "
+    "CAST(NULL AS VARCHAR) AS rolpassword, CAST(NULL AS TIMESTAMPTZ) AS rolvaliduntil, "
+    "false AS rolbypassrls, CAST(NULL AS VARCHAR[]) AS rolconfig"
+)
+_DATABASE = (
+    "SELECT 1 AS oid, {name} AS datname, 10 AS datdba, 6 AS encoding, 'C' AS datcollate, "
+    "'C' AS datctype, CAST(NULL AS VARCHAR) AS daticulocale, 'c' AS datlocprovider, "
+    "true AS datallowconn, false AS datistemplate, CAST(NULL AS VARCHAR[]) AS datacl, "
+    "0 AS dattablespace"
+)
+_CONSTANT_RELATIONS: Mapping[str, str] = {
+    "pg_stat_user_tables": _STAT_TABLES,
+    "pg_stat_all_tables": _STAT_TABLES,
+    "pg_roles": _ROLES,
+    "pg_user": _ROLES,
+    "pg_authid": _ROLES,
+}

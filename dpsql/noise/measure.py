@@ -1,0 +1,138 @@
+"""The noise: from the bounded totals to the released noisy measurements.
+
+``measure`` adds exact discrete Laplace or discrete Gaussian noise to each bounded total, runs
+the exponential mechanism per group on a quantile's histogram, and keeps the groups partition
+selection releases; ``check_samplable`` refuses, before the charge, noise the exact samplers
+cannot draw. Everything after the noise is post-processing (DESIGN.md section 2): the estimates
+and their half-widths in ``release_estimates``, the released table in ``release_post``. This
+module re-exports the names once defined here, so imports from ``dpsql.noise.measure`` keep
+working.
+
+The samplers are looked up as globals of this module at each draw, so a test that patches
+``discrete_laplace`` or ``discrete_gaussian`` here reaches every noise ``measure`` adds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpsql.errors import BoundsError
+from dpsql.noise.exponential import exponential_mechanism, quantile_scores
+from dpsql.noise.samplers import (
+    MAX_SCALE,
+    MAX_SIGMA2,
+    discrete_gaussian,
+    discrete_laplace,
+)
+from dpsql.plan.planner import Diagnosis, Measurement, Plan
+from dpsql.release.estimates import (
+    _ROUNDING,  # noqa: F401  (its old home: read from here)
+    FloatArray,
+    _avg,  # noqa: F401
+    _bessel,  # noqa: F401
+    _estimates,  # noqa: F401
+    _gaussian_half_width,  # noqa: F401
+    _laplace_half_width,  # noqa: F401
+    _moment_range,  # noqa: F401
+    _spread,  # noqa: F401
+    half_width,
+)
+from dpsql.release.post import (
+    _MAX_TYPED,  # noqa: F401  (its old home: read from here)
+    _TYPED,  # noqa: F401
+    ACCURACY_SUFFIX,
+    Noisy,
+    Release,
+    _bare_aggregate,  # noqa: F401
+    _post_sql,  # noqa: F401
+    _scratch,  # noqa: F401
+    _sql,  # noqa: F401
+    _width,  # noqa: F401
+    accuracy_columns,
+    check_post_processing,
+    publish,
+)
+
+__all__ = [
+    "ACCURACY_SUFFIX",
+    "FloatArray",
+    "Noisy",
+    "Release",
+    "accuracy_columns",
+    "check_post_processing",
+    "check_samplable",
+    "half_width",
+    "measure",
+    "measure_diagnosis",
+    "publish",
+    "release",
+]
+
+
+def _noisy(totals: list[int], m: Measurement) -> list[int]:
+    if m.scale is not None:
+        noise = discrete_laplace(m.scale, len(totals))
+    else:
+        assert m.sigma2 is not None
+        noise = discrete_gaussian(m.sigma2, len(totals))
+    return [int(t) + int(z) for t, z in zip(totals, noise, strict=True)]
+
+
+def _quantiles(histograms: list[Any], m: Measurement) -> list[int]:
+    """Per group, the exponential mechanism over the grid candidates (Smith 2011), sampled
+    exactly (Ilvento 2020): the chosen candidate, in grid units."""
+    assert m.scale is not None and m.spec.p is not None
+    grid = m.grid
+    assert grid is not None
+    gamma = 1 / (2 * m.scale)  # weights exp(-score/(2·scale)): epsilon = sensitivity/scale
+    chosen = []
+    for histogram in histograms:
+        counts = {int(k): int(v) for k, v in (histogram or {}).items()}
+        scores = quantile_scores(counts, grid.lower, grid.upper, m.spec.p)
+        chosen.append(grid.lower + exponential_mechanism(scores, gamma))
+    return chosen
+
+
+def check_samplable(plan: Plan) -> None:
+    """Refuse, before any charge, noise the exact samplers cannot draw (sensitivities that huge
+    come from extreme bounds or contribution limits, and would make useless answers)."""
+    for m in plan.measurements:
+        if (m.scale is not None and m.scale > MAX_SCALE) or (
+            m.sigma2 is not None and m.sigma2 > MAX_SIGMA2
+        ):
+            raise BoundsError(
+                f"the noise of {m.label} would be too large to sample exactly; lower the bounds "
+                "or the contribution limits"
+            )
+
+
+def measure(plan: Plan, rows: list[tuple[Any, ...]]) -> Noisy:
+    """Add noise to the bounded totals, then keep the groups partition selection releases."""
+    n_keys = len(plan.analysis.keys)
+    keys = [[row[i] for row in rows] for i in range(n_keys)]
+    noisy = [
+        _quantiles([row[n_keys + j] for row in rows], m)
+        if m.exponential
+        else _noisy([int(row[n_keys + j] or 0) for row in rows], m)
+        for j, m in enumerate(plan.measurements)
+    ]
+    if plan.selection is not None:
+        units = noisy[plan.selection.measurement]
+        keep = [j for j, u in enumerate(units) if u >= plan.selection.threshold]
+        keys = [[col[j] for j in keep] for col in keys]
+        noisy = [[col[j] for j in keep] for col in noisy]
+    return Noisy(tuple(tuple(c) for c in keys), tuple(tuple(c) for c in noisy))
+
+
+def measure_diagnosis(diagnosis: Diagnosis, rows: list[tuple[Any, ...]]) -> tuple[int, ...]:
+    """The noisy histogram of the diagnosis: every one of its public 2^k cells, an empty one
+    as 0, plus its noise (a histogram of L1 = L2 = 1: Dwork, McSherry, Nissim, Smith 2006)."""
+    counts = [0] * diagnosis.cells
+    for pattern, units in rows:
+        counts[int(pattern)] = int(units)
+    return tuple(_noisy(counts, diagnosis.measurement))
+
+
+def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
+    """Add noise to the bounded totals and post-process; the charge was committed before."""
+    return publish(plan, measure(plan, rows))

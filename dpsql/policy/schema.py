@@ -1,0 +1,54 @@
+"""The policy checked against the data's schema.
+
+At connect, every table and column the policy names must exist in the data (names only, and for
+CSV files the declared types, never row values); a typo is a ``PolicyError`` naming the field,
+with a hint from ``did_you_mean`` built from schema names only.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+
+from dpsql.errors import PolicyError
+from dpsql.policy.spec import Policy
+
+__all__ = ["check_against_schema", "did_you_mean"]
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean x?"`` for the closest of ``known`` names (schema names the caller may
+    see, never a data value), else ``""``."""
+    close = difflib.get_close_matches(name.lower(), sorted({k.lower() for k in known}), 1, 0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_against_schema(policy: Policy, catalog: Mapping[str, Mapping[str, str]]) -> None:
+    """Every table and column the policy names exists in the data: checked at connect, on the
+    names (and, for CSV files, the declared types, ``dpsql.engine``), never on row values, so a
+    typo is a ``PolicyError`` naming the field, not a puzzling error at the first query."""
+    for tname, table in policy.tables.items():
+        if tname not in catalog:
+            hint = did_you_mean(tname, catalog)
+            raise PolicyError(f"tables.{tname}: the data has no table {tname}{hint}")
+        columns = catalog[tname]
+        named = [("privacy_unit", table.privacy_unit)] if table.privacy_unit else []
+        named += [("constant_per_unit", c) for c in table.constant_per_unit]
+        named += [(f"columns.{c}", c) for c in table.columns]
+        for field, column in named:
+            if column.lower() not in columns:
+                hint = did_you_mean(column, columns)
+                raise PolicyError(
+                    f"tables.{tname}.{field}: the table {tname} has no column {column}{hint}"
+                )
+        for cname, spec in table.columns.items():
+            ref = spec.public_values_from
+            if ref is None:
+                continue
+            other, column = (part.lower() for part in ref.split("."))
+            if column not in catalog.get(other, {}):
+                hint = did_you_mean(column, catalog.get(other, {}))
+                raise PolicyError(
+                    f"tables.{tname}.columns.{cname}.public_values_from: the table {other} "
+                    f"has no column {column}{hint}"
+                )

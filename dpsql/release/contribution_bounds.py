@@ -1,0 +1,127 @@
+"""Contribution bounds estimated from the data: ``ESTIMATE BOUNDS FOR table [GROUP BY keys]``.
+
+Each bound is a high quantile of one value per unit, so that most units keep all their rows:
+
+* ``max_rows_per_unit`` (R), without ``GROUP BY``: the unit's number of rows;
+* ``max_groups_per_unit`` (L0), with ``GROUP BY``: the unit's number of distinct key
+  combinations;
+* ``max_rows_per_unit_per_group`` (C), with ``GROUP BY``: the unit's largest row count in one
+  group.
+
+The quantile is ``QUANTILE`` (0.95: 95% of the units are kept whole, the others lose rows but
+still count), read on a fixed ladder of integers ``1, 2, 3, 4, 6, 8, 12, 16, ...`` up to the
+policy's largest bound (rounded up to a rung: a bound never cuts the values it was read from).
+The number of units is released first with a discrete Laplace (``COUNT_SHARE`` of epsilon; one
+unit moves it by 1), then each bound is the first rung, walking up, with at most
+``(1 - QUANTILE)`` of the released count of units beyond it, by the sparse vector technique over
+the walks together (``dpsql.noise.sparse_vector``; Durfee, NeurIPS 2023): a unit moves each
+walk's counts by at most 1, all in one direction. The walks' threshold is a post-processing of
+the released count, so the whole is pure epsilon-DP by sequential composition (one ``PureDP``
+event of the statement's epsilon).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from dpsql.errors import ParseError, SchemaError, UnsupportedQueryError
+from dpsql.noise.laplace import discrete_laplace
+from dpsql.noise.sparse_vector import Walks, above_threshold
+from dpsql.policy import Policy
+from dpsql.policy.numbers import MAX_CONTRIBUTION_BOUND
+
+QUANTILE = Fraction(95, 100)
+COUNT_SHARE = Fraction(1, 5)  # of the statement's epsilon, to the count of units
+RECORD_KIND = "contribution_bounds"  # ledger records (post-processing, never charged)
+ROWS = "max_rows_per_unit"
+GROUPS = "max_groups_per_unit"
+ROWS_PER_GROUP = "max_rows_per_unit_per_group"
+
+
+def _ladder() -> tuple[int, ...]:
+    rungs, power = {MAX_CONTRIBUTION_BOUND}, 1
+    while power <= MAX_CONTRIBUTION_BOUND:
+        rungs.update(r for r in (power, 3 * power // 2) if 1 <= r <= MAX_CONTRIBUTION_BOUND)
+        power *= 2
+    return tuple(sorted(rungs))
+
+
+LADDER = _ladder()  # 1, 2, 3, 4, 6, 8, 12, ..., 786432, 1000000
+
+
+def rung_index(value: int) -> int:
+    """The index of the smallest rung at or above ``value`` (the top for anything beyond)."""
+    for i, rung in enumerate(LADDER):
+        if value <= rung:
+            return i
+    return len(LADDER) - 1
+
+
+def bounds_of(keys: Sequence[str]) -> tuple[str, ...]:
+    """The bounds a statement estimates, in the order of its rows."""
+    return (GROUPS, ROWS_PER_GROUP) if keys else (ROWS,)
+
+
+def check_table(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -> str:
+    """The privacy unit of ``table``, after checking the keys; refused on the schema and the
+    policy alone, before anything is charged."""
+    spec = policy.tables.get(table)
+    if spec is None or table not in catalog:
+        raise SchemaError(f"unknown table {table}")
+    if not spec.is_private:
+        raise UnsupportedQueryError(f"table {table} is public: it has no contribution bounds")
+    for key in keys:
+        if key not in catalog[table]:
+            raise SchemaError(f"unknown column {key} in table {table}")
+        if key == spec.privacy_unit:
+            raise UnsupportedQueryError("ESTIMATE BOUNDS ... GROUP BY cannot group by the unit")
+    if len(set(keys)) != len(keys):
+        raise ParseError("ESTIMATE BOUNDS ... GROUP BY names a column twice")
+    return str(spec.privacy_unit)
+
+
+def bounds_query(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -> str:
+    """The engine query: per bound and per-unit value, how many units have it (one value per
+    unit and bound, whatever its rows). Reads the unit and the keys only, with no filter."""
+    unit = check_table(policy, catalog, table, keys)
+    if not keys:
+        per_unit = f'SELECT COUNT(*) AS _r FROM "{table}" GROUP BY "{unit}"'
+        return f"SELECT 0 AS _b, _r AS _v, COUNT(*) AS _n FROM ({per_unit}) GROUP BY _r"
+    named = ", ".join(f'"{k}"' for k in keys)
+    cells = f'SELECT "{unit}" AS _u, COUNT(*) AS _c FROM "{table}" GROUP BY "{unit}", {named}'
+    units = f"SELECT COUNT(*) AS _g, MAX(_c) AS _c FROM ({cells}) GROUP BY _u"
+    return (
+        f"WITH _p AS ({units}) SELECT 0 AS _b, _g AS _v, COUNT(*) AS _n FROM _p GROUP BY _g "
+        "UNION ALL SELECT 1 AS _b, _c AS _v, COUNT(*) AS _n FROM _p GROUP BY _c"
+    )
+
+
+def release(
+    epsilon: Fraction, keys: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> tuple[int, ...]:
+    """The noisy bounds from the engine's histograms (charged before this runs)."""
+    count = len(bounds_of(keys))
+    hist = [[0] * len(LADDER) for _ in range(count)]
+    for bound, value, units in rows:
+        hist[int(bound)][rung_index(int(value))] += int(units)
+    # Every unit has one value for each bound: the first histogram counts the units.
+    n = sum(hist[0]) + int(discrete_laplace(1 / (epsilon * COUNT_SHARE), 1)[0])
+    threshold = (1 - QUANTILE) * max(n, 0)
+    above = []
+    for h in hist:
+        left, row = sum(h), []
+        for units in h:
+            left -= units
+            row.append(left)
+        above.append(row)
+    walks = Walks(epsilon * (1 - COUNT_SHARE), count)
+    stops = above_threshold(walks, above, [threshold] * count)
+    return tuple(LADDER[i] for i in stops)
+
+
+def describe(epsilon: Fraction, keys: Sequence[str]) -> str:
+    """The mechanism's parameters, for the charge's label."""
+    walks = Walks(epsilon * (1 - COUNT_SHARE), len(bounds_of(keys)))
+    return f"{walks.describe()} (count noise scale {float(1 / (epsilon * COUNT_SHARE)):.4g})"

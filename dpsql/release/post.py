@@ -1,0 +1,368 @@
+"""Post-processing: from the noisy measurements to the released table.
+
+Everything after the noise is post-processing of noisy values (DESIGN.md section 2): partition
+selection's threshold, AVG = m + noisy centred sum / noisy count, clamping an average to its
+bounds, the output expressions, HAVING, ORDER BY and LIMIT. These run in a scratch in-memory
+DuckDB that holds only noisy values and released keys, never the private rows.
+
+The estimates and their half-widths are computed in ``release_estimates``; this module holds
+the released table, the scratch database, the post-processing SQL and its check before the
+charge, and the accuracy columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+from sqlglot import exp
+
+from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, ParameterError, UnsupportedQueryError
+from dpsql.plan.planner import Plan
+from dpsql.release.estimates import TOTALS, _estimates, scaled
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.totality import total
+
+__all__ = [
+    "ACCURACY_SUFFIX",
+    "Noisy",
+    "Release",
+    "accuracy_columns",
+    "check_post_processing",
+    "publish",
+]
+
+
+def _sql(node: Any) -> str:
+    """Print a tree of its own (every caller passes a new one from ``total``), uncopied."""
+    return str(node.sql(dialect=DIALECT, copy=False))
+
+
+@dataclass(frozen=True)
+class Release:
+    """The released table: column names and DuckDB types, rows, per-cell half-widths."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    accuracy: tuple[tuple[float | None, ...], ...]
+    confidence: float
+
+
+@functools.cache
+def _scratch() -> duckdb.DuckDBPyConnection:
+    """One empty in-memory database for post-processing; each release uses its own cursor.
+
+    Opening a DuckDB database costs ~17 ms; a cursor on an open one, under 1 ms. It holds no
+    private data: only the noisy values registered by each cursor, dropped when it closes.
+    """
+    return duckdb.connect(":memory:")
+
+
+def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
+    a = plan.analysis
+    # TRY: an expression over noisy values (say, a division by a noisy zero) must not fail.
+    select = [
+        f'{_sql(total(o.expr))} AS "{o.name.replace(chr(34), chr(34) * 2)}"' for o in a.outputs
+    ]
+    select += [f"_a{i}_hw" if i is not None else "NULL" for i in hw_columns]
+    sql = f"SELECT {', '.join(select)} FROM _noisy"
+    if a.having is not None:
+        sql += f" WHERE {_sql(total(a.having))} IS TRUE"
+    # Released rows are sorted by key before any LIMIT: a hash aggregate's order would
+    # otherwise depend on the data (DESIGN.md section 5).
+    order = [
+        exp.Ordered(
+            this=total(o.this), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first")
+        ).sql(DIALECT)
+        for o in a.order
+    ] + [f"_k{i} ASC NULLS LAST" for i in range(len(a.keys))]
+    if order:
+        sql += " ORDER BY " + ", ".join(order)
+    if a.limit is not None:
+        sql += f" LIMIT {a.limit}"
+    if a.offset is not None:
+        sql += f" OFFSET {a.offset}"
+    return sql
+
+
+def _typed_keys(plan: Plan) -> str:
+    """The released table with each public key cast to the type the engine gave its
+    expression, the type the post-processing check binds it in (``check_post_processing``):
+    the registered Python values would otherwise be typed by their values (a BIGINT key of
+    small values as INTEGER), or as text after a durable cache's round trip."""
+    keys = plan.analysis.keys
+    names = [f"_k{i}" for i, key in enumerate(keys) if key.engine_type is not None]
+    if not names:
+        return "_released"
+    casts = ", ".join(
+        f"CAST(_k{i} AS {key.engine_type}) AS _k{i}"
+        for i, key in enumerate(keys)
+        if key.engine_type is not None
+    )
+    return f"(SELECT * REPLACE ({casts}) FROM _released)"
+
+
+_PUBLISHED: dict[int, tuple[Plan, str]] = {}  # id(plan) -> (plan, its SQL), oldest first
+_MAX_PUBLISHED = 256
+
+
+def _published_sql(plan: Plan) -> str:
+    """The post-processing SQL of ``plan`` over its released table: a pure function of the
+    plan, kept by identity (printing it takes sqlglot a few tenths of a millisecond; a plan
+    is a large tree to hash)."""
+    kept = _PUBLISHED.get(id(plan))
+    if kept is not None and kept[0] is plan:
+        return kept[1]
+    sql = _post_sql(plan, _bare_aggregate(plan))
+    sql = sql.replace("FROM _noisy", f"FROM {_typed_keys(plan)} AS _noisy", 1)
+    if len(_PUBLISHED) >= _MAX_PUBLISHED:
+        _PUBLISHED.pop(next(iter(_PUBLISHED)), None)
+    _PUBLISHED[id(plan)] = (plan, sql)
+    return sql
+
+
+_TYPED: dict[str, None] = {}  # post-processing texts that bound, oldest first
+_MAX_TYPED = 1024
+
+
+def check_post_processing(plan: Plan, key_types: list[str]) -> None:
+    """Bind the post-processing SQL over an empty table of the right types, before the charge.
+
+    A query whose outputs, HAVING or ORDER BY cannot be typed (say, UPPER of a count) is then
+    rejected for free instead of failing after its charge.
+    """
+    if _picks_only(plan):
+        # Columns picked by name, sorted and sliced: nothing in it can fail to bind.
+        return
+    columns = [f"CAST(NULL AS {t}) AS _k{i}" for i, t in enumerate(key_types)]
+    for i, est in enumerate(plan.estimates):
+        exact = (
+            est.kind in TOTALS
+            and plan.measurements[est.measurements[0]].unit == 1
+            and scaled(plan, est) is None  # a total scaled by 1/q is a DOUBLE
+        )
+        columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
+        columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")
+    sql = _post_sql(plan, _bare_aggregate(plan))
+    empty = f"(SELECT {', '.join(columns)} WHERE false) AS _noisy"
+    text = "DESCRIBE " + sql.replace("FROM _noisy", f"FROM {empty}", 1)
+    # The text reads an empty table of literal types only: its outcome is a function of the
+    # text, so a passed check is kept (texts differing only in WHERE share it).
+    if text in _TYPED:
+        return
+    cursor = _scratch().cursor()
+    try:
+        cursor.execute(text).fetchall()
+    except duckdb.OutOfMemoryException:
+        # Over an empty table: the memory ran out in this process, whatever the data.
+        raise UnsupportedQueryError(CHECK_OUT_OF_MEMORY) from None
+    except duckdb.Error:
+        raise UnsupportedQueryError(
+            "an output, HAVING or ORDER BY expression cannot be typed over the aggregates"
+        ) from None
+    finally:
+        cursor.close()
+    if len(_TYPED) >= _MAX_TYPED:
+        _TYPED.pop(next(iter(_TYPED)), None)
+    _TYPED[text] = None
+
+
+ACCURACY_SUFFIX = " ±"
+
+
+def accuracy_columns(plan: Plan) -> list[tuple[int, str]]:
+    """For ``SET dpsql.accuracy_columns = on``: (output index, column name) of the half-width
+    column added after each output that is exactly an aggregate (``<name> ±``). A name that
+    would repeat a result column's (or another one's), in any letter case, is refused before
+    the charge (``ParameterError``)."""
+    names = [o.name for o in plan.analysis.outputs]
+    extra = [
+        (i, names[i] + ACCURACY_SUFFIX)
+        for i, agg in enumerate(_bare_aggregate(plan))
+        if agg is not None
+    ]
+    seen: set[str] = set()
+    for name in [*names, *(n for _, n in extra)]:
+        if name.lower() in seen:
+            raise ParameterError(
+                f"the accuracy column {name!r} would repeat a column name of the result; "
+                "rename that column or SET dpsql.accuracy_columns = off"
+            )
+        seen.add(name.lower())
+    return extra
+
+
+def _bare_aggregate(plan: Plan) -> list[int | None]:
+    """For each output, the aggregate it is exactly (alias aside), else None."""
+    result: list[int | None] = []
+    for o in plan.analysis.outputs:
+        name = o.expr.name if o.expr.key == "column" else ""
+        result.append(int(name[2:]) if name.startswith("_a") else None)
+    return result
+
+
+@dataclass(frozen=True)
+class Noisy:
+    """The released noisy measurements: group keys (one tuple per column) and, per measurement,
+    the noisy integer total of each released group. This is what a cache keeps: everything
+    after it is post-processing. ``derived`` lists the estimates computed from other
+    measurements than their own (their half-width is not known)."""
+
+    keys: tuple[tuple[Any, ...], ...]
+    totals: tuple[tuple[int, ...], ...]
+    derived: frozenset[int] = frozenset()
+    # The noisy histogram of the diagnosis, one count per flag pattern (None: not diagnosed).
+    diagnosis: tuple[int, ...] | None = None
+
+
+def publish(plan: Plan, noisy: Noisy) -> Release:
+    """Post-processing only: estimates, accuracy, outputs, HAVING, ORDER BY, LIMIT."""
+    confidence = plan.options.confidence
+    values, widths = _estimates(plan, [list(c) for c in noisy.totals], confidence)
+    for i in noisy.derived:
+        widths[i] = np.full(len(noisy.keys[0]) if noisy.keys else 1, np.nan)
+    direct = _direct(plan, noisy.keys, values, widths)
+    if direct is not None:
+        return direct
+    table: dict[str, Any] = {
+        f"_k{i}": np.array(col, dtype=object) for i, col in enumerate(noisy.keys)
+    }
+    for i, (value, width) in enumerate(zip(values, widths, strict=True)):
+        table[f"_a{i}"] = value
+        table[f"_a{i}_hw"] = width
+    scratch = _scratch().cursor()
+    try:
+        scratch.register("_released", table)
+        cursor = scratch.execute(_published_sql(plan))
+        description = cursor.description or []
+        out = cursor.fetchall()
+    except duckdb.Error:
+        raise EngineError("post-processing of the noisy values failed; the charge stands") from None
+    finally:
+        scratch.close()
+    n_out = len(plan.analysis.outputs)
+    return Release(
+        columns=tuple(o.name for o in plan.analysis.outputs),
+        types=tuple(str(d[1]) for d in description[:n_out]),
+        rows=tuple(tuple(r[:n_out]) for r in out),
+        accuracy=tuple(tuple(_width(w) for w in r[n_out:]) for r in out),
+        confidence=confidence,
+    )
+
+
+# Key types whose released Python values sort in Python as DuckDB sorts them (text by code
+# point, which is UTF-8's byte order; integers, booleans and dates by value), with the Python
+# type each holds. Floating keys (NaN, -0.0) and the rest go through the scratch database.
+_DIRECT_KEYS: dict[str, tuple[type, ...]] = {
+    "VARCHAR": (str,),
+    "BOOLEAN": (bool,),
+    "TINYINT": (int,),
+    "SMALLINT": (int,),
+    "INTEGER": (int,),
+    "BIGINT": (int,),
+    "DATE": (dt.date,),
+}
+
+
+def _column(node: exp.Expression) -> tuple[str, int] | None:
+    """("k", i) or ("a", i) when ``node`` is exactly the column _k{i} or _a{i}."""
+    if not isinstance(node, exp.Column) or node.table:
+        return None
+    name = node.name
+    if len(name) > 2 and name[:2] in ("_k", "_a") and name[2:].isdigit():
+        return name[1], int(name[2:])
+    return None
+
+
+def _picks_only(plan: Plan) -> bool:
+    """Post-processing that only picks key and aggregate columns, sorts and slices."""
+    a = plan.analysis
+    return (
+        a.having is None
+        and all(_column(o.expr) is not None for o in a.outputs)
+        and all(_column(o.this) is not None for o in a.order)
+    )
+
+
+def _direct(
+    plan: Plan, keys: tuple[tuple[Any, ...], ...], values: list[Any], widths: list[Any]
+) -> Release | None:
+    """The release computed in Python where the post-processing only picks columns, sorts and
+    slices (no expression, no HAVING): the same columns, types, rows, order and half-widths as
+    the scratch database gives (``tests/test_publish_direct.py`` compares the two), without
+    its one to two milliseconds. None where it does not apply."""
+    a = plan.analysis
+    if not _picks_only(plan):
+        return None
+    picked = [_column(o.expr) for o in a.outputs]
+    ordered = [_column(o.this) for o in a.order]
+    types: dict[tuple[str, int], str] = {}
+    for i, key in enumerate(a.keys):
+        allowed = _DIRECT_KEYS.get(key.engine_type or "")
+        if allowed is None:
+            return None
+        for v in keys[i]:
+            # bool is an int in Python, datetime a date: neither may pass for the other.
+            if v is not None and (type(v) not in allowed):
+                return None
+        types["k", i] = str(key.engine_type)
+    columns: dict[tuple[str, int], list[Any]] = {("k", i): list(c) for i, c in enumerate(keys)}
+    for i, value in enumerate(values):
+        if value.dtype == np.int64:
+            types["a", i] = "BIGINT"
+            columns["a", i] = [int(v) for v in value]
+        elif value.dtype == np.float64:
+            types["a", i] = "DOUBLE"
+            columns["a", i] = [float(v) for v in value]
+        else:  # integers past 64 bits, or a histogram: typed by the scratch database
+            return None
+    n = len(keys[0]) if keys else (len(values[0]) if values else 1)
+    order = list(range(n))
+    # Stable sorts from the last sort key to the first: ORDER BY's items, then every key.
+    steps = [
+        (p, bool(o.args.get("desc")), o.args.get("nulls_first"))
+        for p, o in zip(ordered, a.order, strict=True)
+    ]
+    steps += [(("k", i), False, False) for i in range(len(a.keys))]
+    for column, desc, nulls_first in reversed(steps):
+        assert column is not None
+        data = columns[column]
+        present = [r for r in order if data[r] is not None]
+        absent = [r for r in order if data[r] is None]
+        present.sort(key=lambda r: _sort_key(data[r]), reverse=desc)
+        # DuckDB's default: NULLS LAST whatever the direction (sqlglot spells it out).
+        order = absent + present if nulls_first else present + absent
+    if a.offset is not None:
+        order = order[a.offset :]
+    if a.limit is not None:
+        order = order[: a.limit]
+    hw = _bare_aggregate(plan)
+    return Release(
+        columns=tuple(o.name for o in a.outputs),
+        types=tuple(types[p] for p in picked if p is not None),
+        rows=tuple(tuple(columns[p][r] for p in picked if p is not None) for r in order),
+        accuracy=tuple(
+            tuple(None if i is None else _width(float(widths[i][r])) for i in hw) for r in order
+        ),
+        confidence=plan.options.confidence,
+    )
+
+
+def _sort_key(value: Any) -> Any:
+    """DuckDB's order of a DOUBLE: NaN after every number (+inf included)."""
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0.0)
+    return (0, value) if isinstance(value, float) else value
+
+
+def _width(value: Any) -> float | None:
+    """NaN marks an unknown half-width (a derived estimate); it is reported as None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
