@@ -22,7 +22,7 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 
-from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.store import create_ledger
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
 

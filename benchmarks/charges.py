@@ -35,8 +35,11 @@ from pathlib import Path
 
 from dp_accounting import dp_event, rdp
 
-from dpsql.accounting.budget.build import budget_caps, budget_for
-from dpsql.accounting.ledger.ledger import Ledger, _anchor, _write_anchor, canonical, record_hash
+from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.ledger.anchor import _anchor, _write_anchor
+from dpsql.accounting.ledger.chain import canonical, record_hash
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.accounting.ledger.store import budget_caps
 from dpsql.mechanisms.events import Composite, DiscreteGaussian, composite_to_json
 from dpsql.policy import BudgetSpec
 

@@ -37,7 +37,8 @@ from typing import Any
 
 import dpsql
 from dpsql.accounting.budget.budget import SELECTION_PARTS
-from dpsql.accounting.budget.build import budget_for, events_for
+from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.budget.state import events_for
 from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.conversions import zcdp_to_dp

@@ -31,8 +31,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql.accounting.budget.build import MemoryLedger, budget_caps, budget_for
+from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.accounting.ledger.store import MemoryLedger, budget_caps
 from dpsql.mechanisms.events import Composite, DiscreteLaplace
 from dpsql.policy import BudgetSpec
 

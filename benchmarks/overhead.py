@@ -45,7 +45,7 @@ import duckdb
 
 import dpsql.cache.releases
 import dpsql.session.session
-from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.store import create_ledger
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
 

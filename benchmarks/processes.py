@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import policy_dict
 from run import data_file
 
-from dpsql.accounting.budget.build import create_ledger
+from dpsql.accounting.ledger.store import create_ledger
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
 

@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.noise.exponential import _build_table, exponential_mechanism, quantile_scores
+from dpsql.mechanisms.quantile_score import quantile_scores
+from dpsql.noise.exponential import exponential_mechanism
+from dpsql.noise.exponential_sampler import _build_table
 
 SIZES = [256, 2048, 16384]
 GAMMAS = [

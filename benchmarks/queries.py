@@ -6,7 +6,7 @@ pre-aggregation, at most L0 groups per unit ranked by ``hash(unit, key, salt)`` 
 session's salt, C-capping with the scaled-and-clamped sum) and must return the same integer
 totals as dpsql's bounded query before noise, but it is written the way a person would write it
 for this one table: no TRY wrappers, no chain of five CTEs, ranking in the same SELECT as the
-per-unit GROUP BY. ``tests/test_benchmark_sql.py`` checks the equality.
+per-unit GROUP BY. ``tests/engine/test_benchmark_sql.py`` checks the equality.
 
 Grid rule (DESIGN.md section 3, ``dpsql/bound/grid.py``): for bounds [lo, hi] the step is
 g = 2^(floor(log2(hi - lo)) - 20); a value x becomes round(clamp(x, lo, hi) / g) (an integer,

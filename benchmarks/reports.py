@@ -31,8 +31,9 @@ from charges import fill
 from dp_accounting import dp_event, rdp
 from dp_accounting.pld import pld_privacy_accountant
 
-from dpsql.accounting.budget.build import budget_caps, budget_for
+from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.accounting.ledger.store import budget_caps
 from dpsql.mechanisms.events import (
     Composite,
     DiscreteGaussian,

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from dpsql.noise.samplers import discrete_gaussian, discrete_laplace
+from dpsql.noise.gaussian import discrete_gaussian
+from dpsql.noise.laplace import discrete_laplace
 
 N = 100_000
 REPEATS = 7

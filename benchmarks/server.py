@@ -61,10 +61,11 @@ from typing import Protocol
 import psycopg
 
 import dpsql
-from dpsql.accounting.budget.build import create_ledger
 from dpsql.accounting.ledger.ledger import Ledger
-from dpsql.interfaces.pgwire.auth import add_user
-from dpsql.interfaces.pgwire.server import DpsqlServer, ServerConfig
+from dpsql.accounting.ledger.store import create_ledger
+from dpsql.interfaces.pgwire.config import ServerConfig
+from dpsql.interfaces.pgwire.server import DpsqlServer
+from dpsql.interfaces.pgwire.users import add_user
 from dpsql.policy import Policy, load_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

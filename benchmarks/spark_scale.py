@@ -34,7 +34,7 @@ when its JVM starts, and each peak memory is then the query's own):
   (``COUNT(*)`` of the capped pairs); the join's hand SQL reads the same join (``FROM visits
   JOIN regions USING (region)``) and bounds its rows the same way. It must return dpsql's
   pre-noise totals exactly: checked on every run (column "same") and by
-  ``tests/test_benchmark_spark_sql.py``;
+  ``tests/engine/test_benchmark_spark_sql.py``;
 * ``spark_dpsql``: ``Session.execute(sql, fresh=True)`` end to end with ``[engine] name =
   "spark"`` (parse, plan, the bind checks and Spark's analysis, charge, the bounded query,
   noise), its salt set to the hand SQL's so both keep the same groups;

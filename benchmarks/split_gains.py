@@ -42,10 +42,10 @@ import duckdb
 import numpy as np
 
 from dpsql.noise.measure import measure
-from dpsql.plan.planner import Plan
+from dpsql.plan.estimators import FloatArray, _estimates
+from dpsql.plan.plans import Plan
 from dpsql.plan.split import SPLITS, Split, objective, weights
 from dpsql.policy import load_policy
-from dpsql.release.estimates import FloatArray, _estimates
 from dpsql.session.session import Session
 
 UNITS = 1000
@@ -58,7 +58,7 @@ QUERIES = {
 }
 MECHANISMS = ("laplace", "gaussian")
 # The planned gains of SUM(spend) + COUNT(*): 4(200² + 1)/(200^(2/3) + 1)³ under Laplace and
-# 2(200² + 1)/201² under zCDP (tests/test_split.py).
+# 2(200² + 1)/201² under zCDP (tests/plan/test_split.py).
 SUM_COUNT_PLANNED = {"laplace": 3.669, "gaussian": 1.980}
 
 

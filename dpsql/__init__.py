@@ -4,45 +4,27 @@ Analysts send ordinary SQL; dpsql answers only with noisy aggregates, after char
 privacy loss to the data set's budget. ``dpsql.connect(policy)`` returns a PEP 249 connection.
 """
 
-from dpsql.accounting.budget.build import BudgetReport
+from dpsql.accounting.budget.report import BudgetReport
+from dpsql.interfaces.dbapi import errors as _pep249
 from dpsql.interfaces.dbapi.connection import (
     BINARY,
     DATETIME,
     NUMBER,
     ROWID,
     STRING,
-    BudgetExceededError,
     Connection,
     Cursor,
-    DatabaseError,
-    DataError,
-    DpsqlInternalError,
-    EngineFailure,
-    EntropyFailure,
-    Error,
-    IntegrityError,
-    InterfaceError,
-    InternalError,
-    InvalidParameterError,
-    LedgerFailure,
-    MissingBoundsError,
-    NotSupportedError,
-    OperationalError,
-    PolicyFailure,
-    ProgrammingError,
-    QuerySyntaxError,
-    UndeclaredMechanism,
-    UnknownObjectError,
-    UnsupportedOnEngine,
-    UnsupportedQuery,
-    Warning,
     apilevel,
     connect,
     paramstyle,
     threadsafety,
 )
+
+# PEP 249's exception classes, listed once, in dpsql.interfaces.dbapi.errors.__all__.
+from dpsql.interfaces.dbapi.errors import *  # noqa: F403
 from dpsql.policy import Policy, load_policy
-from dpsql.session.session import VERSION, Result, Session
+from dpsql.release.result import Result
+from dpsql.session.session import VERSION, Session
 
 __version__ = VERSION
 
@@ -52,35 +34,12 @@ __all__ = [
     "NUMBER",
     "ROWID",
     "STRING",
-    "BudgetExceededError",
     "BudgetReport",
     "Connection",
     "Cursor",
-    "DataError",
-    "DatabaseError",
-    "DpsqlInternalError",
-    "EngineFailure",
-    "EntropyFailure",
-    "Error",
-    "IntegrityError",
-    "InterfaceError",
-    "InternalError",
-    "InvalidParameterError",
-    "LedgerFailure",
-    "MissingBoundsError",
-    "NotSupportedError",
-    "OperationalError",
     "Policy",
-    "PolicyFailure",
-    "ProgrammingError",
-    "QuerySyntaxError",
     "Result",
     "Session",
-    "UndeclaredMechanism",
-    "UnknownObjectError",
-    "UnsupportedOnEngine",
-    "UnsupportedQuery",
-    "Warning",
     "__version__",
     "apilevel",
     "connect",
@@ -88,3 +47,4 @@ __all__ = [
     "paramstyle",
     "threadsafety",
 ]
+__all__ += _pep249.__all__

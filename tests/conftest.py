@@ -19,11 +19,20 @@ test's ``tmp_path`` and returns a ``dpsql.policy.Policy`` with one private table
   (written as decimal text, so each is an exact rational); a dict given is merged over it.
 
 Each call writes a new file, so one test may build several policies.
+
+Hypothesis runs under a profile: ``quick`` in ``make test``, ``long`` with ``DPSQL_FUZZ=long``
+(``make test-long``), which also lengthens the hand-rolled fuzzers that read it. A test sizes
+its examples with ``examples(n)``: n under the quick profile, ``LONG_FACTOR`` times n under the
+long one, so that one flag deepens every property test at once.
+
+Every test marked ``spark`` runs in one process of the parallel run (``xdist_group``): one
+local Spark, whose JVM takes seconds to start, serves them all.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import settings
 
 from dpsql.policy import Policy, load_policy
 
@@ -55,6 +65,27 @@ TINY_BUDGET: dict[str, Any] = {
 }
 
 TinyPolicy = Callable[..., Policy]
+
+# -- profiles -----------------------------------------------------------------------------------
+
+LONG = os.environ.get("DPSQL_FUZZ") == "long"
+LONG_FACTOR = 10
+settings.register_profile("quick", deadline=None)
+settings.register_profile("long", deadline=None, max_examples=100 * LONG_FACTOR)
+settings.load_profile("long" if LONG else "quick")
+
+
+def examples(n: int) -> int:
+    """A property test's examples: ``n`` under the quick profile, ``LONG_FACTOR`` times more
+    under the long one (module docstring)."""
+    return n * LONG_FACTOR if LONG else n
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One worker runs every Spark test, so one JVM serves them all (module docstring).
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 _ARROW_TYPES = {

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_shell import write_policy
 
-from dpsql.interfaces.shell.shell import Shell
+from dpsql.interfaces.shell.core import Shell
 from dpsql.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Helpers for the end-to-end tests of ``dpsql serve`` (tests/test_server.py).
+"""Helpers for the end-to-end tests of ``dpsql serve`` (tests/interfaces/test_server.py).
 
 A data set written once per module (:func:`write_dataset`), a policy file with a fresh durable
 ledger per server (:func:`write_policy`), a users file (:func:`write_users`), a server running
@@ -34,10 +34,12 @@ import duckdb
 import psycopg
 import pytest
 
-from dpsql.accounting.budget.build import create_ledger
-from dpsql.accounting.ledger.ledger import Ledger, Record
-from dpsql.interfaces.pgwire.auth import add_user
-from dpsql.interfaces.pgwire.server import DpsqlServer, Limits, ServerConfig
+from dpsql.accounting.ledger.chain import Record
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.accounting.ledger.store import create_ledger
+from dpsql.interfaces.pgwire.config import Limits, ServerConfig
+from dpsql.interfaces.pgwire.server import DpsqlServer
+from dpsql.interfaces.pgwire.users import add_user
 from dpsql.interfaces.pgwire.worker import start_forkserver
 from dpsql.policy import Policy, load_policy
 
@@ -309,8 +311,9 @@ class ServeProcess:
 
 
 def start_subprocess(policy: Path, users: Path, *extra: str, timeout: float = 30.0) -> ServeProcess:
-    """``dpsql --policy P serve --users-file U --listen 127.0.0.1:0`` (as tests/test_cli.py runs
-    the CLI: ``python -m dpsql.interfaces.cli.main``), once it logs the port it listens on."""
+    """``dpsql --policy P serve --users-file U --listen 127.0.0.1:0`` (as
+    tests/interfaces/test_cli.py runs the CLI: ``python -m dpsql.interfaces.cli.main``), once it
+    logs the port it listens on."""
     command = [
         sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy), "serve",
         "--users-file", str(users), "--listen", "127.0.0.1:0", *extra,

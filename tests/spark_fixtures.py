@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from dpsql.policy.spec import SPARK_PINNED
+from dpsql.policy.engine import SPARK_PINNED
 
 FULL = os.environ.get("DPSQL_SPARK_FULL") == "1"
 # PySpark reads a result over a local socket that it leaves to the garbage collector: the

@@ -20,7 +20,6 @@ from sqlglot import exp
 from dpsql.analyze.analysis import (
     _REF,
     _SPREAD,
-    SPREAD_KINDS,
     Aggregate,
     AggregateKind,
     Analysis,
@@ -32,7 +31,8 @@ from dpsql.analyze.analysis import (
 from dpsql.analyze.cells import keyable_literal
 from dpsql.analyze.intervals import Interval, interval_of
 from dpsql.analyze.keys import _case_literals, _date_domain
-from dpsql.analyze.relations import NUMERIC, Builder, Describe, Relation, resolve_expr
+from dpsql.analyze.relations import Builder
+from dpsql.analyze.scope import NUMERIC, Describe, Relation, resolve_expr
 from dpsql.errors import BoundsError, SchemaError, UnsupportedQueryError
 from dpsql.policy import Policy, TableSpec
 from dpsql.sql.totality import total
@@ -384,15 +384,4 @@ def analyze(
     )
 
 
-__all__ = [
-    "SPREAD_KINDS",
-    "Aggregate",
-    "AggregateKind",
-    "Analysis",
-    "Catalog",
-    "GroupKey",
-    "Output",
-    "aggregate_ref",
-    "analyze",
-    "key_ref",
-]
+__all__ = ["Catalog", "analyze"]

@@ -14,7 +14,7 @@ results of one family, and a WHERE made of AND, OR and NOT over comparisons of a
 with a literal of the column's own family (number with number, text with text, boolean with
 boolean), IN lists, BETWEEN and IS NULL. Nothing in it can fail to bind or to fold: no cast
 of a text to a number or date, no function of a constant, no arithmetic.
-``tests/test_binds.py`` generates queries of the grammar under every bounding setting and
+``tests/analyze/test_binds.py`` generates queries of the grammar under every bounding setting and
 requires the engine's check to pass on each, so a grammar that grew too far fails there.
 """
 

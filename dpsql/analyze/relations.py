@@ -32,7 +32,6 @@ from dpsql.analyze.joins import Joins
 from dpsql.analyze.per_unit import PerUnit, _item_name, _output_named
 from dpsql.analyze.scope import (
     INTEGER,
-    NUMERIC,
     UNIT_COLUMN,
     Catalog,
     Describe,
@@ -223,14 +222,4 @@ class Builder(Joins, PerUnit):
         return self._typed(sql, source, unit, columns, name, source.unit_rows)
 
 
-__all__ = [
-    "INTEGER",
-    "NUMERIC",
-    "UNIT_COLUMN",
-    "Builder",
-    "Catalog",
-    "Describe",
-    "RelColumn",
-    "Relation",
-    "resolve_expr",
-]
+__all__ = ["Builder"]

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 import sqlglot
 from sqlglot import exp
 
-from dpsql.analyze.analyze import Analysis
+from dpsql.analyze.analysis import Analysis
 from dpsql.analyze.sample import sample_filter
 from dpsql.bound.caps import _kept, _picked, _row_cap
 from dpsql.bound.filters import (
@@ -47,19 +47,10 @@ from dpsql.bound.filters import (
     _enforced_cell,
     _other_rows,
     _sql,
-    key_sql,
-    literal_sql,
     public_size,
 )
 from dpsql.bound.pivot import Aggregate, pivot_cells, pivoted
-from dpsql.bound.specs import (
-    SALT_PARAMETER,
-    Bounding,
-    MeasurementKind,
-    MeasurementSpec,
-    ValueRole,
-    ValueSpec,
-)
+from dpsql.bound.specs import Bounding
 from dpsql.bound.values import (
     _capped_list,
     _capped_squares,
@@ -279,19 +270,4 @@ def parse_bounded(text: str) -> exp.Select:
     return parsed
 
 
-__all__ = [
-    "SALT_PARAMETER",
-    "Bounding",
-    "MeasurementKind",
-    "MeasurementSpec",
-    "ValueRole",
-    "ValueSpec",
-    "bounded_query",
-    "key_sql",
-    "literal_sql",
-    "measurement_sql",
-    "parse_bounded",
-    "public_size",
-    "relation_ctes",
-    "relation_rows",
-]
+__all__ = ["bounded_query", "parse_bounded", "relation_ctes", "relation_rows"]

@@ -32,17 +32,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
-from dpsql.accounting.budget.build import Store
-from dpsql.accounting.ledger.ledger import canonical
+from dpsql.accounting.ledger.chain import canonical
+from dpsql.accounting.ledger.store import Store
+from dpsql.cache.families import RECORD_KIND, derive
 from dpsql.cache.stored_values import plain as _plain
 from dpsql.cache.stored_values import typed as _typed
 from dpsql.errors import ParameterError
 from dpsql.noise.measure import Noisy
-from dpsql.plan.planner import Measurement, Plan
+from dpsql.plan.estimators import combined_half_width
+from dpsql.plan.plans import Measurement, Plan
 from dpsql.plan.workload.family import base_digest, eligible
 from dpsql.policy import Policy
-from dpsql.release.estimates import combined_half_width
-from dpsql.release.families import RECORD_KIND, derive
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import DIALECT
 

@@ -19,9 +19,9 @@ beyond the header's are ignored, an empty field is NULL. Each rule reads one lin
 and cast only when the rest matches the type's grammar in full (``GRAMMARS``: ASCII digits, no
 exponent in integers and decimals, no time zone, ...); anything else is NULL. Each grammar is
 unambiguous and accepts only text that both engines' casts read to the same value, so the cast
-never decides what parses; the differential tests (``tests/test_spark_csv.py``) check it, value
-for value. Text columns are kept as read, untrimmed. A type without a grammar (``csv_type`` gives
-None: TIME, INTERVAL, UUID, BLOB, lists, ...) is refused at open on both engines.
+never decides what parses; the differential tests (``tests/engine/test_spark_csv.py``) check it,
+value for value. Text columns are kept as read, untrimmed. A type without a grammar (``csv_type``
+gives None: TIME, INTERVAL, UUID, BLOB, lists, ...) is refused at open on both engines.
 
 Regular expressions are ASCII classes only, anchored with ``^`` and ``\\z`` (Java's ``$`` also
 matches before a final line terminator such as U+2028), and written without quotes, so that the

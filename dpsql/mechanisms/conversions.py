@@ -52,7 +52,7 @@ __all__ = [
 FLOAT_SLACK = 2.0**-48
 """Relative margin added to every float figure: 32 ulps, above the error of the few correctly
 rounded operations (log, exp, log_ndtr) each closed form takes; checked against 50-digit mpmath
-in tests/test_accounting_closed_forms.py."""
+in tests/accounting/test_accounting_closed_forms.py."""
 
 SUM_SLACK = 1e-12
 """Relative margin for figures that sum up to ~10^7 pmf terms (discrete Gaussian)."""
@@ -291,3 +291,28 @@ def laplace_delta(epsilon0: float, epsilon: float) -> float:
     if epsilon >= epsilon0:
         return 0.0
     return min(1.0, round_up(-math.expm1((epsilon - epsilon0) / 2)))
+
+
+_RHO_STEPS = 200
+
+
+def rho_for(epsilon: float, delta: float) -> float:
+    """The largest rho (to a relative 1e-9, never above) with zcdp_to_dp(rho, delta) <= epsilon:
+    the zCDP budget that implies (epsilon, delta)-DP (CKS 2020, Corollary 13).
+
+    The search starts from the rho of the simple bound epsilon = rho + 2 sqrt(rho ln(1/delta))
+    (Bun, Steinke 2016, Prop. 1.3), which the CKS conversion never exceeds, so it always fits;
+    and rho <= epsilon, since rho-zCDP gives epsilon >= rho.
+    """
+    log_inv = math.log(1 / delta)
+    lo = (math.sqrt(log_inv + epsilon) - math.sqrt(log_inv)) ** 2 * (1 - 1e-12)
+    hi = epsilon
+    for _ in range(_RHO_STEPS):
+        mid = (lo + hi) / 2
+        if hi - lo <= lo * 1e-9 or mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if zcdp_to_dp(mid, delta) <= epsilon else (lo, mid)
+    # The conversion is optimized numerically: never return a rho it does not certify.
+    while lo > 0 and zcdp_to_dp(lo, delta) > epsilon:
+        lo *= 1 - 1e-6
+    return lo

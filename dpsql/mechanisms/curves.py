@@ -14,7 +14,7 @@ M(x)(S) <= (1-d) P(S) + d <= (1-d)(e^eps Q(S) + delta') + d <= e^eps M(x')(S) + 
 L1 sensitivity over several groups (a GROUP BY with L0 > 1): the Laplace curves below are for a
 one-dimensional shift of ``sensitivity``; they also bound any vector of shifts with that L1 norm
 because each curve is superadditive in the shift (convex with value 0 at 0), checked in
-tests/test_accounting_properties.py.
+tests/accounting/test_accounting_properties.py.
 """
 
 from __future__ import annotations

@@ -19,10 +19,18 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.errors import ParameterError
-from dpsql.noise.bits import _check_int
-from dpsql.noise.exponential_sampler import _INT64_LIMIT, MAX_CANDIDATES
+from dpsql.mechanisms.checks import check_int
 
-__all__ = ["quantile_scores", "score_sensitivity"]
+__all__ = ["INT64_LIMIT", "MAX_CANDIDATES", "quantile_scores", "score_sensitivity"]
+
+
+MAX_CANDIDATES = 2**24
+"""Largest accepted number of candidates (grid points). The sampler keeps a few int64 arrays of
+this length; 2**24 is far beyond any useful quantile grid and bounds the memory used."""
+
+
+INT64_LIMIT = 2**63
+"""Exclusive bound for the int64 score arithmetic (not a sampling limit)."""
 
 
 def _check_p(p: object) -> Fraction:
@@ -82,8 +90,8 @@ def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fra
     outside [lower, upper] or a negative count.
     """
     p = _check_p(p)
-    lower = _check_int(lower, "lower")
-    upper = _check_int(upper, "upper")
+    lower = check_int(lower, "lower")
+    upper = check_int(upper, "upper")
     if upper < lower:
         raise ParameterError("the upper candidate must be at least the lower candidate")
     size = upper - lower + 1
@@ -92,7 +100,7 @@ def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fra
     a, b = p.numerator, p.denominator
     offsets, counts = _bin_counts(histogram, lower, upper)
     total = sum(counts)
-    if b * total < _INT64_LIMIT:  # every |(b - a)·below - a·above| <= b·n fits in int64
+    if b * total < INT64_LIMIT:  # every |(b - a)·below - a·above| <= b·n fits in int64
         binned = np.zeros(size, dtype=np.int64)
         binned[np.asarray(offsets, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
         below = np.cumsum(binned) - binned

@@ -45,11 +45,8 @@ from scipy.fft import next_fast_len
 from scipy.optimize import minimize_scalar
 
 from dpsql.errors import ParameterError
-from dpsql.noise.samplers import (
-    discrete_gaussian_half_width,
-    discrete_gaussian_pmf,
-    discrete_laplace_half_width,
-)
+from dpsql.mechanisms.gaussian import discrete_gaussian_half_width, discrete_gaussian_pmf
+from dpsql.mechanisms.laplace import discrete_laplace_half_width
 
 FloatArray = npt.NDArray[np.float64]
 

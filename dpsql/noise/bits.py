@@ -29,7 +29,6 @@ so lowering it here (as tests do) lowers it everywhere.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from fractions import Fraction
@@ -38,7 +37,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.errors import EntropyError, ParameterError
+from dpsql.errors import EntropyError
+from dpsql.mechanisms.checks import check_count
 
 __all__ = ["uniform_integers"]
 
@@ -79,30 +79,6 @@ def _random_bytes(n: int) -> bytes:
 
 
 # --- validation ------------------------------------------------------------------------------
-
-
-def _check_int(value: object, name: str) -> int:
-    if isinstance(value, np.integer):  # sizes often come out of numpy arithmetic
-        return int(value)
-    # bool is an int subclass; True as a size or a count is always a bug at the call site.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ParameterError(f"{name} must be an int, not {type(value).__name__}")
-    return value
-
-
-def _check_count(value: object, name: str, minimum: int) -> int:
-    value = _check_int(value, name)
-    if value < minimum:
-        raise ParameterError(f"{name} must be at least {minimum}")
-    return value
-
-
-def _check_confidence(confidence: object) -> float:
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
-        raise ParameterError("the confidence must be a float")
-    if not (math.isfinite(confidence) and 0 < confidence < 1):
-        raise ParameterError("the confidence must be strictly between 0 and 1")
-    return float(confidence)
 
 
 # --- exact uniform integers ------------------------------------------------------------------
@@ -153,8 +129,8 @@ def uniform_integers(n: int, size: int) -> npt.NDArray[Any]:
     every Bernoulli(a/b) draw of Canonne, Kamath and Steinke 2020 (arXiv:2004.00010).
     The result has dtype int64 when n < 2**63 and dtype object (Python ints) otherwise.
     """
-    n = _check_count(n, "the range n", 1)
-    size = _check_count(size, "size", 0)
+    n = check_count(n, "the range n", 1)
+    size = check_count(size, "size", 0)
     if n < _FAST_LIMIT:
         return _uniform_fast(n, size)
     out = np.empty(size, dtype=object)

@@ -27,42 +27,17 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.errors import ParameterError
-from dpsql.mechanisms.quantile_score import (
-    _bin_counts,  # noqa: F401  (its old home: read from here)
-    _check_p,  # noqa: F401
-    quantile_scores,
-    score_sensitivity,
-)
-from dpsql.noise.bits import IntArray, _check_count
+from dpsql.mechanisms.checks import check_count
+from dpsql.noise.bits import IntArray
 from dpsql.noise.exponential_sampler import (
-    _INT64_LIMIT,  # noqa: F401  (its old home: read from here)
-    _MAX_BATCH,  # noqa: F401
-    _SMALL,  # noqa: F401
-    MAX_CANDIDATES,
     Scheme,
-    _as_int_array,  # noqa: F401
-    _bernoulli_exp_fraction,  # noqa: F401
-    _bernoulli_exp_whole,  # noqa: F401
     _build_table,
     _check_gamma,
     _check_scores,
-    _exponents,  # noqa: F401
-    _levels,  # noqa: F401
-    _round,  # noqa: F401
     _sample,
-    _Table,  # noqa: F401
-    _uniform,  # noqa: F401
-    _weight_sum,  # noqa: F401
 )
 
-__all__ = [
-    "MAX_CANDIDATES",
-    "exponential_mechanism",
-    "exponential_mechanism_samples",
-    "exponential_probabilities",
-    "quantile_scores",
-    "score_sensitivity",
-]
+__all__ = ["exponential_mechanism", "exponential_mechanism_samples", "exponential_probabilities"]
 
 _DECIMAL = decimal.Context(prec=60, Emin=-999_999_999, Emax=999_999_999)
 """60 digits for ``exponential_probabilities``: far below any statistical test's resolution."""
@@ -86,7 +61,7 @@ def exponential_mechanism_samples(
     Raises ParameterError for empty or non-integer scores or a non-positive or non-Fraction γ,
     and EntropyError when the operating system's randomness is unavailable.
     """
-    size = _check_count(size, "size", 0)
+    size = check_count(size, "size", 0)
     if scheme not in ("auto", "uniform", "levels"):
         raise ParameterError("scheme must be 'auto', 'uniform' or 'levels'")
     table = _build_table(scores, gamma, scheme)

@@ -53,17 +53,11 @@ import numpy as np
 import numpy.typing as npt
 
 from dpsql.errors import InternalError, ParameterError
+from dpsql.mechanisms.quantile_score import INT64_LIMIT, MAX_CANDIDATES
 from dpsql.noise import bits
 from dpsql.noise.bits import BoolArray, IntArray
 
-__all__ = ["MAX_CANDIDATES", "Scheme"]
-
-MAX_CANDIDATES = 2**24
-"""Largest accepted number of candidates (grid points). The sampler keeps a few int64 arrays of
-this length; 2**24 is far beyond any useful quantile grid and bounds the memory used."""
-
-_INT64_LIMIT = 2**63
-"""Exclusive bound for the int64 score arithmetic (not a sampling limit)."""
+__all__ = ["Scheme"]
 
 _MAX_BATCH = 2**17
 """Largest number of proposals drawn in one vectorized round (bounds memory per round)."""
@@ -89,7 +83,7 @@ def _check_gamma(gamma: object) -> Fraction:
 
 def _as_int_array(values: list[int]) -> npt.NDArray[Any]:
     """int64 when every value fits, else an object array of Python ints."""
-    if all(-_INT64_LIMIT <= v < _INT64_LIMIT for v in values):
+    if all(-INT64_LIMIT <= v < INT64_LIMIT for v in values):
         return np.asarray(values, dtype=np.int64)
     out = np.empty(len(values), dtype=object)
     out[:] = values
@@ -174,7 +168,7 @@ def _build_table(scores: object, gamma: object, scheme: Scheme) -> _Table:
     gamma = _check_gamma(gamma)
     size = values.size
     low, high = int(values.min()), int(values.max())
-    if values.dtype != object and high - low < _INT64_LIMIT:
+    if values.dtype != object and high - low < INT64_LIMIT:
         d = values - np.int64(low)  # no wrap-around: every difference is below 2**63
     else:
         d = np.empty(size, dtype=object)

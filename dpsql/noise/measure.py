@@ -4,9 +4,8 @@
 the exponential mechanism per group on a quantile's histogram, and keeps the groups partition
 selection releases; ``check_samplable`` refuses, before the charge, noise the exact samplers
 cannot draw. Everything after the noise is post-processing (DESIGN.md section 2): the estimates
-and their half-widths in ``release_estimates``, the released table in ``release_post``. This
-module re-exports the names once defined here, so imports from ``dpsql.noise.measure`` keep
-working.
+and their half-widths in ``dpsql.plan.estimators``, the released table in
+``dpsql.release.post``.
 
 The samplers are looked up as globals of this module at each draw, so a test that patches
 ``discrete_laplace`` or ``discrete_gaussian`` here reaches every noise ``measure`` adds.
@@ -14,59 +13,19 @@ The samplers are looked up as globals of this module at each draw, so a test tha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dpsql.errors import BoundsError
-from dpsql.noise.exponential import exponential_mechanism, quantile_scores
-from dpsql.noise.samplers import (
-    MAX_SCALE,
-    MAX_SIGMA2,
-    discrete_gaussian,
-    discrete_laplace,
-)
-from dpsql.plan.planner import Diagnosis, Measurement, Plan
-from dpsql.release.estimates import (
-    _ROUNDING,  # noqa: F401  (its old home: read from here)
-    FloatArray,
-    _avg,  # noqa: F401
-    _bessel,  # noqa: F401
-    _estimates,  # noqa: F401
-    _gaussian_half_width,  # noqa: F401
-    _laplace_half_width,  # noqa: F401
-    _moment_range,  # noqa: F401
-    _spread,  # noqa: F401
-    half_width,
-)
-from dpsql.release.post import (
-    _MAX_TYPED,  # noqa: F401  (its old home: read from here)
-    _TYPED,  # noqa: F401
-    ACCURACY_SUFFIX,
-    Noisy,
-    Release,
-    _bare_aggregate,  # noqa: F401
-    _post_sql,  # noqa: F401
-    _scratch,  # noqa: F401
-    _sql,  # noqa: F401
-    _width,  # noqa: F401
-    accuracy_columns,
-    check_post_processing,
-    publish,
-)
+from dpsql.mechanisms.gaussian import MAX_SIGMA2
+from dpsql.mechanisms.laplace import MAX_SCALE
+from dpsql.mechanisms.quantile_score import quantile_scores
+from dpsql.noise.exponential import exponential_mechanism
+from dpsql.noise.gaussian import discrete_gaussian
+from dpsql.noise.laplace import discrete_laplace
+from dpsql.plan.plans import Diagnosis, Measurement, Plan
 
-__all__ = [
-    "ACCURACY_SUFFIX",
-    "FloatArray",
-    "Noisy",
-    "Release",
-    "accuracy_columns",
-    "check_post_processing",
-    "check_samplable",
-    "half_width",
-    "measure",
-    "measure_diagnosis",
-    "publish",
-    "release",
-]
+__all__ = ["Noisy", "check_samplable", "measure", "measure_diagnosis"]
 
 
 def _noisy(totals: list[int], m: Measurement) -> list[int]:
@@ -133,6 +92,15 @@ def measure_diagnosis(diagnosis: Diagnosis, rows: list[tuple[Any, ...]]) -> tupl
     return tuple(_noisy(counts, diagnosis.measurement))
 
 
-def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
-    """Add noise to the bounded totals and post-process; the charge was committed before."""
-    return publish(plan, measure(plan, rows))
+@dataclass(frozen=True)
+class Noisy:
+    """The released noisy measurements: group keys (one tuple per column) and, per measurement,
+    the noisy integer total of each released group. This is what a cache keeps: everything
+    after it is post-processing. ``derived`` lists the estimates computed from other
+    measurements than their own (their half-width is not known)."""
+
+    keys: tuple[tuple[Any, ...], ...]
+    totals: tuple[tuple[int, ...], ...]
+    derived: frozenset[int] = frozenset()
+    # The noisy histogram of the diagnosis, one count per flag pattern (None: not diagnosed).
+    diagnosis: tuple[int, ...] | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dpsql.accounting.theorems import zcdp
 from dpsql.errors import InternalError
 from dpsql.mechanisms import conversions, events
 
@@ -42,7 +41,7 @@ def rho_for(epsilon: Fraction, delta: Fraction) -> Fraction:
     """The largest rho (rounded down to a short rational) whose CKS conversion gives at most
     (epsilon, delta), checked after rounding."""
     eps, dlt = float(epsilon) * (1 - _SLACK), float(delta)
-    rho = _round(zcdp.rho_for(eps, dlt), up=False)
+    rho = _round(conversions.rho_for(eps, dlt), up=False)
     if rho <= 0 or conversions.zcdp_to_dp(float(rho), dlt) > eps:
         raise InternalError("no positive rho fits the query's (epsilon, delta)")
     return rho

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from dpsql.analyze.analyze import Analysis
+from dpsql.analyze.analysis import Analysis
 from dpsql.bound.diagnosis import diagnosis_query
-from dpsql.bound.rewrite import Bounding, MeasurementSpec
+from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.errors import UndeclaredMechanismError
 from dpsql.mechanisms.events import DiscreteLaplace, Event, declared_event
 from dpsql.plan.plans import Diagnosis, Measurement, QueryOptions

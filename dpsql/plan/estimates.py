@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.analyze.analyze import SPREAD_KINDS, Analysis
+from dpsql.analyze.analysis import SPREAD_KINDS, Analysis
 from dpsql.bound.grid import Grid, quantile_grid, value_grid
-from dpsql.bound.rewrite import MeasurementSpec, ValueRole, ValueSpec
+from dpsql.bound.specs import MeasurementSpec, ValueRole, ValueSpec
 from dpsql.plan.plans import Estimate
 from dpsql.sql.parse import DIALECT
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from dpsql.analyze.analyze import Analysis
-from dpsql.bound.rewrite import Bounding, MeasurementSpec, bounded_query
+from dpsql.analyze.analysis import Analysis
+from dpsql.bound.rewrite import bounded_query
+from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.errors import InternalError, ParameterError, UnsupportedQueryError
 from dpsql.mechanisms.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
 from dpsql.mechanisms.partition import partition_threshold
@@ -27,13 +28,12 @@ from dpsql.plan.declared import (
 )
 from dpsql.plan.diagnosis import plan_diagnosis
 from dpsql.plan.estimates import _Builder, _estimates
-from dpsql.plan.plans import Diagnosis, Estimate, Measurement, Plan, QueryOptions, Selection
+from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sample import amplified
-from dpsql.plan.sensitivity import Calibrated, _check_loss, _gaussian, _laplace
+from dpsql.plan.sensitivity import _check_loss, _gaussian, _laplace
 from dpsql.plan.split import weights
-from dpsql.plan.steps import MAX_PUBLIC_GROUPS, Steps, _group_bounds, _steps
+from dpsql.plan.steps import _group_bounds, _steps
 from dpsql.policy import Policy
-from dpsql.policy.numbers import decimal_text
 
 
 @dataclass(frozen=True)
@@ -196,18 +196,4 @@ def _with_diagnosis(event: Composite, extra: Event, options: QueryOptions) -> Co
     return combined
 
 
-__all__ = [
-    "MAX_PUBLIC_GROUPS",
-    "Calibrated",
-    "Calibration",
-    "Diagnosis",
-    "Estimate",
-    "Measurement",
-    "Plan",
-    "QueryOptions",
-    "Selection",
-    "Steps",
-    "calibrate",
-    "decimal_text",
-    "plan_query",
-]
+__all__ = ["Calibration", "calibrate", "plan_query"]

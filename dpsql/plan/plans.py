@@ -12,10 +12,10 @@ from typing import Literal
 
 from sqlglot import exp
 
-from dpsql.analyze.analysis import GroupKey
-from dpsql.analyze.analyze import AggregateKind, Analysis
+from dpsql.analyze.analysis import AggregateKind, Analysis, GroupKey
 from dpsql.bound.grid import Grid
-from dpsql.bound.rewrite import Bounding, MeasurementSpec, parse_bounded
+from dpsql.bound.rewrite import parse_bounded
+from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.mechanisms.events import Composite
 from dpsql.plan.sample import Sample
 from dpsql.policy import DeclaredMechanism, Mechanism

@@ -17,10 +17,10 @@ from dataclasses import replace
 from fractions import Fraction
 
 from dpsql.bound.grid import Grid
-from dpsql.bound.rewrite import MeasurementSpec, ValueSpec
+from dpsql.bound.specs import MeasurementSpec, ValueSpec
 from dpsql.errors import BoundsError, InternalError
 from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, Event, Exponential
-from dpsql.noise.exponential import score_sensitivity
+from dpsql.mechanisms.quantile_score import score_sensitivity
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions

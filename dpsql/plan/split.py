@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Literal
 
-from dpsql.analyze.analyze import SPREAD_KINDS
+from dpsql.analyze.analysis import SPREAD_KINDS
 from dpsql.errors import InternalError
 from dpsql.plan.plans import Estimate, Measurement
 

@@ -17,7 +17,7 @@ function of the noise's parameters, which are functions of epsilon:
   dense near 0 where STDDEV's square root is steepest, over a grid of them (beyond it every
   term of the width shrinks as 1/n). So in a group of at least N units the released
   ± meets the target with probability at least the confidence, up to the grid's resolution
-  (measured: tests/test_targets.py, on data at the bounds, where the width is largest);
+  (measured: tests/plan/test_targets.py, on data at the bounds, where the width is largest);
 * a quantile with ``rank_error`` = r: the exponential mechanism picks a candidate whose score
   exceeds b·r (b the denominator of p: the target rank is within r rows of the ranks the
   candidate spans) with probability at most |R|·exp(-(b·r + 1)/(2·scale)), since the best
@@ -47,15 +47,16 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from dpsql.analyze.analyze import SPREAD_KINDS, Analysis
+from dpsql.analyze.analysis import SPREAD_KINDS, Analysis
 from dpsql.errors import InternalError, ParameterError
 from dpsql.mechanisms.events import Composite
 from dpsql.plan import calibration
-from dpsql.plan.planner import Calibration, Estimate, Measurement, QueryOptions, calibrate
+from dpsql.plan.estimators import _avg, _spread, half_width
+from dpsql.plan.planner import Calibration, calibrate
+from dpsql.plan.plans import Estimate, Measurement, QueryOptions
 from dpsql.plan.split import shares, weights
 from dpsql.policy import Policy
 from dpsql.policy.numbers import MAX_QUERY_EPSILON, MAX_QUERY_RHO, decimal_text, decimal_up
-from dpsql.release.estimates import _avg, _spread, half_width
 
 __all__ = ["Target", "solve"]
 

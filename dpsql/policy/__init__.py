@@ -12,7 +12,7 @@ Its parts: ``dpsql.policy.numbers`` (exact numbers and their limits), ``dpsql.po
 
 from __future__ import annotations
 
-from dpsql.errors import PolicyError  # noqa: F401  (imported from here)
+from dpsql.policy.engine import EngineSpec
 from dpsql.policy.load import MAX_POLICY_BYTES, load_policy, read_limited
 from dpsql.policy.numbers import (
     LARGEST_NUMBER,
@@ -37,7 +37,6 @@ from dpsql.policy.spec import (
     DatasetSpec,
     DataSpec,
     DeclaredMechanism,
-    EngineSpec,
     FilterName,
     FilterVersion,
     LedgerSpec,

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sqlglot import exp
 
 from dpsql.errors import ParameterError
-from dpsql.policy.engine import SPARK_PINNED, EngineSpec
+from dpsql.policy.engine import EngineSpec
 from dpsql.policy.numbers import (
     MAX_ABS_BOUND,
     MAX_CONTRIBUTION_BOUND,
@@ -35,13 +35,11 @@ from dpsql.policy.numbers import (
 __all__ = [
     "FILTER_VERSION",
     "MAX_DATE_RANGE_DAYS",
-    "SPARK_PINNED",
     "BudgetSpec",
     "ColumnSpec",
     "DataSpec",
     "DatasetSpec",
     "DeclaredMechanism",
-    "EngineSpec",
     "FilterName",
     "FilterVersion",
     "LedgerSpec",

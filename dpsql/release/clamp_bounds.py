@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from dpsql.analyze.relations import NUMERIC
+from dpsql.analyze.scope import NUMERIC
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.noise.sparse_vector import Walks, above_threshold
 from dpsql.policy import Policy

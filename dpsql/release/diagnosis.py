@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpsql.plan.planner import Diagnosis, Plan
-from dpsql.release.estimates import half_width
+from dpsql.plan.estimators import half_width
+from dpsql.plan.plans import Diagnosis, Plan
 
 __all__ = ["Diagnosed", "covers", "diagnose"]
 

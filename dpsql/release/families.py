@@ -14,8 +14,6 @@ its measurements (``derive``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -24,39 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from dpsql.accounting.ledger.ledger import Record
-from dpsql.cache.stored_values import plain as _plain
-from dpsql.cache.stored_values import typed as _typed
 from dpsql.errors import InternalError
 from dpsql.noise import measure as release
-from dpsql.plan.planner import Plan
+from dpsql.noise.measure import Noisy
+from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import (
     Family,
     _Kind,
     _level_map,
-    base_digest,
-    eligible,
-    key_descriptor,
     member_kinds,
-    positions_among,
-    spec_text,
 )
 from dpsql.plan.workload.least_squares import adjust
-from dpsql.release.post import Noisy
 
-__all__ = [
-    "RECORD_KIND",
-    "answer_family",
-    "combine",
-    "derive",
-    "exact_levels",
-    "family_key",
-    "family_payload",
-    "fine_cells",
-    "from_payload",
-    "measure_family",
-    "released_family",
-]
+__all__ = ["answer_family", "combine", "exact_levels", "fine_cells", "measure_family"]
 
 
 def fine_cells(
@@ -248,102 +226,3 @@ def _member(  # noqa: PLR0917
         measurements.append(replace(m, combined=signatures))
     answered = replace(plan, measurements=tuple(measurements))
     return answered, Noisy(tuple(tuple(k) for k in keys), tuple(totals))  # type: ignore[arg-type]
-
-
-# -- released families: served again at no cost -------------------------------------------------
-RECORD_KIND = "family_release"
-
-
-def family_key(family: Family, dataset: str, policy_version: str, data_version: str) -> str:
-    """What a family's release answers: the bounded query at the fine grouping (its tables,
-    WHERE, bounds, grids and key domains), the measurements taken with their noise, the policy
-    and the data version. Any later plan with the same key is answered by post-processing."""
-    taken = [
-        [t.spec, list(t.level), t.measurement.label, str(t.measurement.scale),
-         str(t.measurement.sensitivity), t.dimensions]
-        for t in family.taken
-    ]  # fmt: skip
-    body = [dataset, policy_version, data_version, family.fine.engine_sql, list(family.sizes),
-            taken]  # fmt: skip
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def released_family(records: Sequence[Record], key: str) -> Record | None:
-    """The latest release of the family ``key``, if any."""
-    for record in reversed(records):
-        if record.kind == RECORD_KIND and record.payload.get("key") == key:
-            return record
-    return None
-
-
-def family_payload(
-    family: Family, key: str, charge: int, values: Sequence[Sequence[Any]], noised: Noised
-) -> dict[str, Any] | None:
-    """The ledger record of a family's release (None when a key value cannot be stored
-    exactly: the release is then not kept, never wrong)."""
-    try:
-        cells = [[_plain(v) for v in column] for column in values]
-    except TypeError:
-        return None
-    measured = [[spec, list(level), list(totals)] for (spec, level), totals in noised.items()]
-    return {"key": key, "charge": charge, "cells": cells, "measurements": measured,
-            "derive": _description(family)}  # fmt: skip
-
-
-def _description(family: Family) -> dict[str, Any]:
-    """What a later statement's plan is matched against to be answered from the release
-    (``derive``): public quantities of the family's plan only."""
-    kinds = member_kinds(family.sizes, family.members)
-    return {
-        "base": base_digest(family.fine),
-        "keys": [key_descriptor(k) for k in family.fine.analysis.keys],
-        "sizes": list(family.sizes),
-        "specs": [spec_text(family.fine, m) for m in family.fine.measurements],
-        "levels": {str(k.spec): [list(lv) for lv in k.levels] for k in kinds},
-        "scales": [[t.spec, list(t.level), str(t.measurement.scale)] for t in family.taken],
-    }
-
-
-def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
-    """``plan``'s answer from a family's release, when it is a linear function of the
-    measurements released (None otherwise): the same rows before bounding, the same settings
-    but epsilon, the same contribution bounds, its keys among the fine keys (an other group for
-    each fine key it lacks), and each of its measurements a kind the family measured at a level
-    holding its keys. Its cells are sums of the fine cells' least-squares values, and their
-    noise the combination of the released noises: post-processing, so free."""
-    info = payload.get("derive")
-    if info is None or not eligible(plan) or info["base"] != base_digest(plan):
-        return None
-    positions = positions_among(info["keys"], [key_descriptor(k) for k in plan.analysis.keys])
-    if positions is None:
-        return None
-    level = tuple(sorted(positions))
-    index = {text: j for j, text in enumerate(info["specs"])}
-    found = [index.get(spec_text(plan, m)) for m in plan.measurements]
-    specs = [s for s in found if s is not None]
-    if len(specs) != len(found):
-        return None
-    sizes = tuple(int(n) for n in info["sizes"])
-    kinds = []
-    for spec in sorted(set(specs)):
-        stored = [tuple(int(p) for p in lv) for lv in info["levels"].get(str(spec), [])]
-        # Answerable from the kind's base cells: a level whose keys the base holds.
-        if not stored or not set(level) <= set(stored[0]):
-            return None
-        levels = stored if level in stored else [*stored, level]
-        maps = tuple(_level_map(sizes, stored[0], lv) for lv in levels)
-        kinds.append(_Kind(spec, tuple(levels), maps, sizes))
-    scales = {(int(spec), tuple(int(p) for p in lv)): Fraction(scale)
-              for spec, lv, scale in info["scales"]}  # fmt: skip
-    values, noised = from_payload(payload)
-    answers = _answers(sizes, kinds, scales, noised)
-    return _member(plan, positions, specs, answers, values, sizes)
-
-
-def from_payload(payload: dict[str, Any]) -> tuple[list[list[Any]], Noised]:
-    values = [[_typed(v) for v in column] for column in payload["cells"]]
-    noised = {
-        (int(spec), tuple(int(p) for p in level)): [int(v) for v in totals]
-        for spec, level, totals in payload["measurements"]
-    }
-    return values, noised

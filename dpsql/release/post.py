@@ -23,19 +23,13 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, ParameterError, UnsupportedQueryError
-from dpsql.plan.planner import Plan
-from dpsql.release.estimates import TOTALS, _estimates, scaled
+from dpsql.noise.measure import Noisy, measure
+from dpsql.plan.estimators import TOTALS, _estimates, scaled
+from dpsql.plan.plans import Plan
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import total
 
-__all__ = [
-    "ACCURACY_SUFFIX",
-    "Noisy",
-    "Release",
-    "accuracy_columns",
-    "check_post_processing",
-    "publish",
-]
+__all__ = ["ACCURACY_SUFFIX", "Release", "accuracy_columns", "check_post_processing", "publish"]
 
 
 def _sql(node: Any) -> str:
@@ -207,20 +201,6 @@ def _bare_aggregate(plan: Plan) -> list[int | None]:
     return result
 
 
-@dataclass(frozen=True)
-class Noisy:
-    """The released noisy measurements: group keys (one tuple per column) and, per measurement,
-    the noisy integer total of each released group. This is what a cache keeps: everything
-    after it is post-processing. ``derived`` lists the estimates computed from other
-    measurements than their own (their half-width is not known)."""
-
-    keys: tuple[tuple[Any, ...], ...]
-    totals: tuple[tuple[int, ...], ...]
-    derived: frozenset[int] = frozenset()
-    # The noisy histogram of the diagnosis, one count per flag pattern (None: not diagnosed).
-    diagnosis: tuple[int, ...] | None = None
-
-
 def publish(plan: Plan, noisy: Noisy) -> Release:
     """Post-processing only: estimates, accuracy, outputs, HAVING, ORDER BY, LIMIT."""
     confidence = plan.options.confidence
@@ -295,7 +275,7 @@ def _direct(
 ) -> Release | None:
     """The release computed in Python where the post-processing only picks columns, sorts and
     slices (no expression, no HAVING): the same columns, types, rows, order and half-widths as
-    the scratch database gives (``tests/test_publish_direct.py`` compares the two), without
+    the scratch database gives (``tests/release/test_publish_direct.py`` compares the two), without
     its one to two milliseconds. None where it does not apply."""
     a = plan.analysis
     if not _picks_only(plan):
@@ -366,3 +346,8 @@ def _width(value: Any) -> float | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return float(value)
+
+
+def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:
+    """Add noise to the bounded totals and post-process; the charge was committed before."""
+    return publish(plan, measure(plan, rows))

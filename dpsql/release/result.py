@@ -1,20 +1,34 @@
-"""What a statement gives back: ``Result``, a table with its plan, its charge and its ±.
+"""What a statement gives back: ``Result``, a table with its plan, its charge and its ±, and
+the forms it is read in: a notebook's HTML, a pandas DataFrame, an Arrow table.
 
 ``_with_accuracy`` is the form of a Result with ``SET dpsql.accuracy_columns = on``: a column
-of half-widths after each output that has them. ``Result`` is importable from
-``dpsql.session.session`` as well, which returns it.
+of half-widths after each output that has them.
+
+pandas and pyarrow are optional (``pip install 'dpsql[frames]'``): without them, ``to_pandas``
+and ``to_arrow`` raise an ``ImportError`` that says what to install; the HTML needs
+neither. With ``accuracy=True`` each column that has half-widths is followed by a ``<name> ±``
+column (noise only, at the result's confidence). What the answer cost travels with it:
+``DataFrame.attrs`` and the Arrow schema's metadata hold ``epsilon``, ``delta`` (exact, as
+text), ``confidence``, ``ledger_record`` (the charge) or ``cached_from`` (the release served
+again), so a frame saved or passed on still says what it is.
 """
 
 from __future__ import annotations
 
+import html
+import importlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, Decimal
+from fractions import Fraction
 from typing import Any
 
-from dpsql.accounting.budget.build import Charge
-from dpsql.plan.planner import Plan
-from dpsql.release import frames
+from dpsql.accounting.budget.report import Charge
+from dpsql.plan.plans import Plan
+from dpsql.release import diagnosis
 from dpsql.release.diagnosis import Diagnosed
+from dpsql.release.post import ACCURACY_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -39,11 +53,11 @@ class Result:
     def __repr__(self) -> str:
         shown = ", ".join(self.columns[:6]) + (", ..." if len(self.columns) > 6 else "")
         what = f"{len(self.rows)} row(s) of {shown}" if self.columns else self.message or "empty"
-        return f"<Result: {what}; {frames.summary(self)}>"
+        return f"<Result: {what}; {summary(self)}>"
 
     def _repr_html_(self) -> str:
         """A notebook's display: the values with their ±, and the cost."""
-        return frames.to_html(self)
+        return to_html(self)
 
 
 def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
@@ -79,3 +93,224 @@ def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
         rows=tuple(rows),
         accuracy=tuple(accuracy),
     )
+
+
+MAX_HTML_ROWS = 50  # a notebook shows the first rows; the caption says how many there are
+
+
+def _optional(module: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package = "pandas" if module == "pandas" else "pyarrow"
+        raise ImportError(
+            f"{what} needs {package}, which is not installed: pip install 'dpsql[frames]' "
+            f"(or pip install {package})"
+        ) from None
+
+
+def cost_metadata(result: Result) -> dict[str, str]:
+    """What the result cost, as text: for ``DataFrame.attrs`` and Arrow schema metadata."""
+    meta: dict[str, str] = {}
+    if result.confidence is not None:
+        meta["confidence"] = repr(result.confidence)
+    if result.charge is not None:
+        meta["epsilon"] = str(result.charge.epsilon)
+        meta["delta"] = str(result.charge.delta)
+        meta["ledger_record"] = str(result.charge.seq)
+    elif result.cached_from is not None:
+        meta["epsilon"] = meta["delta"] = "0"
+        meta["cached_from"] = str(result.cached_from)
+    if result.confidence is not None:
+        meta["accuracy"] = "half-widths of the noise only, not confidence intervals of the truth"
+    if result.diagnosis is not None:
+        meta["diagnosis"] = result.diagnosis.describe()
+    return meta
+
+
+def columns(
+    result: Result, rows: Sequence[Sequence[Any]], accuracy: bool
+) -> list[tuple[str, str, list[Any]]]:
+    """(name, DuckDB type, values) of each output column, and with ``accuracy`` the ± columns
+    after the columns that have half-widths."""
+    start = len(result.rows) - len(rows)  # ``rows`` are the last ones (a cursor's remainder)
+    widths = result.accuracy[start:] if result.accuracy else ()
+    out: list[tuple[str, str, list[Any]]] = []
+    for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
+        out.append((name, dtype, [row[i] for row in rows]))
+        column = [w[i] if i < len(w) else None for w in widths]
+        if accuracy and any(w is not None for w in column):
+            out.append((name + ACCURACY_SUFFIX, "DOUBLE", column))
+    return out
+
+
+def to_pandas(
+    result: Result, rows: Sequence[Sequence[Any]] | None = None, accuracy: bool = False
+) -> Any:
+    """``result`` (or its last ``rows``) as a pandas DataFrame; see the module's docstring."""
+    pd = _optional("pandas", "fetch_df()")
+    chosen = result.rows if rows is None else rows
+    chosen_columns = columns(result, chosen, accuracy)
+    frame = pd.DataFrame({name: pd.Series(values, dtype=_pandas_dtype(dtype, values))
+                          for name, dtype, values in chosen_columns})  # fmt: skip
+    frame.attrs.update(cost_metadata(result))
+    return frame
+
+
+def _pandas_dtype(dtype: str, values: Sequence[Any]) -> str | None:
+    """A nullable pandas dtype for integers and booleans (a NULL keeps the column integral);
+    None (inferred) for the rest."""
+    upper = dtype.upper()
+    if upper in ("BIGINT", "INTEGER", "SMALLINT", "TINYINT", "UBIGINT", "UINTEGER", "USMALLINT",
+                 "UTINYINT"):  # fmt: skip
+        return "Int64" if upper != "UBIGINT" else "UInt64"
+    if upper == "BOOLEAN":
+        return "boolean"
+    if upper in ("DOUBLE", "FLOAT", "REAL"):
+        return "float64"
+    if upper == "VARCHAR":
+        return "string" if any(v is not None for v in values) else "object"
+    return None
+
+
+def to_arrow(
+    result: Result, rows: Sequence[Sequence[Any]] | None = None, accuracy: bool = False
+) -> Any:
+    """``result`` (or its last ``rows``) as a pyarrow Table, each column in the Arrow type of
+    its DuckDB type; the cost in the schema's metadata."""
+    pa = _optional("pyarrow", "fetch_arrow_table()")
+    chosen = result.rows if rows is None else rows
+    arrays, fields = [], []
+    for name, dtype, values in columns(result, chosen, accuracy):
+        kind = _arrow_type(pa, dtype)
+        arrays.append(pa.array(values, type=kind))
+        fields.append(pa.field(name, arrays[-1].type))
+    schema = pa.schema(fields, metadata=cost_metadata(result))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _arrow_type(pa: Any, dtype: str) -> Any:
+    upper = " ".join(dtype.upper().split())
+    simple = {
+        "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(),
+        "INTEGER": pa.int32(), "BIGINT": pa.int64(), "UTINYINT": pa.uint8(),
+        "USMALLINT": pa.uint16(), "UINTEGER": pa.uint32(), "UBIGINT": pa.uint64(),
+        "FLOAT": pa.float32(), "REAL": pa.float32(), "DOUBLE": pa.float64(),
+        "VARCHAR": pa.string(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us"),
+        "TIMESTAMP WITH TIME ZONE": pa.timestamp("us", tz="UTC"),
+        "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"), "BLOB": pa.binary(),
+        "HUGEINT": pa.decimal128(38, 0),
+    }  # fmt: skip
+    if upper in simple:
+        return simple[upper]
+    if upper.startswith("DECIMAL(") and upper.endswith(")"):
+        precision, scale = (int(x) for x in upper[8:-1].split(","))
+        return pa.decimal128(precision, scale)
+    return None  # inferred from the values
+
+
+def to_html(result: Result) -> str:
+    """The result as an HTML table for notebooks: each value with its ± where it has one, and a
+    caption with the cost and what the ± covers. Every value is escaped: data values are text
+    an attacker may have written."""
+    n = len(result.rows)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in result.columns)
+    body = []
+    for r, row in enumerate(result.rows[:MAX_HTML_ROWS]):
+        widths = result.accuracy[r] if r < len(result.accuracy) else ()
+        cells = []
+        for i, value in enumerate(row):
+            width = widths[i] if i < len(widths) else None
+            cells.append(f"<td>{html.escape(cell(value, width))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = f"; first {MAX_HTML_ROWS} shown" if n > MAX_HTML_ROWS else ""
+    caption = html.escape(f"{n} row(s){more}; {summary(result)}")
+    return (
+        f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def summary(result: Result) -> str:
+    """One line: what the answer cost, and what its ± covers."""
+    if result.charge is not None:
+        cost = (
+            f"charged epsilon {_decimal(result.charge.epsilon)}, delta "
+            f"{_decimal(result.charge.delta)} (ledger record #{result.charge.seq})"
+        )
+    elif result.cached_from is not None:
+        cost = f"served from the cache (release #{result.cached_from}), no charge"
+    else:
+        cost = "nothing was charged"
+    if result.confidence is not None and any(w is not None for r in result.accuracy for w in r):
+        cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
+    elif result.diagnosis is not None:
+        cost += f"; {result.diagnosis.summary()}"
+    return cost
+
+
+def covers(result: Result) -> str:
+    """What a result's ± covers, as every interface says it: the noise only, and with a
+    diagnosis (``SET dpsql.diagnose = on``) how much the bounds cut, which the ± does not cover:
+    ``noise only; bounds cut ~8% of units``. Never a confidence interval of the true value."""
+    return diagnosis.covers(result.diagnosis, result.plan)
+
+
+def _decimal(value: Any) -> str:
+    if isinstance(value, Fraction) and value.denominator != 1:
+        return f"{float(value):.6g}"
+    return str(value)
+
+
+def cell(value: Any, width: float | None) -> str:
+    """``value ± half-width`` as every text interface prints it (the shell, ``dpsql run`` and
+    ``dpsql query`` tables, notebooks): the value rounded to the precision its accuracy
+    supports, the half-width at the same precision rounded **up**, so that rounding never
+    makes an answer look more accurate than it is.
+
+    >>> cell(1234.56, 12.4), cell(0.5123, 0.0123), cell(7, None), cell(2.0, 0.25)
+    ('1235 ± 13', '0.512 ± 0.013', '7', '2.00 ± 0.25')
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if width is None or not math.isfinite(width):
+        return f"{value:.6g}" if isinstance(value, float) else str(value)
+    digits = 0 if width >= 10 or width <= 0 else min(6, 1 - math.floor(math.log10(width)))
+    up = math.ceil(Decimal(repr(float(width))).scaleb(digits)) / Decimal(10) ** digits
+    return f"{value:.{digits}f} ± {float(up):.{digits}f}"
+
+
+def half_width(value: float, digits: int = 4) -> str:
+    """A half-width as people read it, to ``digits`` significant digits, rounded **up** (so
+    that rounding never makes an answer look more accurate than it is).
+
+    >>> half_width(12.3441), half_width(0.000123456), half_width(150.0), half_width(2e7)
+    ('12.35', '0.0001235', '150', '2e+07')
+    """
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.{digits}g}"
+    exponent = math.floor(math.log10(value)) - digits + 1
+    scaled = Decimal(repr(value)).scaleb(-exponent)
+    up = int(scaled.to_integral_value(rounding=ROUND_CEILING))
+    return f"{float(Decimal(up).scaleb(exponent)):.{digits}g}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+__all__ = [
+    "cell",
+    "columns",
+    "cost_metadata",
+    "covers",
+    "half_width",
+    "summary",
+    "to_arrow",
+    "to_html",
+    "to_pandas",
+]

@@ -15,12 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from dpsql.accounting.budget.build import Budget, Charge
-from dpsql.accounting.ledger.ledger import Record
+from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.report import Charge
+from dpsql.accounting.ledger.chain import Record
 from dpsql.engine.base import Engine
 from dpsql.errors import EngineError, ParameterError, UndeclaredMechanismError
 from dpsql.mechanisms.events import Composite, PureDP
-from dpsql.plan.planner import Plan
+from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.policy.numbers import decimal_text
 from dpsql.release import clamp_bounds as bounds

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from dpsql.cache import releases as cache
-from dpsql.plan.planner import Plan
+from dpsql.plan.plans import Plan
 from dpsql.policy import Policy
 
 # Values a plan key may hold: with their type name, they identify the input exactly.

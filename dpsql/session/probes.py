@@ -11,12 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from dpsql.analyze.analysis import GroupKey
-from dpsql.analyze.analyze import Analysis
+from dpsql.analyze.analysis import Analysis, GroupKey
 from dpsql.analyze.cells import Cell
 from dpsql.analyze.domains import probe_sql
 from dpsql.analyze.scope import SIGNED_RANGES, _quote
-from dpsql.bound.rewrite import key_sql, literal_sql
+from dpsql.bound.filters import key_sql, literal_sql
 from dpsql.engine.base import Engine
 from dpsql.errors import BoundsError, ParameterError, UnsupportedQueryError
 
@@ -105,8 +104,8 @@ class Probes:
     def _key_type(self, analysis: Analysis, expression: str) -> str:
         """The engine's type of a key expression over the query's relation: for a bare column
         of a table read directly on DuckDB, the type the engine's catalog gives that column (what
-        DESCRIBE would bind it to, ``tests/test_check_types.py``), else the engine's DESCRIBE
-        (about a millisecond). Either reads no rows."""
+        DESCRIBE would bind it to, ``tests/analyze/test_check_types.py``), else the engine's
+        DESCRIBE (about a millisecond). Either reads no rows."""
         bare = _BARE_COLUMN.fullmatch(expression)
         table = self.engine.catalog.get(analysis.table.lower(), {})
         direct = analysis.source == _quote(analysis.table)
@@ -126,7 +125,7 @@ class Probes:
         bare VARCHAR column of a table read directly, with no collation, on DuckDB: distinct and
         sorted by code point (UTF-8's byte order, DuckDB's order of such a column), NULL last
         -- what ``probe_sql`` returns there, without its millisecond or two
-        (``tests/test_key_domains.py`` compares the two on hostile texts). None elsewhere: a
+        (``tests/analyze/test_key_domains.py`` compares the two on hostile texts). None elsewhere: a
         collation, a cast, a value of another type, or a text DuckDB may read otherwise (a NUL
         character, a lone surrogate) goes through the engine. A key of a signed integer type
         with a domain of Python integers (a date part, a CASE of integers, an integer column)

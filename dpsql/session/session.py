@@ -23,8 +23,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql.accounting.budget.build import BudgetReport, Charge, budget_for, open_store
-from dpsql.analyze.analyze import Analysis, analyze
+from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.budget.report import BudgetReport, Charge
+from dpsql.accounting.ledger.store import open_store
+from dpsql.analyze.analysis import Analysis
+from dpsql.analyze.analyze import analyze
 from dpsql.analyze.binds import provably_binds
 from dpsql.analyze.sample import implemented, take_sample
 from dpsql.cache import releases as cache
@@ -36,30 +39,21 @@ from dpsql.errors import (
     PolicyError,
     UnsupportedQueryError,
 )
-from dpsql.noise.measure import (
-    Release,
-    accuracy_columns,
-    check_post_processing,
-    check_samplable,
-    measure,
-    measure_diagnosis,
-    publish,
-)
-from dpsql.plan.planner import Plan, plan_query
+from dpsql.noise.measure import check_samplable, measure, measure_diagnosis
+from dpsql.plan.planner import plan_query
+from dpsql.plan.plans import Plan
 from dpsql.plan.targets import solve
 from dpsql.policy import Policy, check_against_schema, load_policy
-from dpsql.policy.numbers import MAX_QUERY_RHO, decimal_text
+from dpsql.policy.numbers import decimal_text
 from dpsql.release.diagnosis import diagnose
+from dpsql.release.post import Release, accuracy_columns, check_post_processing, publish
 from dpsql.release.result import Result, _with_accuracy
 from dpsql.session.bounds import EstimatedBounds
 from dpsql.session.plans import PlanKeys, Planned
 from dpsql.session.probes import Probes
 from dpsql.session.settings import (
-    DEFAULT_CONFIDENCE,
-    MAX_NOISE_MULTIPLIER,
     SETTINGS,
     Settings,
-    check_setting,
     target_of,
 )
 from dpsql.sql.options import EMPTY, check_privacy_unit, merge_options
@@ -76,18 +70,7 @@ from dpsql.sql.parse import (
 )
 from dpsql.sql.validate import validate
 
-__all__ = [
-    "DEFAULT_CONFIDENCE",
-    "MAX_KEPT_PLANS",
-    "MAX_NOISE_MULTIPLIER",
-    "MAX_QUERY_RHO",
-    "SETTINGS",
-    "VERSION",
-    "Planned",
-    "Result",
-    "Session",
-    "check_setting",
-]
+__all__ = ["MAX_KEPT_PLANS", "VERSION", "Session"]
 
 log = logging.getLogger("dpsql")
 VERSION = "0.1.0"
@@ -196,7 +179,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
         statement while the engine checks this one."""
         key = self.plan_key(sql, params, options, current)
         # Reused only under the full key: a SET, another analyst, a policy edit, a new data
-        # version or a new bounds estimate each plan afresh (tests/test_plan_cache.py).
+        # version or a new bounds estimate each plan afresh (tests/cache/test_plan_cache.py).
         found = self._plans.get(key) if key is not None else None
         if found is not None:
             return lambda: found
@@ -322,7 +305,7 @@ class Session(Settings, PlanKeys, EstimatedBounds, Probes):
 
         Public keys carry the type the engine gave their expression (``_engine_values``),
         which the bounded SQL keeps (its keys come from the domain, cast to that type;
-        ``tests/test_check_types.py``), so only a query with a key of no public domain needs
+        ``tests/analyze/test_check_types.py``), so only a query with a key of no public domain needs
         the engine's DESCRIBE as well. ``soon``: in the engine's worker (else here and now)."""
         known = [key.engine_type for key in plan.analysis.keys]
         public = all(known)

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from dpsql.accounting.budget.build import BudgetReport
+from dpsql.accounting.budget.report import BudgetReport
 from dpsql.analyze.sample import check_rate
 from dpsql.errors import ParameterError
-from dpsql.plan.planner import QueryOptions
+from dpsql.plan.plans import QueryOptions
 from dpsql.plan.split import SPLITS
 from dpsql.plan.targets import Target
 from dpsql.policy import (

@@ -14,15 +14,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from dpsql.accounting.budget.build import Budget, MemoryLedger, budget_for
+from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.ledger.store import MemoryLedger
+from dpsql.cache.families import family_key, released_family
 from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
-from dpsql.interfaces.report.report import exact
 from dpsql.mechanisms.events import Composite, Event
-from dpsql.plan.planner import Plan
+from dpsql.plan.estimators import TOTALS, half_width
+from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import Family, Joint, plan_joint
-from dpsql.release.estimates import TOTALS, half_width
-from dpsql.release.families import family_key, released_family
-from dpsql.session.session import Planned, Session
+from dpsql.policy.numbers import exact
+from dpsql.session.plans import Planned
+from dpsql.session.session import Session
 from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece
 

@@ -17,22 +17,16 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 
-from dpsql.accounting.budget.build import Charge
+from dpsql.accounting.budget.report import Charge
 from dpsql.cache import releases as cache
+from dpsql.cache.families import RECORD_KIND, family_key, family_payload, from_payload
 from dpsql.errors import BudgetExceededError, EngineError
-from dpsql.interfaces.report.report import exact
-from dpsql.noise.measure import accuracy_columns, publish
 from dpsql.plan.workload.family import Family
-from dpsql.release.families import (
-    RECORD_KIND,
-    combine,
-    family_key,
-    family_payload,
-    from_payload,
-    measure_family,
-)
-from dpsql.release.result import _with_accuracy
-from dpsql.session.session import Result, Session
+from dpsql.policy.numbers import exact
+from dpsql.release.families import combine, measure_family
+from dpsql.release.post import accuracy_columns, publish
+from dpsql.release.result import Result, _with_accuracy
+from dpsql.session.session import Session
 from dpsql.session.workload_plan import Step, Workload, _one_line, _totals, plan_workload
 from dpsql.sql.parse import EstimateBounds, parse_statement
 from dpsql.sql.split import split_statements

@@ -23,7 +23,7 @@ from dpsql.accounting.budget.parallel import Cell, views, views_with
 from dpsql.accounting.budget.readings import Readings
 from dpsql.accounting.budget.report import BudgetReport, Charge, _down, _shown, _up
 from dpsql.accounting.budget.state import _add, _additive_delta, _State, _Views, events_for
-from dpsql.accounting.ledger.ledger import Record
+from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import MemoryLedger, Store
 from dpsql.accounting.theorems.advanced import AdvancedFilter
 from dpsql.accounting.theorems.base import Accountant, Filter, Spent
@@ -169,7 +169,7 @@ class Budget(Readings):
             mine = _Views(state.new_tally)  # an empty history (not kept: it may be refused)
         events = events_for(rule.name, [new])
         # The filter's own decision on each view's running tally (``base.Tally``): exactly
-        # ``admits`` on that view's history (tests/test_incremental_filters.py).
+        # ``admits`` on that view's history (tests/accounting/test_incremental_filters.py).
         return all(rule.admits_tally(tally, events) for tally in mine.holding(new.cell))
 
     def _admits_replay(self, rule: Filter, state: _State, who: str, new: Composite) -> bool:

@@ -26,22 +26,11 @@ open).
 from __future__ import annotations
 
 from dpsql.accounting.budget.budget import Budget
-from dpsql.accounting.budget.report import (
-    BudgetReport,
-    Charge,
-    Figure,
-    ShareReport,
-    _shown,  # noqa: F401  (its old home: imported from here)
-)
-from dpsql.accounting.budget.state import Sums, ViewKey, events_for
 from dpsql.accounting.ledger.ledger import BUDGET_RECORD
 from dpsql.accounting.ledger.store import (
     MemoryLedger,
     Store,
     budget_caps,
-    create_ledger,
-    ledger_exists,
-    open_store,
     pinned_spec,
 )
 from dpsql.accounting.theorems.advanced import AdvancedAccountant
@@ -53,25 +42,7 @@ from dpsql.accounting.theorems.rdp import RdpAccountant
 from dpsql.accounting.theorems.zcdp import ZcdpAccountant
 from dpsql.policy import BudgetSpec
 
-__all__ = [
-    "Budget",
-    "BudgetReport",
-    "Charge",
-    "Figure",
-    "MemoryLedger",
-    "ShareReport",
-    "Store",
-    "Sums",
-    "ViewKey",
-    "budget_caps",
-    "budget_for",
-    "create_ledger",
-    "events_for",
-    "ledger_exists",
-    "odometers",
-    "open_store",
-    "pinned_spec",
-]
+__all__ = ["budget_for", "odometers"]
 
 
 def odometers() -> list[Accountant]:

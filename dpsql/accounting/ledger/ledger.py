@@ -35,15 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.accounting.ledger.anchor import (
-    _SLOT,  # noqa: F401  (its old home: read from here)
-    MAX_ANCHOR_BYTES,
     MAX_TAIL,
     _anchor,
     _read_anchor,
     _write_anchor,
     _write_tail,
     anchor_path,
-    read_anchor,
 )
 from dpsql.accounting.ledger.catch_up import CatchUp, _data_version
 from dpsql.accounting.ledger.chain import (
@@ -64,18 +61,7 @@ from dpsql.accounting.ledger.files import (
 )
 from dpsql.errors import BudgetExceededError, LedgerError
 
-__all__ = [
-    "BUDGET_RECORD",
-    "FORMAT",
-    "GENESIS",
-    "MAX_ANCHOR_BYTES",
-    "Ledger",
-    "Record",
-    "anchor_path",
-    "canonical",
-    "read_anchor",
-    "record_hash",
-]
+__all__ = ["BUDGET_RECORD", "FORMAT", "Ledger"]
 
 FORMAT = 1
 # The first record of every ledger: the budget's caps, its deciding filter and the filter's

@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dpsql.accounting.ledger.ledger import BUDGET_RECORD, Ledger, Record, anchor_path
+from dpsql.accounting.ledger.anchor import anchor_path
+from dpsql.accounting.ledger.chain import Record
+from dpsql.accounting.ledger.ledger import BUDGET_RECORD, Ledger
 from dpsql.errors import EntropyError, LedgerError, PolicyError
 from dpsql.policy import FILTER_VERSION, BudgetSpec, FilterVersion, Policy
 

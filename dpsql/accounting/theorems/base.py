@@ -22,9 +22,9 @@ filter reads it (running sums of RDP at each order, of rho, of squared epsilons,
 folds events into it as they are charged, and ``admits_tally(tally, new)`` decides in time
 independent of the history's length. It must decide exactly as ``admits(history, new)`` does
 for the history folded into the tally (the stateless form stays as the reference, and
-tests/test_incremental_filters.py drives both with random streams): every sum the stateless form
-computes exactly is kept exactly, and a float sum it rounds once (``math.fsum``) is kept as the
-exact sum of the same floats and rounded once.
+tests/accounting/test_incremental_filters.py drives both with random streams): every sum the
+stateless form computes exactly is kept exactly, and a float sum it rounds once (``math.fsum``) is
+kept as the exact sum of the same floats and rounded once.
 
 Every filter also reads its own spend: ``epsilon_spent(tally, new)`` is the epsilon the filter's
 own rule certifies for the history folded into ``tally`` followed by ``new``, at its cap's delta

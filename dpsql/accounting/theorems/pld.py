@@ -43,8 +43,8 @@ and 5,000 2.1e-4 low (2.1e-3 at 1e-10), 1,000 of epsilon 0.02 1.3e-5 low, others
 every absolute error was below 2.1e-13, under 0.4 u k for k composed events (u = 2^-53). The
 old margin, a relative 1e-9, covered none of it. Every figure from dp_accounting therefore adds
 ``FFT_NOISE`` k (20 times the worst seen) to delta, and solves for epsilon at delta less it
-(tests/test_pld_lattice.py pins such histories): at 10,000 events that is 1.8e-11, 1.8% of a
-delta of 1e-9. The PLD filter composes its one mechanism without FFT, rigorously.
+(tests/mechanisms/test_pld_lattice.py pins such histories): at 10,000 events that is 1.8e-11, 1.8%
+of a delta of 1e-9. The PLD filter composes its one mechanism without FFT, rigorously.
 
 Discretization (measured, 2 cores): 10,000 Laplace events of epsilon 0.01 give epsilon 4.87628
 at delta 1e-6 with interval 1e-3 against 4.87626 at 1e-4 and 1e-5, with 47k grid points instead

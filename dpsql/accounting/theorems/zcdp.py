@@ -19,13 +19,17 @@ from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
 from dpsql.accounting.theorems.base import agreeing
-from dpsql.mechanisms.conversions import frac_down, frac_up, zcdp_to_delta, zcdp_to_dp
+from dpsql.mechanisms.conversions import (
+    frac_down,
+    frac_up,
+    rho_for,
+    zcdp_to_delta,
+    zcdp_to_dp,
+)
 from dpsql.mechanisms.curves import GroupCache, zcdp
 from dpsql.mechanisms.events import Event
 
-__all__ = ["ZcdpAccountant", "ZcdpFilter", "ZcdpTally", "composed_zcdp", "rho_for"]
-
-_RHO_STEPS = 200
+__all__ = ["ZcdpAccountant", "ZcdpFilter", "ZcdpTally", "composed_zcdp"]
 
 
 def composed_zcdp(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fraction]:
@@ -65,28 +69,6 @@ class ZcdpAccountant:
         rho, approx_delta = composed_zcdp(self._groups(history))
         converted = zcdp_to_delta(frac_up(rho), epsilon)
         return min(1.0, frac_up(Fraction(converted) + approx_delta))
-
-
-def rho_for(epsilon: float, delta: float) -> float:
-    """The largest rho (to a relative 1e-9, never above) with zcdp_to_dp(rho, delta) <= epsilon:
-    the zCDP budget that implies (epsilon, delta)-DP (CKS 2020, Corollary 13).
-
-    The search starts from the rho of the simple bound epsilon = rho + 2 sqrt(rho ln(1/delta))
-    (Bun, Steinke 2016, Prop. 1.3), which the CKS conversion never exceeds, so it always fits;
-    and rho <= epsilon, since rho-zCDP gives epsilon >= rho.
-    """
-    log_inv = math.log(1 / delta)
-    lo = (math.sqrt(log_inv + epsilon) - math.sqrt(log_inv)) ** 2 * (1 - 1e-12)
-    hi = epsilon
-    for _ in range(_RHO_STEPS):
-        mid = (lo + hi) / 2
-        if hi - lo <= lo * 1e-9 or mid in (lo, hi):
-            break
-        lo, hi = (mid, hi) if zcdp_to_dp(mid, delta) <= epsilon else (lo, mid)
-    # The conversion is optimized numerically: never return a rho it does not certify.
-    while lo > 0 and zcdp_to_dp(lo, delta) > epsilon:
-        lo *= 1 - 1e-6
-    return lo
 
 
 class ZcdpFilter:

@@ -30,7 +30,8 @@ from sqlglot import exp
 
 from dpsql.analyze.cells import key_query
 from dpsql.analyze.sample import SAMPLE_PARAMETER
-from dpsql.bound.rewrite import SALT_PARAMETER, parse_bounded
+from dpsql.bound.rewrite import parse_bounded
+from dpsql.bound.specs import SALT_PARAMETER
 from dpsql.engine.duckdb.connections import (
     _Checker,
     _DatabaseKey,
@@ -79,8 +80,8 @@ class DuckDBEngine:
             # DuckDB folds expressions from the files' column statistics, and Parquet's min and
             # max leave NaN out: with a max of 201, isnan(x) became false and NaN > 200 true on
             # every row, so one unit's value decided how another unit's NaN was bounded (the
-            # sensitivity broke; tests/test_nan_statistics.py). Every row is computed. The same
-            # statistics skip row groups under a filter pushed into the scan (a bare x > 200
+            # sensitivity broke; tests/bound/test_nan_statistics.py). Every row is computed. The
+            # same statistics skip row groups under a filter pushed into the scan (a bare x > 200
             # keeps a NaN only where another row of its row group exceeds 200): the bounded
             # query's WHERE is TRY(...) IS TRUE, which is never pushed (the same tests).
             # And a speed choice, the same rows either way: DuckDB rewrites a window

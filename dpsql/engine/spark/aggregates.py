@@ -61,7 +61,7 @@ def _count_total(lw: _Lowerer, node: exp.Cast, ctx: _Ctx) -> _E | None:
     of one table (``dpsql.bound.values._count_sum``), never above its row count; elsewhere Spark
     could fail where DuckDB answers, never answer otherwise. No other part of the bounded query
     writes a CAST around a SUM (an analyst's SUM inside a subquery is a column of its own,
-    ``dpsql.analyze.per_unit``): ``tests/test_breadth_golden.py`` checks both."""
+    ``dpsql.analyze.per_unit``): ``tests/bound/test_breadth_golden.py`` checks both."""
     total = node.this
     if type(node) is not exp.Cast or not isinstance(total, exp.Sum):
         return None

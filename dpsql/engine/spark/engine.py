@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.analyze.sample import SAMPLE_PARAMETER
-from dpsql.bound.rewrite import SALT_PARAMETER
+from dpsql.bound.specs import SALT_PARAMETER
 from dpsql.engine.csv_text import (
     CUT,
     READER_LINE_BYTES,
@@ -58,11 +58,11 @@ from dpsql.engine.csv_text import (
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.engine.duckdb.views import _csv_columns
 from dpsql.engine.spark.lower import lower
-from dpsql.engine.spark.session import _connect, _pin, _spark, connect_server_command
+from dpsql.engine.spark.session import _connect, _pin, _spark
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
 
-__all__ = ["SparkEngine", "connect_server_command", "duckdb_type"]
+__all__ = ["SparkEngine", "duckdb_type"]
 
 log = logging.getLogger("dpsql")
 

@@ -39,6 +39,16 @@ import sqlglot
 from sqlglot import exp
 
 # The handler modules register their handlers (``_handles``) as they are imported.
+from dpsql.engine.spark import (  # noqa: F401
+    aggregates,
+    arith,
+    branches,
+    casts,
+    dates,
+    functions,
+    lists,
+    logic,
+)
 from dpsql.engine.spark.dialect import _refuse, _SparkOut
 from dpsql.engine.spark.lowerer import _Lowerer
 from dpsql.engine.spark.shape import reshape

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.errors import PolicyError
-from dpsql.policy.spec import SPARK_PINNED, EngineSpec
+from dpsql.policy.engine import SPARK_PINNED, EngineSpec
 
 __all__ = ["connect_server_command"]
 
@@ -63,7 +63,7 @@ def _keep_release_pool() -> None:
     shutdown"), after its charge; or, when the collection happens inside that pool's
     ``submit`` (which holds the pool's lock while it starts a thread), the shutdown waits on
     the very thread being started and the query hangs. The pool is kept for the process
-    instead: its threads idle, and end with the interpreter. ``tests/test_spark_session.py``
+    instead: its threads idle, and end with the interpreter. ``tests/engine/test_spark_session.py``
     pins it."""
     reattach = importlib.import_module("pyspark.sql.connect.client.reattach")
     iterator = reattach.ExecutePlanResponseReattachableIterator

@@ -28,12 +28,11 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
-from dpsql.accounting.budget.build import ledger_exists
+from dpsql.accounting.ledger.store import ledger_exists
 from dpsql.cache import releases as cache
 from dpsql.errors import BudgetExceededError, DpsqlError
 from dpsql.interfaces.cli.batch_output import (
     FORMATS,
-    LONG,
     _csv_with_accuracy,
     _document,
     _text_table,
@@ -42,15 +41,14 @@ from dpsql.interfaces.cli.batch_output import (
     write_results,
 )
 from dpsql.interfaces.cli.context import Config, exit_code, fail, pass_config
-from dpsql.interfaces.report.report import exact
 from dpsql.policy import read_limited
-from dpsql.release import frames
-from dpsql.session.session import Result, Session
+from dpsql.policy.numbers import exact
+from dpsql.release.result import Result, covers, summary
+from dpsql.session.session import Session
 from dpsql.session.workload_plan import (
     Step,
     Workload,
     _totals,
-    plan_file,
     plan_lines,
     plan_workload,
 )
@@ -176,7 +174,7 @@ def _covers(result: Result) -> list[str]:
     """What the ± of a printed table covers, and the diagnosis when there is one."""
     lines = []
     if any(w is not None for row in result.accuracy for w in row):
-        lines.append(f"±: {frames.covers(result)}")
+        lines.append(f"±: {covers(result)}")
     if result.diagnosis is not None:
         lines.append(f"diagnosis: {result.diagnosis.describe()}")
     return lines
@@ -296,7 +294,7 @@ def query_command(ctx: click.Context, config: Config, sql: str, fmt: str) -> Non
         else:
             if result.columns:
                 echo("\n".join(_text_table(result)))
-            echo(frames.summary(result) if result.columns else result.message)
+            echo(summary(result) if result.columns else result.message)
             if result.diagnosis is not None:
                 echo(f"diagnosis: {result.diagnosis.describe()}")
     except DpsqlError as exc:
@@ -305,17 +303,4 @@ def query_command(ctx: click.Context, config: Config, sql: str, fmt: str) -> Non
         session.close()
 
 
-__all__ = [
-    "FORMATS",
-    "LONG",
-    "Step",
-    "echo",
-    "explain_command",
-    "plan_file",
-    "plan_lines",
-    "prepare_output",
-    "query_command",
-    "run_command",
-    "split_statements",
-    "write_results",
-]
+__all__ = ["explain_command", "query_command", "run_command"]

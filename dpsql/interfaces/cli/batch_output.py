@@ -22,9 +22,9 @@ import click
 import duckdb
 
 from dpsql.errors import OutputError
-from dpsql.interfaces.report.report import exact
-from dpsql.release import frames
-from dpsql.session.session import Result
+from dpsql.policy.numbers import exact
+from dpsql.release.result import Result, cell, covers
+from dpsql.release.result import columns as result_columns
 from dpsql.session.workload_plan import Step
 
 __all__ = ["FORMATS", "LONG", "echo", "prepare_output", "write_results"]
@@ -59,7 +59,7 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
         "delta": exact(_cost(result)[1]),
         "cached_from": result.cached_from,
         # What the ± covers: the noise only, never the bias of the bounds.
-        "accuracy_covers": frames.covers(result),
+        "accuracy_covers": covers(result),
         "diagnosis": result.diagnosis.as_dict() if result.diagnosis is not None else None,
     }
 
@@ -88,7 +88,7 @@ def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequen
 
 
 def _csv_with_accuracy(result: Result) -> str:
-    columns = frames.columns(result, result.rows, accuracy=True)
+    columns = result_columns(result, result.rows, accuracy=True)
     rows = zip(*(values for _, _, values in columns), strict=True) if columns else iter(())
     return _csv([name for name, _, _ in columns], list(rows))
 
@@ -197,7 +197,7 @@ def _text_table(result: Result) -> list[str]:
         accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
         halves = [accuracy[j] if j < len(accuracy) else None for j in range(len(row))]
         cells.append([
-            frames.cell(v, h)
+            cell(v, h)
             for v, h in zip(row, halves, strict=True)
         ])  # fmt: skip
     widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]

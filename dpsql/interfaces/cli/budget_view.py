@@ -34,15 +34,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from dpsql.accounting.budget.build import Budget, BudgetReport, budget_for, open_store
+from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.budget.report import (
     EXCEEDS,
+    BudgetReport,
     cap_text,
     figure_left,
     figure_value,
     left_text,
     spent_text,
 )
+from dpsql.accounting.ledger.store import open_store
 from dpsql.errors import LedgerError, ParameterError
 from dpsql.interfaces.report.charts import (
     chart_format,
@@ -55,28 +58,19 @@ from dpsql.interfaces.report.report import NOTES
 from dpsql.interfaces.report.whatif import MAX_FIT, Query, after_n, fit_count, whatif_fits
 from dpsql.mechanisms.events import Composite
 from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
-from dpsql.session.session import check_setting
+from dpsql.session.settings import check_setting
 
 if TYPE_CHECKING:
     from dpsql.interfaces.cli.context import Config
 
-__all__ = [
-    "MAX_FIT",
-    "Query",
-    "after_n",
-    "demo_command",
-    "fit_count",
-    "show_command",
-    "whatif_command",
-    "whatif_fits",
-]
+__all__ = ["demo_command", "show_command", "whatif_command"]
 
 MAX_WHATIF_QUERIES = 100_000
 # A discrete Laplace of scale above 2**56 cannot be sampled exactly, so a query cannot ask for it
 # (the session refuses it before the charge); the accountants' curves of such an epsilon lose
 # every digit of their working precision (1 - e^(-epsilon) rounds to 0).
 SMALLEST_WHATIF_EPSILON = Fraction(1, 2**56)
-EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 DEMO_USERS = 50_000  # make_data.py's default: the data `make demo` builds
 
 

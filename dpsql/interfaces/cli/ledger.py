@@ -16,8 +16,9 @@ from pathlib import Path
 
 import click
 
-from dpsql.accounting.budget.build import budget_caps, create_ledger
-from dpsql.accounting.ledger.ledger import BUDGET_RECORD, GENESIS, Ledger, Record
+from dpsql.accounting.ledger.chain import GENESIS, Record
+from dpsql.accounting.ledger.ledger import BUDGET_RECORD, Ledger
+from dpsql.accounting.ledger.store import budget_caps, create_ledger
 from dpsql.errors import LedgerError, OutputError
 from dpsql.interfaces.cli.context import Config, pass_config
 from dpsql.interfaces.cli.params import TEXT, _decimal

@@ -26,14 +26,14 @@ from typing import Any, NoReturn
 
 import click
 
-from dpsql.accounting.budget.build import Budget, budget_for
+from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.budget.report import cap_text
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.batch import explain_command, query_command, run_command
 from dpsql.interfaces.cli.budget_view import CHART, demo_command, show_command, whatif_command
 from dpsql.interfaces.cli.context import (
     ANALYST_OPTION,
-    EXIT_CODES,
     EXIT_INTERNAL,
     EXIT_OK,
     EXIT_USAGE,
@@ -43,21 +43,19 @@ from dpsql.interfaces.cli.context import (
     fail,
     pass_config,
 )
-from dpsql.interfaces.cli.ledger import _open, _write, export, init, ledger, pin_budget, verify
+from dpsql.interfaces.cli.ledger import _open, _write, init, ledger
 from dpsql.interfaces.cli.params import (
     DELTA,
     EPSILON,
     TEXT,
-    DeltaType,
-    EpsilonType,
-    NonEmpty,
     _decimal,
 )
 from dpsql.interfaces.cli.serve import serve_command
 from dpsql.interfaces.cli.users import users
 from dpsql.interfaces.report.charts import history_curves
 from dpsql.interfaces.report.html import render_html
-from dpsql.interfaces.report.report import build_report, render_json, render_markdown
+from dpsql.interfaces.report.markdown import render_markdown
+from dpsql.interfaces.report.report import build_report, render_json
 from dpsql.interfaces.shell.shell import shell_command
 from dpsql.policy import MAX_TOTAL_EPSILON, Policy
 
@@ -258,29 +256,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.exit(EXIT_OK)  # pragma: no cover - cli.main exits in standalone mode
 
 
-__all__ = [
-    "DELTA",
-    "EPSILON",
-    "EXIT_CODES",
-    "EXIT_INTERNAL",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "TEXT",
-    "Config",
-    "DeltaType",
-    "EpsilonType",
-    "NonEmpty",
-    "cli",
-    "exit_code",
-    "export",
-    "fail",
-    "init",
-    "ledger",
-    "main",
-    "pass_config",
-    "pin_budget",
-    "verify",
-]
+__all__ = ["cli", "main"]
 
 
 if __name__ == "__main__":  # pragma: no cover

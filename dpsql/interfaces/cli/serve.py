@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from dpsql.interfaces.cli.context import Config, pass_config
-from dpsql.interfaces.pgwire.server import DpsqlServer, Limits, ServerConfig, serve
-from dpsql.interfaces.pgwire.worker import LOG_FORMAT
+from dpsql.interfaces.pgwire.config import Limits, ServerConfig
+from dpsql.interfaces.pgwire.server import DpsqlServer, serve
+from dpsql.interfaces.pgwire.worker_process import LOG_FORMAT
 
 
 def _listen(value: str) -> tuple[str, int]:

@@ -22,7 +22,7 @@ import click
 
 from dpsql.errors import DpsqlError, ParameterError
 from dpsql.interfaces.cli.context import exit_code, fail
-from dpsql.interfaces.pgwire.auth import (
+from dpsql.interfaces.pgwire.users import (
     ROLES,
     Role,
     add_user,

@@ -1,8 +1,8 @@
 """PEP 249 (DB-API 2.0) over ``Session``.
 
 The exception classes of PEP 249, each dpsql leaf both the PEP 249 class and the dpsql class,
-are defined in ``dbapi_errors.py`` (their tree is in its docstring), with the one mapping from
-the ``DpsqlError`` tree to them; they are re-exported here, and carry this module's name.
+are defined in ``dpsql.interfaces.dbapi.errors`` (their tree is in its docstring), with the one
+mapping from the ``DpsqlError`` tree to them; the ``dpsql`` package exports them.
 """
 
 from __future__ import annotations
@@ -13,41 +13,18 @@ from types import TracebackType
 from typing import Any
 
 from dpsql import errors
-from dpsql.accounting.budget.build import BudgetReport
+from dpsql.accounting.budget.report import BudgetReport
 from dpsql.interfaces.dbapi.errors import (
-    _MAPPING,  # noqa: F401  (its old home: read from here)
-    BudgetExceededError,
-    DatabaseError,
-    DataError,
-    DpsqlInternalError,
-    EngineFailure,
-    EntropyFailure,
-    Error,
-    InputFailure,
-    IntegrityError,
     InterfaceError,
-    InternalError,
     InvalidParameterError,
-    LedgerFailure,
-    MissingBoundsError,
     NotSupportedError,
-    OperationalError,
-    OutputFailure,
-    PolicyFailure,
     ProgrammingError,
-    QuerySyntaxError,
-    UndeclaredMechanism,
-    UnknownObjectError,
-    UnsupportedOnEngine,
-    UnsupportedQuery,
-    Warning,
     _pep249,
-    _translate,  # noqa: F401  (likewise)
 )
 from dpsql.policy import Policy, load_policy
-from dpsql.release import frames
 from dpsql.release.diagnosis import Diagnosed
-from dpsql.session.session import Result, Session
+from dpsql.release.result import Result, covers, to_arrow, to_pandas
+from dpsql.session.session import Session
 from dpsql.session.workloads import run_script
 
 __all__ = [
@@ -56,34 +33,9 @@ __all__ = [
     "NUMBER",
     "ROWID",
     "STRING",
-    "BudgetExceededError",
     "Connection",
     "Cursor",
-    "DataError",
-    "DatabaseError",
     "Description",
-    "DpsqlInternalError",
-    "EngineFailure",
-    "EntropyFailure",
-    "Error",
-    "InputFailure",
-    "IntegrityError",
-    "InterfaceError",
-    "InternalError",
-    "InvalidParameterError",
-    "LedgerFailure",
-    "MissingBoundsError",
-    "NotSupportedError",
-    "OperationalError",
-    "OutputFailure",
-    "PolicyFailure",
-    "ProgrammingError",
-    "QuerySyntaxError",
-    "UndeclaredMechanism",
-    "UnknownObjectError",
-    "UnsupportedOnEngine",
-    "UnsupportedQuery",
-    "Warning",
     "apilevel",
     "connect",
     "paramstyle",
@@ -217,7 +169,7 @@ class Cursor:
     def covers(self) -> str:
         """What the half-widths in ``accuracy`` cover: ``noise only``, with a diagnosis
         ``noise only; bounds cut ~8% of units``. Never the bias of the bounds."""
-        return frames.covers(self._result) if self._result is not None else "noise only"
+        return covers(self._result) if self._result is not None else "noise only"
 
     @property
     def result(self) -> Result | None:
@@ -299,14 +251,14 @@ class Cursor:
         """The remaining rows as a pandas DataFrame (``accuracy``: a ``<name> ±`` column after
         each column with half-widths); the cost in ``DataFrame.attrs``. Needs pandas."""
         result, rows = self._remaining()
-        return frames.to_pandas(result, rows, accuracy)
+        return to_pandas(result, rows, accuracy)
 
     @_pep249
     def fetch_arrow_table(self, accuracy: bool = False) -> Any:
         """The remaining rows as a pyarrow Table (``accuracy`` as for ``fetch_df``); the cost
         in the schema's metadata. Needs pyarrow."""
         result, rows = self._remaining()
-        return frames.to_arrow(result, rows, accuracy)
+        return to_arrow(result, rows, accuracy)
 
     def _remaining(self) -> tuple[Result, tuple[tuple[Any, ...], ...]]:
         rows = self._rows()[self._position :]

@@ -29,7 +29,7 @@ Each dpsql leaf has a class that is both the PEP 249 class and the dpsql class, 
 
 ``_MAPPING`` is the one mapping from the dpsql tree to these classes, and ``_pep249`` wraps a
 DB-API method so that a dpsql error leaves it as its PEP 249 class.
-``dpsql.interfaces.dbapi.connection`` re-exports every class here under its own name.
+The ``dpsql`` package exports every class here under its own name.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def _pep249(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-# Every class here is public as dpsql.interfaces.dbapi.connection's (which re-exports them, as dpsql
-# does): each carries that module's name, in tracebacks and pickles as in docs/errors.md.
+# Every class here is public as dpsql's (the package exports them, as PEP 249 asks of a driver
+# module): each carries that name, in tracebacks and pickles as in docs/errors.md.
 for _name in __all__:
-    globals()[_name].__module__ = "dpsql.interfaces.dbapi.connection"
+    globals()[_name].__module__ = "dpsql"

@@ -23,30 +23,15 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Literal
 
-from dpsql.interfaces.pgwire.users import (
-    FILE_VERSION,
-    MAX_USERS_BYTES,
-    ROLES,
-    Role,
-    User,
-    add_user,
-    check_name,
-    load_users,
-    remove_user,
-    save_users,
-    set_password,
-)
+from dpsql.interfaces.pgwire.users import User
 from dpsql.interfaces.pgwire.verifiers import (
     DEFAULT_ITERATIONS,
-    MAX_ITERATIONS,
     MECHANISM,
     SALT_BYTES,
     _b64,
     _parse_verifier,
     _unb64,
     _Verifier,
-    make_verifier,
-    saslprep,
 )
 
 MAX_MESSAGE = 4096  # bytes; real SCRAM messages are ~100 bytes
@@ -222,25 +207,4 @@ class ScramExchange:
         return ",".join(attributes[:-1]), proof
 
 
-__all__ = [
-    "DEFAULT_ITERATIONS",
-    "FILE_VERSION",
-    "MAX_ITERATIONS",
-    "MAX_USERS_BYTES",
-    "MECHANISM",
-    "ROLES",
-    "SALT_BYTES",
-    "AuthenticationFailed",
-    "Role",
-    "ScramExchange",
-    "ScramMessageError",
-    "User",
-    "add_user",
-    "check_name",
-    "load_users",
-    "make_verifier",
-    "remove_user",
-    "saslprep",
-    "save_users",
-    "set_password",
-]
+__all__ = ["AuthenticationFailed", "ScramExchange", "ScramMessageError"]

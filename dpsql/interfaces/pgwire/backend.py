@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
-from dpsql.interfaces.pgwire.catalog import Catalog, catalog_sql
+from dpsql.interfaces.pgwire.catalog import Catalog
+from dpsql.interfaces.pgwire.catalog_rewrite import catalog_sql
 from dpsql.interfaces.pgwire.statements import (
     CLIENT_SET,
     HEALTH_CHECK,
@@ -256,7 +257,8 @@ class Backend:
             store = self.session.filter.store
             verified = store.verify() if hasattr(store, "verify") else len(store.records())
             return text_table(name, [f"ledger verified: {verified} record(s)"])
-        from dpsql.interfaces.report.report import build_report, render_markdown  # noqa: PLC0415
+        from dpsql.interfaces.report.markdown import render_markdown  # noqa: PLC0415
+        from dpsql.interfaces.report.report import build_report  # noqa: PLC0415
 
         report = build_report(self.session.policy, self.session.filter)
         return text_table(name, render_markdown(report).splitlines())

@@ -27,8 +27,6 @@ import duckdb
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
-from dpsql.interfaces.pgwire.catalog_objects import CATALOG_SCHEMAS
-from dpsql.interfaces.pgwire.catalog_rewrite import NotCatalog, catalog_sql
 
 _MEMORY = "64MB"  # a catalog of empty tables needs little; a hostile join gets no more
 
@@ -131,4 +129,4 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-__all__ = ["CATALOG_SCHEMAS", "Catalog", "NotCatalog", "catalog_sql", "wire_type"]
+__all__ = ["Catalog", "wire_type"]

@@ -25,11 +25,13 @@ from concurrent.futures import Executor
 from typing import Protocol
 
 from dpsql.interfaces.pgwire import protocol as pg
-from dpsql.interfaces.pgwire.auth import AuthenticationFailed, ScramExchange, User
+from dpsql.interfaces.pgwire.auth import AuthenticationFailed, ScramExchange
 from dpsql.interfaces.pgwire.backend import Step
 from dpsql.interfaces.pgwire.config import ServerConfig
 from dpsql.interfaces.pgwire.statements import engine_failure, public_settings
-from dpsql.interfaces.pgwire.worker import Worker, WorkerFailed, WorkerLost, WorkerSetup
+from dpsql.interfaces.pgwire.users import User
+from dpsql.interfaces.pgwire.worker import Worker, WorkerFailed, WorkerLost
+from dpsql.interfaces.pgwire.worker_process import WorkerSetup
 
 log = logging.getLogger("dpsql.interfaces.pgwire")
 # The messages a worker answers; Sync, Flush and Terminate are the loop's own.

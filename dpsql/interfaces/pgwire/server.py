@@ -24,10 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
-from dpsql.interfaces.pgwire.auth import load_users
-from dpsql.interfaces.pgwire.config import Limits, ServerConfig
-from dpsql.interfaces.pgwire.connection import PROGRAM_LIMIT_EXCEEDED, Connection
-from dpsql.interfaces.pgwire.statements import BUDGET_EXHAUSTED, sqlstate
+from dpsql.interfaces.pgwire.config import ServerConfig
+from dpsql.interfaces.pgwire.connection import Connection
+from dpsql.interfaces.pgwire.users import load_users
 from dpsql.interfaces.pgwire.worker import start_forkserver
 from dpsql.session.session import Session
 
@@ -148,13 +147,4 @@ def serve(config: ServerConfig) -> None:
     asyncio.run(DpsqlServer(config).run_until_signal())
 
 
-__all__ = [
-    "BUDGET_EXHAUSTED",
-    "PROGRAM_LIMIT_EXCEEDED",
-    "Connection",
-    "DpsqlServer",
-    "Limits",
-    "ServerConfig",
-    "serve",
-    "sqlstate",
-]
+__all__ = ["DpsqlServer", "serve"]

@@ -15,7 +15,8 @@ from fractions import Fraction
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.release.diagnosis import covers
-from dpsql.session.session import VERSION, Result
+from dpsql.release.result import Result
+from dpsql.session.session import VERSION
 
 # The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
 SERVER_VERSION = f"15.0 (dpsql {VERSION})"

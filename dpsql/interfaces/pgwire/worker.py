@@ -47,21 +47,11 @@ from dpsql.interfaces.pgwire.backend import Step
 from dpsql.interfaces.pgwire.worker_process import (
     _HEADER,
     _ID,
-    LOG_FORMAT,
     WorkerSetup,
     serve_worker,
 )
 
-__all__ = [
-    "LOG_FORMAT",
-    "PRELOAD",
-    "Worker",
-    "WorkerFailed",
-    "WorkerLost",
-    "WorkerSetup",
-    "serve_worker",
-    "start_forkserver",
-]
+__all__ = ["PRELOAD", "Worker", "WorkerFailed", "WorkerLost", "start_forkserver"]
 
 log = logging.getLogger("dpsql.interfaces.pgwire")
 # Imported once by the forkserver, so that each worker starts without importing them again. A

@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from dpsql.accounting.budget.build import Budget, events_for
+from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.state import events_for
 from dpsql.accounting.theorems.advanced import AdvancedAccountant
 from dpsql.accounting.theorems.base import Accountant
 from dpsql.accounting.theorems.pld import PldAccountant

@@ -24,7 +24,7 @@ from typing import Any
 
 from dpsql.accounting.budget.parallel import Cell, running_worst
 from dpsql.interfaces.report.charts import Curves, inline_svg, points
-from dpsql.interfaces.report.report import render_markdown
+from dpsql.interfaces.report.markdown import render_markdown
 
 __all__ = ["render_html", "schedule_curves"]
 

@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from dpsql.accounting.budget.build import Budget
+from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.budget.report import BudgetReport, exceeds
-from dpsql.accounting.ledger.ledger import GENESIS, Record
+from dpsql.accounting.ledger.chain import GENESIS, Record
 from dpsql.accounting.theorems.base import Spent
-from dpsql.interfaces.report.markdown import render_markdown
 from dpsql.mechanisms.events import composite_from_json
 from dpsql.policy import Policy, TableSpec
 from dpsql.policy.numbers import exact
@@ -256,4 +255,4 @@ def render_json(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-__all__ = ["build_report", "exact", "iso_time", "render_json", "render_markdown"]
+__all__ = ["build_report", "iso_time", "render_json"]

@@ -29,10 +29,11 @@ from dpsql.accounting.budget.report import (
 )
 from dpsql.cache import releases as cache
 from dpsql.errors import DpsqlError
-from dpsql.interfaces.report.report import exact, iso_time
+from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
-from dpsql.release import frames
-from dpsql.session.session import Result, Session
+from dpsql.policy.numbers import exact
+from dpsql.release.result import Result, cell, covers
+from dpsql.session.session import Session
 from dpsql.session.workloads import run_script
 
 __all__ = ["Shell"]
@@ -59,8 +60,8 @@ def _error(message: str) -> str:
 
 
 def _cell(value: Any, width: float | None) -> str:
-    """``value ± half-width`` as every text interface prints it (``frames.cell``)."""
-    return frames.cell(value, width)
+    """``value ± half-width`` as every text interface prints it (``cell``)."""
+    return cell(value, width)
 
 
 class Shell:
@@ -188,7 +189,7 @@ class Shell:
     @staticmethod
     def _covers(result: Result) -> str:
         """What the ± covers, and with a diagnosis its every figure."""
-        line = f"±: {frames.covers(result)}"
+        line = f"±: {covers(result)}"
         if result.diagnosis is not None:
             line += f"\ndiagnosis: {result.diagnosis.describe()}"
         return line

@@ -18,7 +18,7 @@ from prompt_toolkit.document import Document
 from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import TokenType
 
-from dpsql.session.session import SETTINGS
+from dpsql.session.settings import SETTINGS
 from dpsql.sql.parse import DIALECT
 
 __all__ = [

@@ -41,18 +41,8 @@ from dpsql.interfaces.cli.context import (
     fail,
     pass_config,
 )
-from dpsql.interfaces.shell.core import (
-    Shell,
-    _cell,  # noqa: F401  (its old home: imported from here)
-)
-from dpsql.interfaces.shell.input import (
-    DEFAULT_LEDGER_ROWS,
-    KEYWORDS,
-    META,
-    SqlCompleter,
-    is_complete,
-    split_statements,
-)
+from dpsql.interfaces.shell.core import Shell
+from dpsql.interfaces.shell.input import is_complete
 from dpsql.session.session import Session
 from dpsql.sql.parse import MAX_QUERY_LENGTH
 
@@ -216,19 +206,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.exit(0)  # pragma: no cover - main exits in standalone mode
 
 
-__all__ = [
-    "DEFAULT_LEDGER_ROWS",
-    "KEYWORDS",
-    "META",
-    "Shell",
-    "SqlCompleter",
-    "interactive",
-    "is_complete",
-    "run_shell",
-    "shell_command",
-    "split_statements",
-    "standalone",
-]
+__all__ = ["interactive", "run_shell", "shell_command", "standalone"]
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -55,7 +55,7 @@ from sqlglot import exp
 from dpsql.bound.rewrite import bounded_query
 from dpsql.errors import DpsqlError, InternalError
 from dpsql.mechanisms.events import DiscreteLaplace, Event
-from dpsql.plan.planner import Measurement, Plan
+from dpsql.plan.plans import Measurement, Plan
 from dpsql.plan.split import estimate_weights, planned_variance
 from dpsql.plan.workload.least_squares import MAX_CONSTRAINTS
 from dpsql.sql.parse import DIALECT, parse_select
