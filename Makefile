@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-spark test lint types pytest psql java bench clean
+.PHONY: demo demo-spark test test-long lint types pytest psql java bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,21 +53,19 @@ java:
 			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
 		else echo "java is missing: install a Java 17 runtime" >&2; exit 1; fi; }
 
-# Two pytest processes side by side, one per core, each printing its own summary (either
-# failing fails): the Spark tests (one local Spark, whose JVM often waits) then the other tests
-# of files n-z, beside the other tests of files a-m. Together they run every test once.
-# Each test has a quarter of an hour (pyproject.toml); each process has 40 minutes, after which
-# it is interrupted as by Ctrl-C, so that it still prints its failures and summary.
-FIRST_HALF := $(wildcard tests/test_[a-m]*.py)
-SECOND_HALF := $(wildcard tests/test_[n-z]*.py)
+# One pytest run over two worker processes, one per core, balanced by pytest-xdist; every Spark
+# test goes to one worker (one local Spark, whose JVM takes seconds to start). Each test has a
+# quarter of an hour (pyproject.toml), the run 40 minutes, after which it is interrupted as by
+# Ctrl-C, so that it still prints its failures and summary. The 25 slowest tests are listed.
 PYTEST := timeout --signal=INT -k 60 2400 $(BIN)/pytest
+PYTEST_ARGS := -n 2 --dist loadgroup --durations=25 -p no:cacheprovider
 pytest: $(STAMP) examples/data/visits.parquet psql java
-	@( $(PYTEST) -q -p no:cacheprovider -m spark; spark=$$?; \
-	  $(PYTEST) -q -p no:cacheprovider -m "not spark" $(SECOND_HALF); rest=$$?; \
-	  exit $$(( spark || rest )) ) > .pytest-second.log 2>&1 & second=$$!; \
-	$(PYTEST) -q -m "not spark" $(FIRST_HALF); first=$$?; \
-	wait $$second; status=$$?; echo "== the Spark tests, then files n-z =="; \
-	cat .pytest-second.log; exit $$(( first || status ))
+	$(PYTEST) $(PYTEST_ARGS)
+
+# The same suite under the long profile (hypothesis and the hand-rolled fuzzers, about ten
+# times the examples): for a release, not for every change.
+test-long: $(STAMP) examples/data/visits.parquet psql java
+	DPSQL_FUZZ=long $(PYTEST) $(PYTEST_ARGS) --timeout 3600
 
 test: lint types pytest
 
@@ -75,4 +73,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) examples/data .pytest_cache .mypy_cache .ruff_cache .pytest-second.log
+	rm -rf $(VENV) examples/data .pytest_cache .mypy_cache .ruff_cache
