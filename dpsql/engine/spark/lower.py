@@ -49,8 +49,8 @@ from dpsql.engine.spark import (  # noqa: F401
     lists,
     logic,
 )
-from dpsql.engine.spark.dialect import _refuse, _SparkOut
-from dpsql.engine.spark.lowerer import _Lowerer
+from dpsql.engine.spark.dialect import SparkOut, refuse
+from dpsql.engine.spark.lowerer import Lowerer
 from dpsql.engine.spark.shape import reshape
 
 __all__ = ["lower"]
@@ -97,13 +97,13 @@ def _check_deterministic(tree: exp.Expression) -> None:
         assert isinstance(node, exp.Expression)
         name = _function_name(node)
         if name in _NONDETERMINISTIC or isinstance(node, exp.Rand | exp.Randn | exp.Uuid):
-            raise _refuse(f"the non-deterministic function {name}")
+            raise refuse(f"the non-deterministic function {name}")
         if name in _UNORDERED:
             parent = _enclosing(node)
             if parent is not None and _function_name(parent) == "ARRAY_DISTINCT":
                 parent = _enclosing(parent)
             if parent is None or _function_name(parent) != "ARRAY_SORT":
-                raise _refuse(f"{name} outside a sort")
+                raise refuse(f"{name} outside a sort")
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,22 +111,22 @@ def _lower_cached(sql: str, catalog: tuple[tuple[str, tuple[tuple[str, str], ...
     try:
         tree = sqlglot.parse_one(sql, read="duckdb")
     except sqlglot.errors.ParseError:
-        raise _refuse("a bounded query sqlglot cannot read") from None
+        raise refuse("a bounded query sqlglot cannot read") from None
     except RecursionError:
-        raise _refuse("a query nested this deeply") from None
+        raise refuse("a query nested this deeply") from None
     if not isinstance(tree, exp.Select | exp.Union):
-        raise _refuse("a bounded query that is not a SELECT")
+        raise refuse("a bounded query that is not a SELECT")
     tree = reshape(tree)
-    lowerer = _Lowerer({t: dict(cols) for t, cols in catalog})
+    lowerer = Lowerer({t: dict(cols) for t, cols in catalog})
     try:
         out, _ = lowerer.query(tree, {})
         # A copy: the lowering shares subtrees between its rewrites (x in x IS NULL OR ...);
         # copied, every node has its own parent, as the check below reads them.
         out = out.copy()
         _check_deterministic(out)
-        return out.sql(dialect=_SparkOut, pretty=True)
+        return out.sql(dialect=SparkOut, pretty=True)
     except RecursionError:
-        raise _refuse("a query nested this deeply") from None
+        raise refuse("a query nested this deeply") from None
 
 
 def lower(sql: str, catalog: Mapping[str, Mapping[str, str]]) -> str:
