@@ -10,23 +10,24 @@ from sqlglot import exp
 
 from dpsql.engine.spark.dialect import SparkOut, refuse
 from dpsql.engine.spark.lists import keyed_hash
-from dpsql.engine.spark.lowerer import Lowerer, _handles
-from dpsql.engine.spark.nodes import Context, Lowered, case_when, cast_to, fn, is_null
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    aggregate_context,
+    case_when,
+    cast_to,
+    fn,
+    is_null,
+)
 from dpsql.engine.spark.types import INT_RANK, element_type, is_int, norm_type
 from dpsql.sql.validate import describe
 
 # -- aggregates, windows, UNNEST --------------------------------------------------------------
 
 
-def _aggregate_ctx(ctx: Context, what: str) -> Context:
-    if not ctx.aggregates:
-        raise refuse(f"the aggregate {what} here")
-    return replace(ctx, aggregates=False, windows=False, generators=False, in_try=False)
-
-
-@_handles(exp.Count)
-def _count(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    inner = _aggregate_ctx(ctx, "COUNT")
+def count(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, "COUNT")
     arg = node.this
     if arg is None or isinstance(arg, exp.Star):
         return Lowered(exp.Count(this=exp.Star()), "BIGINT", bits=63)
@@ -52,7 +53,7 @@ def _sum_of(a: Lowered) -> exp.Expression:
     raise refuse(f"SUM of {a.type} values")
 
 
-def count_total(lw: Lowerer, node: exp.Cast, ctx: Context) -> Lowered | None:
+def count_total(lw: Lowering, node: exp.Cast, ctx: Context) -> Lowered | None:
     """``CAST(SUM(x) AS BIGINT)`` of an integer x, as a SUM of BIGINTs (None: another CAST).
 
     DuckDB sums exactly and its CAST fails only if the total leaves BIGINT; Spark's SUM of
@@ -67,7 +68,7 @@ def count_total(lw: Lowerer, node: exp.Cast, ctx: Context) -> Lowered | None:
         return None
     if norm_type(node.to.sql("duckdb")) != "BIGINT" or isinstance(total.this, exp.Distinct):
         return None
-    inner = _aggregate_ctx(ctx, "SUM")
+    inner = aggregate_context(ctx, "SUM")
     a = lw.expr(total.this, inner)
     if not is_int(a.type):
         return None
@@ -77,17 +78,15 @@ def count_total(lw: Lowerer, node: exp.Cast, ctx: Context) -> Lowered | None:
     return Lowered(exp.Sum(this=term), "BIGINT", bits=63)
 
 
-@_handles(exp.Sum)
-def _sum(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    inner = _aggregate_ctx(ctx, "SUM")
+def integer_sum(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, "SUM")
     if isinstance(node.this, exp.Distinct):
         raise refuse("SUM(DISTINCT ...)")
     return Lowered(_sum_of(lw.expr(node.this, inner)), "HUGEINT")
 
 
-@_handles(exp.Min, exp.Max)
-def _min_max(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    inner = _aggregate_ctx(ctx, describe(node))
+def min_max(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, describe(node))
     if node.expressions:
         raise refuse(f"{describe(node)} of several values")
     a = lw.expr(node.this, inner)
@@ -110,12 +109,11 @@ def _not_null_test(cond: exp.Expression, value: exp.Expression) -> bool:
     return False
 
 
-@_handles(exp.Filter)
-def _filter(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def aggregate_filter(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     where = node.expression
     assert isinstance(where, exp.Where)
     agg = node.this
-    inner = _aggregate_ctx(ctx, "FILTER")
+    inner = aggregate_context(ctx, "FILTER")
     cond = lw.boolean(where.this, inner, "FILTER")
     if isinstance(agg, exp.ArrayAgg):
         distinct = isinstance(agg.this, exp.Distinct)
@@ -154,14 +152,12 @@ def _filter(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     )
 
 
-@_handles(exp.ArrayAgg)
-def _array_agg(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def array_agg(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     raise refuse("ARRAY_AGG without a FILTER that drops NULL values")
 
 
-@_handles(exp.ArgMin)
-def _arg_min(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    inner = _aggregate_ctx(ctx, "ARG_MIN")
+def arg_min(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, "ARG_MIN")
     order = node.expression
     if not (isinstance(order, exp.Anonymous) and order.name.upper() == "HASH"):
         raise refuse("ARG_MIN by anything but the keyed hash")
@@ -175,8 +171,7 @@ def _arg_min(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(fn("MIN_BY", a.node, key), a.type)
 
 
-@_handles(exp.Explode)
-def _unnest(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def unnest(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if not ctx.generators:
         raise refuse("UNNEST outside the SELECT list")
     a = lw.expr(node.this, replace(ctx, generators=False, aggregates=False, windows=False))
@@ -184,7 +179,7 @@ def _unnest(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(exp.Explode(this=a.node), element_type(a.type))
 
 
-def _ordered(lw: Lowerer, item: exp.Ordered, ctx: Context) -> tuple[exp.Ordered, Lowered]:
+def _ordered(lw: Lowering, item: exp.Ordered, ctx: Context) -> tuple[exp.Ordered, Lowered]:
     a = lw.expr(item.this, ctx)
     desc = bool(item.args.get("desc"))
     nulls_first = item.args.get("nulls_first")
@@ -194,8 +189,7 @@ def _ordered(lw: Lowerer, item: exp.Ordered, ctx: Context) -> tuple[exp.Ordered,
     return exp.Ordered(this=a.node, desc=desc, nulls_first=bool(nulls_first)), a
 
 
-@_handles(exp.Window)
-def _window(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def window(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if not ctx.windows:
         raise refuse("a window function here")
     if node.args.get("alias") or node.args.get("first") is not None:

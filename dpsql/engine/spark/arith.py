@@ -7,13 +7,13 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
-from dpsql.engine.spark.lowerer import Lowerer, _handles
 from dpsql.engine.spark.nodes import (
     INF,
     NAN,
     NINF,
     Context,
     Lowered,
+    Lowering,
     case_when,
     cast_to,
     double_literal,
@@ -24,6 +24,7 @@ from dpsql.engine.spark.nodes import (
     literal_value,
     operand,
     small_literal_type,
+    strict,
     try_cast_to,
 )
 from dpsql.engine.spark.types import (
@@ -75,11 +76,10 @@ def _spark_int(e: Lowered, node: exp.Expression) -> str:
     return e.type
 
 
-@_handles(exp.Add, exp.Sub, exp.Mul)
-def _arith(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def arithmetic(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
     ta, tb = _operand_types(a, b)
-    fails = lw.strict("arithmetic", a, b)
+    fails = strict("arithmetic", a, b)
     if not (is_num(ta) and is_num(tb)):
         raise refuse(f"{describe(node)} of {ta} and {tb}")
     if is_float(ta) or is_float(tb):
@@ -155,13 +155,12 @@ def _ieee_divide(a: exp.Expression, b: exp.Expression) -> exp.Expression:
     )
 
 
-@_handles(exp.Div)
-def _divide(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def divide(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
     ta, tb = _operand_types(a, b)
     if not (is_num(ta) and is_num(tb)):
         raise refuse(f"/ of {ta} and {tb}")
-    fails = lw.strict("/", a, b)
+    fails = strict("/", a, b)
     result = "FLOAT" if ta == tb == "FLOAT" else "DOUBLE"
     # DuckDB's / is floating division on every numeric type (integers included).
     left = operand(a.node) if is_float(ta) else cast_to(a.node, "DOUBLE")
@@ -185,13 +184,12 @@ def _nonzero_divisor(node: exp.Expression) -> bool:
     return isinstance(node, exp.Nullif) and literal_value(node.expression) == 0
 
 
-@_handles(exp.IntDiv, exp.Mod)
-def _int_div_mod(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def int_div_mod(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
     ta, tb = _operand_types(a, b)
     if not (is_num(ta) and is_num(tb)):
         raise refuse(f"{describe(node)} of {ta} and {tb}")
-    fails = lw.strict(describe(node), a, b)
+    fails = strict(describe(node), a, b)
     safe = _nonzero_divisor(node.expression)
     mod = isinstance(node, exp.Mod)
     if is_float(ta) or is_float(tb):
@@ -249,8 +247,7 @@ def _int_div_mod(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(cast_to(out, result), result, fails, bits)
 
 
-@_handles(exp.Neg)
-def _neg(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def negate(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     value = literal_value(node)
     if value is not None:
         text = str(node.this.this) if isinstance(node.this, exp.Literal) else None
@@ -276,8 +273,7 @@ def _negated_in_try(a: Lowered, ctx: Context) -> exp.Expression | None:
     return None
 
 
-@_handles(exp.Abs)
-def _abs(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def absolute(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     if not is_num(a.type) and a.type != "NULL":
         raise refuse(f"ABS of {a.type}")

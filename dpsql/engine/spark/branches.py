@@ -8,8 +8,15 @@ from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
 from dpsql.engine.spark.logic import comparable
-from dpsql.engine.spark.lowerer import Lowerer, _handles
-from dpsql.engine.spark.nodes import Context, Lowered, case_when, max_bits
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    absorbing,
+    case_when,
+    max_bits,
+    strict,
+)
 from dpsql.engine.spark.types import is_int, unify
 from dpsql.sql.validate import describe
 
@@ -21,8 +28,7 @@ def _branches(values: list[Lowered], what: str) -> tuple[str, list[exp.Expressio
     return unify([v.type for v in values], what), [v.node for v in values]
 
 
-@_handles(exp.Case)
-def _case_node(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def case_expression(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if node.args.get("this") is not None:
         raise refuse("CASE with an operand")
     conds, values = [], []
@@ -36,20 +42,19 @@ def _case_node(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     values.append(lw.expr(default, ctx) if default is not None else Lowered(exp.Null(), "NULL"))
     # A NULL condition takes the next branch: an error there would not reach the TRY. A branch
     # is only evaluated where it is taken, on both engines.
-    lw.absorbing("a CASE condition", *conds)
+    absorbing("a CASE condition", *conds)
     t, nodes = _branches(values, "CASE")
     out = case_when(
         *[(c.node, v) for c, v in zip(conds, nodes[:-1], strict=True)], default=nodes[-1]
     )
-    return Lowered(out, t, lw.strict("CASE", *values), max_bits(*values) if is_int(t) else None)
+    return Lowered(out, t, strict("CASE", *values), max_bits(*values) if is_int(t) else None)
 
 
-@_handles(exp.If)
-def _if(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def if_expression(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     cond = lw.expr(node.this, ctx)
     if cond.type not in ("BOOLEAN", "NULL"):
         raise refuse(f"an IF condition of type {cond.type}")
-    lw.absorbing("an IF condition", cond)
+    absorbing("an IF condition", cond)
     true = lw.expr(node.args["true"], ctx)
     false_node = node.args.get("false")
     false = lw.expr(false_node, ctx) if false_node is not None else Lowered(exp.Null(), "NULL")
@@ -57,18 +62,17 @@ def _if(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(
         case_when((cond.node, x), default=y),
         t,
-        lw.strict("IF", true, false),
+        strict("IF", true, false),
         max_bits(true, false) if is_int(t) else None,
     )
 
 
-@_handles(exp.Coalesce)
-def _coalesce(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def coalesce(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     args = [lw.expr(node.this, ctx), *(lw.expr(e, ctx) for e in node.expressions)]
     # Every argument but the last can turn into the next one's value: absorbing; the last is
     # evaluated only where all the others are NULL (on both engines), and its NULL is the
     # result.
-    lw.absorbing("COALESCE", *args[:-1])
+    absorbing("COALESCE", *args[:-1])
     t, nodes = _branches(args, "COALESCE")
     return Lowered(
         exp.Coalesce(this=nodes[0], expressions=nodes[1:]),
@@ -78,20 +82,18 @@ def _coalesce(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     )
 
 
-@_handles(exp.Nullif)
-def _nullif(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def nullif(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
-    lw.absorbing("NULLIF", b)  # NULLIF(a, NULL) is a
+    absorbing("NULLIF", b)  # NULLIF(a, NULL) is a
     left, right = comparable(a, node.this, b, node.expression, "NULLIF")
     return Lowered(exp.Nullif(this=left, expression=right), a.type, a.fails, a.bits)
 
 
-@_handles(exp.Least, exp.Greatest)
-def _least_greatest(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def least_greatest(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     args = [lw.expr(node.this, ctx), *(lw.expr(e, ctx) for e in node.expressions)]
     # Both engines skip NULL arguments (LEAST(NULL, 1) is 1) and order NaN above +inf, so the
     # bounded query's clamps map NULL to the bound, and NaN to the upper one, alike.
-    lw.absorbing(describe(node), *args)
+    absorbing(describe(node), *args)
     for a in args:
         if a.type.startswith("?") or a.type.startswith("LIST") or a.type in ("HASH", "PARAM"):
             raise refuse(f"{describe(node)} of {a.type.lstrip('?')}")

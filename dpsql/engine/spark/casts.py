@@ -1,33 +1,28 @@
-"""Leaves (columns, literals, the salt parameter, TRY) and casts: CAST and TRY_CAST as DuckDB
-computes them, and the casts of literals checked when the query is lowered.
+"""Casts: CAST and TRY_CAST as DuckDB computes them (``cast``, ``try_cast``), and the casts of
+literals checked when the query is lowered (``constant_cast``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from dpsql.analyze.sample import SAMPLE_PARAMETER
-from dpsql.bound.specs import SALT_PARAMETER
 from dpsql.engine.spark.aggregates import count_total
 from dpsql.engine.spark.dialect import refuse
-from dpsql.engine.spark.lowerer import Lowerer, _handles
 from dpsql.engine.spark.nodes import (
     INF,
     NAN,
     NINF,
     Context,
     Lowered,
+    Lowering,
     case_when,
     cast_to,
     double_literal,
     fn,
-    int_bits,
-    literal_type,
     literal_value,
     operand,
     try_cast_to,
@@ -42,65 +37,6 @@ from dpsql.engine.spark.types import (
     spark_type,
 )
 
-# -- leaves -------------------------------------------------------------------------------------
-
-
-@_handles(exp.Paren)
-def _paren(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    inner = lw.expr(node.this, ctx)
-    return replace(inner, node=exp.Paren(this=inner.node))
-
-
-@_handles(exp.Column)
-def _column(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    assert isinstance(node, exp.Column)
-    return lw.column(node, ctx)
-
-
-@_handles(exp.Literal)
-def _literal(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    assert isinstance(node, exp.Literal)
-    if node.is_string:
-        return Lowered(exp.Literal.string(node.this), "VARCHAR")
-    value = literal_value(node)
-    if value is None or not value.is_finite():
-        raise refuse("this number literal")
-    t = literal_type(value, str(node.this))
-    if t == "HUGEINT" and abs(value) >= 10**38:
-        raise refuse("an integer literal of more than 38 digits")  # beyond DECIMAL(38, 0)
-    return Lowered(exp.Literal.number(node.this), t, bits=int_bits(value, t))
-
-
-@_handles(exp.Null)
-def _null(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    return Lowered(exp.Null(), "NULL")
-
-
-@_handles(exp.Boolean)
-def _boolean(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    return Lowered(exp.Boolean(this=bool(node.this)), "BOOLEAN")
-
-
-@_handles(exp.Placeholder, exp.Parameter)
-def _parameter(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    # The parameters of a bounded query are its secrets, bound by the engine (the text never
-    # holds them): the salt as :salt, a sample's secret (32 hex digits) as :sample.
-    if node.name == SAMPLE_PARAMETER:
-        return Lowered(exp.Placeholder(this=SAMPLE_PARAMETER), "VARCHAR")
-    if node.name != SALT_PARAMETER:
-        raise refuse("a query parameter other than the salt and the sample's secret")
-    return Lowered(exp.Placeholder(this=SALT_PARAMETER), "PARAM")
-
-
-@_handles(exp.Try)
-def _try(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    # DuckDB's TRY turns any error inside into NULL; Spark has no such catch-all, so the inside
-    # is lowered so that nothing raises and every stand-in NULL reaches this point.
-    inner = lw.expr(node.this, replace(ctx, in_try=True))
-    return Lowered(inner.node, inner.type)
-
-
-# -- casts --------------------------------------------------------------------------------------
 _DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}")
 _INT_TEXT = re.compile(r"\s*[+-]?\d{1,40}\s*")
 _DECIMAL_TEXT = re.compile(r"\s*[+-]?\d{1,38}(\.\d{1,38})?\s*")
@@ -149,7 +85,7 @@ _DOUBLE_LIMITS = {
 }
 
 
-def _cast_value(lw: Lowerer, node: exp.Cast, ctx: Context, total: bool) -> Lowered:
+def _cast_value(lw: Lowering, node: exp.Cast, ctx: Context, total: bool) -> Lowered:
     """CAST (``total``: TRY_CAST, NULL where DuckDB's cast would fail)."""
     target = norm_type(node.to.sql("duckdb"))
     if target.startswith("?"):
@@ -283,14 +219,12 @@ def _float_to_int(
     return Lowered(in_range, target, source.fails or may_fail)
 
 
-@_handles(exp.Cast)
-def _cast_node(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def cast(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     assert isinstance(node, exp.Cast)
     counted = count_total(lw, node, ctx)  # a total of counts, in BIGINT
     return counted if counted is not None else _cast_value(lw, node, ctx, total=False)
 
 
-@_handles(exp.TryCast)
-def _try_cast_node(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def try_cast(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     assert isinstance(node, exp.Cast)
     return _cast_value(lw, node, ctx, total=True)

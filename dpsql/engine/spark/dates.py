@@ -1,12 +1,21 @@
-"""Dates: date parts (YEAR, EXTRACT, ...) as DuckDB numbers them, and date_trunc."""
+"""Dates: date parts (YEAR, EXTRACT, ...) as DuckDB numbers them (``date_part`` makes the handler
+of each function that takes one part), and date_trunc."""
 
 from __future__ import annotations
 
 from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
-from dpsql.engine.spark.lowerer import Lowerer, _handles
-from dpsql.engine.spark.nodes import Context, Lowered, case_when, cast_to, fn, is_null
+from dpsql.engine.spark.nodes import (
+    Context,
+    Handler,
+    Lowered,
+    Lowering,
+    case_when,
+    cast_to,
+    fn,
+    is_null,
+)
 
 # -- dates ------------------------------------------------------------------------------------
 
@@ -24,7 +33,7 @@ _PARTS = {
 }
 
 
-def _date_part(lw: Lowerer, part: str, arg: exp.Expression, ctx: Context) -> Lowered:
+def _date_part(lw: Lowering, part: str, arg: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(arg, ctx)
     if a.type not in ("DATE", "TIMESTAMP", "NULL"):
         raise refuse(f"{part} of a {a.type} value")
@@ -49,24 +58,16 @@ def _date_part(lw: Lowerer, part: str, arg: exp.Expression, ctx: Context) -> Low
     return Lowered(cast_to(out, "BIGINT"), "BIGINT", a.fails, 31)
 
 
-_DATE_FUNCTIONS: dict[type[exp.Expression], str] = {
-    exp.Year: "year",
-    exp.Month: "month",
-    exp.Day: "day",
-    exp.Quarter: "quarter",
-    exp.Hour: "hour",
-    exp.Minute: "minute",
-    exp.DayOfWeek: "dayofweek",
-}
+def date_part(part: str) -> Handler:
+    """The handler of a function of one date that gives its ``part`` (YEAR(d), the year)."""
+
+    def handler(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+        return _date_part(lw, part, node.this, ctx)
+
+    return handler
 
 
-@_handles(*_DATE_FUNCTIONS)
-def _date_function(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    return _date_part(lw, _DATE_FUNCTIONS[type(node)], node.this, ctx)
-
-
-@_handles(exp.Extract)
-def _extract(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def extract(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     return _date_part(lw, node.this.name.lower(), node.expression, ctx)
 
 
@@ -79,8 +80,7 @@ _TRUNC = {
 }  # fmt: skip
 
 
-@_handles(exp.TimestampTrunc, exp.DateTrunc)
-def _date_trunc(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def date_trunc(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     unit = node.args.get("unit")
     name = _TRUNC.get(unit.name.lower() if unit is not None else "")
     if name is None:

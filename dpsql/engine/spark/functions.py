@@ -9,11 +9,12 @@ from decimal import Decimal
 from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
-from dpsql.engine.spark.lowerer import Lowerer, _handles
 from dpsql.engine.spark.nodes import (
     INF,
     Context,
     Lowered,
+    Lowering,
+    absorbing,
     case_when,
     cast_to,
     double_literal,
@@ -21,6 +22,7 @@ from dpsql.engine.spark.nodes import (
     is_null,
     literal_value,
     operand,
+    strict,
 )
 from dpsql.engine.spark.types import is_float, is_int, is_num
 from dpsql.sql.validate import describe
@@ -28,30 +30,27 @@ from dpsql.sql.validate import describe
 # -- numeric and text functions -----------------------------------------------------------------
 
 
-def float_arg(lw: Lowerer, node: exp.Expression, ctx: Context, what: str) -> Lowered:
+def float_arg(lw: Lowering, node: exp.Expression, ctx: Context, what: str) -> Lowered:
     a = lw.expr(node, ctx)
     if not is_num(a.type) and a.type != "NULL":
         raise refuse(f"{what} of {a.type}")
     return a
 
 
-@_handles(exp.IsNan)
-def _isnan(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def isnan(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = float_arg(lw, node.this, ctx, "ISNAN")
     # Spark's isnan(NULL) is false, DuckDB's NULL: spelled out.
     out = case_when((is_null(a.node), exp.Null()), default=fn("ISNAN", a.node))
     return Lowered(out, "BOOLEAN", a.fails)
 
 
-@_handles(exp.IsInf)
-def _isinf(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def isinf(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = float_arg(lw, node.this, ctx, "ISINF")
     out = exp.EQ(this=fn("ABS", a.node), expression=double_literal(INF))
     return Lowered(out, "BOOLEAN", a.fails)
 
 
-@_handles(exp.Round)
-def _round(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def round_number(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     decimals = node.args.get("decimals")
     if decimals is not None and literal_value(decimals) != 0:
         # DuckDB rounds x * 10^d in binary, Spark the decimal text: they differ (1.005).
@@ -63,8 +62,7 @@ def _round(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(fn("ROUND", a.node), a.type, a.fails)
 
 
-@_handles(exp.Floor, exp.Ceil)
-def _floor_ceil(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def floor_ceil(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if node.args.get("decimals") is not None:
         raise refuse(f"{describe(node)} to a number of decimals")
     a = float_arg(lw, node.this, ctx, describe(node))
@@ -97,8 +95,7 @@ def _floor_ceil(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(out, a.type, a.fails)
 
 
-@_handles(exp.Length)
-def _length(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def length(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     if a.type.startswith("LIST("):
         # array_size is NULL for a NULL list, as DuckDB's LENGTH (size() may give -1); BIGINT
@@ -110,7 +107,7 @@ def _length(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     raise refuse(f"LENGTH of {a.type}")
 
 
-def _text(lw: Lowerer, node: exp.Expression, ctx: Context, what: str) -> Lowered:
+def _text(lw: Lowering, node: exp.Expression, ctx: Context, what: str) -> Lowered:
     a = lw.expr(node, ctx)
     if a.type not in ("VARCHAR", "NULL"):
         # DuckDB formats numbers as text unlike Spark (1e+20, 1.0E20).
@@ -118,26 +115,23 @@ def _text(lw: Lowerer, node: exp.Expression, ctx: Context, what: str) -> Lowered
     return a
 
 
-@_handles(exp.DPipe)
-def _dpipe(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def pipe_concat(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = _text(lw, node.this, ctx, "||"), _text(lw, node.expression, ctx, "||")
     return Lowered(
         exp.DPipe(this=operand(a.node), expression=operand(b.node)),
         "VARCHAR",
-        lw.strict("||", a, b),
+        strict("||", a, b),
     )
 
 
-@_handles(exp.Concat)
-def _concat(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def concat(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     args = [_text(lw, e, ctx, "CONCAT") for e in node.expressions]
-    lw.absorbing("CONCAT", *args)
+    absorbing("CONCAT", *args)
     # DuckDB's CONCAT skips NULL arguments, as Spark's concat_ws does (Spark's concat is NULL).
     return Lowered(fn("CONCAT_WS", exp.Literal.string(""), *(a.node for a in args)), "VARCHAR")
 
 
-@_handles(exp.Like)
-def _like(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def like(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = _text(lw, node.this, ctx, "LIKE")
     pattern = node.expression
     if not (isinstance(pattern, exp.Literal) and pattern.is_string) or "\\" in str(pattern.this):
@@ -152,8 +146,7 @@ def _like(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     )
 
 
-@_handles(exp.Substring)
-def _substring(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def substring(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = _text(lw, node.this, ctx, "SUBSTRING")
     start, length = node.args.get("start"), node.args.get("length")
     s = literal_value(start) if start is not None else None
@@ -165,8 +158,7 @@ def _substring(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(out, "VARCHAR", a.fails)
 
 
-@_handles(exp.SHA2)
-def _sha2(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def sha2(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     # A sample's PRF (dpsql.analyze.sample): SHA-256 of text, lowercase hex on both engines
     # (DuckDB's sha256, Spark's sha2(..., 256)) of the same UTF-8 bytes.
     length = node.args.get("length")
@@ -176,8 +168,7 @@ def _sha2(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(fn("SHA2", a.node, exp.Literal.number(256)), "VARCHAR", a.fails)
 
 
-@_handles(exp.Left)
-def _left(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def left(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = _text(lw, node.this, ctx, "LEFT")
     n = literal_value(node.expression)
     if n is None or n < 0 or n != int(n):
@@ -186,17 +177,15 @@ def _left(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(out, "VARCHAR", a.fails)
 
 
-@_handles(exp.Trim)
-def _trim(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def trim(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if node.args.get("expression") is not None or node.args.get("position"):
         raise refuse("TRIM of given characters or one side")
     a = _text(lw, node.this, ctx, "TRIM")
     return Lowered(fn("TRIM", a.node), "VARCHAR", a.fails)  # spaces, on both engines
 
 
-@_handles(exp.StartsWith, exp.Contains)
-def _starts_contains(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def starts_contains(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = _text(lw, node.this, ctx, describe(node))
     b = _text(lw, node.expression, ctx, describe(node))
     name = "STARTSWITH" if isinstance(node, exp.StartsWith) else "CONTAINS"
-    return Lowered(fn(name, a.node, b.node), "BOOLEAN", lw.strict(name, a, b))
+    return Lowered(fn(name, a.node, b.node), "BOOLEAN", strict(name, a, b))

@@ -5,15 +5,19 @@ then one sorted map per group (``collect_histogram``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
-from dpsql.engine.spark.nodes import Context, Lowered, case_when, fn, is_null
-
-if TYPE_CHECKING:
-    from dpsql.engine.spark.lowerer import Lowerer
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    aggregate_context,
+    case_when,
+    fn,
+    is_null,
+)
 
 
 def rewrite_histogram(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Select:
@@ -92,11 +96,12 @@ def rewrite_histogram(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Selec
     return outer  # (a WITH of ``sel`` is lowered by ``query``, around it)
 
 
-def collect_histogram(lw: Lowerer, node: exp.Anonymous, ctx: Context) -> Lowered:
+def collect_histogram(lw: Lowering, node: exp.Anonymous, ctx: Context) -> Lowered:
     """The map value -> count of one group, from the counts per value (``rewrite_histogram``):
     sorted by value (a deterministic map), NULL values left out and NULL with no value, as
     DuckDB's HISTOGRAM."""
-    value, count = (lw.expr(e, ctx) for e in node.expressions)
+    inner = aggregate_context(ctx, "_DPSQL_HISTOGRAM")
+    value, count = (lw.expr(e, inner) for e in node.expressions)
     entry = case_when(
         (is_null(value.node), exp.Null()), default=fn("STRUCT", value.node, count.node)
     )

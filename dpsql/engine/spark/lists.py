@@ -1,26 +1,19 @@
-"""Lists and the keyed hash: list_sort, list_slice with a step, DuckDB's salted hash as
-xxhash64, and the dispatch of the functions sqlglot does not know (``_anonymous``).
+"""Lists and the keyed hash: list_sort, list_slice with a step, and DuckDB's salted hash as
+xxhash64 (``keyed_hash``, which the rankings of ``aggregates`` order by too).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
-from dpsql.engine.spark.histogram import collect_histogram
-from dpsql.engine.spark.lowerer import Lowerer, _handles
-from dpsql.engine.spark.nodes import Context, Lowered, fn, literal_value, operand
-from dpsql.engine.spark.sums import _float_sum
+from dpsql.engine.spark.nodes import Context, Lowered, Lowering, fn, literal_value, operand, strict
 from dpsql.engine.spark.types import element_type, is_int
-from dpsql.sql.validate import describe
 
 # -- lists and the keyed hash --------------------------------------------------------------------
 
 
-@_handles(exp.ArraySort)
-def _list_sort(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def list_sort(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if node.args.get("expression") is not None:
         raise refuse("LIST_SORT with a sort order")
     a = lw.expr(node.this, ctx)
@@ -42,7 +35,7 @@ def _positive_step(node: exp.Expression) -> bool:
     )
 
 
-def _list_slice(lw: Lowerer, node: exp.Anonymous, ctx: Context) -> Lowered:
+def list_slice(lw: Lowering, node: exp.Anonymous, ctx: Context) -> Lowered:
     args = node.expressions
     if len(args) != 4:
         raise refuse("LIST_SLICE without a step")
@@ -62,10 +55,10 @@ def _list_slice(lw: Lowerer, node: exp.Anonymous, ctx: Context) -> Lowered:
         expression=exp.Literal.number(0),
     )
     lam = exp.Lambda(this=keep, expressions=[exp.to_identifier("_dpsql_e"), index])
-    return Lowered(fn("FILTER", a.node, lam), a.type, lw.strict("LIST_SLICE", a, s))
+    return Lowered(fn("FILTER", a.node, lam), a.type, strict("LIST_SLICE", a, s))
 
 
-def keyed_hash(lw: Lowerer, node: exp.Anonymous, ctx: Context) -> tuple[Lowered, list[Lowered]]:
+def keyed_hash(lw: Lowering, node: exp.Anonymous, ctx: Context) -> tuple[Lowered, list[Lowered]]:
     """DuckDB's keyed hash, hash(a, ..., CAST($salt AS BIGINT)), as Spark's xxhash64 of the
     same arguments: a 64-bit hash keyed by the secret salt on either engine (they differ, so
     the engines keep different rows where a cap binds). Also returns the arguments."""
@@ -85,22 +78,6 @@ def keyed_hash(lw: Lowerer, node: exp.Anonymous, ctx: Context) -> tuple[Lowered,
     return Lowered(fn("XXHASH64", *(a.node for a in args)), "HASH"), args[:-1]
 
 
-_AGGREGATE_ANON = frozenset({"FSUM", "FAVG", "_DPSQL_HISTOGRAM"})
-
-
-@_handles(exp.Anonymous)
-def _anonymous(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
-    assert isinstance(node, exp.Anonymous)
-    name = node.name.upper()
-    if name == "HASH":
-        return keyed_hash(lw, node, ctx)[0]
-    if name == "LIST_SLICE":
-        return _list_slice(lw, node, ctx)
-    if name in _AGGREGATE_ANON:
-        if not ctx.aggregates:
-            raise refuse(f"the aggregate {name} here")
-        inner = replace(ctx, aggregates=False, windows=False, generators=False, in_try=False)
-        if name == "_DPSQL_HISTOGRAM":
-            return collect_histogram(lw, node, inner)
-        return _float_sum(lw, node, inner, average=name == "FAVG")
-    raise refuse(describe(node))
+def hash_function(lw: Lowering, node: exp.Anonymous, ctx: Context) -> Lowered:
+    """HASH as the query writes it (``keyed_hash`` without its arguments)."""
+    return keyed_hash(lw, node, ctx)[0]

@@ -9,8 +9,16 @@ from sqlglot import exp
 from dpsql.engine.spark.casts import constant_cast
 from dpsql.engine.spark.dialect import refuse
 from dpsql.engine.spark.functions import float_arg
-from dpsql.engine.spark.lowerer import Lowerer, _handles
-from dpsql.engine.spark.nodes import Context, Lowered, fn, is_null, operand
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    absorbing,
+    fn,
+    is_null,
+    operand,
+    strict,
+)
 from dpsql.engine.spark.types import type_kind
 from dpsql.sql.validate import describe
 
@@ -52,18 +60,16 @@ def comparable(
     raise refuse(f"{what} of {a.type} and {b.type}")
 
 
-@_handles(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-def _compare(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def compare(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     # NaN equals NaN and lies above every number on both engines; NULL gives NULL (strict).
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
     left, right = comparable(a, node.this, b, node.expression, describe(node))
-    return Lowered(node.__class__(this=left, expression=right), "BOOLEAN", lw.strict("=", a, b))
+    return Lowered(node.__class__(this=left, expression=right), "BOOLEAN", strict("=", a, b))
 
 
-@_handles(exp.NullSafeEQ, exp.NullSafeNEQ)
-def _null_safe(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def null_safe_compare(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
-    lw.absorbing("IS [NOT] DISTINCT FROM", a, b)
+    absorbing("IS [NOT] DISTINCT FROM", a, b)
     left, right = comparable(a, node.this, b, node.expression, "IS NOT DISTINCT FROM")
     # IS NOT DISTINCT FROM is Spark's <=> (NULL <=> NULL is true); rows without a unit are one
     # unit in every ranking and join (dpsql.bound.caps).
@@ -84,13 +90,12 @@ def _null_or_nan(node: exp.Expression) -> exp.Expression | None:
     return tested if left.this.sql("duckdb") == tested.sql("duckdb") else None
 
 
-@_handles(exp.And, exp.Or)
-def _connector(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def connective(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     tested = _null_or_nan(node)
     if tested is not None:
         # ISNAN(NULL) is NULL on DuckDB, false on Spark; after "x IS NULL OR" either is TRUE.
         x = float_arg(lw, tested, ctx, "ISNAN")
-        lw.absorbing("IS NULL", x)
+        absorbing("IS NULL", x)
         test = exp.Or(this=is_null(x.node), expression=fn("ISNAN", x.node))
         return Lowered(test, "BOOLEAN")
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
@@ -98,22 +103,20 @@ def _connector(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
         if side.type not in ("BOOLEAN", "NULL"):
             raise refuse(f"{describe(node)} of a {side.type} value")
     # FALSE AND NULL is FALSE: a NULL standing for an error would not reach the TRY.
-    lw.absorbing(describe(node), a, b)
+    absorbing(describe(node), a, b)
     return Lowered(node.__class__(this=operand(a.node), expression=operand(b.node)), "BOOLEAN")
 
 
-@_handles(exp.Not)
-def _not(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def negation(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     if a.type not in ("BOOLEAN", "NULL"):
         raise refuse(f"NOT of a {a.type} value")
     return Lowered(exp.Not(this=operand(a.node)), "BOOLEAN", a.fails)
 
 
-@_handles(exp.Is)
-def _is(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def is_test(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
-    lw.absorbing("IS", a)
+    absorbing("IS", a)
     right = node.expression
     if isinstance(right, exp.Null):
         return Lowered(exp.Is(this=operand(a.node), expression=exp.Null()), "BOOLEAN")
@@ -124,8 +127,7 @@ def _is(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     raise refuse("IS with something other than NULL, TRUE or FALSE")
 
 
-@_handles(exp.In)
-def _in(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def in_test(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     if node.args.get("unnest") or node.args.get("field"):
         raise refuse("IN UNNEST")
@@ -140,7 +142,7 @@ def _in(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
             exp.In(this=operand(a.node), query=exp.Subquery(this=body)), "BOOLEAN", a.fails
         )
     items = [lw.expr(e, ctx) for e in node.expressions]
-    lw.absorbing("IN", *items)
+    absorbing("IN", *items)
     values = []
     for item, original in zip(items, node.expressions, strict=True):
         _, right = comparable(a, node.this, item, original, "IN")
@@ -148,11 +150,10 @@ def _in(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
     return Lowered(exp.In(this=operand(a.node), expressions=values), "BOOLEAN", a.fails)
 
 
-@_handles(exp.Between)
-def _between(lw: Lowerer, node: exp.Expression, ctx: Context) -> Lowered:
+def between(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     low, high = lw.expr(node.args["low"], ctx), lw.expr(node.args["high"], ctx)
-    lw.absorbing("BETWEEN", low, high)
+    absorbing("BETWEEN", low, high)
     left, lo = comparable(a, node.this, low, node.args["low"], "BETWEEN")
     _, hi = comparable(a, node.this, high, node.args["high"], "BETWEEN")
     return Lowered(exp.Between(this=left, low=lo, high=hi), "BOOLEAN", a.fails)

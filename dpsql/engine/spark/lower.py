@@ -1,8 +1,9 @@
 """Lowering of dpsql's bounded query (DuckDB SQL) to Spark SQL with the same totals.
 
 The bounded query (``dpsql.bound.rewrite``) is written for DuckDB. ``lower`` rewrites its tree,
-node by node from an allow-list, into Spark SQL that returns the same pre-noise totals, with the
-guarantees the privacy argument rests on (docs/engines.md):
+node by node from an allow-list (the dispatch table of ``handlers``, read by ``lowerer``), into
+Spark SQL that returns the same pre-noise totals, with the guarantees the privacy argument rests
+on (docs/engines.md):
 
 - exact integer sums: HUGEINT arithmetic becomes DECIMAL(38, 0), never a float; an integer SUM
   sums DECIMAL(38, 0) (Spark's SUM of BIGINT overflows at 2^63); ``//`` is computed exactly in
@@ -22,7 +23,7 @@ guarantees the privacy argument rests on (docs/engines.md):
   lists are sorted, floating sums are summed in sorted order;
 - NULL ordering and the other points where Spark differs from DuckDB (NULL-skipping LEAST,
   ROUND, ISNAN of NULL, date_trunc's result type, list_slice with a step, ...) are spelled out;
-- speed, with the same rows: before lowering, ``spark_shape.reshape`` ranks every unit in one
+- speed, with the same rows: before lowering, ``shape.reshape`` ranks every unit in one
   window where DuckDB's form splits off the units within the cap, and writes literal key
   domains as IN lists.
 
@@ -38,17 +39,6 @@ from collections.abc import Mapping
 import sqlglot
 from sqlglot import exp
 
-# The handler modules register their handlers (``_handles``) as they are imported.
-from dpsql.engine.spark import (  # noqa: F401
-    aggregates,
-    arith,
-    branches,
-    casts,
-    dates,
-    functions,
-    lists,
-    logic,
-)
 from dpsql.engine.spark.dialect import SparkOut, refuse
 from dpsql.engine.spark.lowerer import Lowerer
 from dpsql.engine.spark.shape import reshape

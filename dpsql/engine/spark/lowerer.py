@@ -1,21 +1,22 @@
-"""The lowering of queries (``Lowerer``: WITH, UNION, SELECT, its output columns, QUALIFY)
-and the registry of expression handlers it dispatches to (``_handles``); the relations of
-FROM are ``spark_relations``'s.
+"""The lowering of queries (``Lowerer``: WITH, UNION, SELECT, its output columns, QUALIFY), and
+of every expression in them through the dispatch table of ``handlers``; the relations of FROM
+are ``relations``'s.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from sqlglot import exp
 
 from dpsql.engine.spark.dialect import refuse
+from dpsql.engine.spark.handlers import FUNCTIONS, HANDLERS
 from dpsql.engine.spark.histogram import rewrite_histogram
 from dpsql.engine.spark.nodes import Context, Lowered, Source, col, ident
 from dpsql.engine.spark.relations import Relations
-from dpsql.engine.spark.types import TYPE_BITS, norm_type, unify
+from dpsql.engine.spark.types import norm_type, unify
 from dpsql.sql.validate import describe
 
 # -- the lowering -------------------------------------------------------------------------------
@@ -246,51 +247,15 @@ class Lowerer(Relations):
         return lowered
 
     def expr(self, node: exp.Expression, ctx: Context) -> Lowered:
-        handler = _HANDLERS.get(type(node))
+        """``node`` lowered by its handler, looked up by its exact class (an anonymous function
+        by its name): a subclass means something else (TRY_CAST is a CAST to sqlglot), so it is
+        lowered by its own entry or refused, never as its parent."""
+        if type(node) is exp.Anonymous:
+            function = FUNCTIONS.get(node.name.upper())
+            if function is None:
+                raise refuse(describe(node))
+            return function(self, node, ctx)
+        handler = HANDLERS.get(type(node))
         if handler is None:
             raise refuse(describe(node))
         return handler(self, node, ctx)
-
-    def strict(self, what: str, *args: Lowered) -> bool:
-        """Whether a NULL standing for an error reaches the result through ``what``, which is
-        NULL whenever one of ``args`` is: then it still makes the TRY NULL."""
-        return any(a.fails for a in args)
-
-    def absorbing(self, what: str, *args: Lowered) -> None:
-        """``what`` can turn a NULL argument into a value (COALESCE, OR, LEAST, IS NULL ...):
-        an error DuckDB raises there makes the whole TRY NULL, a Spark try_* makes only that
-        argument NULL, and the results would differ."""
-        if any(a.fails for a in args):
-            raise refuse(f"{what} over arithmetic that may overflow inside a row-level expression")
-
-    def column(self, node: exp.Column, ctx: Context) -> Lowered:
-        if isinstance(node.this, exp.Star):
-            raise refuse("* outside the SELECT list")
-        name = node.name.lower()
-        table = node.table.lower() if node.table else None
-        if node.args.get("db") or node.args.get("catalog"):
-            raise refuse("a column qualified by schema")
-        found = [
-            s for s in ctx.sources if (s.alias == table if table else True) and name in s.columns
-        ]
-        if table is None and len(found) > 1:
-            found = [s for s in found if s.star] or found
-        if len(found) != 1:
-            raise refuse(f"the column {name}, {'unknown' if not found else 'ambiguous'} here,")
-        source = found[0]
-        qualify = table is not None or (ctx.qualified and len(ctx.sources) > 1)
-        t = source.columns[name]
-        return Lowered(col(name, source.alias if qualify else None), t, bits=TYPE_BITS.get(t))
-
-
-_Handler = Callable[[Lowerer, exp.Expression, Context], Lowered]
-_HANDLERS: dict[type[exp.Expression], _Handler] = {}
-
-
-def _handles(*types: type[exp.Expression]) -> Callable[[_Handler], _Handler]:
-    def register(fn: _Handler) -> _Handler:
-        for t in types:
-            _HANDLERS[t] = fn
-        return fn
-
-    return register

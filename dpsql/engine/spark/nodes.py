@@ -1,17 +1,23 @@
-"""The lowered expression (``Lowered``: a Spark tree and its DuckDB type), the lowering's context
-(``Context``, the ``Source`` relations in FROM), the small builders of Spark trees (``col``,
-``fn``, ``cast_to``, ``try_cast_to``, ``case_when``, ...) and the types of number literals.
+"""What every part of the lowering shares: the lowered expression (``Lowered``: a Spark tree and
+its DuckDB type), the context it is lowered in (``Context``, the ``Source`` relations in FROM),
+what a handler may ask of the lowering (``Lowering``) and the handlers' signatures (``Handler``,
+``FunctionHandler``, the values of ``handlers``' tables), the rules of TRY (``strict``,
+``absorbing``) and of aggregate arguments (``aggregate_context``), the small builders of Spark
+trees (``col``, ``fn``, ``cast_to``, ``try_cast_to``, ``case_when``, ...) and the types of number
+literals.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
+from typing import Protocol
 
 from sqlglot import exp
 
+from dpsql.engine.spark.dialect import refuse
 from dpsql.engine.spark.types import INT_RANGE, is_int, spark_type
 
 # -- lowered expressions ------------------------------------------------------------------------
@@ -57,6 +63,55 @@ class Context:
     windows: bool = False  # window functions allowed here (SELECT list)
     generators: bool = False  # UNNEST allowed here (SELECT list)
     qualified: bool = False  # qualify column references (more than one source)
+
+
+def aggregate_context(ctx: Context, what: str) -> Context:
+    """The context of the arguments of the aggregate ``what``, refused where ``ctx`` allows no
+    aggregate: inside them no aggregate, window or UNNEST, and no TRY (an aggregate is not a
+    row-level expression)."""
+    if not ctx.aggregates:
+        raise refuse(f"the aggregate {what} here")
+    return replace(ctx, aggregates=False, windows=False, generators=False, in_try=False)
+
+
+def strict(what: str, *args: Lowered) -> bool:
+    """Whether a NULL standing for an error reaches the result through ``what``, which is NULL
+    whenever one of ``args`` is: then it still makes the TRY NULL."""
+    return any(a.fails for a in args)
+
+
+def absorbing(what: str, *args: Lowered) -> None:
+    """``what`` can turn a NULL argument into a value (COALESCE, OR, LEAST, IS NULL ...): an
+    error DuckDB raises there makes the whole TRY NULL, a Spark try_* makes only that argument
+    NULL, and the results would differ."""
+    if any(a.fails for a in args):
+        raise refuse(f"{what} over arithmetic that may overflow inside a row-level expression")
+
+
+# -- handlers -----------------------------------------------------------------------------------
+
+
+class Lowering(Protocol):
+    """What a handler asks of the lowering that calls it (``lowerer.Lowerer``): to lower an
+    operand, a condition or a subquery. Handlers see only this, so they need not import the
+    lowerer, which reads their table."""
+
+    def expr(self, node: exp.Expression, ctx: Context) -> Lowered: ...
+
+    def boolean(self, node: exp.Expression, ctx: Context, where: str) -> Lowered: ...
+
+    def query(
+        self, node: exp.Expression, ctes: Mapping[str, dict[str, str]]
+    ) -> tuple[exp.Expression, dict[str, str]]: ...
+
+
+# The lowering of one kind of node (``handlers.HANDLERS``), and of one function sqlglot parses
+# as an anonymous call (``handlers.FUNCTIONS``, by name).
+Handler = Callable[[Lowering, exp.Expression, Context], Lowered]
+FunctionHandler = Callable[[Lowering, exp.Anonymous, Context], Lowered]
+
+
+# -- Spark trees --------------------------------------------------------------------------------
 
 
 _SIMPLE_NAME = re.compile(r"_[a-z0-9_]*")

@@ -1,8 +1,7 @@
-"""FSUM and FAVG on Spark: Neumaier's compensated sum of the values in order of magnitude."""
+"""FSUM and FAVG on Spark (``fsum``, ``favg``): Neumaier's compensated sum of the values in order
+of magnitude."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
@@ -13,6 +12,8 @@ from dpsql.engine.spark.nodes import (
     NINF,
     Context,
     Lowered,
+    Lowering,
+    aggregate_context,
     case_when,
     cast_to,
     double_literal,
@@ -20,11 +21,16 @@ from dpsql.engine.spark.nodes import (
 )
 from dpsql.engine.spark.types import is_num
 
-if TYPE_CHECKING:
-    from dpsql.engine.spark.lowerer import Lowerer
+
+def fsum(lw: Lowering, node: exp.Anonymous, ctx: Context) -> Lowered:
+    return _float_sum(lw, node, aggregate_context(ctx, "FSUM"), average=False)
 
 
-def _float_sum(lw: Lowerer, node: exp.Anonymous, ctx: Context, average: bool) -> Lowered:
+def favg(lw: Lowering, node: exp.Anonymous, ctx: Context) -> Lowered:
+    return _float_sum(lw, node, aggregate_context(ctx, "FAVG"), average=True)
+
+
+def _float_sum(lw: Lowering, node: exp.Anonymous, ctx: Context, average: bool) -> Lowered:
     """DuckDB's FSUM and FAVG: Neumaier's compensated sum (Kahan-Babuska; FAVG divides it by
     the count), a NaN or +inf with -inf giving NaN, otherwise an infinity winning, a finite sum
     that overflows staying infinite. DuckDB adds the values in the order they arrive; here they
