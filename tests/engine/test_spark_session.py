@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.spark]
 def test_closing_a_connect_session_keeps_the_shared_release_pool() -> None:
     pytest.importorskip("pyspark.sql.connect.session")
     reattach = importlib.import_module("pyspark.sql.connect.client.reattach")
-    first = spark_session._connect("sc://127.0.0.1:1")
-    second = spark_session._connect("sc://127.0.0.1:1")
+    first = spark_session.connect_session("sc://127.0.0.1:1")
+    second = spark_session.connect_session("sc://127.0.0.1:1")
     pool = reattach.ExecutePlanResponseReattachableIterator._get_or_create_release_thread_pool()
     # What stop() ends with, after releasing the server session (there is no server here).
     first.client.close()

@@ -8,51 +8,52 @@ from dataclasses import replace
 
 from sqlglot import exp
 
-from dpsql.engine.spark.dialect import _refuse, _SparkOut
-from dpsql.engine.spark.lists import _hash
-from dpsql.engine.spark.lowerer import _handles, _Lowerer
-from dpsql.engine.spark.nodes import _E, _case, _cast, _Ctx, _fn, _is_null
-from dpsql.engine.spark.types import _INT_RANK, _elem, _is_int, _norm_type
+from dpsql.engine.spark.dialect import SparkOut, refuse
+from dpsql.engine.spark.lists import keyed_hash
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    aggregate_context,
+    case_when,
+    cast_to,
+    fn,
+    is_null,
+)
+from dpsql.engine.spark.types import INT_RANK, element_type, is_int, norm_type
 from dpsql.sql.validate import describe
 
 # -- aggregates, windows, UNNEST --------------------------------------------------------------
 
 
-def _aggregate_ctx(ctx: _Ctx, what: str) -> _Ctx:
-    if not ctx.aggregates:
-        raise _refuse(f"the aggregate {what} here")
-    return replace(ctx, aggregates=False, windows=False, generators=False, in_try=False)
-
-
-@_handles(exp.Count)
-def _count(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    inner = _aggregate_ctx(ctx, "COUNT")
+def count(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, "COUNT")
     arg = node.this
     if arg is None or isinstance(arg, exp.Star):
-        return _E(exp.Count(this=exp.Star()), "BIGINT", bits=63)
+        return Lowered(exp.Count(this=exp.Star()), "BIGINT", bits=63)
     if isinstance(arg, exp.Distinct):
         if len(arg.expressions) != 1:
-            raise _refuse("COUNT(DISTINCT ...) of several values")
+            raise refuse("COUNT(DISTINCT ...) of several values")
         a = lw.expr(arg.expressions[0], inner)
         if a.type.startswith("?") or a.type.startswith("MAP"):
-            raise _refuse(f"COUNT(DISTINCT ...) of {a.type.lstrip('?')}")
+            raise refuse(f"COUNT(DISTINCT ...) of {a.type.lstrip('?')}")
         # Both engines count -0.0 with 0.0 and every NaN as one value.
-        return _E(exp.Count(this=exp.Distinct(expressions=[a.node])), "BIGINT", bits=63)
+        return Lowered(exp.Count(this=exp.Distinct(expressions=[a.node])), "BIGINT", bits=63)
     a = lw.expr(arg, inner)
-    return _E(exp.Count(this=a.node), "BIGINT", bits=63)
+    return Lowered(exp.Count(this=a.node), "BIGINT", bits=63)
 
 
-def _sum_of(a: _E) -> exp.Expression:
-    if _is_int(a.type):
+def _sum_of(a: Lowered) -> exp.Expression:
+    if is_int(a.type):
         # DuckDB sums integers in HUGEINT; Spark's SUM of BIGINT raises past 2^63: exact
         # decimals instead.
-        arg = a.node if a.type == "HUGEINT" else _cast(a.node, "HUGEINT")
+        arg = a.node if a.type == "HUGEINT" else cast_to(a.node, "HUGEINT")
         return exp.Sum(this=arg)
     # A floating SUM depends on the order of the rows on Spark; the bounded query has none.
-    raise _refuse(f"SUM of {a.type} values")
+    raise refuse(f"SUM of {a.type} values")
 
 
-def _count_total(lw: _Lowerer, node: exp.Cast, ctx: _Ctx) -> _E | None:
+def count_total(lw: Lowering, node: exp.Cast, ctx: Context) -> Lowered | None:
     """``CAST(SUM(x) AS BIGINT)`` of an integer x, as a SUM of BIGINTs (None: another CAST).
 
     DuckDB sums exactly and its CAST fails only if the total leaves BIGINT; Spark's SUM of
@@ -65,36 +66,34 @@ def _count_total(lw: _Lowerer, node: exp.Cast, ctx: _Ctx) -> _E | None:
     total = node.this
     if type(node) is not exp.Cast or not isinstance(total, exp.Sum):
         return None
-    if _norm_type(node.to.sql("duckdb")) != "BIGINT" or isinstance(total.this, exp.Distinct):
+    if norm_type(node.to.sql("duckdb")) != "BIGINT" or isinstance(total.this, exp.Distinct):
         return None
-    inner = _aggregate_ctx(ctx, "SUM")
+    inner = aggregate_context(ctx, "SUM")
     a = lw.expr(total.this, inner)
-    if not _is_int(a.type):
+    if not is_int(a.type):
         return None
     # A HUGEINT count (a weight summed per unit, R's path) is a non-negative term of the total:
     # at most the total, so it fits BIGINT too.
-    term = a.node if _INT_RANK[a.type] <= _INT_RANK["BIGINT"] else _cast(a.node, "BIGINT")
-    return _E(exp.Sum(this=term), "BIGINT", bits=63)
+    term = a.node if INT_RANK[a.type] <= INT_RANK["BIGINT"] else cast_to(a.node, "BIGINT")
+    return Lowered(exp.Sum(this=term), "BIGINT", bits=63)
 
 
-@_handles(exp.Sum)
-def _sum(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    inner = _aggregate_ctx(ctx, "SUM")
+def integer_sum(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, "SUM")
     if isinstance(node.this, exp.Distinct):
-        raise _refuse("SUM(DISTINCT ...)")
-    return _E(_sum_of(lw.expr(node.this, inner)), "HUGEINT")
+        raise refuse("SUM(DISTINCT ...)")
+    return Lowered(_sum_of(lw.expr(node.this, inner)), "HUGEINT")
 
 
-@_handles(exp.Min, exp.Max)
-def _min_max(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    inner = _aggregate_ctx(ctx, describe(node))
+def min_max(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, describe(node))
     if node.expressions:
-        raise _refuse(f"{describe(node)} of several values")
+        raise refuse(f"{describe(node)} of several values")
     a = lw.expr(node.this, inner)
     if a.type.startswith("?") or a.type.startswith("LIST") or a.type.startswith("MAP"):
-        raise _refuse(f"{describe(node)} of {a.type.lstrip('?')}")
+        raise refuse(f"{describe(node)} of {a.type.lstrip('?')}")
     # Both engines order NaN above every number and text by its bytes.
-    return _E(node.__class__(this=a.node), a.type)
+    return Lowered(node.__class__(this=a.node), a.type)
 
 
 def _not_null_test(cond: exp.Expression, value: exp.Expression) -> bool:
@@ -110,34 +109,33 @@ def _not_null_test(cond: exp.Expression, value: exp.Expression) -> bool:
     return False
 
 
-@_handles(exp.Filter)
-def _filter(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def aggregate_filter(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     where = node.expression
     assert isinstance(where, exp.Where)
     agg = node.this
-    inner = _aggregate_ctx(ctx, "FILTER")
+    inner = aggregate_context(ctx, "FILTER")
     cond = lw.boolean(where.this, inner, "FILTER")
     if isinstance(agg, exp.ArrayAgg):
         distinct = isinstance(agg.this, exp.Distinct)
         value = agg.this.expressions[0] if distinct else agg.this
         if distinct and len(agg.this.expressions) != 1:
-            raise _refuse("ARRAY_AGG(DISTINCT ...) of several values")
+            raise refuse("ARRAY_AGG(DISTINCT ...) of several values")
         if not _not_null_test(where.this, value):
             # Spark's collect_list drops NULLs, DuckDB's list keeps them.
-            raise _refuse("ARRAY_AGG without a FILTER that drops NULL values")
+            raise refuse("ARRAY_AGG without a FILTER that drops NULL values")
         a = lw.expr(value, inner)
         if a.type.startswith("?") or a.type.startswith("LIST") or a.type.startswith("MAP"):
-            raise _refuse(f"ARRAY_AGG of {a.type.lstrip('?')}")
+            raise refuse(f"ARRAY_AGG of {a.type.lstrip('?')}")
         collected: exp.Expression = exp.Filter(
-            this=_fn("COLLECT_LIST", a.node), expression=exp.Where(this=cond.node)
+            this=fn("COLLECT_LIST", a.node), expression=exp.Where(this=cond.node)
         )
         if distinct:
             # array_distinct counts -0.0 with 0.0 and every NaN as one value, as DuckDB's
             # list(DISTINCT ...) does (collect_set keeps two NaNs).
-            collected = _fn("ARRAY_DISTINCT", collected)
+            collected = fn("ARRAY_DISTINCT", collected)
         # Sorted: the list's order cannot depend on the order rows arrive in (DuckDB's list
         # order is arbitrary too; what reads it sorts it or counts it).
-        listed = _fn("ARRAY_SORT", collected)
+        listed = fn("ARRAY_SORT", collected)
         # DuckDB's list of no rows is NULL, Spark's an empty array.
         none = exp.EQ(
             this=exp.Filter(
@@ -145,44 +143,43 @@ def _filter(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
             ),
             expression=exp.Literal.number(0),
         )
-        return _E(_case((none, exp.Null()), default=listed), f"LIST({a.type})")
+        return Lowered(case_when((none, exp.Null()), default=listed), f"LIST({a.type})")
     lowered = lw.expr(agg, ctx)
     if not isinstance(lowered.node, exp.Count | exp.Sum | exp.Min | exp.Max):
-        raise _refuse(f"FILTER on {describe(agg)}")
-    return _E(exp.Filter(this=lowered.node, expression=exp.Where(this=cond.node)), lowered.type)
+        raise refuse(f"FILTER on {describe(agg)}")
+    return Lowered(
+        exp.Filter(this=lowered.node, expression=exp.Where(this=cond.node)), lowered.type
+    )
 
 
-@_handles(exp.ArrayAgg)
-def _array_agg(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    raise _refuse("ARRAY_AGG without a FILTER that drops NULL values")
+def array_agg(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    raise refuse("ARRAY_AGG without a FILTER that drops NULL values")
 
 
-@_handles(exp.ArgMin)
-def _arg_min(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    inner = _aggregate_ctx(ctx, "ARG_MIN")
+def arg_min(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
+    inner = aggregate_context(ctx, "ARG_MIN")
     order = node.expression
     if not (isinstance(order, exp.Anonymous) and order.name.upper() == "HASH"):
-        raise _refuse("ARG_MIN by anything but the keyed hash")
+        raise refuse("ARG_MIN by anything but the keyed hash")
     a = lw.expr(node.this, inner)
-    hashed, _ = _hash(lw, order, inner)
+    hashed, _ = keyed_hash(lw, order, inner)
     if a.type.startswith("?") or a.type.startswith("LIST") or a.type.startswith("MAP"):
-        raise _refuse(f"ARG_MIN of {a.type.lstrip('?')}")
+        raise refuse(f"ARG_MIN of {a.type.lstrip('?')}")
     # DuckDB's arg_min skips rows whose value is NULL; ties of the hash are broken by the value
     # itself, so the order is total and the pick cannot depend on the order rows arrive in.
-    key = _case((_is_null(a.node), exp.Null()), default=_fn("STRUCT", hashed.node, a.node))
-    return _E(_fn("MIN_BY", a.node, key), a.type)
+    key = case_when((is_null(a.node), exp.Null()), default=fn("STRUCT", hashed.node, a.node))
+    return Lowered(fn("MIN_BY", a.node, key), a.type)
 
 
-@_handles(exp.Explode)
-def _unnest(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def unnest(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if not ctx.generators:
-        raise _refuse("UNNEST outside the SELECT list")
+        raise refuse("UNNEST outside the SELECT list")
     a = lw.expr(node.this, replace(ctx, generators=False, aggregates=False, windows=False))
     # One row per element; none for a NULL or empty list, on both engines.
-    return _E(exp.Explode(this=a.node), _elem(a.type))
+    return Lowered(exp.Explode(this=a.node), element_type(a.type))
 
 
-def _ordered(lw: _Lowerer, item: exp.Ordered, ctx: _Ctx) -> tuple[exp.Ordered, _E]:
+def _ordered(lw: Lowering, item: exp.Ordered, ctx: Context) -> tuple[exp.Ordered, Lowered]:
     a = lw.expr(item.this, ctx)
     desc = bool(item.args.get("desc"))
     nulls_first = item.args.get("nulls_first")
@@ -192,12 +189,11 @@ def _ordered(lw: _Lowerer, item: exp.Ordered, ctx: _Ctx) -> tuple[exp.Ordered, _
     return exp.Ordered(this=a.node, desc=desc, nulls_first=bool(nulls_first)), a
 
 
-@_handles(exp.Window)
-def _window(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def window(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     if not ctx.windows:
-        raise _refuse("a window function here")
+        raise refuse("a window function here")
     if node.args.get("alias") or node.args.get("first") is not None:
-        raise _refuse("a named window")
+        raise refuse("a named window")
     row_ctx = replace(ctx, aggregates=False, windows=False, generators=False, in_try=False)
     func = node.this
     if isinstance(func, exp.RowNumber):
@@ -207,7 +203,7 @@ def _window(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
         call = _sum_of(lw.expr(func.this, row_ctx))
         result = "HUGEINT"
     else:
-        raise _refuse(f"the window function {describe(func)}")
+        raise refuse(f"the window function {describe(func)}")
     partition = [lw.expr(p, row_ctx) for p in node.args.get("partition_by") or []]
     order = node.args.get("order")
     items = list(order.expressions) if order is not None else []
@@ -216,14 +212,14 @@ def _window(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     ):
         # Only the keyed hash makes a unit's ranking a function of its own rows; anything
         # else could tie, and ties are broken arbitrarily (differently by a recomputed stage).
-        raise _refuse("a window not ordered by the keyed hash")
+        raise refuse("a window not ordered by the keyed hash")
     lowered = [_ordered(lw, item, row_ctx)[0] for item in items]
-    _, hash_args = _hash(lw, items[0].this, row_ctx)
-    seen = {o.this.sql(dialect=_SparkOut) for o in lowered} | {
-        p.node.sql(dialect=_SparkOut) for p in partition
+    _, hash_args = keyed_hash(lw, items[0].this, row_ctx)
+    seen = {o.this.sql(dialect=SparkOut) for o in lowered} | {
+        p.node.sql(dialect=SparkOut) for p in partition
     }
     for arg in hash_args:
-        text = arg.node.sql(dialect=_SparkOut)
+        text = arg.node.sql(dialect=SparkOut)
         if text not in seen:
             # The hash's own arguments break its ties: rows that still tie are identical in
             # every column the ranking reads, so the order is total.
@@ -239,7 +235,7 @@ def _window(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
     if spec is not None:
         if str(spec.args.get("kind") or "").upper() != "ROWS":
             # A RANGE frame groups peers: ties again.
-            raise _refuse("a window frame other than ROWS")
+            raise refuse("a window frame other than ROWS")
         out.set(
             "spec",
             exp.WindowSpec(
@@ -249,4 +245,4 @@ def _window(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
                 }
             ),
         )
-    return _E(out, result)
+    return Lowered(out, result)

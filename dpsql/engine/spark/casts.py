@@ -1,106 +1,42 @@
-"""Leaves (columns, literals, the salt parameter, TRY) and casts: CAST and TRY_CAST as DuckDB
-computes them, and the casts of literals checked when the query is lowered.
+"""Casts: CAST and TRY_CAST as DuckDB computes them (``cast``, ``try_cast``), and the casts of
+literals checked when the query is lowered (``constant_cast``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from dpsql.analyze.sample import SAMPLE_PARAMETER
-from dpsql.bound.specs import SALT_PARAMETER
-from dpsql.engine.spark.aggregates import _count_total
-from dpsql.engine.spark.dialect import _refuse
-from dpsql.engine.spark.lowerer import _handles, _Lowerer
+from dpsql.engine.spark.aggregates import count_total
+from dpsql.engine.spark.dialect import refuse
 from dpsql.engine.spark.nodes import (
-    _E,
-    _INF,
-    _NAN,
-    _NINF,
-    _case,
-    _cast,
-    _Ctx,
-    _double,
-    _fn,
-    _int_bits,
-    _literal_type,
-    _number,
-    _p,
-    _try_cast,
+    INF,
+    NAN,
+    NINF,
+    Context,
+    Lowered,
+    Lowering,
+    case_when,
+    cast_to,
+    double_literal,
+    fn,
+    literal_value,
+    operand,
+    try_cast_to,
 )
 from dpsql.engine.spark.types import (
-    _INT_RANGE,
-    _INT_RANK,
-    _is_decimal,
-    _is_float,
-    _is_int,
-    _norm_type,
-    _spark_type,
+    INT_RANGE,
+    INT_RANK,
+    is_decimal,
+    is_float,
+    is_int,
+    norm_type,
+    spark_type,
 )
 
-# -- leaves -------------------------------------------------------------------------------------
-
-
-@_handles(exp.Paren)
-def _paren(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    inner = lw.expr(node.this, ctx)
-    return replace(inner, node=exp.Paren(this=inner.node))
-
-
-@_handles(exp.Column)
-def _column(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    assert isinstance(node, exp.Column)
-    return lw.column(node, ctx)
-
-
-@_handles(exp.Literal)
-def _literal(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    assert isinstance(node, exp.Literal)
-    if node.is_string:
-        return _E(exp.Literal.string(node.this), "VARCHAR")
-    value = _number(node)
-    if value is None or not value.is_finite():
-        raise _refuse("this number literal")
-    t = _literal_type(value, str(node.this))
-    if t == "HUGEINT" and abs(value) >= 10**38:
-        raise _refuse("an integer literal of more than 38 digits")  # beyond DECIMAL(38, 0)
-    return _E(exp.Literal.number(node.this), t, bits=_int_bits(value, t))
-
-
-@_handles(exp.Null)
-def _null(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    return _E(exp.Null(), "NULL")
-
-
-@_handles(exp.Boolean)
-def _boolean(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    return _E(exp.Boolean(this=bool(node.this)), "BOOLEAN")
-
-
-@_handles(exp.Placeholder, exp.Parameter)
-def _parameter(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    # The parameters of a bounded query are its secrets, bound by the engine (the text never
-    # holds them): the salt as :salt, a sample's secret (32 hex digits) as :sample.
-    if node.name == SAMPLE_PARAMETER:
-        return _E(exp.Placeholder(this=SAMPLE_PARAMETER), "VARCHAR")
-    if node.name != SALT_PARAMETER:
-        raise _refuse("a query parameter other than the salt and the sample's secret")
-    return _E(exp.Placeholder(this=SALT_PARAMETER), "PARAM")
-
-
-@_handles(exp.Try)
-def _try(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
-    # DuckDB's TRY turns any error inside into NULL; Spark has no such catch-all, so the inside
-    # is lowered so that nothing raises and every stand-in NULL reaches this point.
-    inner = lw.expr(node.this, replace(ctx, in_try=True))
-    return _E(inner.node, inner.type)
-
-
-# -- casts --------------------------------------------------------------------------------------
 _DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}")
 _INT_TEXT = re.compile(r"\s*[+-]?\d{1,40}\s*")
 _DECIMAL_TEXT = re.compile(r"\s*[+-]?\d{1,38}(\.\d{1,38})?\s*")
@@ -117,14 +53,14 @@ def _clamp_range(node: exp.Expression) -> tuple[Decimal, Decimal] | None:
     if isinstance(node, exp.Round) and node.args.get("decimals") is None:
         return _clamp_range(node.this)
     if isinstance(node, exp.Least | exp.Greatest) and len(node.expressions) == 1:
-        outer = _number(node.expressions[0])
+        outer = literal_value(node.expressions[0])
         inner = node.this
         while isinstance(inner, exp.Paren):
             inner = inner.this
         other = exp.Greatest if isinstance(node, exp.Least) else exp.Least
         if outer is None or not isinstance(inner, other) or len(inner.expressions) != 1:
             return None
-        bound = _number(inner.expressions[0])
+        bound = literal_value(inner.expressions[0])
         if bound is None:
             return None
         if isinstance(node, exp.Least):  # LEAST(GREATEST(x, lo), hi) lies in [min(lo, hi), hi]
@@ -149,148 +85,146 @@ _DOUBLE_LIMITS = {
 }
 
 
-def _cast_value(lw: _Lowerer, node: exp.Cast, ctx: _Ctx, total: bool) -> _E:
+def _cast_value(lw: Lowering, node: exp.Cast, ctx: Context, total: bool) -> Lowered:
     """CAST (``total``: TRY_CAST, NULL where DuckDB's cast would fail)."""
-    target = _norm_type(node.to.sql("duckdb"))
+    target = norm_type(node.to.sql("duckdb"))
     if target.startswith("?"):
-        raise _refuse(f"a cast to {target[1:]}")
+        raise refuse(f"a cast to {target[1:]}")
     source = lw.expr(node.this, ctx)
     s = source.type
     may_fail = not total and ctx.in_try  # a failing CAST inside TRY: DuckDB's error is NULL
     if s == "PARAM":
         if target != "BIGINT":
-            raise _refuse("the salt cast to another type than BIGINT")
-        return _E(exp.Cast(this=source.node, to=_spark_type("BIGINT")), "BIGINT")
+            raise refuse("the salt cast to another type than BIGINT")
+        return Lowered(exp.Cast(this=source.node, to=spark_type("BIGINT")), "BIGINT")
     if s == target and target != "HUGEINT":
         return source
     if s == target:  # CAST(x AS INT128) of a HUGEINT: kept, as written
-        return _E(_cast(source.node, target), target, source.fails, source.bits)
+        return Lowered(cast_to(source.node, target), target, source.fails, source.bits)
     if s == "NULL":
-        return _E(_cast(exp.Null(), target), target)
-    literal = _constant_cast(source, node.this, target)
+        return Lowered(cast_to(exp.Null(), target), target)
+    literal = constant_cast(source, node.this, target)
     if literal is not None:
         return literal
     widening = (
-        (_is_int(s) and _is_int(target) and _INT_RANK[s] <= _INT_RANK[target])
-        or (_is_int(s) and _is_float(target))
+        (is_int(s) and is_int(target) and INT_RANK[s] <= INT_RANK[target])
+        or (is_int(s) and is_float(target))
         or (s == "FLOAT" and target == "DOUBLE")
-        or (_is_decimal(s) and target == "DOUBLE")
-        or (s == "BOOLEAN" and (_is_int(target) or target == "VARCHAR"))
-        or (_is_int(s) and target in ("VARCHAR", "BOOLEAN"))
+        or (is_decimal(s) and target == "DOUBLE")
+        or (s == "BOOLEAN" and (is_int(target) or target == "VARCHAR"))
+        or (is_int(s) and target in ("VARCHAR", "BOOLEAN"))
         or (s == "DATE" and target in ("TIMESTAMP", "VARCHAR"))
         or (s == "TIMESTAMP" and target == "DATE")
     )
     if widening:
         # Exact on both engines (integers, booleans and dates print alike), cannot fail.
-        bits = source.bits if _is_int(s) or s == "BOOLEAN" else None
-        return _E(
-            _cast(source.node, target), target, source.fails, bits if _is_int(target) else None
+        bits = source.bits if is_int(s) or s == "BOOLEAN" else None
+        return Lowered(
+            cast_to(source.node, target), target, source.fails, bits if is_int(target) else None
         )
-    if _is_int(s) and _is_int(target):
+    if is_int(s) and is_int(target):
         if not (ctx.in_try or total):
-            raise _refuse(f"a narrowing cast from {s} to {target} outside TRY")
+            raise refuse(f"a narrowing cast from {s} to {target} outside TRY")
         # Out of range: NULL, as DuckDB's TRY_CAST (or the error TRY catches).
-        return _E(_try_cast(source.node, target), target, source.fails or may_fail)
-    if _is_float(s) and _is_int(target) and target != "HUGEINT":
+        return Lowered(try_cast_to(source.node, target), target, source.fails or may_fail)
+    if is_float(s) and is_int(target) and target != "HUGEINT":
         guarded = ctx.in_try or total
         return _float_to_int(source, node.this, target, guarded=guarded, may_fail=may_fail)
-    if _is_decimal(s) and _is_int(target) and (ctx.in_try or total):
+    if is_decimal(s) and is_int(target) and (ctx.in_try or total):
         # DuckDB rounds a decimal half away from zero when it casts it to an integer, as
         # Spark's ROUND does; Spark's cast alone would truncate.
-        rounded = _fn("ROUND", source.node)
-        return _E(_try_cast(rounded, target), target, source.fails or may_fail)
-    raise _refuse(f"a cast from {s.lstrip('?')} to {target}")
+        rounded = fn("ROUND", source.node)
+        return Lowered(try_cast_to(rounded, target), target, source.fails or may_fail)
+    raise refuse(f"a cast from {s.lstrip('?')} to {target}")
 
 
-def _constant_cast(source: _E, original: exp.Expression, target: str) -> _E | None:
+def constant_cast(source: Lowered, original: exp.Expression, target: str) -> Lowered | None:
     """A cast of a literal, checked here: it would fail on any data or on none."""
     if isinstance(original, exp.Literal) and original.is_string:
         text = str(original.this)
         if target == "VARCHAR":
-            return _E(exp.Literal.string(text), "VARCHAR")
+            return Lowered(exp.Literal.string(text), "VARCHAR")
         if target == "DATE" and _DATE_TEXT.fullmatch(text):
             try:
                 dt.date.fromisoformat(text)
             except ValueError:
-                raise _refuse("a cast of an invalid date literal") from None
-            return _E(_cast(exp.Literal.string(text), "DATE"), "DATE")
+                raise refuse("a cast of an invalid date literal") from None
+            return Lowered(cast_to(exp.Literal.string(text), "DATE"), "DATE")
         if target == "TIMESTAMP" and _TIMESTAMP_TEXT.fullmatch(text):
             try:
                 dt.datetime.fromisoformat(text)
             except ValueError:
-                raise _refuse("a cast of an invalid timestamp literal") from None
-            return _E(_cast(exp.Literal.string(text), "TIMESTAMP"), "TIMESTAMP")
-        if _is_float(target):
-            special = {"inf": _INF, "+inf": _INF, "infinity": _INF, "-inf": _NINF,
-                       "-infinity": _NINF, "nan": _NAN}  # fmt: skip
+                raise refuse("a cast of an invalid timestamp literal") from None
+            return Lowered(cast_to(exp.Literal.string(text), "TIMESTAMP"), "TIMESTAMP")
+        if is_float(target):
+            special = {"inf": INF, "+inf": INF, "infinity": INF, "-inf": NINF,
+                       "-infinity": NINF, "nan": NAN}  # fmt: skip
             name = special.get(text.strip().lower())
             if name is None:
                 try:
                     name = repr(float(Decimal(text.strip())))
                 except InvalidOperation:
-                    raise _refuse("a cast of a text literal that is not a number") from None
-            return _E(exp.Cast(this=exp.Literal.string(name), to=_spark_type(target)), target)
+                    raise refuse("a cast of a text literal that is not a number") from None
+            return Lowered(exp.Cast(this=exp.Literal.string(name), to=spark_type(target)), target)
         if target == "BOOLEAN" and text.lower() in ("true", "false"):
-            return _E(exp.Boolean(this=text.lower() == "true"), "BOOLEAN")
-        if _is_int(target) and _INT_TEXT.fullmatch(text):
+            return Lowered(exp.Boolean(this=text.lower() == "true"), "BOOLEAN")
+        if is_int(target) and _INT_TEXT.fullmatch(text):
             # A key domain's canonical text cast back to the key's type (dpsql.analyze.domains).
             number = exp.Literal.number(str(Decimal(text.strip())))
-            return _constant_cast(_E(number, "HUGEINT"), number, target)
-        if _is_decimal(target) and _DECIMAL_TEXT.fullmatch(text):
+            return constant_cast(Lowered(number, "HUGEINT"), number, target)
+        if is_decimal(target) and _DECIMAL_TEXT.fullmatch(text):
             precision, scale = (int(x) for x in target[8:-1].split(","))
             fixed = Decimal(text.strip())
             exponent = fixed.as_tuple().exponent
             assert isinstance(exponent, int)
             if exponent < -scale or abs(fixed) >= Decimal(10) ** (precision - scale):
-                raise _refuse(f"a cast of a text literal to {target} that it does not fit")
-            return _E(_cast(exp.Literal.number(str(fixed)), target), target)
-        raise _refuse(f"a cast of a text literal to {target}")
-    value = _number(original)
+                raise refuse(f"a cast of a text literal to {target} that it does not fit")
+            return Lowered(cast_to(exp.Literal.number(str(fixed)), target), target)
+        raise refuse(f"a cast of a text literal to {target}")
+    value = literal_value(original)
     if value is None:
         return None
-    if _is_int(target):
-        lo, hi = _INT_RANGE[target]
+    if is_int(target):
+        lo, hi = INT_RANGE[target]
         if value != value.to_integral_value() or not lo <= value <= hi:
-            raise _refuse(f"a cast of a number literal to {target} that it does not fit")
-        return _E(_cast(source.node, target), target)
-    if _is_float(target) or (target == "VARCHAR" and _is_int(source.type)):
-        return _E(_cast(source.node, target), target)
+            raise refuse(f"a cast of a number literal to {target} that it does not fit")
+        return Lowered(cast_to(source.node, target), target)
+    if is_float(target) or (target == "VARCHAR" and is_int(source.type)):
+        return Lowered(cast_to(source.node, target), target)
     return None
 
 
 def _float_to_int(
-    source: _E, original: exp.Expression, target: str, *, guarded: bool, may_fail: bool
-) -> _E:
+    source: Lowered, original: exp.Expression, target: str, *, guarded: bool, may_fail: bool
+) -> Lowered:
     """A double cast to an integer type. DuckDB rounds half to even (Spark's cast truncates:
     BROUND first); out of range (NaN, the infinities) it fails: NULL with TRY_CAST."""
-    lo, hi = _INT_RANGE[target]
-    rounded = source.node if _is_round(original) else _fn("BROUND", source.node)
+    lo, hi = INT_RANGE[target]
+    rounded = source.node if _is_round(original) else fn("BROUND", source.node)
     clamp = _clamp_range(original)
     exact = 2**53  # a double holds every integer up to 2^53 exactly
     if clamp is not None and max(lo, -exact) <= clamp[0] and clamp[1] <= min(hi, exact):
         # Clamped to literal bounds that the type holds (and a double holds exactly): no value,
         # NaN or infinity included, can make this cast fail on either engine.
         bound = max(abs(clamp[0]), abs(clamp[1]))
-        return _E(_cast(rounded, target), target, source.fails, int(bound).bit_length())
+        return Lowered(cast_to(rounded, target), target, source.fails, int(bound).bit_length())
     if not guarded:
-        raise _refuse("a cast of a floating value to an integer type that is not clamped first")
+        raise refuse("a cast of a floating value to an integer type that is not clamped first")
     low, high, strict = _DOUBLE_LIMITS[target]
-    r = _p(rounded)
-    above = exp.GTE(this=r, expression=_double(low))
-    below = (exp.LT if strict else exp.LTE)(this=r, expression=_double(high))
+    r = operand(rounded)
+    above = exp.GTE(this=r, expression=double_literal(low))
+    below = (exp.LT if strict else exp.LTE)(this=r, expression=double_literal(high))
     # NaN passes >= (it is above every number) and fails the upper test: NULL, as on DuckDB.
-    in_range = _case((exp.And(this=above, expression=below), _cast(rounded, target)))
-    return _E(in_range, target, source.fails or may_fail)
+    in_range = case_when((exp.And(this=above, expression=below), cast_to(rounded, target)))
+    return Lowered(in_range, target, source.fails or may_fail)
 
 
-@_handles(exp.Cast)
-def _cast_node(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def cast(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     assert isinstance(node, exp.Cast)
-    counted = _count_total(lw, node, ctx)  # a total of counts, in BIGINT
+    counted = count_total(lw, node, ctx)  # a total of counts, in BIGINT
     return counted if counted is not None else _cast_value(lw, node, ctx, total=False)
 
 
-@_handles(exp.TryCast)
-def _try_cast_node(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def try_cast(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     assert isinstance(node, exp.Cast)
     return _cast_value(lw, node, ctx, total=True)

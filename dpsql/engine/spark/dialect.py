@@ -1,5 +1,5 @@
-"""The Spark SQL dialect the lowering prints (``_SparkOut``), and the error of a construct it
-refuses (``_refuse``).
+"""The Spark SQL dialect the lowering prints (``SparkOut``), and the error of a construct it
+refuses (``refuse``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _ordered_sql(generator: Generator, node: exp.Ordered) -> str:
     return f"{generator.sql(node, 'this')} {direction} NULLS {nulls}"
 
 
-class _SparkOut(Spark):
+class SparkOut(Spark):
     """Spark SQL as the lowering prints it: null-safe equality as ``<=>``, every TRY_CAST as
     TRY_CAST and every sort order with its NULLs spelled out."""
 
@@ -32,5 +32,5 @@ class _SparkOut(Spark):
         }
 
 
-def _refuse(what: str) -> NotSupportedOnEngineError:
+def refuse(what: str) -> NotSupportedOnEngineError:
     return NotSupportedOnEngineError(f"{what} is not supported on Spark")

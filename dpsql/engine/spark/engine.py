@@ -2,14 +2,14 @@
 
 The privacy logic never depends on the engine (DESIGN.md section 7). What this module adds:
 
-- a Spark session per process (``_spark``) with the settings the guarantees need pinned (ANSI
-  mode, so an overflow raises instead of wrapping; UTC; no UI, which would show query text) and
-  Spark's own logs off (its messages quote SQL text and data values); or, with ``remote``, a
-  client of a Spark Connect server (``spark_session._connect``), whose static settings only
-  the server sets;
+- a Spark session per process (``session.classic_session``) with the settings the guarantees
+  need pinned (ANSI mode, so an overflow raises instead of wrapping; UTC; no UI, which would show
+  query text) and Spark's own logs off (its messages quote SQL text and data values); or, with
+  ``remote``, a client of a Spark Connect server (``session.connect_session``), whose static
+  settings only the server sets;
 - every engine's own session (classic: ``newSession``; Spark Connect: a new server session),
   whose pinned settings are set where a session can set them and then read back, each of them:
-  an engine whose Spark differs refuses to open (``spark_session._pin``), so it never runs
+  an engine whose Spark differs refuses to open (``session.pin_settings``), so it never runs
   without ANSI mode;
 - the policy's tables as temporary views of that isolated session: Parquet as stored, CSV
   as raw lines through the rules and grammars DuckDB's view applies (``dpsql.engine.csv_text``),
@@ -58,7 +58,7 @@ from dpsql.engine.csv_text import (
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.engine.duckdb.views import _csv_columns
 from dpsql.engine.spark.lower import lower
-from dpsql.engine.spark.session import _connect, _pin, _spark
+from dpsql.engine.spark.session import classic_session, connect_session, pin_settings
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
 
@@ -123,9 +123,9 @@ class SparkEngine:
         self._stopped = False  # a Spark Connect session, once released
         # Temporary views and settings of their own: engines in one process do not meet.
         if policy.engine.remote is not None:
-            self._session = _connect(policy.engine.remote)  # a server session of its own
+            self._session = connect_session(policy.engine.remote)  # a server session of its own
         else:
-            self._session = _spark(policy.engine).newSession()
+            self._session = classic_session(policy.engine).newSession()
         schemas: dict[str, list[tuple[str, str]]] = {}
         try:
             for name, value in policy.engine.conf.items():
@@ -133,7 +133,7 @@ class SparkEngine:
                     self._session.conf.set(name, value)
             # Last, so that nothing after it changes them: a new session starts from the
             # context's (or server's) settings, which may differ from the pinned ones.
-            _pin(self._session)
+            pin_settings(self._session)
             frames = {
                 n: self._read(policy, n, policy.resolve(p)) for n, p in policy.data.tables.items()
             }

@@ -1,29 +1,33 @@
-"""HISTOGRAM on Spark: the SELECT rewritten to count each value first (``_histogram_rewrite``),
-then one sorted map per group (``_histogram``).
+"""HISTOGRAM on Spark: the SELECT rewritten to count each value first (``rewrite_histogram``),
+then one sorted map per group (``collect_histogram``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpsql.engine.spark.dialect import _refuse
-from dpsql.engine.spark.nodes import _E, _case, _Ctx, _fn, _is_null
+from dpsql.engine.spark.dialect import refuse
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    aggregate_context,
+    case_when,
+    fn,
+    is_null,
+)
 
-if TYPE_CHECKING:
-    from dpsql.engine.spark.lowerer import _Lowerer
 
-
-def _histogram_rewrite(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Select:
+def rewrite_histogram(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Select:
     """``SELECT keys, HISTOGRAM(b) FROM src GROUP BY keys`` (a map of value -> count, which
     Spark lacks) as ``SELECT keys, _DPSQL_HISTOGRAM(b, n) FROM (SELECT keys, b, COUNT(*) AS n
     FROM src GROUP BY keys, b) GROUP BY keys``: each value's count first, then one map per key."""
     group = sel.args.get("group")
     keys = list(group.expressions) if group is not None else []
     if not all(isinstance(k, exp.Column) for k in keys):
-        raise _refuse("HISTOGRAM grouped by an expression")
+        raise refuse("HISTOGRAM grouped by an expression")
     key_names = [k.name.lower() for k in keys]
     histogram: exp.Anonymous | None = None
     outputs: list[exp.Expression] = []
@@ -31,21 +35,21 @@ def _histogram_rewrite(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Sele
         inner = item.this if isinstance(item, exp.Alias) else item
         if isinstance(inner, exp.Anonymous) and inner.name.upper() == "HISTOGRAM":
             if histogram is not None:
-                raise _refuse("two HISTOGRAMs in one SELECT")
+                raise refuse("two HISTOGRAMs in one SELECT")
             histogram = inner
             outputs.append(item)
         elif isinstance(inner, exp.Column) and inner.name.lower() in key_names:
             outputs.append(item)
         else:
-            raise _refuse("HISTOGRAM next to other aggregates")
+            raise refuse("HISTOGRAM next to other aggregates")
     assert histogram is not None
     if len(histogram.expressions) != 1 or not isinstance(histogram.expressions[0], exp.Column):
-        raise _refuse("HISTOGRAM of an expression")
+        raise refuse("HISTOGRAM of an expression")
     if sel.args.get("having") or sel.args.get("qualify") or sel.args.get("distinct"):
-        raise _refuse("HISTOGRAM with HAVING, QUALIFY or DISTINCT")
+        raise refuse("HISTOGRAM with HAVING, QUALIFY or DISTINCT")
     value = histogram.expressions[0].name.lower()
     if value in key_names:
-        raise _refuse("HISTOGRAM of a grouping key")
+        raise refuse("HISTOGRAM of a grouping key")
     count, alias = fresh("n"), fresh("h")
     inner_select = exp.Select(
         expressions=[*[k.copy() for k in keys], histogram.expressions[0].copy(),
@@ -92,12 +96,15 @@ def _histogram_rewrite(sel: exp.Select, fresh: Callable[[str], str]) -> exp.Sele
     return outer  # (a WITH of ``sel`` is lowered by ``query``, around it)
 
 
-def _histogram(lw: _Lowerer, node: exp.Anonymous, ctx: _Ctx) -> _E:
-    """The map value -> count of one group, from the counts per value (``_histogram_rewrite``):
+def collect_histogram(lw: Lowering, node: exp.Anonymous, ctx: Context) -> Lowered:
+    """The map value -> count of one group, from the counts per value (``rewrite_histogram``):
     sorted by value (a deterministic map), NULL values left out and NULL with no value, as
     DuckDB's HISTOGRAM."""
-    value, count = (lw.expr(e, ctx) for e in node.expressions)
-    entry = _case((_is_null(value.node), exp.Null()), default=_fn("STRUCT", value.node, count.node))
-    entries = _fn("MAP_FROM_ENTRIES", _fn("ARRAY_SORT", _fn("COLLECT_LIST", entry)))
+    inner = aggregate_context(ctx, "_DPSQL_HISTOGRAM")
+    value, count = (lw.expr(e, inner) for e in node.expressions)
+    entry = case_when(
+        (is_null(value.node), exp.Null()), default=fn("STRUCT", value.node, count.node)
+    )
+    entries = fn("MAP_FROM_ENTRIES", fn("ARRAY_SORT", fn("COLLECT_LIST", entry)))
     none = exp.EQ(this=exp.Count(this=value.node), expression=exp.Literal.number(0))
-    return _E(_case((none, exp.Null()), default=entries), f"MAP({value.type},BIGINT)")
+    return Lowered(case_when((none, exp.Null()), default=entries), f"MAP({value.type},BIGINT)")

@@ -6,29 +6,37 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.engine.spark.casts import _constant_cast
-from dpsql.engine.spark.dialect import _refuse
-from dpsql.engine.spark.functions import _float_arg
-from dpsql.engine.spark.lowerer import _handles, _Lowerer
-from dpsql.engine.spark.nodes import _E, _Ctx, _fn, _is_null, _p
-from dpsql.engine.spark.types import _kind
+from dpsql.engine.spark.casts import constant_cast
+from dpsql.engine.spark.dialect import refuse
+from dpsql.engine.spark.functions import float_arg
+from dpsql.engine.spark.nodes import (
+    Context,
+    Lowered,
+    Lowering,
+    absorbing,
+    fn,
+    is_null,
+    operand,
+    strict,
+)
+from dpsql.engine.spark.types import type_kind
 from dpsql.sql.validate import describe
 
 # -- comparisons and logic ----------------------------------------------------------------------
 
 
-def _comparable(
-    a: _E, a_node: exp.Expression, b: _E, b_node: exp.Expression, what: str
+def comparable(
+    a: Lowered, a_node: exp.Expression, b: Lowered, b_node: exp.Expression, what: str
 ) -> tuple[exp.Expression, exp.Expression]:
     """The operands of a comparison, of one kind: numbers (each engine widens them the same
     way), text, dates, timestamps, booleans. A text literal next to a date is cast here, once
     it is checked to be a date (Spark and DuckDB parse other texts differently)."""
-    ka, kb = _kind(a.type), _kind(b.type)
+    ka, kb = type_kind(a.type), type_kind(b.type)
     if ka == kb == "HASH":
         # Two keyed hashes (``dpsql.bound.pivot``'s ranking of a unit's key combinations): ordered
         # as Spark's ranking windows order them, by xxhash64's signed BIGINT. Each engine ranks
         # by its own hash (docs/engines.md), so only the order within one engine matters.
-        return _p(a.node), _p(b.node)
+        return operand(a.node), operand(b.node)
     if "NULL" in (ka, kb) or ka == kb:
         if (
             ka.startswith("?")
@@ -36,41 +44,39 @@ def _comparable(
             or ka.startswith("MAP")
             or ka in ("HASH", "PARAM")
         ):
-            raise _refuse(f"{what} of {ka.lstrip('?')} values")
-        return _p(a.node), _p(b.node)
+            raise refuse(f"{what} of {ka.lstrip('?')} values")
+        return operand(a.node), operand(b.node)
     for text_side, other, text_node in ((a, b, a_node), (b, a, b_node)):
         if (
             text_side.type == "VARCHAR"
             and other.type in ("DATE", "TIMESTAMP")
             and isinstance(text_node, exp.Literal)
         ):
-            cast = _constant_cast(text_side, text_node, other.type)
+            cast = constant_cast(text_side, text_node, other.type)
             assert cast is not None
             if text_side is a:
-                return cast.node, _p(b.node)
-            return _p(a.node), cast.node
-    raise _refuse(f"{what} of {a.type} and {b.type}")
+                return cast.node, operand(b.node)
+            return operand(a.node), cast.node
+    raise refuse(f"{what} of {a.type} and {b.type}")
 
 
-@_handles(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-def _compare(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def compare(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     # NaN equals NaN and lies above every number on both engines; NULL gives NULL (strict).
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
-    left, right = _comparable(a, node.this, b, node.expression, describe(node))
-    return _E(node.__class__(this=left, expression=right), "BOOLEAN", lw.strict("=", a, b))
+    left, right = comparable(a, node.this, b, node.expression, describe(node))
+    return Lowered(node.__class__(this=left, expression=right), "BOOLEAN", strict("=", a, b))
 
 
-@_handles(exp.NullSafeEQ, exp.NullSafeNEQ)
-def _null_safe(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def null_safe_compare(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
-    lw.absorbing("IS [NOT] DISTINCT FROM", a, b)
-    left, right = _comparable(a, node.this, b, node.expression, "IS NOT DISTINCT FROM")
+    absorbing("IS [NOT] DISTINCT FROM", a, b)
+    left, right = comparable(a, node.this, b, node.expression, "IS NOT DISTINCT FROM")
     # IS NOT DISTINCT FROM is Spark's <=> (NULL <=> NULL is true); rows without a unit are one
     # unit in every ranking and join (dpsql.bound.caps).
     out: exp.Expression = exp.NullSafeEQ(this=left, expression=right)
     if isinstance(node, exp.NullSafeNEQ):
         out = exp.Not(this=exp.Paren(this=out))
-    return _E(out, "BOOLEAN")
+    return Lowered(out, "BOOLEAN")
 
 
 def _null_or_nan(node: exp.Expression) -> exp.Expression | None:
@@ -84,71 +90,70 @@ def _null_or_nan(node: exp.Expression) -> exp.Expression | None:
     return tested if left.this.sql("duckdb") == tested.sql("duckdb") else None
 
 
-@_handles(exp.And, exp.Or)
-def _connector(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def connective(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     tested = _null_or_nan(node)
     if tested is not None:
         # ISNAN(NULL) is NULL on DuckDB, false on Spark; after "x IS NULL OR" either is TRUE.
-        x = _float_arg(lw, tested, ctx, "ISNAN")
-        lw.absorbing("IS NULL", x)
-        test = exp.Or(this=_is_null(x.node), expression=_fn("ISNAN", x.node))
-        return _E(test, "BOOLEAN")
+        x = float_arg(lw, tested, ctx, "ISNAN")
+        absorbing("IS NULL", x)
+        test = exp.Or(this=is_null(x.node), expression=fn("ISNAN", x.node))
+        return Lowered(test, "BOOLEAN")
     a, b = lw.expr(node.this, ctx), lw.expr(node.expression, ctx)
     for side in (a, b):
         if side.type not in ("BOOLEAN", "NULL"):
-            raise _refuse(f"{describe(node)} of a {side.type} value")
+            raise refuse(f"{describe(node)} of a {side.type} value")
     # FALSE AND NULL is FALSE: a NULL standing for an error would not reach the TRY.
-    lw.absorbing(describe(node), a, b)
-    return _E(node.__class__(this=_p(a.node), expression=_p(b.node)), "BOOLEAN")
+    absorbing(describe(node), a, b)
+    return Lowered(node.__class__(this=operand(a.node), expression=operand(b.node)), "BOOLEAN")
 
 
-@_handles(exp.Not)
-def _not(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def negation(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     if a.type not in ("BOOLEAN", "NULL"):
-        raise _refuse(f"NOT of a {a.type} value")
-    return _E(exp.Not(this=_p(a.node)), "BOOLEAN", a.fails)
+        raise refuse(f"NOT of a {a.type} value")
+    return Lowered(exp.Not(this=operand(a.node)), "BOOLEAN", a.fails)
 
 
-@_handles(exp.Is)
-def _is(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def is_test(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
-    lw.absorbing("IS", a)
+    absorbing("IS", a)
     right = node.expression
     if isinstance(right, exp.Null):
-        return _E(exp.Is(this=_p(a.node), expression=exp.Null()), "BOOLEAN")
+        return Lowered(exp.Is(this=operand(a.node), expression=exp.Null()), "BOOLEAN")
     if isinstance(right, exp.Boolean) and a.type in ("BOOLEAN", "NULL"):
-        return _E(exp.Is(this=_p(a.node), expression=exp.Boolean(this=bool(right.this))), "BOOLEAN")
-    raise _refuse("IS with something other than NULL, TRUE or FALSE")
+        return Lowered(
+            exp.Is(this=operand(a.node), expression=exp.Boolean(this=bool(right.this))), "BOOLEAN"
+        )
+    raise refuse("IS with something other than NULL, TRUE or FALSE")
 
 
-@_handles(exp.In)
-def _in(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def in_test(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     if node.args.get("unnest") or node.args.get("field"):
-        raise _refuse("IN UNNEST")
+        raise refuse("IN UNNEST")
     query = node.args.get("query")
     if query is not None:
         body, columns = lw.query(query.this if isinstance(query, exp.Subquery) else query, ctx.ctes)
         if len(columns) != 1:
-            raise _refuse("IN over a subquery of several columns")
+            raise refuse("IN over a subquery of several columns")
         (t,) = columns.values()
-        _comparable(a, node.this, _E(exp.Null(), t), exp.Null(), "IN")  # one kind, or refused
-        return _E(exp.In(this=_p(a.node), query=exp.Subquery(this=body)), "BOOLEAN", a.fails)
+        comparable(a, node.this, Lowered(exp.Null(), t), exp.Null(), "IN")  # one kind, or refused
+        return Lowered(
+            exp.In(this=operand(a.node), query=exp.Subquery(this=body)), "BOOLEAN", a.fails
+        )
     items = [lw.expr(e, ctx) for e in node.expressions]
-    lw.absorbing("IN", *items)
+    absorbing("IN", *items)
     values = []
     for item, original in zip(items, node.expressions, strict=True):
-        _, right = _comparable(a, node.this, item, original, "IN")
+        _, right = comparable(a, node.this, item, original, "IN")
         values.append(right)
-    return _E(exp.In(this=_p(a.node), expressions=values), "BOOLEAN", a.fails)
+    return Lowered(exp.In(this=operand(a.node), expressions=values), "BOOLEAN", a.fails)
 
 
-@_handles(exp.Between)
-def _between(lw: _Lowerer, node: exp.Expression, ctx: _Ctx) -> _E:
+def between(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
     a = lw.expr(node.this, ctx)
     low, high = lw.expr(node.args["low"], ctx), lw.expr(node.args["high"], ctx)
-    lw.absorbing("BETWEEN", low, high)
-    left, lo = _comparable(a, node.this, low, node.args["low"], "BETWEEN")
-    _, hi = _comparable(a, node.this, high, node.args["high"], "BETWEEN")
-    return _E(exp.Between(this=left, low=lo, high=hi), "BOOLEAN", a.fails)
+    absorbing("BETWEEN", low, high)
+    left, lo = comparable(a, node.this, low, node.args["low"], "BETWEEN")
+    _, hi = comparable(a, node.this, high, node.args["high"], "BETWEEN")
+    return Lowered(exp.Between(this=left, low=lo, high=hi), "BOOLEAN", a.fails)

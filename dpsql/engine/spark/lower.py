@@ -1,8 +1,9 @@
 """Lowering of dpsql's bounded query (DuckDB SQL) to Spark SQL with the same totals.
 
 The bounded query (``dpsql.bound.rewrite``) is written for DuckDB. ``lower`` rewrites its tree,
-node by node from an allow-list, into Spark SQL that returns the same pre-noise totals, with the
-guarantees the privacy argument rests on (docs/engines.md):
+node by node from an allow-list (the dispatch table of ``handlers``, read by ``lowerer``), into
+Spark SQL that returns the same pre-noise totals, with the guarantees the privacy argument rests
+on (docs/engines.md):
 
 - exact integer sums: HUGEINT arithmetic becomes DECIMAL(38, 0), never a float; an integer SUM
   sums DECIMAL(38, 0) (Spark's SUM of BIGINT overflows at 2^63); ``//`` is computed exactly in
@@ -22,7 +23,7 @@ guarantees the privacy argument rests on (docs/engines.md):
   lists are sorted, floating sums are summed in sorted order;
 - NULL ordering and the other points where Spark differs from DuckDB (NULL-skipping LEAST,
   ROUND, ISNAN of NULL, date_trunc's result type, list_slice with a step, ...) are spelled out;
-- speed, with the same rows: before lowering, ``spark_shape.reshape`` ranks every unit in one
+- speed, with the same rows: before lowering, ``shape.reshape`` ranks every unit in one
   window where DuckDB's form splits off the units within the cap, and writes literal key
   domains as IN lists.
 
@@ -38,19 +39,8 @@ from collections.abc import Mapping
 import sqlglot
 from sqlglot import exp
 
-# The handler modules register their handlers (``_handles``) as they are imported.
-from dpsql.engine.spark import (  # noqa: F401
-    aggregates,
-    arith,
-    branches,
-    casts,
-    dates,
-    functions,
-    lists,
-    logic,
-)
-from dpsql.engine.spark.dialect import _refuse, _SparkOut
-from dpsql.engine.spark.lowerer import _Lowerer
+from dpsql.engine.spark.dialect import SparkOut, refuse
+from dpsql.engine.spark.lowerer import Lowerer
 from dpsql.engine.spark.shape import reshape
 
 __all__ = ["lower"]
@@ -97,13 +87,13 @@ def _check_deterministic(tree: exp.Expression) -> None:
         assert isinstance(node, exp.Expression)
         name = _function_name(node)
         if name in _NONDETERMINISTIC or isinstance(node, exp.Rand | exp.Randn | exp.Uuid):
-            raise _refuse(f"the non-deterministic function {name}")
+            raise refuse(f"the non-deterministic function {name}")
         if name in _UNORDERED:
             parent = _enclosing(node)
             if parent is not None and _function_name(parent) == "ARRAY_DISTINCT":
                 parent = _enclosing(parent)
             if parent is None or _function_name(parent) != "ARRAY_SORT":
-                raise _refuse(f"{name} outside a sort")
+                raise refuse(f"{name} outside a sort")
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,22 +101,22 @@ def _lower_cached(sql: str, catalog: tuple[tuple[str, tuple[tuple[str, str], ...
     try:
         tree = sqlglot.parse_one(sql, read="duckdb")
     except sqlglot.errors.ParseError:
-        raise _refuse("a bounded query sqlglot cannot read") from None
+        raise refuse("a bounded query sqlglot cannot read") from None
     except RecursionError:
-        raise _refuse("a query nested this deeply") from None
+        raise refuse("a query nested this deeply") from None
     if not isinstance(tree, exp.Select | exp.Union):
-        raise _refuse("a bounded query that is not a SELECT")
+        raise refuse("a bounded query that is not a SELECT")
     tree = reshape(tree)
-    lowerer = _Lowerer({t: dict(cols) for t, cols in catalog})
+    lowerer = Lowerer({t: dict(cols) for t, cols in catalog})
     try:
         out, _ = lowerer.query(tree, {})
         # A copy: the lowering shares subtrees between its rewrites (x in x IS NULL OR ...);
         # copied, every node has its own parent, as the check below reads them.
         out = out.copy()
         _check_deterministic(out)
-        return out.sql(dialect=_SparkOut, pretty=True)
+        return out.sql(dialect=SparkOut, pretty=True)
     except RecursionError:
-        raise _refuse("a query nested this deeply") from None
+        raise refuse("a query nested this deeply") from None
 
 
 def lower(sql: str, catalog: Mapping[str, Mapping[str, str]]) -> str:

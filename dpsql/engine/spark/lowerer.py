@@ -1,32 +1,33 @@
-"""The lowering of queries (``_Lowerer``: WITH, UNION, SELECT, its output columns, QUALIFY)
-and the registry of expression handlers it dispatches to (``_handles``); the relations of
-FROM are ``spark_relations``'s.
+"""The lowering of queries (``Lowerer``: WITH, UNION, SELECT, its output columns, QUALIFY), and
+of every expression in them through the dispatch table of ``handlers``; the relations of FROM
+are ``relations``'s.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from sqlglot import exp
 
-from dpsql.engine.spark.dialect import _refuse
-from dpsql.engine.spark.histogram import _histogram_rewrite
-from dpsql.engine.spark.nodes import _E, _col, _Ctx, _ident, _Source
-from dpsql.engine.spark.relations import _Relations
-from dpsql.engine.spark.types import _TYPE_BITS, _norm_type, _unify
+from dpsql.engine.spark.dialect import refuse
+from dpsql.engine.spark.handlers import FUNCTIONS, HANDLERS
+from dpsql.engine.spark.histogram import rewrite_histogram
+from dpsql.engine.spark.nodes import Context, Lowered, Source, col, ident
+from dpsql.engine.spark.relations import Relations
+from dpsql.engine.spark.types import norm_type, unify
 from dpsql.sql.validate import describe
 
 # -- the lowering -------------------------------------------------------------------------------
 
 
-class _Lowerer(_Relations):
+class Lowerer(Relations):
     """One lowering of one bounded query over one catalog."""
 
     def __init__(self, catalog: Mapping[str, Mapping[str, str]]):
         self.catalog = {
-            t.lower(): {c.lower(): _norm_type(ty) for c, ty in cols.items()}
+            t.lower(): {c.lower(): norm_type(ty) for c, ty in cols.items()}
             for t, cols in catalog.items()
         }
         self._fresh = itertools.count()
@@ -48,19 +49,19 @@ class _Lowerer(_Relations):
         lowered_ctes: list[exp.CTE] = []
         if with_ is not None:
             if with_.args.get("recursive"):
-                raise _refuse("WITH RECURSIVE")
+                raise refuse("WITH RECURSIVE")
             for cte in with_.expressions:
                 body, columns = self.query(cte.this, ctes)
                 ctes[cte.alias.lower()] = columns
                 lowered_ctes.append(
-                    exp.CTE(this=body, alias=exp.TableAlias(this=_ident(cte.alias.lower())))
+                    exp.CTE(this=body, alias=exp.TableAlias(this=ident(cte.alias.lower())))
                 )
         if isinstance(node, exp.Select):
             out, columns = self.select(node, ctes)
         elif isinstance(node, exp.Union) and not isinstance(node, exp.Intersect | exp.Except):
             out, columns = self.union(node, ctes)
         else:
-            raise _refuse(describe(node))
+            raise refuse(describe(node))
         if lowered_ctes:
             out.set("with_", exp.With(expressions=lowered_ctes))
         return out, columns
@@ -71,12 +72,12 @@ class _Lowerer(_Relations):
         left, lcols = self.query(node.this, ctes)
         right, rcols = self.query(node.expression, ctes)
         if len(lcols) != len(rcols):
-            raise _refuse("UNION of queries with different numbers of columns")
+            raise refuse("UNION of queries with different numbers of columns")
         columns: dict[str, str] = {}
         for (name, lt), rt in zip(lcols.items(), rcols.values(), strict=True):
             # Numbers widen alike on both engines (BIGINT with DECIMAL(38, 0) is DECIMAL(38,
-            # 0)); other mixed kinds are refused by _unify.
-            columns[name] = _unify([lt, rt], "UNION")
+            # 0)); other mixed kinds are refused by unify.
+            columns[name] = unify([lt, rt], "UNION")
         distinct = bool(node.args.get("distinct"))
         return exp.Union(this=left, expression=right, distinct=distinct), columns
 
@@ -88,19 +89,19 @@ class _Lowerer(_Relations):
             for item in sel.expressions
             for node in item.walk()
         ):
-            sel = _histogram_rewrite(sel, self.fresh)
+            sel = rewrite_histogram(sel, self.fresh)
         for key in ("limit", "offset", "order", "prewhere", "windows", "laterals", "pivots"):
             if sel.args.get(key):
                 # A LIMIT or ORDER BY does not occur in a bounded query; a LIMIT would keep an
                 # arbitrary subset of the rows on Spark.
-                raise _refuse(f"{key.upper()} in the bounded query")
+                raise refuse(f"{key.upper()} in the bounded query")
         group = sel.args.get("group")
         if group is not None and any(
             group.args.get(k) for k in ("grouping_sets", "rollup", "cube")
         ):
-            raise _refuse("GROUPING SETS, ROLLUP or CUBE")
+            raise refuse("GROUPING SETS, ROLLUP or CUBE")
         out = exp.Select()
-        sources: list[_Source] = []
+        sources: list[Source] = []
         frm = sel.args.get("from_")
         if frm is not None:
             node, source = self.source(frm.this, ctes)
@@ -111,7 +112,7 @@ class _Lowerer(_Relations):
             joins.append(self.join(join, sources, ctes))
         if joins:
             out.set("joins", joins)
-        ctx = _Ctx(tuple(sources), ctes, qualified=len(sources) > 1)
+        ctx = Context(tuple(sources), ctes, qualified=len(sources) > 1)
         where = sel.args.get("where")
         if where is not None:
             cond = self.boolean(where.this, ctx, "WHERE")
@@ -133,18 +134,18 @@ class _Lowerer(_Relations):
         items, columns = self.projections(sel, replace(agg_ctx, windows=True))
         if sel.args.get("distinct"):
             if sel.args["distinct"].args.get("on"):
-                raise _refuse("DISTINCT ON")
+                raise refuse("DISTINCT ON")
             out.set("distinct", exp.Distinct())
         out.set("expressions", items)
         qualify = sel.args.get("qualify")
         if qualify is not None:
             if sel.args.get("distinct"):
-                raise _refuse("QUALIFY with DISTINCT")
+                raise refuse("QUALIFY with DISTINCT")
             return self.qualify(out, columns, qualify.this, agg_ctx)
         return out, columns
 
     def projections(
-        self, sel: exp.Select, ctx: _Ctx
+        self, sel: exp.Select, ctx: Context
     ) -> tuple[list[exp.Expression], dict[str, str]]:
         items: list[exp.Expression] = []
         columns: dict[str, str] = {}
@@ -152,9 +153,9 @@ class _Lowerer(_Relations):
         def add(name: str, node: exp.Expression, t: str, alias: bool) -> None:
             if name in columns:
                 # Spark names a duplicate column differently; the bounded query has none.
-                raise _refuse(f"two output columns named {name}")
+                raise refuse(f"two output columns named {name}")
             columns[name] = t
-            items.append(exp.Alias(this=node, alias=_ident(name)) if alias else node)
+            items.append(exp.Alias(this=node, alias=ident(name)) if alias else node)
 
         generators = 0
         for index, item in enumerate(sel.expressions):
@@ -162,7 +163,7 @@ class _Lowerer(_Relations):
                 # UNNEST only as a whole SELECT item, one per SELECT (Spark's generators).
                 generators += 1
                 if generators > 1:
-                    raise _refuse("two UNNESTs in one SELECT")
+                    raise refuse("two UNNESTs in one SELECT")
                 item_ctx = replace(ctx, generators=True)
             else:
                 item_ctx = ctx
@@ -175,14 +176,14 @@ class _Lowerer(_Relations):
                 # a QUALIFY rewrite must list exactly the columns the query had.
                 excluded = {e.name.lower() for e in star.args.get("except_") or []}
                 if star.args.get("replace") or star.args.get("rename"):
-                    raise _refuse("SELECT * REPLACE")
+                    raise refuse("SELECT * REPLACE")
                 listed = [s for s in ctx.sources if (s.alias == table if table else s.star)]
                 if table and not listed:
-                    raise _refuse(f"{table}.* of no table in FROM")
+                    raise refuse(f"{table}.* of no table in FROM")
                 for source in listed:
                     for name, t in source.columns.items():
                         if name not in excluded:
-                            ref = _col(name, source.alias if ctx.qualified or table else None)
+                            ref = col(name, source.alias if ctx.qualified or table else None)
                             add(name, ref, t, False)
                 continue
             if isinstance(item, exp.Alias):
@@ -199,7 +200,7 @@ class _Lowerer(_Relations):
         return items, columns
 
     def qualify(
-        self, inner: exp.Select, columns: dict[str, str], condition: exp.Expression, ctx: _Ctx
+        self, inner: exp.Select, columns: dict[str, str], condition: exp.Expression, ctx: Context
     ) -> tuple[exp.Expression, dict[str, str]]:
         """``SELECT cols ... QUALIFY cond`` as ``SELECT cols FROM (SELECT cols, <windows> ...)
         WHERE cond'``: Spark has no QUALIFY, and the outer SELECT lists exactly the query's
@@ -215,82 +216,46 @@ class _Lowerer(_Relations):
 
         replaced = condition.copy().transform(swap)
         if not windows:
-            raise _refuse("QUALIFY without a window function")
+            raise refuse("QUALIFY without a window function")
         win_ctx = replace(ctx, windows=True)
         extra: dict[str, str] = {}
         for name, window in windows.items():
             lowered = self.expr(window, win_ctx)
-            inner.append("expressions", exp.Alias(this=lowered.node, alias=_ident(name)))
+            inner.append("expressions", exp.Alias(this=lowered.node, alias=ident(name)))
             extra[name] = lowered.type
         alias = self.fresh("q")
-        outer_source = _Source(alias, {**columns, **extra})
-        outer_ctx = _Ctx((outer_source,), ctx.ctes)
+        outer_source = Source(alias, {**columns, **extra})
+        outer_ctx = Context((outer_source,), ctx.ctes)
         for column in replaced.find_all(exp.Column):
             if column.name.lower() not in extra:
-                raise _refuse("QUALIFY on a column outside its window functions")
+                raise refuse("QUALIFY on a column outside its window functions")
         cond = self.boolean(replaced, outer_ctx, "QUALIFY")
-        outer = exp.Select(expressions=[_col(n) for n in columns])
+        outer = exp.Select(expressions=[col(n) for n in columns])
         outer.set(
             "from_",
-            exp.From(this=exp.Subquery(this=inner, alias=exp.TableAlias(this=_ident(alias)))),
+            exp.From(this=exp.Subquery(this=inner, alias=exp.TableAlias(this=ident(alias)))),
         )
         outer.set("where", exp.Where(this=cond.node))
         return outer, columns
 
     # -- expressions ----------------------------------------------------------------------------
 
-    def boolean(self, node: exp.Expression, ctx: _Ctx, where: str) -> _E:
+    def boolean(self, node: exp.Expression, ctx: Context, where: str) -> Lowered:
         lowered = self.expr(node, ctx)
         if lowered.type not in ("BOOLEAN", "NULL"):
-            raise _refuse(f"{where} on a value of type {lowered.type}")
+            raise refuse(f"{where} on a value of type {lowered.type}")
         return lowered
 
-    def expr(self, node: exp.Expression, ctx: _Ctx) -> _E:
-        handler = _HANDLERS.get(type(node))
+    def expr(self, node: exp.Expression, ctx: Context) -> Lowered:
+        """``node`` lowered by its handler, looked up by its exact class (an anonymous function
+        by its name): a subclass means something else (TRY_CAST is a CAST to sqlglot), so it is
+        lowered by its own entry or refused, never as its parent."""
+        if type(node) is exp.Anonymous:
+            function = FUNCTIONS.get(node.name.upper())
+            if function is None:
+                raise refuse(describe(node))
+            return function(self, node, ctx)
+        handler = HANDLERS.get(type(node))
         if handler is None:
-            raise _refuse(describe(node))
+            raise refuse(describe(node))
         return handler(self, node, ctx)
-
-    def strict(self, what: str, *args: _E) -> bool:
-        """Whether a NULL standing for an error reaches the result through ``what``, which is
-        NULL whenever one of ``args`` is: then it still makes the TRY NULL."""
-        return any(a.fails for a in args)
-
-    def absorbing(self, what: str, *args: _E) -> None:
-        """``what`` can turn a NULL argument into a value (COALESCE, OR, LEAST, IS NULL ...):
-        an error DuckDB raises there makes the whole TRY NULL, a Spark try_* makes only that
-        argument NULL, and the results would differ."""
-        if any(a.fails for a in args):
-            raise _refuse(f"{what} over arithmetic that may overflow inside a row-level expression")
-
-    def column(self, node: exp.Column, ctx: _Ctx) -> _E:
-        if isinstance(node.this, exp.Star):
-            raise _refuse("* outside the SELECT list")
-        name = node.name.lower()
-        table = node.table.lower() if node.table else None
-        if node.args.get("db") or node.args.get("catalog"):
-            raise _refuse("a column qualified by schema")
-        found = [
-            s for s in ctx.sources if (s.alias == table if table else True) and name in s.columns
-        ]
-        if table is None and len(found) > 1:
-            found = [s for s in found if s.star] or found
-        if len(found) != 1:
-            raise _refuse(f"the column {name}, {'unknown' if not found else 'ambiguous'} here,")
-        source = found[0]
-        qualify = table is not None or (ctx.qualified and len(ctx.sources) > 1)
-        t = source.columns[name]
-        return _E(_col(name, source.alias if qualify else None), t, bits=_TYPE_BITS.get(t))
-
-
-_Handler = Callable[[_Lowerer, exp.Expression, _Ctx], _E]
-_HANDLERS: dict[type[exp.Expression], _Handler] = {}
-
-
-def _handles(*types: type[exp.Expression]) -> Callable[[_Handler], _Handler]:
-    def register(fn: _Handler) -> _Handler:
-        for t in types:
-            _HANDLERS[t] = fn
-        return fn
-
-    return register

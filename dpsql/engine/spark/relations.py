@@ -1,5 +1,5 @@
 """The relations of FROM as the lowering writes them: tables, VALUES, subqueries and joins
-(``_Relations``, the part of ``_Lowerer`` that lowers them).
+(``Relations``, the part of ``Lowerer`` that lowers them).
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpsql.engine.spark.dialect import _refuse
-from dpsql.engine.spark.nodes import _E, _cast, _Ctx, _ident, _Source
-from dpsql.engine.spark.types import _unify
+from dpsql.engine.spark.dialect import refuse
+from dpsql.engine.spark.nodes import Context, Lowered, Source, cast_to, ident
+from dpsql.engine.spark.types import unify
 from dpsql.sql.validate import describe
 
 
-class _Relations:
-    """The relations of FROM: the methods of ``_Lowerer`` that lower them."""
+class Relations:
+    """The relations of FROM: the methods of ``Lowerer`` that lower them."""
 
-    if TYPE_CHECKING:  # the rest of ``_Lowerer``, which these methods call
+    if TYPE_CHECKING:  # the rest of ``Lowerer``, which these methods call
         catalog: dict[str, dict[str, str]]
 
         def fresh(self, stem: str) -> str: ...
@@ -28,20 +28,20 @@ class _Relations:
             self, node: exp.Expression, ctes: Mapping[str, dict[str, str]]
         ) -> tuple[exp.Expression, dict[str, str]]: ...
 
-        def boolean(self, node: exp.Expression, ctx: _Ctx, where: str) -> _E: ...
+        def boolean(self, node: exp.Expression, ctx: Context, where: str) -> Lowered: ...
 
-        def expr(self, node: exp.Expression, ctx: _Ctx) -> _E: ...
+        def expr(self, node: exp.Expression, ctx: Context) -> Lowered: ...
 
     def source(
         self, node: exp.Expression, ctes: Mapping[str, dict[str, str]]
-    ) -> tuple[exp.Expression, _Source]:
+    ) -> tuple[exp.Expression, Source]:
         if isinstance(node, exp.Table):
             if (
                 node.args.get("db")
                 or node.args.get("catalog")
                 or not isinstance(node.this, exp.Identifier)
             ):
-                raise _refuse("a qualified table name or table function")
+                raise refuse("a qualified table name or table function")
             name = node.name.lower()
             alias = (node.alias or name).lower()
             if name in ctes:
@@ -49,13 +49,13 @@ class _Relations:
             elif name in self.catalog:
                 columns = dict(self.catalog[name])
             else:
-                raise _refuse(f"the table {name}, which is not in the catalog,")
+                raise refuse(f"the table {name}, which is not in the catalog,")
             if node.args.get("alias") is not None and node.args["alias"].columns:
-                raise _refuse("column aliases on a table")
-            table = exp.Table(this=_ident(name))
+                raise refuse("column aliases on a table")
+            table = exp.Table(this=ident(name))
             if alias != name:
-                table.set("alias", exp.TableAlias(this=_ident(alias)))
-            return table, _Source(alias, columns)
+                table.set("alias", exp.TableAlias(this=ident(alias)))
+            return table, Source(alias, columns)
         if isinstance(node, exp.Values):
             return self.values(node)
         if isinstance(node, exp.Subquery):
@@ -65,63 +65,61 @@ class _Relations:
             renamed = alias_node.columns if alias_node is not None else []
             if renamed:
                 if len(renamed) != len(columns):
-                    raise _refuse("a column alias list of another length than its query")
+                    raise refuse("a column alias list of another length than its query")
                 columns = dict(
                     zip([c.name.lower() for c in renamed], columns.values(), strict=True)
                 )
-            ta = exp.TableAlias(this=_ident(alias))
+            ta = exp.TableAlias(this=ident(alias))
             if renamed:
-                ta.set("columns", [_ident(c) for c in columns])
-            return exp.Subquery(this=body, alias=ta), _Source(alias, columns)
-        raise _refuse(f"{describe(node)} in FROM")
+                ta.set("columns", [ident(c) for c in columns])
+            return exp.Subquery(this=body, alias=ta), Source(alias, columns)
+        raise refuse(f"{describe(node)} in FROM")
 
-    def values(self, node: exp.Values) -> tuple[exp.Expression, _Source]:
+    def values(self, node: exp.Values) -> tuple[exp.Expression, Source]:
         """VALUES: a Spark inline table whose every value is cast to its column's type (Spark
         would otherwise type a column by its own coercion rules)."""
         alias = node.args.get("alias")
         if alias is None or not alias.columns:
-            raise _refuse("VALUES without column names")
+            raise refuse("VALUES without column names")
         names = [c.name.lower() for c in alias.columns]
-        ctx = _Ctx((), {})
+        ctx = Context((), {})
         rows = []
         for row in node.expressions:
             values = row.expressions if isinstance(row, exp.Tuple) else [row]
             if len(values) != len(names):
-                raise _refuse("VALUES rows of different lengths")
+                raise refuse("VALUES rows of different lengths")
             rows.append([self.constant(v, ctx) for v in values])
-        types = [_unify([r[i].type for r in rows], "VALUES") for i in range(len(names))]
+        types = [unify([r[i].type for r in rows], "VALUES") for i in range(len(names))]
         tuples = []
         for r in rows:
             cells = []
             for value, t in zip(r, types, strict=True):
-                cells.append(value.node if t in (value.type, "NULL") else _cast(value.node, t))
+                cells.append(value.node if t in (value.type, "NULL") else cast_to(value.node, t))
             tuples.append(exp.Tuple(expressions=cells))
         table = exp.Values(
             expressions=tuples,
-            alias=exp.TableAlias(
-                this=_ident(alias.name.lower()), columns=[_ident(n) for n in names]
-            ),
+            alias=exp.TableAlias(this=ident(alias.name.lower()), columns=[ident(n) for n in names]),
         )
-        return table, _Source(alias.name.lower(), dict(zip(names, types, strict=True)))
+        return table, Source(alias.name.lower(), dict(zip(names, types, strict=True)))
 
-    def constant(self, node: exp.Expression, ctx: _Ctx) -> _E:
+    def constant(self, node: exp.Expression, ctx: Context) -> Lowered:
         lowered = self.expr(node, ctx)
         if any(isinstance(n, exp.Column) for n in node.walk()):
-            raise _refuse("a column in VALUES")
+            raise refuse("a column in VALUES")
         return lowered
 
     def join(
-        self, join: exp.Join, sources: list[_Source], ctes: Mapping[str, dict[str, str]]
+        self, join: exp.Join, sources: list[Source], ctes: Mapping[str, dict[str, str]]
     ) -> exp.Join:
         node, source = self.source(join.this, ctes)
         kind = (join.args.get("kind") or "").upper()
         side = (join.args.get("side") or "").upper()
         if join.args.get("using") or join.args.get("method"):
-            raise _refuse("JOIN ... USING or NATURAL JOIN")
+            raise refuse("JOIN ... USING or NATURAL JOIN")
         out = exp.Join(this=node)
         if kind in ("SEMI", "ANTI"):
             if side not in ("", "LEFT"):
-                raise _refuse(f"{side} {kind} JOIN")
+                raise refuse(f"{side} {kind} JOIN")
             # DuckDB's SEMI and ANTI JOIN keep the left side's rows and columns, as Spark's
             # LEFT SEMI and LEFT ANTI JOIN do.
             out.set("side", "LEFT")
@@ -134,15 +132,15 @@ class _Relations:
         elif side == "" and kind in ("", "INNER"):
             pass  # an inner join
         else:
-            raise _refuse(f"{side} {kind} JOIN".replace("  ", " "))
+            raise refuse(f"{side} {kind} JOIN".replace("  ", " "))
         sources.append(source)
         on = join.args.get("on")
         if on is not None:
-            ctx = _Ctx(tuple(sources), ctes, qualified=True)
+            ctx = Context(tuple(sources), ctes, qualified=True)
             cond = self.boolean(
                 on, replace(ctx, sources=tuple(replace(s, star=True) for s in sources)), "ON"
             )
             out.set("on", cond.node)
         elif kind != "CROSS":
-            raise _refuse("a JOIN without ON")
+            raise refuse("a JOIN without ON")
         return out

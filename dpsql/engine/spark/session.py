@@ -1,9 +1,8 @@
 """Where a Spark engine's session comes from: the process's classic Spark session for a master
-(``_spark``, made once and shared: a JVM takes seconds to start), a Spark Connect client
-session of the engine's own (``_connect``), the settings dpsql pins set and read back on either
-(``_pin``), and the command that starts a Spark Connect server for dpsql
-(``connect_server_command``).
-"""
+(``classic_session``, made once and shared: a JVM takes seconds to start), a Spark Connect
+client session of the engine's own (``connect_session``), the settings dpsql pins set and read
+back on either (``pin_settings``), and the command that starts a Spark Connect server for dpsql
+(``connect_server_command``)."""
 
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ from typing import Any
 from dpsql.errors import PolicyError
 from dpsql.policy.engine import SPARK_PINNED, EngineSpec
 
-__all__ = ["connect_server_command"]
+__all__ = ["classic_session", "connect_server_command", "connect_session", "pin_settings"]
 
 _SESSIONS: dict[tuple[Any, ...], Any] = {}
 _SESSIONS_LOCK = threading.Lock()
 
 
-def _spark(spec: EngineSpec) -> Any:
+def classic_session(spec: EngineSpec) -> Any:
     """The process's Spark session for this master and settings, made once: a Spark session
-    takes seconds to start. (A Spark Connect client is ``_connect``.)"""
+    takes seconds to start. (A Spark Connect client is ``connect_session``.)"""
     try:
         sql = importlib.import_module("pyspark.sql")
     except ImportError:
@@ -72,7 +71,7 @@ def _keep_release_pool() -> None:
         iterator._dpsql_kept = True
 
 
-def _connect(remote: str) -> Any:
+def connect_session(remote: str) -> Any:
     """A new session of the Spark Connect server at ``remote``, the engine's own: the server
     keeps temporary views and settings per session, so engines' views never meet.
 
@@ -99,7 +98,7 @@ def _connect(remote: str) -> Any:
         raise PolicyError(f"cannot start the Spark Connect client ({type(exc).__name__})") from None
 
 
-def _pin(session: Any) -> None:
+def pin_settings(session: Any) -> None:
     """The settings dpsql pins, set where this session can set them, then each one read back:
     a setting only the server or the context sets (the UI, say) must already hold. Raises a
     PolicyError naming the first that differs."""

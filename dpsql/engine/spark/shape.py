@@ -1,5 +1,5 @@
 """Shapes of the bounded query chosen for DuckDB that Spark runs faster in another form with
-the same rows, rewritten on the DuckDB tree before it is lowered (``spark_lower``).
+the same rows, rewritten on the DuckDB tree before it is lowered (``lower``).
 
 ``dpsql.bound.caps`` sends only the units that exceed a cap through its ranking window (the
 others keep every row, which is what the window would keep too): DuckDB reads a CTE once, and

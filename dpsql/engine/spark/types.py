@@ -1,5 +1,5 @@
 """The DuckDB types the lowering computes on: their names, Spark's names for them, the type
-DuckDB gives mixed values (``_unify``) and the integer magnitude each type holds.
+DuckDB gives mixed values (``unify``) and the integer magnitude each type holds.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from sqlglot import exp
 
 from dpsql.analyze.scope import SIGNED_RANGES
-from dpsql.engine.spark.dialect import _refuse
+from dpsql.engine.spark.dialect import refuse
 
 # -- types -------------------------------------------------------------------------------------
 # The DuckDB type of every lowered expression, as DuckDB names it: what DuckDB computes decides
@@ -18,9 +18,9 @@ from dpsql.engine.spark.dialect import _refuse
 # "HASH" a keyed hash, "LIST(T)" and "MAP(K,V)" the quantile machinery's, "?T" a type the
 # lowering only passes through (it refuses to compute on it).
 
-_INT_RANK = {"TINYINT": 1, "SMALLINT": 2, "INTEGER": 3, "BIGINT": 4, "HUGEINT": 5}
-_INT_BY_RANK = {rank: name for name, rank in _INT_RANK.items()}
-_INT_RANGE = SIGNED_RANGES
+INT_RANK = {"TINYINT": 1, "SMALLINT": 2, "INTEGER": 3, "BIGINT": 4, "HUGEINT": 5}
+INT_BY_RANK = {rank: name for name, rank in INT_RANK.items()}
+INT_RANGE = SIGNED_RANGES
 _FLOATS = ("FLOAT", "DOUBLE")
 _SPARK_NAMES = {
     "BOOLEAN": "BOOLEAN",
@@ -60,7 +60,7 @@ _TYPE_ALIASES = {
 _DECIMAL = re.compile(r"^(?:DECIMAL|NUMERIC)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)$")
 
 
-def _norm_type(text: str) -> str:
+def norm_type(text: str) -> str:
     """A DuckDB type name in the lowering's spelling; "?NAME" for one it does not compute on."""
     name = " ".join(text.strip().upper().split())
     if name.startswith("VARCHAR("):
@@ -75,37 +75,37 @@ def _norm_type(text: str) -> str:
     return name if name in _SPARK_NAMES else f"?{name}"
 
 
-def _is_int(t: str) -> bool:
-    return t in _INT_RANK
+def is_int(t: str) -> bool:
+    return t in INT_RANK
 
 
-def _is_float(t: str) -> bool:
+def is_float(t: str) -> bool:
     return t in _FLOATS
 
 
-def _is_decimal(t: str) -> bool:
+def is_decimal(t: str) -> bool:
     return t.startswith("DECIMAL(")
 
 
-def _is_num(t: str) -> bool:
-    return _is_int(t) or _is_float(t) or _is_decimal(t)
+def is_num(t: str) -> bool:
+    return is_int(t) or is_float(t) or is_decimal(t)
 
 
-def _elem(t: str) -> str:
+def element_type(t: str) -> str:
     if not t.startswith("LIST(") or not t.endswith(")"):
-        raise _refuse(f"a list operation on {t}")
+        raise refuse(f"a list operation on {t}")
     return t[5:-1]
 
 
-def _spark_type(t: str) -> exp.DataType:
-    if _is_decimal(t):
+def spark_type(t: str) -> exp.DataType:
+    if is_decimal(t):
         return exp.DataType.build(t, dialect="spark")
     if t not in _SPARK_NAMES:
-        raise _refuse(f"the type {t.lstrip('?')}")
+        raise refuse(f"the type {t.lstrip('?')}")
     return exp.DataType.build(_SPARK_NAMES[t], dialect="spark")
 
 
-def _unify(types: Sequence[str], what: str) -> str:
+def unify(types: Sequence[str], what: str) -> str:
     """The type DuckDB gives a CASE, COALESCE, LEAST, VALUES column or comparison of these
     types; mixed kinds (text with numbers, dates with timestamps) are refused: DuckDB and Spark
     convert them by different rules."""
@@ -114,26 +114,26 @@ def _unify(types: Sequence[str], what: str) -> str:
         return "NULL"
     if all(t == known[0] for t in known):
         return known[0]
-    if all(_is_int(t) for t in known):
-        return _INT_BY_RANK[max(_INT_RANK[t] for t in known)]
-    if all(_is_num(t) for t in known):
-        if "DOUBLE" in known or ("FLOAT" in known and any(_is_decimal(t) for t in known)):
+    if all(is_int(t) for t in known):
+        return INT_BY_RANK[max(INT_RANK[t] for t in known)]
+    if all(is_num(t) for t in known):
+        if "DOUBLE" in known or ("FLOAT" in known and any(is_decimal(t) for t in known)):
             return "DOUBLE"
         if "FLOAT" in known:  # a FLOAT with integers stays FLOAT on both engines
             return "FLOAT"
-        scale = max(int(t[:-1].split(",")[1]) if _is_decimal(t) else 0 for t in known)
+        scale = max(int(t[:-1].split(",")[1]) if is_decimal(t) else 0 for t in known)
         return f"DECIMAL(38,{scale})"
-    raise _refuse(f"{what} over values of types {', '.join(sorted(set(known)))}")
+    raise refuse(f"{what} over values of types {', '.join(sorted(set(known)))}")
 
 
-def _kind(t: str) -> str:
+def type_kind(t: str) -> str:
     """The class of values a comparison may mix: numbers with numbers, text with text, ..."""
-    if _is_num(t):
+    if is_num(t):
         return "number"
     return t
 
 
 # The integer magnitude each type holds (±2^bits at most) and the largest that cannot overflow
 # it on Spark (DECIMAL(38, 0) holds less than DuckDB's HUGEINT: below 10^38).
-_TYPE_BITS = {"TINYINT": 7, "SMALLINT": 15, "INTEGER": 31, "BIGINT": 63, "HUGEINT": 127}
-_CAPACITY = {"TINYINT": 6, "SMALLINT": 14, "INTEGER": 30, "BIGINT": 62, "HUGEINT": 126}
+TYPE_BITS = {"TINYINT": 7, "SMALLINT": 15, "INTEGER": 31, "BIGINT": 63, "HUGEINT": 127}
+CAPACITY = {"TINYINT": 6, "SMALLINT": 14, "INTEGER": 30, "BIGINT": 62, "HUGEINT": 126}
