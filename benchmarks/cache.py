@@ -8,7 +8,7 @@ again from the cache (plan, lookup, re-serve record, post-processing), interleav
 
 Then, as the releases of one bounded-row definition grow (a count by region released k times,
 fresh), the same count asked at another epsilon (derived from all k: their least noisy one or
-their inverse-variance combination, ``dpsql.cache.releases._assemble``) beside the exact repeat of
+their inverse-variance combination, ``dpsql.cache.derive.assemble``) beside the exact repeat of
 the last release (served as it was), interleaved; medians.
 """
 

@@ -44,6 +44,8 @@ from typing import Any
 import duckdb
 
 import dpsql.cache.releases
+import dpsql.session.pipeline
+import dpsql.session.planning
 import dpsql.session.session
 from dpsql.accounting.ledger.store import create_ledger
 from dpsql.policy import load_policy
@@ -55,17 +57,17 @@ from run import HERE, data_file, write_results
 
 STAGES = ("parse", "analyze", "probes", "plan", "bind checks", "keys", "lookup", "charge",
           "engine", "noise", "publish", "record")  # fmt: skip
-# (module, function) -> stage: the names dpsql.session.session looks up at call time.
+# (module, function) -> stage: the names the session's modules look up at call time.
 MODULE_STAGES = {
     (dpsql.session.session, "parse_statement"): "parse",
-    (dpsql.session.session, "bind_parameters"): "analyze",
-    (dpsql.session.session, "validate"): "analyze",
-    (dpsql.session.session, "analyze"): "analyze",
-    (dpsql.session.session, "plan_query"): "plan",
-    (dpsql.session.session, "check_samplable"): "bind checks",
-    (dpsql.session.session, "check_post_processing"): "bind checks",
-    (dpsql.session.session, "measure"): "noise",
-    (dpsql.session.session, "publish"): "publish",
+    (dpsql.session.planning, "bind_parameters"): "analyze",
+    (dpsql.session.planning, "validate"): "analyze",
+    (dpsql.session.planning, "analyze"): "analyze",
+    (dpsql.session.planning, "plan_query"): "plan",
+    (dpsql.session.planning, "check_samplable"): "bind checks",
+    (dpsql.session.planning, "check_post_processing"): "bind checks",
+    (dpsql.session.pipeline, "measure"): "noise",
+    (dpsql.session.pipeline, "publish"): "publish",
     (dpsql.cache.releases, "keys"): "keys",
 }
 
@@ -94,13 +96,13 @@ def instrumented(session: Session, timers: Timers) -> Iterator[None]:
     for (module, name), stage in MODULE_STAGES.items():
         setattr(module, name, timers.wrap(stage, getattr(module, name)))
     objects = {
-        (session, "_engine_values"): "probes",
-        (session, "_details"): "keys",
+        (session.probes, "engine_values"): "probes",
+        (session, "details"): "keys",
         (session, "plan_key"): "lookup",
         (session.cache, "lookup"): "lookup",
         (session.engine, "check"): "bind checks",
         (session.engine, "run"): "engine",
-        (session.filter, "charge"): "charge",
+        (session.pipeline, "charge"): "charge",
         (session.cache, "record"): "record",
     }
     # (A dpsql without a plan cache has no plan_key: the same table measures it.)

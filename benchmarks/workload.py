@@ -37,9 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dpsql.interfaces.cli.plan_lines import plan_lines  # noqa: E402
 from dpsql.policy.load import load_policy  # noqa: E402
 from dpsql.session.session import Session  # noqa: E402
-from dpsql.session.workload_plan import plan_lines, plan_workload  # noqa: E402
+from dpsql.session.workload_plan import plan_workload  # noqa: E402
 from dpsql.session.workloads import run_workload  # noqa: E402
 from dpsql.sql.split import split_statements  # noqa: E402
 

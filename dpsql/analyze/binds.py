@@ -1,10 +1,11 @@
 """Queries the engine is sure to plan: the pre-charge check can be left out for them.
 
-Before the charge, the engine binds and plans the bounded SQL (``Session._check_soon``), so that
-a query it cannot type, or whose constants its optimizer refuses to fold, is refused for free
-instead of failing after its charge. That check reads no rows: its outcome is a function of the
-query and the schema, and it exists for the analyst's sake (a query that cannot run should cost
-nothing), not for privacy: a query that fails after its charge has paid for it.
+Before the charge, the engine binds and plans the bounded SQL
+(``dpsql.session.planning.check_soon``), so that a query it cannot type, or whose constants its
+optimizer refuses to fold, is refused for free instead of failing after its charge. That check reads
+no rows: its outcome is a function of the query and the schema, and it exists for the analyst's sake
+(a query that cannot run should cost nothing), not for privacy: a query that fails after its charge
+has paid for it.
 
 Binding and planning the bounded SQL costs DuckDB 2-5 ms, most of a first execution's overhead.
 This module recognises a grammar of queries whose every expression is typed by construction:

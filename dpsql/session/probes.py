@@ -3,7 +3,7 @@
 A WHERE that pins a cell gets the cell's key (``dpsql.analyze.cells``, on a connection without
 data), and each public GROUP BY key its engine type and its domain as values of that type
 (``dpsql.analyze.domains``). Both read no rows, so they depend on the query and the schema only.
-The ``Probes`` method is part of ``dpsql.session.session.Session``.
+``Probes`` is a part of ``dpsql.session.session.Session``.
 """
 
 from __future__ import annotations
@@ -52,11 +52,12 @@ def _integer_domain(engine_type: str, domain: tuple[object, ...]) -> list[str | 
 
 
 class Probes:
-    """The probing part of ``Session``: the engine's values of a query's constants."""
+    """The engine's values of a query's constants: a part of ``Session``, over its engine."""
 
-    engine: Engine
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
-    def _engine_values(
+    def engine_values(
         self, analysis: Analysis, other: bool = False, label: str | None = None
     ) -> Analysis:
         """What only the engine can say about a query's constants, asked before the check
@@ -64,7 +65,7 @@ class Probes:
         a WHERE pins (``dpsql.analyze.cells``, on a connection without data; None composes
         sequentially), and each public key's type and domain as a set in that type
         (``dpsql.analyze.domains``). With ``other`` (``dpsql.other_group``), each public key also
-        gets its other group, keyed ``label`` in the key's type (``_other_text``)."""
+        gets its other group, keyed ``label`` in the key's type (``other_text``)."""
         cell = None
         if analysis.cell_predicate is not None:
             column, literal = analysis.cell_predicate
@@ -78,12 +79,12 @@ class Probes:
                 keys.append(key)
                 continue
             expression = key_sql(analysis, index)
-            engine_type = self._key_type(analysis, expression)
+            engine_type = self.key_type(analysis, expression)
             if engine_type.upper() == "NULL":
                 raise UnsupportedQueryError(f"GROUP BY key {key.name} is NULL on every row")
             domain = key.domain
             if domain is not None:
-                values = self._python_domain(analysis, expression, engine_type, domain)
+                values = self.python_domain(analysis, expression, engine_type, domain)
                 if values is None:
                     literals = [None if v is None else literal_sql(v) for v in domain]
                     probe = probe_sql(analysis.source, expression, engine_type, literals)
@@ -96,12 +97,12 @@ class Probes:
                     )
             typed = replace(key, domain=domain, engine_type=engine_type)
             if other:
-                text = self._other_text(analysis, index, typed, label)
+                text = self.other_text(analysis, index, typed, label)
                 typed = replace(typed, other=True, other_text=text)
             keys.append(typed)
         return replace(analysis, cell=cell, keys=tuple(keys))
 
-    def _key_type(self, analysis: Analysis, expression: str) -> str:
+    def key_type(self, analysis: Analysis, expression: str) -> str:
         """The engine's type of a key expression over the query's relation: for a bare column
         of a table read directly on DuckDB, the type the engine's catalog gives that column (what
         DESCRIBE would bind it to, ``tests/analyze/test_check_types.py``), else the engine's
@@ -118,7 +119,7 @@ class Probes:
         )
         return engine_type
 
-    def _python_domain(
+    def python_domain(
         self, analysis: Analysis, expression: str, engine_type: str, domain: tuple[object, ...]
     ) -> list[str | None] | None:
         """The engine's distinct values of a domain, known without asking it. Texts, for a
@@ -149,7 +150,7 @@ class Probes:
             texts.add(value)
         return [*sorted(texts), *([None] if None in domain else [])]
 
-    def _other_text(
+    def other_text(
         self, analysis: Analysis, index: int, key: GroupKey, label: str | None
     ) -> str | None:
         """The other group's key: the engine's text of ``label`` cast to the key's type, or

@@ -1,153 +1,307 @@
-"""The per-query settings: their names, checks and defaults, and the SET and SHOW statements.
+"""The per-query settings, declared once: ``SETTINGS``, a table of ``Setting``.
 
-``SET dpsql.<name> = value``, a statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)`` and a
-keyword option of ``Session.execute`` set the names in ``SETTINGS``; ``check_setting``
-validates and normalises each value before it is kept. The ``Settings`` methods (``SET``,
-the effective settings over the policy's defaults, a query's ``QueryOptions``, ``SHOW``) are
-part of ``dpsql.session.session.Session``, which re-exports the public names.
+Each row is one setting of a statement: its name (``SET dpsql.<name> = value``, the keyword
+``name=value`` of ``Session.execute`` and ``cursor.execute``, and, where ``options`` says so, a
+key of ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, ``dpsql.sql.options.KEYS``), the check
+that validates and normalises a value from any of those, its default (most come from the
+policy), and its line in docs/sql.md's table (``default_text``, ``values``, ``doc``: the docs
+test compares the page with this table). What a statement runs with is a frozen ``Settings``
+(``dpsql.session.effective``), built from this table alone.
+
+Every check refuses a value on its form alone, before anything is charged, and reads only a
+word, a number or a short text: ``str()`` of an arbitrary object is never taken (a 5,000-digit
+integer is refused unexpanded by ``to_fraction``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from fractions import Fraction
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from dpsql.accounting.budget.report import BudgetReport
-from dpsql.analyze.sample import check_rate
 from dpsql.errors import ParameterError
-from dpsql.plan.plans import QueryOptions
-from dpsql.plan.split import SPLITS
-from dpsql.plan.targets import Target
-from dpsql.policy import (
-    MAX_CONTRIBUTION_BOUND,
-    MAX_QUERY_EPSILON,
-    Policy,
-    TableSpec,
-    check_delta,
-    check_epsilon,
-    to_fraction,
+from dpsql.policy import Policy
+from dpsql.session import setting_checks as checks
+
+__all__ = ["NAMES", "SETTINGS", "Setting", "check_setting"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One per-query setting: how a value of it is checked, its default, and its docs."""
+
+    name: str
+    check: Callable[[object], object]  # validates and normalises a given value
+    default: Callable[[Policy], object]  # its value when none is given
+    default_text: str  # docs/sql.md's columns: the default, the valid values, the meaning
+    values: str
+    doc: str
+    # Settable in SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(...): it changes the measurement, not
+    # how an answer is served (fresh, share and accuracy_columns are connection choices).
+    options: bool = True
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "epsilon",
+        checks.epsilon,
+        lambda p: p.budget.query_epsilon,
+        default_text="`budget.query_epsilon`",
+        values="0 < ε ≤ 20, exact decimal",
+        doc=(
+            "the query's total epsilon, split across its measurements by `dpsql.split`; replaced by"
+            " the solved one under an accuracy target"
+        ),
+    ),
+    Setting(
+        "delta",
+        checks.delta,
+        lambda p: p.budget.query_delta,
+        default_text="`budget.query_delta`",
+        values="0 ≤ δ < 1, exact decimal",
+        doc=(
+            "the query's delta: with the Laplace, spent only by partition selection (private-key "
+            "`GROUP BY`); with the Gaussian, by its measurements too (half to selection when there "
+            "is one)"
+        ),
+    ),
+    Setting(
+        "max_groups_per_unit",
+        checks.bound("max_groups_per_unit"),
+        checks.none,
+        default_text="the table's policy value",
+        values="integer 1 to 1,000,000",
+        doc="L0, replacing the policy's value",
+    ),
+    Setting(
+        "max_rows_per_unit_per_group",
+        checks.bound("max_rows_per_unit_per_group"),
+        checks.none,
+        default_text="the table's policy value",
+        values="integer 1 to 1,000,000",
+        doc="C, replacing the policy's value",
+    ),
+    Setting(
+        "max_rows_per_unit",
+        checks.bound("max_rows_per_unit"),
+        checks.none,
+        default_text="the table's policy value (none: no total cap)",
+        values="integer 1 to 1,000,000",
+        doc=(
+            "R, the rows one unit contributes in total, replacing the policy's value "
+            "([above](#the-total-row-cap-r))"
+        ),
+    ),
+    Setting(
+        "confidence",
+        checks.confidence,
+        lambda p: checks.DEFAULT_CONFIDENCE,
+        default_text="0.95",
+        values="0.5 to 0.9999",
+        doc="the confidence of the accuracy half-widths (no privacy cost)",
+    ),
+    Setting(
+        "mechanism",
+        checks.mechanism,
+        lambda p: p.budget.mechanism,
+        default_text="`budget.mechanism`",
+        values="`laplace` or `gaussian`",
+        doc=(
+            "the noise of the query's measurements: the discrete Laplace (pure epsilon) or the "
+            "discrete Gaussian (needs delta > 0); partition selection always uses the discrete "
+            "Laplace, quantiles the exponential mechanism"
+        ),
+    ),
+    Setting(
+        "rho",
+        checks.rho,
+        checks.none,
+        default_text="none",
+        values="0 < ρ ≤ 10, exact decimal",
+        doc=(
+            "with the Gaussian: the query's zCDP rho, instead of calibrating to (epsilon, delta); "
+            "the charge is then the epsilon rho certifies at the query's delta"
+        ),
+    ),
+    Setting(
+        "sigma",
+        checks.sigma,
+        checks.none,
+        default_text="none",
+        values="0 < σ ≤ 10⁶, exact decimal",
+        doc=(
+            "with the Gaussian: a noise multiplier, so each measurement's noise has standard "
+            "deviation σ times its L2 sensitivity and is 1/(2σ²)-zCDP; the charge is the epsilon "
+            "the summed rho certifies at the query's delta; not together with `dpsql.rho`"
+        ),
+    ),
+    Setting(
+        "fresh",
+        checks.boolean("fresh"),
+        lambda p: False,
+        default_text="`false`",
+        values="`true` or `false`",
+        doc=(
+            "`true`: answer afresh (charged) instead of serving a released answer from the cache "
+            "(see [cache.md](cache.md))"
+        ),
+        options=False,
+    ),
+    Setting(
+        "share",
+        checks.boolean("share"),
+        lambda p: True,
+        default_text="`true`",
+        values="`true`/`on` or `false`/`off`",
+        doc=(
+            "`false`: in a file planned as one workload, the statement is planned and bounded on "
+            "its own, never answered with a family bounded at a finer grouping (where L0 may cut "
+            "more of a unit's rows); it is still charged with the file, and a released answer still"
+            " serves it ([workload.md](workload.md))"
+        ),
+        options=False,
+    ),
+    Setting(
+        "accuracy_columns",
+        checks.boolean("accuracy_columns"),
+        lambda p: False,
+        default_text="`false`",
+        values="`true`/`on` or `false`/`off`",
+        doc=(
+            "`true`: after each output that is an aggregate, a column `<name> ±` (DOUBLE) with the "
+            "half-width of that value at `dpsql.confidence` (noise only), for clients that show "
+            "columns only (psql, BI tools); a name that would repeat a result column's, in any "
+            "letter case, is refused before the charge (`ParameterError`). Post-processing: a "
+            "released answer is served again with or without them, free"
+        ),
+        options=False,
+    ),
+    Setting(
+        "other_group",
+        checks.boolean("other_group"),
+        lambda p: False,
+        default_text="`false`",
+        values="`true`/`on` or `false`/`off`",
+        doc=(
+            "`true`: each public `GROUP BY` key releases one more group, its **other group**, "
+            "holding the rows whose key is outside the domain (and NULL keys, unless the domain "
+            "lists NULL), instead of dropping them ([The other group](#the-other-group))"
+        ),
+    ),
+    Setting(
+        "other_label",
+        checks.label,
+        checks.none,
+        default_text="none (the other group's key is NULL)",
+        values="a string of at most 256 characters",
+        doc=(
+            "the other group's key, cast to each key's type; refused (`ParameterError`) when it is "
+            "not a value of that type or equals a value of the domain as the engine compares keys; "
+            "needed when a domain lists NULL. Used only with `dpsql.other_group`"
+        ),
+    ),
+    Setting(
+        "diagnose",
+        checks.boolean("diagnose"),
+        lambda p: False,
+        default_text="`false`",
+        values="`true`/`on` or `false`/`off`",
+        doc=(
+            "`true`: each query also releases the fraction of its units that its bounds cut "
+            "([below](#the-diagnosis-of-the-bounds)), charged with the query at "
+            "`dpsql.diagnose_epsilon` more"
+        ),
+    ),
+    Setting(
+        "diagnose_epsilon",
+        checks.diagnose_epsilon,
+        lambda p: checks.DEFAULT_DIAGNOSE_EPSILON,
+        default_text="0.1",
+        values="0 < ε ≤ 20, exact decimal",
+        doc=(
+            "the epsilon of that diagnosis (a discrete Laplace of scale 1/ε on each cell of its "
+            "histogram), a fixed figure rather than a share of the query's, so what a diagnosis "
+            "costs depends on this setting alone"
+        ),
+    ),
+    Setting(
+        "split",
+        checks.split,
+        lambda p: "optimal",
+        default_text="`optimal`",
+        values="`optimal` or `even`",
+        doc=(
+            "how the query's budget is split across its measurements: to minimise the weighed noise"
+            " variance of what it releases, or equally ([below](#the-split-of-a-querys-budget)); "
+            "the charged total is the same"
+        ),
+    ),
+    Setting(
+        "halfwidth",
+        checks.halfwidth,
+        checks.none,
+        default_text="none",
+        values="0 < h ≤ 2^52, exact decimal",
+        doc=(
+            "an accuracy target: the query is charged the cheapest epsilon whose noise half-width, "
+            "at `dpsql.confidence`, is at most h for every count, sum and ratio it releases "
+            "([below](#accuracy-targets))"
+        ),
+    ),
+    Setting(
+        "rank_error",
+        checks.rank_error,
+        checks.none,
+        default_text="none",
+        values="integer 1 to 1,000,000",
+        doc=(
+            "an accuracy target for quantiles: the cheapest epsilon at which each released "
+            "quantile's rank is within this many rows of the asked rank, with probability at least "
+            "`dpsql.confidence`"
+        ),
+    ),
+    Setting(
+        "min_group",
+        checks.min_group,
+        checks.none,
+        default_text="none",
+        values="integer 1 to 2^63 - 1",
+        doc=(
+            "a group size the analyst states: with `dpsql.halfwidth`, the target binds an AVG's, "
+            "VARIANCE's or STDDEV's own ± in groups of at least this many units; without it, each "
+            "of their measurements. Not a target alone"
+        ),
+    ),
+    Setting(
+        "sample_rate",
+        checks.rate,
+        checks.none,
+        default_text="none (every unit)",
+        values="0 < q ≤ 1, exact decimal",
+        doc=(
+            "run the query on a unit-level Poisson sample that keeps each unit with probability q, "
+            "charged the amplified loss ([below](#samples-tablesample)); a query's own "
+            "`TABLESAMPLE` clause wins; 1 samples nothing"
+        ),
+    ),
+    Setting(
+        "sample_scale",
+        checks.boolean("sample_scale"),
+        lambda p: False,
+        default_text="`false`",
+        values="`true`/`on` or `false`/`off`",
+        doc=(
+            "on a sample: release each COUNT and SUM, and its ±, times 1/q, an estimate of the "
+            "whole table's total (post-processing: a released sample answer is served again scaled "
+            "or not, free)"
+        ),
+    ),
 )
-from dpsql.policy.numbers import MAX_QUERY_RHO
-from dpsql.release.result import Result
 
-SETTINGS = (
-    "epsilon",
-    "delta",
-    "max_groups_per_unit",
-    "max_rows_per_unit_per_group",
-    "max_rows_per_unit",
-    "confidence",
-    "mechanism",
-    "rho",
-    "sigma",
-    "fresh",
-    "share",
-    "accuracy_columns",
-    "other_group",
-    "other_label",
-    "diagnose",
-    "diagnose_epsilon",
-    "split",
-    "halfwidth",
-    "rank_error",
-    "min_group",
-    "sample_rate",
-    "sample_scale",
-)
-# sigma is a noise multiplier (noise standard deviation per unit of L2 sensitivity).
-MAX_NOISE_MULTIPLIER = Fraction(10**6)
-DEFAULT_CONFIDENCE = 0.95
-# The longest label of the other group (dpsql.analyze.domains); a label is public, like the query.
-MAX_OTHER_LABEL = 256
-# The epsilon of a diagnosis of the bounds (``SET dpsql.diagnose = on``): fixed, not a share of
-# the query's, so that what a diagnosis costs never depends on anything but this setting.
-DEFAULT_DIAGNOSE_EPSILON = Fraction(1, 10)
-# An accuracy target's half-width is a number in the values' units, like a bound (2^52 at most).
-MAX_HALFWIDTH = Fraction(2**52)
-# A stated group size is a count of units, so at most a BIGINT.
-MAX_MIN_GROUP = 2**63 - 1
+NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
+BY_NAME = {s.name: s for s in SETTINGS}
 
 
-def _positive_int(value: object, name: str) -> int:
-    message = f"{name} must be an integer from 1 to {MAX_CONTRIBUTION_BOUND}"
-    # to_fraction bounds the text before any arithmetic ("1e999999999" is refused unexpanded).
-    number = to_fraction(value, name)
-    if number.denominator != 1 or not 1 <= number <= MAX_CONTRIBUTION_BOUND:
-        raise ParameterError(message)
-    return int(number)
-
-
-_TRUE, _FALSE = ("true", "on", "1", "yes"), ("false", "off", "0", "no")
-
-
-def _boolean(value: object, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    # Only a word or 0/1 is read: str() of an arbitrary object (or of a 5,000-digit integer,
-    # which raises ValueError) is never taken.
-    if isinstance(value, int) and value in (0, 1):
-        return value == 1
-    text = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ParameterError(f"{name} must be true or false")
-
-
-def _confidence(value: object) -> float:
-    message = "confidence must be a number in [0.5, 0.9999]"
-    try:
-        number = to_fraction(value, "confidence")
-    except ParameterError:
-        raise ParameterError(message) from None
-    if not Fraction(1, 2) <= number <= Fraction(9999, 10000):
-        raise ParameterError(message)
-    return float(number)
-
-
-def _mechanism(value: object) -> str:
-    mechanism = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
-    if mechanism not in ("laplace", "gaussian"):
-        raise ParameterError("mechanism must be 'laplace' or 'gaussian'")
-    return mechanism
-
-
-def _count(value: object, name: str, top: int) -> int:
-    message = f"{name} must be an integer from 1 to {top}"
-    number = to_fraction(value, name)
-    if number.denominator != 1 or not 1 <= number <= top:
-        raise ParameterError(message)
-    return int(number)
-
-
-def _halfwidth(value: object) -> Fraction:
-    message = f"halfwidth must be a number above 0 and at most 2^52 ({MAX_HALFWIDTH})"
-    number = to_fraction(value, "halfwidth")
-    if not 0 < number <= MAX_HALFWIDTH:
-        raise ParameterError(message)
-    return number
-
-
-def _split(value: object) -> str:
-    split = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
-    if split not in SPLITS:
-        raise ParameterError("split must be 'optimal' or 'even'")
-    return split
-
-
-def _label(value: object) -> str:
-    """The other group's label: text, cast to each key's type when the query is planned (a
-    number arrives as its text from SET and OPTIONS; from Python, give a string)."""
-    if not isinstance(value, str) or len(value) > MAX_OTHER_LABEL:
-        raise ParameterError(
-            f"other_label must be a string of at most {MAX_OTHER_LABEL} characters"
-        )
-    return value
-
-
-def _setting_name(name: object) -> str:
+def setting_name(name: object) -> str:
     """A setting's name as a message may show it: the user's text, cut short."""
     text = name if isinstance(name, str) else type(name).__name__
     return text if len(text) <= 64 else text[:61] + "..."
@@ -155,187 +309,9 @@ def _setting_name(name: object) -> str:
 
 def check_setting(name: str, value: object) -> object:
     """Validate one per-query setting; returns its normalised value."""
-    if name == "epsilon":
-        return check_epsilon(value, "epsilon", MAX_QUERY_EPSILON)
-    if name == "delta":
-        return check_delta(value, "delta")
-    if name in ("max_groups_per_unit", "max_rows_per_unit_per_group", "max_rows_per_unit"):
-        return _positive_int(value, name)
-    if name == "confidence":
-        return _confidence(value)
-    if name == "mechanism":
-        return _mechanism(value)
-    if name == "rho":
-        return check_epsilon(value, "rho", MAX_QUERY_RHO)
-    if name == "sigma":
-        sigma = check_epsilon(value, "sigma", MAX_NOISE_MULTIPLIER)
-        # Below this noise multiplier one measurement of sensitivity 1 alone costs more than
-        # the largest per-query rho (rho = 1/(2 sigma^2)): refused as absurd, like that rho.
-        if 2 * sigma * sigma * MAX_QUERY_RHO < 1:
-            raise ParameterError(f"sigma must be at least sqrt(1/{2 * MAX_QUERY_RHO})")
-        return sigma
-    if name == "diagnose_epsilon":
-        return check_epsilon(value, "diagnose_epsilon", MAX_QUERY_EPSILON)
-    if name in ("fresh", "share", "accuracy_columns", "other_group", "diagnose", "sample_scale"):
-        return _boolean(value, name)
-    if name == "other_label":
-        return _label(value)
-    if name == "split":
-        return _split(value)
-    if name == "halfwidth":
-        return _halfwidth(value)
-    if name == "rank_error":
-        return _count(value, name, MAX_CONTRIBUTION_BOUND)
-    if name == "min_group":
-        return _count(value, name, MAX_MIN_GROUP)
-    if name == "sample_rate":
-        return check_rate(value)
-    raise ParameterError(
-        f"unknown setting dpsql.{_setting_name(name)}; known: {', '.join(SETTINGS)}"
-    )
-
-
-class Settings:
-    """The settings part of ``Session``: SET values over the policy's defaults, and SHOW."""
-
-    policy: Policy
-    _settings: dict[str, object]
-
-    if TYPE_CHECKING:
-
-        def budget(self) -> BudgetReport: ...
-
-    # -- settings ------------------------------------------------------------------------------
-    def set_option(self, name: str, value: object) -> None:
-        """``SET dpsql.name = value``; ``None`` resets to the policy default."""
-        name = name.lower()
-        if value is None:
-            if name not in SETTINGS:
-                raise ParameterError(f"unknown setting dpsql.{name}")
-            self._settings.pop(name, None)
-            return
-        self._settings[name] = check_setting(name, value)
-
-    def settings(self, overrides: Mapping[str, object] | None = None) -> dict[str, object]:
-        """The effective settings: policy defaults, then SET values, then ``overrides``."""
-        budget = self.policy.budget
-        merged: dict[str, object] = {
-            "epsilon": budget.query_epsilon,
-            "delta": budget.query_delta,
-            "max_groups_per_unit": None,
-            "max_rows_per_unit_per_group": None,
-            "max_rows_per_unit": None,
-            "confidence": DEFAULT_CONFIDENCE,
-            "mechanism": budget.mechanism,
-            "rho": None,
-            "sigma": None,
-            "fresh": False,
-            "share": True,
-            "accuracy_columns": False,
-            "other_group": False,
-            "other_label": None,
-            "diagnose": False,
-            "diagnose_epsilon": DEFAULT_DIAGNOSE_EPSILON,
-            "split": "optimal",
-            "halfwidth": None,
-            "rank_error": None,
-            "min_group": None,
-            "sample_rate": None,
-            "sample_scale": False,
-        }
-        merged.update(self._settings)
-        for name, value in (overrides or {}).items():
-            if value is not None:
-                merged[name] = check_setting(name, value)
-        return merged
-
-    def _options(
-        self,
-        settings: Mapping[str, object],
-        spec: TableSpec,
-        asked: frozenset[str] = frozenset(),
-    ) -> QueryOptions:
-        """A query's options; ``asked``: the settings the analyst gave (SET, inline options,
-        keywords), which under a declared mechanism must ask for its noise."""
-        declared = self.policy.budget.declared_mechanism
-        if declared is not None and "mechanism" not in asked:
-            # The declared mechanism's noise, not the policy's default one.
-            settings = {**settings, "mechanism": declared.mechanism}
-        epsilon, delta = settings["epsilon"], settings["delta"]
-        groups = settings["max_groups_per_unit"] or spec.max_groups_per_unit
-        rows = settings["max_rows_per_unit_per_group"] or spec.max_rows_per_unit_per_group
-        total_rows = settings["max_rows_per_unit"] or spec.max_rows_per_unit
-        confidence, mechanism = settings["confidence"], settings["mechanism"]
-        rho, sigma = settings["rho"], settings["sigma"]
-        # check_setting normalised every value; these asserts only narrow the types.
-        assert isinstance(epsilon, Fraction) and isinstance(delta, Fraction)
-        assert groups is None or isinstance(groups, int)
-        assert rows is None or isinstance(rows, int)
-        assert total_rows is None or isinstance(total_rows, int)
-        assert isinstance(confidence, float)
-        assert mechanism in ("laplace", "gaussian")
-        assert rho is None or isinstance(rho, Fraction)
-        assert sigma is None or isinstance(sigma, Fraction)
-        diagnose, diagnose_epsilon = settings["diagnose"], settings["diagnose_epsilon"]
-        assert isinstance(diagnose, bool) and isinstance(diagnose_epsilon, Fraction)
-        split = settings["split"]
-        assert split in SPLITS
-        if mechanism == "gaussian" and delta == 0:
-            raise ParameterError("the gaussian mechanism needs delta > 0; SET dpsql.delta")
-        if (rho is not None or sigma is not None) and mechanism != "gaussian":
-            raise ParameterError("rho and sigma set the noise of the gaussian mechanism only")
-        if rho is not None and sigma is not None:
-            raise ParameterError("give rho or sigma, not both")
-        return QueryOptions(
-            epsilon,
-            delta,
-            groups,
-            rows,
-            confidence,
-            mechanism,
-            rho,
-            sigma,
-            total_rows,
-            declared,
-            asked & {"mechanism", "epsilon", "rho", "sigma", "diagnose_epsilon"}
-            if declared
-            else frozenset(),
-            diagnose,
-            diagnose_epsilon,
-            split,
+    setting = BY_NAME.get(name) if isinstance(name, str) else None
+    if setting is None:
+        raise ParameterError(
+            f"unknown setting dpsql.{setting_name(name)}; known: {', '.join(NAMES)}"
         )
-
-    def _show(self, name: str) -> Result:
-        if name == "budget":
-            report = self.budget()
-            return Result(("budget",), ("VARCHAR",), ((str(report),),))
-        settings = self.settings()
-        if name == "all":
-            rows = tuple((k, _show_value(settings[k])) for k in SETTINGS)
-            return Result(("name", "setting"), ("VARCHAR", "VARCHAR"), rows)
-        if name not in settings:
-            raise ParameterError(
-                f"unknown setting dpsql.{name}; known: {', '.join(SETTINGS)}, budget, all"
-            )
-        value = settings[name]
-        shown = "(none: NULL)" if name == "other_label" and value is None else _show_value(value)
-        return Result((name,), ("VARCHAR",), ((shown,),))
-
-
-def target_of(settings: Mapping[str, object]) -> Target | None:
-    """The query's accuracy target, or None: ``min_group`` alone states a size, no target."""
-    halfwidth, rank, group = settings["halfwidth"], settings["rank_error"], settings["min_group"]
-    assert halfwidth is None or isinstance(halfwidth, Fraction)
-    assert rank is None or isinstance(rank, int)
-    assert group is None or isinstance(group, int)
-    if halfwidth is None and rank is None:
-        return None
-    return Target(halfwidth, rank, group)
-
-
-def _show_value(value: object) -> str:
-    if value is None:
-        return "(policy default)"
-    if isinstance(value, Fraction):
-        return str(float(value)) if value.denominator != 1 else str(value.numerator)
-    return str(value)
+    return setting.check(value)

@@ -9,27 +9,85 @@ prints it. Nothing here charges or runs anything; the commands are in ``batch.py
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import Any, Protocol
 
 from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.store import MemoryLedger
 from dpsql.cache.families import family_key, released_family
+from dpsql.cache.releases import ReleaseCache
+from dpsql.engine.base import Engine
 from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
 from dpsql.mechanisms.events import Composite, Event
-from dpsql.plan.estimators import TOTALS, half_width
 from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import Family, Joint, plan_joint
-from dpsql.policy.numbers import exact
+from dpsql.policy import Policy
+from dpsql.session import planning
+from dpsql.session.bounds import Estimates
+from dpsql.session.effective import Settings, SetValues
+from dpsql.session.pipeline import Pipeline
 from dpsql.session.plans import Planned
-from dpsql.session.session import Session
 from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, parse_statement
 from dpsql.sql.split import Piece
 
-__all__ = ["Step", "Workload", "plan_file", "plan_lines", "plan_workload"]
+__all__ = [
+    "Session",
+    "Step",
+    "Workload",
+    "bounded_at",
+    "one_line",
+    "plan_file",
+    "plan_workload",
+    "statement_totals",
+]
+
+
+class Session(Protocol):
+    """What planning and running a workload reads of ``dpsql.session.session.Session``."""
+
+    policy: Policy
+    analyst: str | None
+    engine: Engine
+    cache: ReleaseCache
+    filter: Budget
+    pipeline: Pipeline
+    estimates: Estimates
+    set_values: SetValues
+
+    def policy_version(self) -> str: ...
+
+    def settings(self, options: Mapping[str, object] | None = None) -> Settings: ...
+
+    def set_option(self, name: str, value: object) -> None: ...
+
+    def execute(
+        self, sql: str, params: Sequence[object] | None = None, **options: object
+    ) -> Any: ...
+
+    def planned_soon(
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        current: bool = True,
+        statement: Any = None,
+        *,
+        soon: bool = True,
+    ) -> Callable[[], Planned] | None: ...
+
+    def _prepare(
+        self,
+        select: Any,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        inline: Mapping[str, object] = ...,
+        estimates: bool = True,
+    ) -> Plan: ...
+
+    def budget(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -129,7 +187,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
 
     def plan_select(select: object, i: int) -> Plan:
         plan = session._prepare(select, None, steps[i].settings)
-        session._check_soon(plan, soon=False)()
+        planning.check_soon(session.engine, plan, soon=False)()
         return plan
 
     # A statement asking for a fresh answer gets noise of its own: it shares no measurement
@@ -146,7 +204,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
             out.append(s)
             continue
         family, _ = found
-        member = replace(s, ratio=joint.ratios[i], family=_bounded_at(steps, family))
+        member = replace(s, ratio=joint.ratios[i], family=bounded_at(steps, family))
         seq = released.get(family.fine_index)
         if seq is not None:
             member = replace(member, source="cache", note=f"release {seq}")
@@ -169,7 +227,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
             raise InternalError("a charged statement has no event")
         events.extend(event.events)
         certified.append(event.certified)
-    independent = _totals(out, "charge")
+    independent = statement_totals(out, "charge")
     event = _workload_event(events, independent, certified) if events else None
     fits = True
     if event is not None:
@@ -180,7 +238,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
     return Workload(tuple(out), joint, event, fits, independent, released)
 
 
-def _bounded_at(steps: Sequence[Step], family: Family) -> str:
+def bounded_at(steps: Sequence[Step], family: Family) -> str:
     """What bounds ``family``, for the plan: its fine statement's number, or its keys."""
     if family.union:
         return f"({family.grouping})"
@@ -224,7 +282,7 @@ def _plan_steps(session: Session, pieces: Sequence[Piece]) -> list[Step]:
     """Plan every statement in order (a SET applied for the statements after it); each query
     is charged, or served from the cache (a release, or an earlier statement of the file)."""
     planned: dict[str, int] = {}  # exact cache key -> the statement that will release it
-    before = dict(session._settings)
+    before = session.set_values.values()
     steps: list[Step] = []
     applied: set[str] = set()
     # Pipelined: while the engine checks statement i's bounded SQL (in its worker, without the
@@ -281,7 +339,7 @@ def _plan_soon(
     # the file is planned on one reading of the ledger, and every statement is planned again,
     # on a fresh reading, when it runs.
     checked = session.planned_soon(piece.text, None, {}, current=piece.number == 1)
-    settings = dict(session._settings)
+    settings = session.set_values.values()
     if checked is None:
         kind = _kind(piece)
         if kind == "set":
@@ -293,11 +351,12 @@ def _plan_soon(
             statement = parse_statement(piece.text)
             assert isinstance(statement, EstimateBounds)
             # Charged with the file (its estimates serve the statements of later files).
-            event = session.estimate_event(statement, {})
+            estimate = session.estimates.plan(statement, session.settings())
+            event = None if estimate.found is not None else estimate.event
             source = "charge" if event is not None else "cache"
             return lambda: Step(piece, kind, None, source, settings=settings, event=event)
         return lambda: Step(piece, kind, settings=settings)
-    fresh = bool(session.settings()["fresh"])  # as SET before this statement left it
+    fresh = session.settings().fresh  # as SET before this statement left it
     return lambda: _decide(session, piece, checked(), planned, settings, fresh=fresh)
 
 
@@ -319,107 +378,15 @@ def _decide(
     return Step(piece, "query", plan, "charge", settings=settings)
 
 
-def _one_line(text: str, width: int = 60) -> str:
+def one_line(text: str, width: int = 60) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
-def _totals(steps: Sequence[Step], source: str) -> tuple[Fraction, Fraction]:
+def statement_totals(steps: Sequence[Step], source: str) -> tuple[Fraction, Fraction]:
     """The sum of the independent costs of the steps from ``source``."""
     chosen = [s.plan.event if s.plan is not None else s.event for s in steps if s.source == source]
     events = [e for e in chosen if e is not None]
     return sum((e.epsilon for e in events), Fraction(0)), sum(
         (e.delta for e in events), Fraction(0)
     )
-
-
-def _joint_text(step: Step) -> str:
-    """A statement's predicted accuracy under the joint plan against its independent one."""
-    if step.ratio is None or step.plan is None:
-        return "-"
-    factor = math.sqrt(step.ratio)
-    plan = step.plan
-    estimates = plan.estimates
-    if len(estimates) == 1 and estimates[0].kind in TOTALS:
-        m = plan.measurements[estimates[0].measurements[0]]
-        alone = float(half_width(m, plan.options.confidence) * m.unit)
-        return f"±{alone:.4g} -> ±{alone * factor:.4g} (x{factor:.3f})"
-    return f"x{factor:.3f} of its half-widths"
-
-
-def plan_lines(session: Session, name: str, given: Sequence[Step] | Workload) -> list[str]:
-    """The cost plan of a file, as printed by ``dpsql run`` before anything runs."""
-    workload = given if isinstance(given, Workload) else None
-    steps = list(given.steps) if isinstance(given, Workload) else list(given)
-    lines = [f"plan of {name}: {len(steps)} statement(s)"]
-    lines.append(
-        f"{'#':>3}  {'line':>4}  {'kind':<8}  {'epsilon':<10}  {'delta':<12}  {'source':<26}  "
-        "joint plan (predicted half-width, independent -> joint)  statement"
-    )
-    for s in steps:
-        event = s.plan.event if s.plan is not None else s.event
-        cost = (exact(event.epsilon), exact(event.delta)) if event is not None else ("-", "-")
-        source = s.source + (f" ({s.note})" if s.note else "")
-        joint = _joint_text(s) + (f" [family at {s.family}]" if s.family is not None else "")
-        lines.append(
-            f"{s.piece.number:>3}  {s.piece.line:>4}  {s.kind:<8}  {cost[0]!s:<10}  "
-            f"{cost[1]!s:<12}  {source:<26}  {joint:<55}  {_one_line(s.piece.text)}"
-        )
-    eps, delta = _totals(steps, "charge")
-    report = session.budget()
-    refused = [s.piece.number for s in steps if s.source == "refused"]
-    lines.append(
-        f"to charge (basic composition, the sum): epsilon {exact(eps)}, delta {exact(delta)}, "
-        "in one charge for the whole file, before anything runs"
-    )
-    if workload is not None:
-        for family in workload.joint.families:
-            numbers = ", ".join(str(steps[m.index].piece.number) for m in family.members)
-            at = _bounded_at(steps, family)
-            grouping = (
-                f"({family.grouping}), the union of their keys"
-                if family.union
-                else (f"of statement {at}")
-            )
-            b = family.fine.bounding
-            chosen = ""
-            if b is not None and b.select_at is not None:
-                names = ", ".join(family.fine.analysis.keys[p].name for p in b.select_at)
-                chosen = f", each unit's L0 groups chosen at ({names}) with C rows in each"
-            lines.append(
-                f"joint: statements {numbers} bounded once at the grouping {grouping} "
-                f"(L0 = {family.fine.max_groups}, C = {family.fine.max_rows}{chosen}); coarser "
-                "cells are sums of its cells, so their L1 = L2 = L0·C; measured:"
-            )
-            for t in family.taken:
-                m = t.measurement
-                lines.append(
-                    f"  {m.label}: L1 sensitivity {m.sensitivity * m.unit}, "
-                    f"epsilon {exact(t.epsilon)}"
-                )
-            total = sum(family.ratios)
-            lines.append(
-                f"  variance over the independent plans, summed over these {len(family.ratios)} "
-                f"statement(s): {total:.3f} (least squares, released unrounded: children sum "
-                "to parents)"
-            )
-        ratios = [
-            s.ratio if s.ratio is not None else 1.0
-            for s in steps
-            if s.charged and s.kind == "query"
-        ]
-        if ratios:
-            lines.append(
-                f"joint plan: the sum over the {len(ratios)} charged queries of (joint variance / "
-                f"independent variance) is {sum(ratios):.3f} (independent: {len(ratios)})"
-            )
-    lines.append(
-        f"remaining under the {report.accountant} filter: epsilon "
-        f"{exact(report.epsilon_remaining)}, delta {exact(report.delta_remaining)}"
-    )
-    if refused:
-        listed = ", ".join(map(str, refused))
-        lines.append(f"fits: no: the {report.accountant} filter refuses statement(s) {listed}")
-    else:
-        lines.append(f"fits: yes (the whole file admitted by the {report.accountant} filter)")
-    return lines

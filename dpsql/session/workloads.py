@@ -5,33 +5,47 @@ statement: from its own plan, or with its family. ``run_script`` plans and runs 
 statements (the shell's multi-statement input, ``Cursor.executescript``), refusing it whole
 when it does not fit (unless ``partial``).
 
-``answer_members`` runs a family's one bounded query (its charge already committed within the
-workload's), noises and combines its measurements (``dpsql.release.families``) and publishes each
-member from its own plan. A failure after the charge is the session's one ``EngineError``,
-recorded like any other: the charge stands.
+Every release goes through the session's pipeline under the workload's one charge
+(``Pipeline.under``): a plain statement as a ``QueryRequest``, an estimate as an ``Estimate``,
+and a family as a ``FamilyRequest``, which runs its one bounded query, noises and combines its
+measurements (``dpsql.release.families``) and publishes each member from its own plan. A
+failure after the charge is the session's one ``EngineError``, recorded like any other: the
+charge stands.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 from dpsql.accounting.budget.report import Charge
-from dpsql.cache import releases as cache
+from dpsql.cache import keys as cache
 from dpsql.cache.families import RECORD_KIND, family_key, family_payload, from_payload
-from dpsql.errors import BudgetExceededError, EngineError
+from dpsql.engine.base import Engine
+from dpsql.errors import BudgetExceededError
+from dpsql.mechanisms.events import Composite
+from dpsql.noise.measure import Noisy
+from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import Family
 from dpsql.policy.numbers import exact
 from dpsql.release.families import combine, measure_family
-from dpsql.release.post import accuracy_columns, publish
+from dpsql.release.post import Release, accuracy_columns, publish
 from dpsql.release.result import Result, _with_accuracy
-from dpsql.session.session import Session
-from dpsql.session.workload_plan import Step, Workload, _one_line, _totals, plan_workload
+from dpsql.session.pipeline import Pipeline, QueryRequest, Request, result
+from dpsql.session.workload_plan import (
+    Session,
+    Step,
+    Workload,
+    one_line,
+    plan_workload,
+    statement_totals,
+)
 from dpsql.sql.parse import EstimateBounds, parse_statement
 from dpsql.sql.split import split_statements
 
-__all__ = ["answer_members", "run_script", "run_workload"]
+__all__ = ["FamilyRequest", "run_script", "run_workload", "served_members"]
 
 NOTE = (
     "answered with statement(s) {members} from measurements on rows bounded once at the "
@@ -40,41 +54,57 @@ NOTE = (
 )
 
 
-def answer_members(session: Session, family: Family, charge: Charge) -> dict[int, Result]:
-    """Per member (its statement index), its result."""
-    try:
-        _, rows = session.engine.run(family.fine.engine_sql)
-        values, noised = measure_family(family, rows)
-        answered = combine(family, values, noised)
-        released = {i: (plan, publish(plan, noisy)) for i, (plan, noisy) in answered.items()}
-    except (EngineError, MemoryError) as exc:
-        cause = getattr(exc, "cause", None) or type(exc).__name__
-        raise session._failed(charge, cause) from None
-    except KeyboardInterrupt:
-        session._failed(charge, "KeyboardInterrupt")
-        raise
-    # The measurements released, kept for a later plan of the same family: post-processing.
-    key = family_key(family, session.policy.dataset.id, session.policy_version(),
-                     session.policy.dataset.data_version)  # fmt: skip
-    payload = family_payload(family, key, charge.seq, values, noised)
-    if payload is not None:
-        record = session.filter.store.append(RECORD_KIND, payload, session.analyst,
-                                             synced=False)  # fmt: skip
+Released = tuple[list[list[Any]], Any, dict[int, tuple[Plan, Noisy]], dict[int, Release]]
+
+
+class FamilyRequest(Request[Released, dict[int, Result]]):
+    """A family's one bounded query at the fine grouping, its measurements noised and combined
+    by least squares (``dpsql.release.families``), each member published from its own plan;
+    released under the workload's one charge (``Pipeline.under``)."""
+
+    def __init__(self, session: Session, family: Family) -> None:
+        self.session, self.family = session, family
+        self.event, self.query, self.details = Composite(()), "", {}
+
+    def measure(self, engine: Engine) -> Released:
+        _, rows = engine.run(self.family.fine.engine_sql)
+        values, noised = measure_family(self.family, rows)
+        answered = combine(self.family, values, noised)
+        # Published under the charge too: a failure of the post-processing keeps it.
+        released = {i: publish(plan, noisy) for i, (plan, noisy) in answered.items()}
+        return values, noised, answered, released
+
+    def record(self, pipeline: Pipeline, charge: Charge, measured: Released) -> None:
+        # The measurements released, kept for a later plan of the same family: post-processing.
+        session, family = self.session, self.family
+        values, noised, answered, _ = measured
+        key = family_key(family, session.policy.dataset.id, session.policy_version(),
+                         session.policy.dataset.data_version)  # fmt: skip
+        payload = family_payload(family, key, charge.seq, values, noised)
+        if payload is None:
+            return
+        record = pipeline.budget.store.append(RECORD_KIND, payload, pipeline.analyst,
+                                              synced=False)  # fmt: skip
         # Each member's answer under its own query's key: asked again alone, the same answer,
         # free (post-processing of the family's release).
         version = session.policy_version()
         for member in family.members:
             plan, noisy = answered[member.index]
             k = cache.keys(member.plan, session.policy, version)
-            session.cache.record_member(plan, k, noisy, charge.seq, record.seq, member.plan.query)
-    members = ", ".join(str(m.index + 1) for m in family.members)
-    grouping = f"({family.grouping})" if family.union else f"of statement {family.fine_index + 1}"
-    note = NOTE.format(members=members, grouping=grouping)
-    out = {}
-    for i, (plan, release) in released.items():
-        result = session._result(plan, release, charge, None)
-        out[i] = replace(result, note=note)
-    return out
+            pipeline.cache.record_member(plan, k, noisy, charge.seq, record.seq, member.plan.query)
+
+    def publish(self, pipeline: Pipeline, charge: Charge, measured: Released) -> dict[int, Result]:
+        family = self.family
+        _, _, answered, released = measured
+        members = ", ".join(str(m.index + 1) for m in family.members)
+        grouping = (
+            f"({family.grouping})" if family.union else f"of statement {family.fine_index + 1}"
+        )
+        note = NOTE.format(members=members, grouping=grouping)
+        return {
+            i: replace(result(answered[i][0], release, charge, None), note=note)
+            for i, release in released.items()
+        }
 
 
 def served_members(session: Session, family: Family, seq: int) -> dict[int, Result]:
@@ -86,16 +116,15 @@ def served_members(session: Session, family: Family, seq: int) -> dict[int, Resu
     out = {}
     for i, (plan, noisy) in answered.items():
         release = publish(plan, noisy)
-        session.filter.store.append("reserve", {"query": plan.query, "release": seq},
-                                    session.analyst, synced=False)  # fmt: skip
-        result = session._result(plan, release, None, seq)
-        out[i] = replace(result, note=f"served again from the family release {seq}")
+        session.pipeline.reserve(plan.query, seq)
+        out[i] = replace(result(plan, release, None, seq),
+                         note=f"served again from the family release {seq}")  # fmt: skip
     return out
 
 
 def _with_settings(session: Session, result: Result) -> Result:
     """``result`` as the settings in force show it (accuracy columns)."""
-    if result.plan is not None and session.settings()["accuracy_columns"]:
+    if result.plan is not None and session.settings().accuracy_columns:
         return _with_accuracy(result, accuracy_columns(result.plan))
     return result
 
@@ -104,13 +133,13 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
     """The workload's results in order (None for a step refused as not fitting). The one
     charge is committed before any engine work: another session that spent the budget since
     the plan makes it raise ``BudgetExceededError`` with nothing charged or run."""
-    charge = None
+    query, details = "", {}
     if workload.event is not None:
         texts = [s.piece.text for s in workload.steps if s.charged]
         # The statements are in the details; the label names them by a digest (a file may be
         # 16 MiB: it is not written twice).
         digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
-        query = f"WORKLOAD of {len(texts)} statement(s) {digest}: " + _one_line(texts[0])
+        query = f"WORKLOAD of {len(texts)} statement(s) {digest}: " + one_line(texts[0])
         details = {
             "statements": texts,
             "bounded_sql": ";\n".join(_bounded(workload)),
@@ -118,38 +147,48 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
             "policy_version": session.policy_version(),
             "data_version": session.policy.dataset.data_version,
         }
-        charge = session.filter.charge(workload.event, query, session.analyst, details)
     answered: dict[int, Result] = {}
-    for i, step in enumerate(workload.steps):
+    steps = [_stepper(session, workload, i, answered) for i in range(len(workload.steps))]
+    results = session.pipeline.batch(workload.event, query, details, steps)
+    yield from zip(workload.steps, results, strict=True)
+
+
+def _stepper(
+    session: Session, workload: Workload, i: int, answered: dict[int, Result]
+) -> Callable[[Charge | None], Result | None]:
+    """Statement ``i``'s answer, given the workload's charge (``answered`` holds the members of
+    a family answered with an earlier statement)."""
+    step = workload.steps[i]
+
+    def answer(charge: Charge | None) -> Result | None:
         if step.source == "refused":
-            yield step, None
-            continue
+            return None
         found = workload.joint.family_of(i)
         seq = workload.released.get(found[0].fine_index) if found is not None else None
         if found is not None and seq is not None:
             if i not in answered:
                 answered.update(served_members(session, found[0], seq))
-            yield step, _with_settings(session, answered.pop(i))
-            continue
-        if step.charged:
-            assert charge is not None
-            if step.kind == "estimate":
-                statement = parse_statement(step.piece.text)
-                assert isinstance(statement, EstimateBounds)
-                yield step, session._estimate_bounds(statement, {}, charge=charge)
-                continue
-            found = workload.joint.family_of(i)
-            if found is not None:
-                if i not in answered:
-                    answered.update(answer_members(session, found[0], charge))
-                yield step, _with_settings(session, answered.pop(i))
-                continue
-            assert step.plan is not None
-            keys = cache.keys(step.plan, session.policy, session.policy_version())
-            result = session._run_charged(step.plan, keys, charge)
-            yield step, _with_settings(session, result)
-            continue
-        yield step, session.execute(step.piece.text)
+            return _with_settings(session, answered.pop(i))
+        if not step.charged:
+            done: Result = session.execute(step.piece.text)
+            return done
+        assert charge is not None
+        if step.kind == "estimate":
+            statement = parse_statement(step.piece.text)
+            assert isinstance(statement, EstimateBounds)
+            estimate = session.estimates.plan(statement, session.settings())
+            return session.pipeline.under(charge, estimate)
+        if found is not None:
+            if i not in answered:
+                members = session.pipeline.under(charge, FamilyRequest(session, found[0]))
+                answered.update(members)
+            return _with_settings(session, answered.pop(i))
+        assert step.plan is not None
+        keys = cache.keys(step.plan, session.policy, session.policy_version())
+        fresh = session.pipeline.under(charge, QueryRequest(step.plan, keys, {}))
+        return _with_settings(session, fresh)
+
+    return answer
 
 
 def _bounded(workload: Workload) -> list[str]:
@@ -168,8 +207,8 @@ def run_script(
     workload = plan_workload(session, split_statements(text))
     refused = [s for s in workload.steps if s.source == "refused"]
     if refused and not partial:
-        eps, delta = _totals(workload.steps, "charge")
-        more_eps, more_delta = _totals(workload.steps, "refused")
+        eps, delta = statement_totals(workload.steps, "charge")
+        more_eps, more_delta = statement_totals(workload.steps, "refused")
         raise BudgetExceededError(
             f"the statements need epsilon {exact(eps + more_eps)}, delta "
             f"{exact(delta + more_delta)} and {len(refused)} of them do not fit the remaining "

@@ -1,12 +1,12 @@
 """The pre-charge check takes public keys' types from the key domains, not from a DESCRIBE.
 
-``Session._check_soon`` skips the engine's DESCRIBE of the bounded SQL when every GROUP BY key is
-public: each key then carries the type the engine gave its expression (``engine_type``), and the
-post-processing is bound over those types before the charge. That is right only if the bounded
-SQL releases each public key in exactly that type. These tests generate grouped queries over
-every kind of public key (policy values of several column types, CASE keys mixing literal
-types, date parts, truncated dates) and compare the types with the engine's own DESCRIBE of the
-bounded SQL; a query with a private key still asks the engine.
+``dpsql.session.planning.check_soon`` skips the engine's DESCRIBE of the bounded SQL when every
+GROUP BY key is public: each key then carries the type the engine gave its expression
+(``engine_type``), and the post-processing is bound over those types before the charge. That is
+right only if the bounded SQL releases each public key in exactly that type. These tests generate
+grouped queries over every kind of public key (policy values of several column types, CASE keys
+mixing literal types, date parts, truncated dates) and compare the types with the engine's own
+DESCRIBE of the bounded SQL; a query with a private key still asks the engine.
 """
 
 from __future__ import annotations

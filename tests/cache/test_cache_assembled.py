@@ -1,4 +1,4 @@
-"""Answers derived from every release of the same bounded rows (``dpsql.cache.releases._assemble``):
+"""Answers derived from every release of the same bounded rows (``dpsql.cache.derive.assemble``):
 a query whose measurements were all released over the identical bounded-row definition (same
 table, WHERE, keys and domains, bounds, policy, data version and engine), at any epsilon and
 across releases, is answered free from them; anything else is charged. What is derived must
@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import budget_caps
-from dpsql.cache import releases as cache
+from dpsql.cache import keys as cache
+from dpsql.cache.derive import assemble
 from dpsql.plan.estimators import combined_half_width
 from dpsql.policy import LedgerSpec, Policy
 from dpsql.session.session import Session
@@ -221,7 +222,7 @@ def test_a_group_released_twice_derives_nothing() -> None:
     keys = cache.Keys("exact", "core", ({**measured, "scale": "2"},), "rows")
     twice = {"keys": [["a", "a"]], "totals": [[1, 2]], "measurements": [{**measured, "scale": "2"}]}
     once = {"keys": [["a", "b"]], "totals": [[1, 2]], "measurements": [{**measured, "scale": "2"}]}
-    assert cache._assemble(keys, [(1, twice)], 0.95) is None
-    assert cache._assemble(keys, [(1, twice), (2, once)], 0.95) is not None  # only "once" read
-    got = cache._assemble(keys, [(1, once), (2, twice)], 0.95)
+    assert assemble(keys, [(1, twice)], 0.95) is None
+    assert assemble(keys, [(1, twice), (2, once)], 0.95) is not None  # only "once" read
+    got = assemble(keys, [(1, once), (2, twice)], 0.95)
     assert got is None

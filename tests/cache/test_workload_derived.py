@@ -1,4 +1,4 @@
-"""Answers derived from a workload family's release (``dpsql.release.families.derive``): a later
+"""Answers derived from a workload family's release (``dpsql.cache.families.derive``): a later
 statement whose plan is a linear function of the family's measurements (a level or an aggregate
 no member asked for, over the same rows, settings and bounds) is answered free, from the
 least-squares values, with the half-widths of its noise combination; anything else is charged."""

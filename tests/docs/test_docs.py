@@ -21,7 +21,7 @@ from sqlglot import exp
 
 import dpsql as dbapi
 from dpsql import errors, policy
-from dpsql.session.settings import SETTINGS
+from dpsql.session.settings import NAMES as SETTINGS
 from dpsql.sql import validate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -47,7 +47,7 @@ from dpsql.interfaces.dbapi import connection as dbapi
 from dpsql.interfaces.shell.core import Shell
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
-from dpsql.session.settings import SETTINGS
+from dpsql.session.settings import NAMES as SETTINGS
 from dpsql.sql.options import KEYS
 
 PROMPT = 10  # seconds: far above any honest refusal, far below an expansion of 1e999999999

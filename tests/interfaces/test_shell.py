@@ -29,7 +29,7 @@ from dpsql.interfaces.shell.input import META, is_complete, split_statements
 from dpsql.interfaces.shell.shell import run_shell, shell_command, standalone
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
-from dpsql.session.settings import SETTINGS
+from dpsql.session.settings import NAMES as SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data" / "visits.parquet"

@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 
 from dpsql.cache.families import RECORD_KIND
 from dpsql.errors import BudgetExceededError
+from dpsql.interfaces.cli.plan_lines import plan_lines
 from dpsql.plan.estimators import half_width
 from dpsql.plan.workload import family as workload
 from dpsql.plan.workload.family import Family
 from dpsql.release import families as run
 from dpsql.release.families import answer_family, exact_levels
 from dpsql.session.session import Session
-from dpsql.session.workload_plan import Workload, plan_lines, plan_workload
+from dpsql.session.workload_plan import Workload, plan_workload
 from dpsql.session.workloads import run_workload
 from dpsql.sql.split import split_statements
 

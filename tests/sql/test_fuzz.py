@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from dpsql import errors
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
-from dpsql.session.settings import SETTINGS
+from dpsql.session.settings import NAMES as SETTINGS
 
 SECRET_REGION = "SECRET_REGION_Q7"
 SECRET_SPEND = "987654.321"

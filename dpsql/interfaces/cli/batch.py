@@ -29,7 +29,6 @@ from rich.console import Console
 from rich.progress import Progress
 
 from dpsql.accounting.ledger.store import ledger_exists
-from dpsql.cache import releases as cache
 from dpsql.errors import BudgetExceededError, DpsqlError
 from dpsql.interfaces.cli.batch_output import (
     FORMATS,
@@ -41,18 +40,12 @@ from dpsql.interfaces.cli.batch_output import (
     write_results,
 )
 from dpsql.interfaces.cli.context import Config, exit_code, fail, pass_config
+from dpsql.interfaces.cli.plan_lines import plan_lines
 from dpsql.policy import read_limited
 from dpsql.policy.numbers import exact
 from dpsql.release.result import Result, covers, summary
 from dpsql.session.session import Session
-from dpsql.session.workload_plan import (
-    Step,
-    Workload,
-    _totals,
-    plan_lines,
-    plan_workload,
-)
-from dpsql.session.workloads import run_workload
+from dpsql.session.workload_plan import Step, Workload, statement_totals
 from dpsql.sql.split import Piece, split_statements
 
 # A SQL file is read whole (to plan it as a whole), so its size is bounded: 16 MiB is far more
@@ -70,7 +63,7 @@ def _execute(
     done: list[tuple[Step, Result]] = []
     skipped: list[Step] = []
     task = progress.add_task("running", total=len(workload.steps))
-    for step, result in run_workload(session, workload):
+    for step, result in session.run_workload(workload):
         if result is None:
             skipped.append(step)
         elif step.kind != "set":
@@ -195,7 +188,7 @@ def _run(
 ) -> None:
     if output is not None and not plan_only:
         prepare_output(output)
-    workload = plan_workload(session, split_statements(text))
+    workload = session.plan_workload(split_statements(text))
     steps = workload.steps
     if not quiet or plan_only:
         echo("\n".join(plan_lines(session, name, workload)))
@@ -203,8 +196,8 @@ def _run(
         return
     refused = [s for s in steps if s.source == "refused"]
     if refused and not partial:
-        eps, delta = _totals(steps, "charge")
-        more_eps, more_delta = _totals(steps, "refused")
+        eps, delta = statement_totals(steps, "charge")
+        more_eps, more_delta = statement_totals(steps, "refused")
         raise BudgetExceededError(
             f"{name} needs epsilon {exact(eps + more_eps)}, delta {exact(delta + more_delta)} "
             f"and {len(refused)} statement(s) do not fit the remaining budget; nothing was run "
@@ -253,7 +246,7 @@ def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
     try:
         plan = session.plan(sql)
         click.echo("\n".join(plan.explain()))
-        hit = session.cache.lookup(plan, cache.keys(plan, session.policy))
+        hit = session.served_from(plan)
         if hit is not None:
             click.echo(f"cache: served from {hit.origin}; it would cost nothing")
         if note is not None:

@@ -25,7 +25,6 @@ from dpsql.policy import Policy, load_policy
 from dpsql.release.diagnosis import Diagnosed
 from dpsql.release.result import Result, covers, to_arrow, to_pandas
 from dpsql.session.session import Session
-from dpsql.session.workloads import run_script
 
 __all__ = [
     "BINARY",
@@ -196,7 +195,7 @@ class Cursor:
         ``partial``, the longest prefix that fits runs and the rest is skipped."""
         self._check()
         self._result = None
-        done = run_script(self.connection.session, script, partial)
+        done = self.connection.session.run_script(script, partial)
         self._results = [r for s, r in done if r is not None and s.kind != "set"]
         self._result = self._results.pop(0) if self._results else None
         self._position = 0

@@ -27,14 +27,12 @@ from dpsql.accounting.budget.report import (
     left_text,
     spent_text,
 )
-from dpsql.cache import releases as cache
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
 from dpsql.policy.numbers import exact
 from dpsql.release.result import Result, cell, covers
 from dpsql.session.session import Session
-from dpsql.session.workloads import run_script
 
 __all__ = ["Shell"]
 
@@ -115,7 +113,7 @@ class Shell:
             statements = split_statements(text)
             if len(statements) > 1:
                 # Several statements at once: planned and charged as one workload.
-                results = run_script(self.session, text)
+                results = self.session.run_script(text)
                 return "".join(self._render(r) for _, r in results if r is not None)
             return "".join(self._render(self.session.execute(s)) for s in statements)
         except DpsqlError as exc:
@@ -242,7 +240,7 @@ class Shell:
             raise click.UsageError("\\explain needs a query, e.g. \\explain SELECT COUNT(*) FROM t")
         plan = self.session.plan(argument)
         shared = bool(self.session.settings()["share"])
-        hit = self.session.cache.lookup(plan, cache.keys(plan, self.session.policy), shared)
+        hit = self.session.served_from(plan, shared)
         cost = f"epsilon {_num(plan.event.epsilon)}, delta {_num(plan.event.delta)}"
         if hit is not None:
             verdict = f"would be served from the cache (release #{hit.release_seq}), no charge"

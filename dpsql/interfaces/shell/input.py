@@ -18,7 +18,7 @@ from prompt_toolkit.document import Document
 from sqlglot.errors import TokenError
 from sqlglot.tokenizer_core import TokenType
 
-from dpsql.session.settings import SETTINGS
+from dpsql.session.settings import NAMES
 from dpsql.sql.parse import DIALECT
 
 __all__ = [
@@ -95,7 +95,7 @@ class SqlCompleter(Completer):
         before = document.text_before_cursor
         setting = _SET_NAME.search(before)
         if setting:
-            names = [*SETTINGS, "budget", "all"] if setting.group(1).lower() == "show" else SETTINGS
+            names = [*NAMES, "budget", "all"] if setting.group(1).lower() == "show" else NAMES
             yield from _matches(setting.group(2), names, "setting")
             return
         described = _DESCRIBE.search(before)

@@ -1,0 +1,109 @@
+"""The keys of a plan's release: what it measured, exactly, and the rows it measured.
+
+``keys`` is a pure function of public inputs: the data set, the policy's version and the data
+version the owner declares (never a fingerprint of the data: whether a query is charged must
+not reveal that the data changed), the table, the canonical WHERE, the group keys and their
+domains, the contribution bounds, a pinned cell, the privacy parameters, and every measurement
+with its grid and its noise. ``Keys.exact`` names one release, ``Keys.core`` the releases of
+the same measurement core at the same privacy parameters, ``Keys.rows`` every release of the
+same bounded rows whatever its epsilon (``dpsql.cache.derive``)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from dpsql.accounting.ledger.chain import canonical
+from dpsql.plan.plans import Measurement, Plan
+from dpsql.policy import Policy
+from dpsql.sql.canonical import canonical_sql
+from dpsql.sql.parse import DIALECT
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The two keys of a plan: its exact measurement set, and its measurement core."""
+
+    exact: str
+    core: str
+    measurements: tuple[dict[str, Any], ...]
+    # The core without the privacy parameters, with the engine: the bounded-row definition.
+    # Releases of one such key measured the same rows (``dpsql.cache.derive.assemble``).
+    rows: str = ""
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(canonical(data).encode()).hexdigest()
+
+
+def _values(plan: Plan) -> dict[int, tuple[str, list[Any] | None]]:
+    """Each measured value's canonical SQL and grid (None when it is only counted)."""
+    out: dict[int, tuple[str, list[Any] | None]] = {}
+    for agg, est in zip(plan.analysis.aggregates, plan.estimates, strict=True):
+        index = plan.measurements[est.measurements[0]].spec.value
+        if agg.arg is None or index is None:
+            continue
+        grid = [str(est.grid.step), est.grid.lower, est.grid.upper] if est.grid else None
+        known = out.get(index)
+        out[index] = (canonical_sql(agg.arg), grid or (known[1] if known else None))
+    return out
+
+
+def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) -> dict[str, Any]:
+    """A measurement's identity: what is measured, on which grid, with which noise."""
+    value, grid = (
+        values.get(m.spec.value, (None, None)) if m.spec.value is not None else (None, None)
+    )
+    return {
+        "kind": m.spec.kind,
+        "p": str(m.spec.p) if m.spec.p is not None else None,  # MIN and MAX differ only here
+        "value": value,
+        "grid": grid,
+        "groups": m.groups,
+        "per_group": m.per_group,
+        "scale": str(m.scale) if m.scale is not None else None,
+        "sigma2": str(m.sigma2) if m.sigma2 is not None else None,
+    }
+
+
+def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
+    """The cache keys of a plan (a pure function of public inputs); ``version``: the policy's
+    ``version``, when the caller has it (it hashes the whole policy)."""
+    a, o = plan.analysis, plan.options
+    core: dict[str, Any] = {
+        "dataset": policy.dataset.id,
+        "policy": version if version is not None else policy.version,
+        "data": policy.dataset.data_version,
+        "table": a.table,
+        # The relation the rows come from (a join or subquery is part of what was measured).
+        "source": a.source,
+        "row_cap": o.max_rows_per_unit,
+        "where": canonical_sql(a.where),
+        "keys": [
+            [k.expr.sql(dialect=DIALECT), list(map(str, k.domain or ())), k.domain_table]
+            # The other group is one more released group, under its own key.
+            + ([["other", k.other_text]] if k.other else [])
+            for k in a.keys
+        ],
+        "l0": plan.max_groups,
+        "c": plan.max_rows,
+        "cell": [a.cell.column, a.cell.key] if a.cell is not None else None,
+        "params": [str(o.epsilon), str(o.delta), o.mechanism, str(o.rho), str(o.sigma)],
+        "selection": plan.selection.threshold if plan.selection is not None else None,
+        # A release on a sample answers only a query on a sample at the same rate.
+        "sample": str(plan.sample.rate) if plan.sample is not None else None,
+    }
+    if plan.diagnosis is not None:
+        # A diagnosed release holds its histogram: only a release of the same diagnosis serves
+        # a diagnosed query, and an undiagnosed one is keyed apart (charged afresh: safe).
+        d = plan.diagnosis
+        core["diagnosis"] = [list(d.flags), [list(x) for x in d.limits],
+                             describe(d.measurement, {})]  # fmt: skip
+    values = _values(plan)
+    measurements = tuple(describe(m, values) for m in plan.measurements)
+    # Which rows are kept is a function of everything in the core but the privacy parameters,
+    # and of the engine's keyed hash (one per engine, docs/engines.md): a release at another
+    # epsilon measured the same rows, so combining the two is post-processing (Dwork-Roth 2.1).
+    rows = {**{k: v for k, v in core.items() if k != "params"}, "engine": policy.engine.name}
+    return Keys(_digest([core, list(measurements)]), _digest(core), measurements, _digest(rows))

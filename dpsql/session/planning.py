@@ -1,0 +1,155 @@
+"""The steps before the check: bind -> validate -> analyze -> probe -> plan -> the engine's bind.
+
+Every step here is a pure function of the query, its settings, the policy and the schema (the
+engine is asked only what it can say without reading a row): a query refused here reveals
+nothing about the data and costs nothing. ``prepare`` makes the plan; ``check_soon`` has the
+engine bind its bounded SQL (and the post-processing over the key types), so that a query that
+cannot run is refused before the charge, not after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from dpsql.analyze.analysis import Analysis
+from dpsql.analyze.analyze import analyze
+from dpsql.analyze.binds import provably_binds
+from dpsql.analyze.sample import implemented, take_sample
+from dpsql.engine.base import Engine
+from dpsql.errors import UnsupportedQueryError
+from dpsql.noise.measure import check_samplable
+from dpsql.plan.planner import plan_query
+from dpsql.plan.plans import Plan
+from dpsql.plan.targets import solve
+from dpsql.policy import Policy
+from dpsql.release.post import check_post_processing
+from dpsql.session.effective import Settings
+from dpsql.session.probes import Probes
+from dpsql.sql.options import check_privacy_unit
+from dpsql.sql.params import bind_parameters
+from dpsql.sql.parse import DIALECT
+from dpsql.sql.validate import validate
+
+__all__ = ["check_soon", "prepare"]
+
+# The unit types a sample's PRF reads as one text per unit (dpsql.analyze.sample).
+_SAMPLED_UNITS = frozenset(
+    {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+     "UBIGINT", "UHUGEINT", "VARCHAR"}
+)  # fmt: skip
+
+
+def prepare(
+    select: Any,
+    params: Sequence[object] | None,
+    *,
+    settings: Settings,
+    inline: Mapping[str, object],
+    policy: Policy,
+    probes: Probes,
+) -> Plan:
+    """The plan of a SELECT under ``settings`` and ``policy`` (with the bounds estimated so
+    far), before the engine's check of its bounded SQL (``check_soon``). ``inline``: the
+    statement's ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, whose privacy unit is checked
+    against the table's."""
+    engine = probes.engine
+    # TABLESAMPLE is dpsql's to interpret, never the engine's (dpsql.analyze.sample).
+    select, sampled, sampled_tables = take_sample(select)
+    bound = bind_parameters(select, params)
+    validate(bound)
+    analysis = probes.engine_values(
+        analyze(bound, policy, engine.catalog, engine.describe),
+        other=settings.other_group,
+        label=settings.other_label,
+    )
+    check_privacy_unit(inline, analysis.unit)
+    options = settings.query_options(analysis.spec, policy)
+    rate = sampled if sampled is not None else settings.sample_rate
+    if rate is not None and implemented(rate) < 1:
+        clause = sampled_tables if sampled is not None else None
+        check_sample(engine, analysis, policy, clause)
+        options = replace(options, sample=rate, sample_scale=settings.sample_scale)
+    target = settings.target
+    lines: list[str] = []
+    if target is not None:
+        # The cheapest epsilon that meets the target, from public quantities only.
+        options, lines = solve(analysis, options, policy, target)
+    plan = plan_query(analysis, options, policy, query=bound.sql(dialect=DIALECT))
+    if lines:
+        plan = replace(plan, targets=tuple(lines))
+    if engine.name != "duckdb":  # EXPLAIN shows the SQL this engine runs
+        plan = replace(plan, shown=engine.shown_sql)
+    elif rate is None and provably_binds(bound, engine.catalog.get(analysis.table.lower(), {})):
+        plan = replace(plan, binds=True)
+    check_samplable(plan)
+    return plan
+
+
+def check_sample(
+    engine: Engine,
+    analysis: Analysis,
+    policy: Policy,
+    clause: tuple[tuple[str, bool], ...] | None,
+) -> None:
+    """A unit-level sample samples every private table the query reads (a clause on some of
+    them only is refused), and needs a unit with one text per unit: an integer, or a string
+    compared byte by byte (under a collation two texts are one unit, and would be sampled
+    apart).
+
+    Every row of the query's relation belongs to one unit and depends only on that unit's rows
+    (``dpsql.analyze.relations``), so keeping the relation's rows of the sampled units is the
+    query on the sample of every private table: the filter reads ``_u`` once."""
+    private = {t.lower() for t in analysis.tables if not policy.tables[t.lower()].public}
+    # With TABLESAMPLE, every private table the query reads carries it: each occurrence in the
+    # outer FROM and JOINs, and none read inside a subquery without it.
+    sampled = {name for name, on in clause or () if on}
+    bare = {name for name, on in clause or () if not on}
+    if clause is not None and (private & bare or not private <= sampled):
+        raise UnsupportedQueryError(
+            "TABLESAMPLE must sample every private table the query reads, at one rate "
+            f"({', '.join(sorted(private))}): one sample of the units for all of them"
+        )
+    kind = analysis.columns.get(analysis.unit, "") or analysis.columns.get(
+        analysis.unit.lower(), ""
+    )
+    collated = any(
+        engine.collations.get((t, str(policy.tables[t].privacy_unit).lower())) for t in private
+    )
+    if kind.upper() not in _SAMPLED_UNITS or (kind.upper() == "VARCHAR" and collated):
+        raise UnsupportedQueryError(
+            f"a unit-level sample needs a privacy unit of integer or plain text type, not "
+            f"{kind or 'unknown'}{' with a collation' if collated else ''}"
+        )
+
+
+def check_soon(engine: Engine, plan: Plan, soon: bool) -> Callable[[], None]:
+    """Bind the bounded SQL and the post-processing: a query that cannot be typed is rejected
+    before the charge, on the schema alone. The engine's part starts now; the function returned
+    waits for it and binds the post-processing over the key types.
+
+    Public keys carry the type the engine gave their expression (``Probes.engine_values``),
+    which the bounded SQL keeps (its keys come from the domain, cast to that type;
+    ``tests/analyze/test_check_types.py``), so only a query with a key of no public domain needs
+    the engine's DESCRIBE as well. ``soon``: in the engine's worker (else here and now)."""
+    known = [key.engine_type for key in plan.analysis.keys]
+    public = all(known)
+    if plan.binds and public:
+        # Sure to plan (dpsql.analyze.binds), and every key's type known: no engine check.
+        wait: Callable[[], list[str]] = lambda: []  # noqa: E731
+    elif soon:
+        wait = engine.check_soon(plan.engine_sql, types=not public)
+    else:
+        described = engine.check(plan.engine_sql, types=not public)
+        wait = lambda: described  # noqa: E731
+
+    def finish() -> None:
+        described = wait()
+        types = [t for t in known if t is not None] if public else described[: len(known)]
+        check_post_processing(plan, types)
+        if plan.diagnosis is not None:
+            # The diagnosis's SQL binds before the charge too, on the schema alone.
+            engine.check(plan.diagnosis.engine_sql, types=False)
+
+    return finish
