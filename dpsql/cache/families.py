@@ -19,16 +19,14 @@ from dpsql.noise.measure import Noisy
 from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import (
     Family,
-    _Kind,
-    _level_map,
     base_digest,
     eligible,
     key_descriptor,
-    member_kinds,
     positions_among,
     spec_text,
 )
-from dpsql.release.families import Noised, _answers, _member
+from dpsql.plan.workload.model import Kind, level_map, member_kinds
+from dpsql.release.families import Noised, level_answers, member_answer
 
 # -- released families: served again at no cost -------------------------------------------------
 RECORD_KIND = "family_release"
@@ -111,13 +109,13 @@ def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
         if not stored or not set(level) <= set(stored[0]):
             return None
         levels = stored if level in stored else [*stored, level]
-        maps = tuple(_level_map(sizes, stored[0], lv) for lv in levels)
-        kinds.append(_Kind(spec, tuple(levels), maps, sizes))
+        maps = tuple(level_map(sizes, stored[0], lv) for lv in levels)
+        kinds.append(Kind(spec, tuple(levels), maps, sizes))
     scales = {(int(spec), tuple(int(p) for p in lv)): Fraction(scale)
               for spec, lv, scale in info["scales"]}  # fmt: skip
     values, noised = from_payload(payload)
-    answers = _answers(sizes, kinds, scales, noised)
-    return _member(plan, positions, specs, answers, values, sizes)
+    answers = level_answers(sizes, kinds, scales, noised)
+    return member_answer(plan, positions, specs, answers, values, sizes)
 
 
 def from_payload(payload: dict[str, Any]) -> tuple[list[list[Any]], Noised]:

@@ -26,13 +26,9 @@ from dpsql.errors import InternalError
 from dpsql.noise import measure as release
 from dpsql.noise.measure import Noisy
 from dpsql.plan.plans import Plan
-from dpsql.plan.workload.family import (
-    Family,
-    _Kind,
-    _level_map,
-    member_kinds,
-)
+from dpsql.plan.workload.family import Family
 from dpsql.plan.workload.least_squares import adjust
+from dpsql.plan.workload.model import Kind, level_map, member_kinds
 
 __all__ = ["answer_family", "combine", "exact_levels", "fine_cells", "measure_family"]
 
@@ -84,7 +80,7 @@ def exact_levels(
             totals[j, i] = int(row[n + j] or 0)
     out = {}
     for t in family.taken:
-        mapping = _level_map(family.sizes, fine_level, t.level)
+        mapping = level_map(family.sizes, fine_level, t.level)
         cells = [0] * family.cells(t.level)
         for i, c in enumerate(mapping):
             cells[int(c)] += int(totals[t.spec, i])
@@ -124,10 +120,12 @@ def combine(
 ) -> dict[int, tuple[Plan, Noisy]]:
     """The members' answers from the released measurements, by least squares."""
     scales = {(t.spec, t.level): _scale(t.measurement.scale) for t in family.taken}
-    answers = _answers(family.sizes, member_kinds(family.sizes, family.members), scales, noised)
+    answers = level_answers(
+        family.sizes, member_kinds(family.sizes, family.members), scales, noised
+    )
     out = {}
     for member in family.members:
-        out[member.index] = _member(
+        out[member.index] = member_answer(
             member.plan, member.positions, member.specs, answers, values, family.sizes
         )
     return out
@@ -138,9 +136,9 @@ def _scale(scale: Fraction | None) -> Fraction:
     return scale
 
 
-def _answers(
+def level_answers(
     sizes: Sequence[int],
-    kinds: Sequence[_Kind],
+    kinds: Sequence[Kind],
     scales: dict[tuple[int, tuple[int, ...]], Fraction],
     noised: Noised,
 ) -> Answers:
@@ -199,7 +197,7 @@ def _answers(
     return answers
 
 
-def _member(  # noqa: PLR0917
+def member_answer(  # noqa: PLR0917
     plan: Plan,
     positions: Sequence[int],
     specs: Sequence[int],

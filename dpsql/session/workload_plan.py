@@ -23,7 +23,8 @@ from dpsql.engine.base import Engine
 from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
 from dpsql.mechanisms.events import Composite, Event
 from dpsql.plan.plans import Plan
-from dpsql.plan.workload.family import Family, Joint, plan_joint
+from dpsql.plan.workload.family import Family, Joint
+from dpsql.plan.workload.joint import plan_joint
 from dpsql.policy import Policy
 from dpsql.session import planning
 from dpsql.session.bounds import Estimates

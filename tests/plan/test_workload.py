@@ -20,7 +20,7 @@ from dpsql.cache.families import RECORD_KIND
 from dpsql.errors import BudgetExceededError
 from dpsql.interfaces.cli.plan_lines import plan_lines
 from dpsql.plan.estimators import half_width
-from dpsql.plan.workload import family as workload
+from dpsql.plan.workload import model as workload
 from dpsql.plan.workload.family import Family
 from dpsql.release import families as run
 from dpsql.release.families import answer_family, exact_levels
@@ -421,7 +421,7 @@ def test_every_cell_of_a_level_has_the_noise_combination_of_its_first(
         for spec in m.specs:
             uses.setdefault(spec, set()).add(m.level)
     slots = {(t.spec, t.level) for t in family.taken}
-    kinds = workload._kinds(family.sizes, fine_level, uses)
+    kinds = workload.kinds_of(family.sizes, fine_level, uses)
     assert len(kinds) == len(seen)
     scale = {(t.spec, t.level): t.measurement.scale for t in family.taken}
     for kind, (variances, adjustment) in zip(kinds, seen, strict=True):
