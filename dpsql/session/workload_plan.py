@@ -20,7 +20,8 @@ from dpsql.accounting.ledger.store import MemoryLedger
 from dpsql.cache.families import family_key, released_family
 from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
 from dpsql.mechanisms.events import Composite, Event
-from dpsql.plan.estimators import TOTALS, half_width
+from dpsql.plan.aggregates.registry import rule_of
+from dpsql.plan.estimators import half_width
 from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import Family, Joint, plan_joint
 from dpsql.policy.numbers import exact
@@ -340,7 +341,7 @@ def _joint_text(step: Step) -> str:
     factor = math.sqrt(step.ratio)
     plan = step.plan
     estimates = plan.estimates
-    if len(estimates) == 1 and estimates[0].kind in TOTALS:
+    if len(estimates) == 1 and rule_of(estimates[0].kind).total:
         m = plan.measurements[estimates[0].measurements[0]]
         alone = float(half_width(m, plan.options.confidence) * m.unit)
         return f"±{alone:.4g} -> ±{alone * factor:.4g} (x{factor:.3f})"
