@@ -7,7 +7,7 @@ its kind. The other half (what the kind measures, its estimator, its variance we
 accuracy and what an accuracy target binds) is the kind's rule in ``dpsql.plan.aggregates``. The
 planning stage comes after this one and cannot be imported from here, so the two halves meet on
 the kind's name; ``tests/plan/test_toy_aggregate.py`` checks that every kind named here has a
-rule. The table is read when a query is checked, never copied at import, so a test may extend it.
+rule. Queries are checked against the table as it stands, so a test may extend it.
 
 >>> from sqlglot import parse_one
 >>> function_of(parse_one("SELECT STDDEV(x)").expressions[0]).kind
