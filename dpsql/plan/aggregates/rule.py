@@ -51,11 +51,15 @@ class Builder(Protocol):
         """The index of the measurement ``spec``."""
 
 
+# (the aggregate, the query's builder) -> its estimate, its measurements added to the builder
 Measure = Callable[[Aggregate, Builder], Estimate]
-# (estimate, the plan's measurements, their noisy totals, confidence) -> (values, half-widths)
+# (values, half-widths) over the released groups; a NaN half-width: none is released
 Released = tuple[npt.NDArray[Any], npt.NDArray[Any]]
+# (estimate, the plan's measurements, their noisy totals, confidence) -> what it releases
 Estimator = Callable[[Estimate, Sequence[Measurement], Sequence[npt.ArrayLike], float], Released]
+# estimate -> the optimal split's weight of each of its measurements, in its order
 Weights = Callable[[Estimate], tuple[Fraction, ...]]
+# the measurements, with budgets under trial -> the figure a target bounds
 Figure = Callable[[Sequence[Measurement]], "Fraction | float"]
 
 
@@ -181,6 +185,7 @@ class AggregateRule:
     exact: bool = False
 
     def name(self, agg: Aggregate) -> str:
+        """How EXPLAIN's target lines name ``agg``."""
         arg = agg.arg.sql("duckdb") if agg.arg is not None else "*"
         return self.label.format(arg=arg, p=decimal_text(agg.p or Fraction(0)))
 
