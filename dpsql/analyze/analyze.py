@@ -134,11 +134,8 @@ class _Analyzer:
             if f.distinct is None or len(values) != 1:
                 raise UnsupportedQueryError(f"{name}(DISTINCT ...) is not supported")
             target = self.row_level(values[0], f"{name}(DISTINCT)")
-            if (
-                f.units is not None
-                and isinstance(target, exp.Column)
-                and (target.name in self.relation.units)
-            ):
+            unit = isinstance(target, exp.Column) and target.name in self.relation.units
+            if f.units is not None and unit:
                 return Aggregate(f.units, None, None)
             # One unit holds at most C distinct values per group after bounding (DESIGN.md
             # section 3): COUNT(DISTINCT x) then moves by at most C per group.
