@@ -53,6 +53,14 @@ class AggregateFunction:
     name: str = ""  # in messages; default the node's key in capitals
     column: str = ""  # the name of an unaliased output that is the call; default the node's key
 
+    def __post_init__(self) -> None:
+        # Subqueries and join conditions are told aggregating by sqlglot's AggFunc class
+        # (dpsql.analyze.relations, joins, per_unit): a call of another class would pass there
+        # for a row-level function and reach the engine over private rows. Hence classes, not
+        # names: sqlglot parses a function it does not know as Anonymous, not as an AggFunc.
+        if not issubclass(self.node, exp.AggFunc | exp.WithinGroup):
+            raise TypeError(f"{self.node.__name__} is not an aggregate function to sqlglot")
+
     def sql_name(self, node: exp.Expression) -> str:
         return self.name or node.key.upper()
 

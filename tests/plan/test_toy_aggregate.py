@@ -171,3 +171,12 @@ def test_an_accuracy_target_binds_the_toy_as_a_count(tiny_policy: TinyPolicy, to
     assert any(line.startswith("target: COUNT_IF(") for line in toy_plan.targets)
     m = toy_plan.measurements[0]
     assert half_width(m, toy_plan.options.confidence) * m.unit <= 8
+
+
+def test_only_sqlglot_aggregates_may_be_registered() -> None:
+    """A function sqlglot does not parse as an aggregate (an unknown name is ``Anonymous``)
+    would pass for a row-level function in a subquery: it cannot be declared."""
+    with pytest.raises(TypeError, match="not an aggregate"):
+        AggregateFunction(exp.Anonymous, "count_if")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an aggregate"):
+        AggregateFunction(exp.Abs, "sum")
