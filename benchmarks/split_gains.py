@@ -42,10 +42,11 @@ import duckdb
 import numpy as np
 
 from dpsql.noise.measure import measure
-from dpsql.plan.estimators import FloatArray, _estimates
+from dpsql.plan.estimators import FloatArray
 from dpsql.plan.plans import Plan
 from dpsql.plan.split import SPLITS, Split, objective, weights
 from dpsql.policy import load_policy
+from dpsql.release.post import _estimates
 from dpsql.session.session import Session
 
 UNITS = 1000

@@ -12,33 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
 
 from sqlglot import exp
 
 from dpsql.analyze.cells import Cell
 from dpsql.analyze.intervals import Interval
 from dpsql.policy import PublicValue, TableSpec
-
-AggregateKind = Literal[
-    "count_rows", "count", "count_units", "count_distinct", "sum", "avg",
-    "var_pop", "var_samp", "stddev_pop", "stddev_samp", "quantile",
-]  # fmt: skip
-# Variances and standard deviations with DuckDB's meanings (VARIANCE = VAR_SAMP, STDDEV =
-# STDDEV_SAMP); like AVG, their argument needs finite bounds.
-_SPREAD: dict[type[exp.Expression], AggregateKind] = {
-    exp.Variance: "var_samp",
-    exp.VariancePop: "var_pop",
-    exp.Stddev: "stddev_samp",
-    exp.StddevSamp: "stddev_samp",
-    exp.StddevPop: "stddev_pop",
-}
-SPREAD_KINDS: frozenset[str] = frozenset(_SPREAD.values())
+from dpsql.sql.aggregates import AggregateKind
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """One aggregate call of the query (deduplicated by kind and argument)."""
+    """One aggregate call of the query (deduplicated by kind and argument); its kind names the
+    SQL function it was read from (``dpsql.sql.aggregates``) and its rule in planning
+    (``dpsql.plan.aggregates.registry``)."""
 
     kind: AggregateKind
     arg: exp.Expression | None  # row-level argument, columns unqualified

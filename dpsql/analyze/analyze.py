@@ -19,9 +19,7 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import (
     _REF,
-    _SPREAD,
     Aggregate,
-    AggregateKind,
     Analysis,
     GroupKey,
     Output,
@@ -35,9 +33,9 @@ from dpsql.analyze.relations import Builder
 from dpsql.analyze.scope import NUMERIC, Describe, Relation, resolve_expr
 from dpsql.errors import BoundsError, SchemaError, UnsupportedQueryError
 from dpsql.policy import Policy, TableSpec
+from dpsql.sql.aggregates import WITHIN_GROUP, AggregateFunction, aggregate_nodes, function_of
 from dpsql.sql.totality import total
 from dpsql.sql.tree import transform
-from dpsql.sql.validate import AGGREGATES, QUANTILES
 
 # Catalog: table name -> column name -> DuckDB type name (all lower-case names).
 Catalog = Mapping[str, Mapping[str, str]]
@@ -63,7 +61,7 @@ class _Analyzer:
     # -- columns -----------------------------------------------------------------------------
     def row_level(self, node: exp.Expression, where: str) -> exp.Expression:
         """A copy of a row-level expression with every column resolved and unqualified."""
-        for agg in node.find_all(*AGGREGATES):
+        for agg in node.find_all(*aggregate_nodes()):
             raise UnsupportedQueryError(f"aggregate {agg.key.upper()} is not allowed in {where}")
         return resolve_expr(node, self.relation, where)
 
@@ -114,48 +112,46 @@ class _Analyzer:
     # -- aggregates --------------------------------------------------------------------------
     def aggregate(self, node: exp.Expression) -> int:
         inner = node.this if isinstance(node, exp.WithinGroup) else None
-        if any(n is not node and n is not inner for n in node.find_all(*AGGREGATES)):
+        if any(n is not node and n is not inner for n in node.find_all(*aggregate_nodes())):
             raise UnsupportedQueryError("nested aggregates are not supported")
-        agg = self._aggregate(node)
+        function = function_of(node)
+        assert function is not None  # only the calls of dpsql.sql.aggregates pass validate
+        agg = self._aggregate(node, function)
         for i, existing in enumerate(self.aggregates):
             if existing.signature == agg.signature:
                 return i
         self.aggregates.append(agg)
         return len(self.aggregates) - 1
 
-    def _aggregate(self, node: exp.Expression) -> Aggregate:
+    def _aggregate(self, node: exp.Expression, f: AggregateFunction) -> Aggregate:
+        """The call read by the forms its function declares (``dpsql.sql.aggregates``)."""
+        if f.order is not None:
+            return self._quantile(node, f)
         arg = node.this
-        name = node.key.upper()
-        if isinstance(node, QUANTILES):
-            return self._quantile(node)
+        name = f.sql_name(node)
         if isinstance(arg, exp.Distinct):
             values = arg.expressions
-            if not isinstance(node, exp.Count) or len(values) != 1:
+            if f.distinct is None or len(values) != 1:
                 raise UnsupportedQueryError(f"{name}(DISTINCT ...) is not supported")
-            target = self.row_level(values[0], "COUNT(DISTINCT)")
-            if isinstance(target, exp.Column) and target.name in self.relation.units:
-                return Aggregate("count_units", None, None)
+            target = self.row_level(values[0], f"{name}(DISTINCT)")
+            unit = isinstance(target, exp.Column) and target.name in self.relation.units
+            if f.units is not None and unit:
+                return Aggregate(f.units, None, None)
             # One unit holds at most C distinct values per group after bounding (DESIGN.md
             # section 3): COUNT(DISTINCT x) then moves by at most C per group.
-            return Aggregate("count_distinct", target, None)
-        if isinstance(node, exp.Count):
-            if isinstance(arg, exp.Star) or arg is None:
-                return Aggregate("count_rows", None, None)
-            target = self.row_level(arg, "COUNT")
-            if isinstance(target, exp.Literal):
-                return Aggregate("count_rows", None, None)
-            return Aggregate("count", target, None)
+            return Aggregate(f.distinct, target, None)
+        if f.star is not None and (isinstance(arg, exp.Star) or arg is None):
+            return Aggregate(f.star, None, None)
         target = self.row_level(arg, name)
-        bounds = self._bounds(target, name)
-        kind: AggregateKind = "sum" if isinstance(node, exp.Sum) else "avg"
-        kind = _SPREAD.get(type(node), kind)
-        return Aggregate(kind, target, bounds)
+        if f.star is not None and isinstance(target, exp.Literal):
+            return Aggregate(f.star, None, None)
+        return Aggregate(f.kind, target, self._bounds(target, name) if f.bounded else None)
 
-    def _quantile(self, node: exp.Expression) -> Aggregate:
+    def _quantile(self, node: exp.Expression, f: AggregateFunction) -> Aggregate:
         """MEDIAN, QUANTILE_CONT/DISC(x, p), PERCENTILE_CONT/DISC(p) WITHIN GROUP (ORDER BY x),
         MIN and MAX (the quantiles 0 and 1), answered by the exponential mechanism."""
-        name = _QUANTILE_NAMES.get(type(node), node.key.upper())
-        if isinstance(node, exp.WithinGroup):
+        name = f.sql_name(node)
+        if f.order == WITHIN_GROUP:
             inner, order = node.this, node.expression
             keys = order.expressions if isinstance(order, exp.Order) else []
             if not isinstance(inner, exp.PercentileCont | exp.PercentileDisc) or len(keys) != 1:
@@ -164,23 +160,18 @@ class _Analyzer:
                 raise UnsupportedQueryError("PERCENTILE ... WITHIN GROUP (ORDER BY x DESC) is "
                                             "not supported; use 1 - p")  # fmt: skip
             arg, p_node = keys[0].this, inner.this
-        elif isinstance(node, exp.Min | exp.Max | exp.Median):
-            if node.expressions or node.args.get("count") is not None:
+        elif isinstance(f.order, Fraction):
+            if f.extra_arguments(node):
                 raise UnsupportedQueryError(f"{name} takes one argument")
-            arg = node.this
-            p_node = exp.Literal.number({exp.Min: 0, exp.Max: 1}.get(type(node), "0.5"))
+            arg, p_node = node.this, None
         else:
-            arg = node.this
-            p_node = node.args.get("quantile") or node.args.get("expression")
+            assert f.order is not None  # only a quantile has an order
+            arg, p_node = node.this, node.args.get(f.order)
         if isinstance(arg, exp.Distinct) or arg is None:
             raise UnsupportedQueryError(f"{name}(DISTINCT ...) is not supported")
-        if not (isinstance(p_node, exp.Literal) and not p_node.is_string):
-            raise UnsupportedQueryError(f"the order of {name} must be a number literal")
-        p = Fraction(str(p_node.this))
-        if not 0 <= p <= 1:
-            raise UnsupportedQueryError(f"the order of {name} must lie in [0, 1]")
+        p = f.order if isinstance(f.order, Fraction) else _order(p_node, name)
         target = self.row_level(arg, name)
-        return Aggregate("quantile", target, self._bounds(target, name), p)
+        return Aggregate(f.kind, target, self._bounds(target, name), p)
 
     def _bounds(self, target: exp.Expression, name: str) -> Interval:
         if isinstance(target, exp.Column):
@@ -207,13 +198,14 @@ class _Analyzer:
     def post_expression(self, node: exp.Expression, where: str) -> exp.Expression:
         """Rewrite an output, HAVING or ORDER BY expression onto ``_a{i}`` and ``_k{j}``."""
         keys = {k.expr.sql("duckdb"): i for i, k in enumerate(self.keys)}
+        aggregates = aggregate_nodes()
 
         def swap(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, AGGREGATES):
+            if isinstance(n, aggregates):
                 return aggregate_ref(self.aggregate(n))
             if isinstance(n, exp.Column | exp.Case | exp.Func | exp.Binary | exp.Paren):
                 try:
-                    resolved = self.row_level(n, where) if not n.find(*AGGREGATES) else None
+                    resolved = self.row_level(n, where) if not n.find(*aggregates) else None
                 except (SchemaError, UnsupportedQueryError):
                     resolved = None
                 if resolved is not None and resolved.sql("duckdb") in keys:
@@ -278,21 +270,23 @@ class _Analyzer:
         return tuple(result)
 
 
-_NAMES = {"variancepop": "var_pop", "stddevsamp": "stddev_samp", "stddevpop": "stddev_pop"}
-_QUANTILE_NAMES: dict[type[exp.Expression], str] = {
-    exp.PercentileCont: "PERCENTILE_CONT",
-    exp.PercentileDisc: "PERCENTILE_DISC",
-    exp.ApproxQuantile: "APPROX_QUANTILE",
-    exp.WithinGroup: "PERCENTILE_CONT",
-}
-
-
 def _output_name(node: exp.Expression, index: int) -> str:
     if isinstance(node, exp.Column):
         return node.name
-    if isinstance(node, AGGREGATES):
-        return _NAMES.get(node.key, node.key.lower())
+    function = function_of(node)
+    if function is not None:
+        return function.column_name(node)
     return f"col{index}"
+
+
+def _order(node: exp.Expression | None, name: str) -> Fraction:
+    """A quantile's order written in the call: a number literal in [0, 1]."""
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        raise UnsupportedQueryError(f"the order of {name} must be a number literal")
+    p = Fraction(str(node.this))
+    if not 0 <= p <= 1:
+        raise UnsupportedQueryError(f"the order of {name} must lie in [0, 1]")
+    return p
 
 
 def _cell_predicate(where: exp.Expression | None, spec: TableSpec) -> tuple[str, str] | None:

@@ -4,8 +4,8 @@
 the exponential mechanism per group on a quantile's histogram, and keeps the groups partition
 selection releases; ``check_samplable`` refuses, before the charge, noise the exact samplers
 cannot draw. Everything after the noise is post-processing (DESIGN.md section 2): the estimates
-and their half-widths in ``dpsql.plan.estimators``, the released table in
-``dpsql.release.post``.
+and their half-widths by each aggregate kind's estimator (``dpsql.plan.aggregates``), the
+released table in ``dpsql.release.post``.
 
 The samplers are looked up as globals of this module at each draw, so a test that patches
 ``discrete_laplace`` or ``discrete_gaussian`` here reaches every noise ``measure`` adds.

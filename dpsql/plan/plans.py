@@ -12,7 +12,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from dpsql.analyze.analysis import AggregateKind, Analysis, GroupKey
+from dpsql.analyze.analysis import Analysis, GroupKey
 from dpsql.bound.grid import Grid
 from dpsql.bound.rewrite import parse_bounded
 from dpsql.bound.specs import Bounding, MeasurementSpec
@@ -20,6 +20,7 @@ from dpsql.mechanisms.events import Composite
 from dpsql.plan.sample import Sample
 from dpsql.policy import DeclaredMechanism, Mechanism
 from dpsql.policy.numbers import decimal_text
+from dpsql.sql.aggregates import AggregateKind
 from dpsql.sql.parse import DIALECT
 
 
@@ -110,11 +111,10 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Estimate:
-    """How one aggregate of the query is computed from measurements (post-processing)."""
+    """How one aggregate of the query is computed from measurements (post-processing): the
+    measurements its kind's rule declares (``dpsql.plan.aggregates``), in the rule's order."""
 
     kind: AggregateKind
-    # sum: (sum,); avg: (centred, count); counts: (count,); quantile: (quantile,);
-    # var_* and stddev_*: (centred_squares, centred, count)
     measurements: tuple[int, ...]
     grid: Grid | None
 

@@ -4,16 +4,10 @@ what the query releases (``SET dpsql.split = optimal``, the default).
 The objective is the sum over the query's estimates of each one's noise variance, weighed by
 public numbers only (the query, the policy's bounds and constants): never a count, sum or
 metadata of the data. Measurement j, of integer sensitivity Δ_j in units of u_j, gets weight
-W_j, the sum over the estimates that use it of
-
-* SUM, COUNT, COUNT(DISTINCT): 1 (its own variance);
-* AVG = m + S/N: 1 on S and w²/3 on N, where w is half the range of the value's bounds: the
-  first-order error of S/N times N² is dS - (S/N)·dN, and (S/N)² averages w²/3 over a mean
-  anywhere in ±w (uniform) — N² makes the weight free of the unknown N;
-* VARIANCE and STDDEV = Q/N - (S/N)²: 1 on Q, 4w²/3 on S and 11w⁴/45 on N: N²·dVar = dQ -
-  2m·dS - (Q/N - 2m²)·dN, averaged over a mean m uniform in ±w and a variance uniform between
-  0 and the largest the mean allows, w² - m² (STDDEV's error is VAR's over 2·STDDEV, a factor
-  common to its three measurements, so it is weighed as VAR).
+W_j, the sum over the estimates that use it of the weight its kind's rule declares
+(``dpsql.plan.aggregates``, where each is derived): 1 for a total (SUM, COUNT, COUNT(DISTINCT):
+its own variance); for AVG = m + S/N, 1 on S and w²/3 on N; for VARIANCE and STDDEV, 1 on Q,
+4w²/3 on S and 11w⁴/45 on N, where w is half the range of the value's bounds; 0 for a quantile.
 
 Minimising Σ W_j·Var_j under the budget (Lagrange multipliers):
 
@@ -34,8 +28,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Literal
 
-from dpsql.analyze.analysis import SPREAD_KINDS
 from dpsql.errors import InternalError
+from dpsql.plan.aggregates.registry import rule_of
 from dpsql.plan.plans import Estimate, Measurement
 
 Split = Literal["optimal", "even"]
@@ -43,17 +37,8 @@ SPLITS: tuple[Split, ...] = ("optimal", "even")
 
 
 def estimate_weights(estimate: Estimate) -> tuple[Fraction, ...]:
-    """The weight of each of ``estimate``'s measurements, in its order (module docstring)."""
-    if estimate.kind == "quantile":
-        return (Fraction(0),)
-    if estimate.kind not in ("avg", *SPREAD_KINDS):
-        return (Fraction(1),)
-    grid = estimate.grid
-    assert grid is not None
-    w = (grid.upper_value - grid.lower_value) / 2
-    if estimate.kind == "avg":
-        return (Fraction(1), w**2 / 3)
-    return (Fraction(1), 4 * w**2 / 3, 11 * w**4 / 45)
+    """The weight of each of ``estimate``'s measurements, in its order, by its kind's rule."""
+    return rule_of(estimate.kind).weights(estimate)
 
 
 def weights(estimates: Sequence[Estimate], count: int) -> list[Fraction]:

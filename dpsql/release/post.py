@@ -5,9 +5,10 @@ selection's threshold, AVG = m + noisy centred sum / noisy count, clamping an av
 bounds, the output expressions, HAVING, ORDER BY and LIMIT. These run in a scratch in-memory
 DuckDB that holds only noisy values and released keys, never the private rows.
 
-The estimates and their half-widths are computed in ``release_estimates``; this module holds
-the released table, the scratch database, the post-processing SQL and its check before the
-charge, and the accuracy columns.
+Each aggregate's values and half-widths are computed by its kind's estimator
+(``dpsql.plan.aggregates``), and a total is scaled to the whole table on a sample when asked
+(``_estimates``); this module holds that, the released table, the scratch database, the
+post-processing SQL and its check before the charge, and the accuracy columns.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from sqlglot import exp
 
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, ParameterError, UnsupportedQueryError
 from dpsql.noise.measure import Noisy, measure
-from dpsql.plan.estimators import TOTALS, _estimates, scaled
-from dpsql.plan.plans import Plan
+from dpsql.plan.aggregates.registry import rule_of
+from dpsql.plan.plans import Estimate, Plan
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import total
 
@@ -137,9 +138,9 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     columns = [f"CAST(NULL AS {t}) AS _k{i}" for i, t in enumerate(key_types)]
     for i, est in enumerate(plan.estimates):
         exact = (
-            est.kind in TOTALS
+            rule_of(est.kind).exact
             and plan.measurements[est.measurements[0]].unit == 1
-            and scaled(plan, est) is None  # a total scaled by 1/q is a DOUBLE
+            and _scaled(plan, est) is None  # a total scaled by 1/q is a DOUBLE
         )
         columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
         columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")
@@ -165,6 +166,31 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
     if len(_TYPED) >= _MAX_TYPED:
         _TYPED.pop(next(iter(_TYPED)), None)
     _TYPED[text] = None
+
+
+def _scaled(plan: Plan, estimate: Estimate) -> float | None:
+    """1/q for a total released as an estimate of the whole table from a sample at rate q
+    (``SET dpsql.sample_scale = on``), else None. Post-processing of the noisy total."""
+    if plan.sample is None or not plan.options.sample_scale or not rule_of(estimate.kind).total:
+        return None
+    return 1.0 / float(plan.sample.rate)
+
+
+def _estimates(
+    plan: Plan, noisy: list[list[int]], confidence: float
+) -> tuple[list[Any], list[Any]]:
+    """Each aggregate's released values and half-widths over the released groups, by its
+    kind's estimator; a total on a sample, with its half-width, times 1/q when asked."""
+    values: list[Any] = []
+    widths: list[Any] = []
+    for est in plan.estimates:
+        value, width = rule_of(est.kind).estimator(est, plan.measurements, noisy, confidence)
+        factor = _scaled(plan, est)
+        if factor is not None:
+            value, width = np.asarray(value, dtype=np.float64) * factor, width * factor
+        values.append(value)
+        widths.append(width)
+    return values, widths
 
 
 ACCURACY_SUFFIX = " ±"

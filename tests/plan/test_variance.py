@@ -28,7 +28,8 @@ from scipy import stats
 from dpsql.bound.grid import Grid
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.errors import BoundsError
-from dpsql.plan.estimators import _spread, half_width
+from dpsql.plan.aggregates.spreads import _spread
+from dpsql.plan.estimators import half_width
 from dpsql.plan.plans import Plan
 from dpsql.policy import Policy, load_policy
 from dpsql.session.session import Session

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from dpsql.plan.estimators import TOTALS, half_width
+from dpsql.plan.aggregates.registry import rule_of
+from dpsql.plan.estimators import half_width
 from dpsql.policy.numbers import exact
 from dpsql.session.workload_plan import (
     Session,
@@ -28,7 +29,7 @@ def _joint_text(step: Step) -> str:
     factor = math.sqrt(step.ratio)
     plan = step.plan
     estimates = plan.estimates
-    if len(estimates) == 1 and estimates[0].kind in TOTALS:
+    if len(estimates) == 1 and rule_of(estimates[0].kind).total:
         m = plan.measurements[estimates[0].measurements[0]]
         alone = float(half_width(m, plan.options.confidence) * m.unit)
         return f"±{alone:.4g} -> ±{alone * factor:.4g} (x{factor:.3f})"
