@@ -39,8 +39,8 @@ from typing import Any
 
 import duckdb
 
-from dpsql.noise.measure import release
 from dpsql.policy import load_policy
+from dpsql.release.post import release
 from dpsql.session.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
