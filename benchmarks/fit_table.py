@@ -42,7 +42,9 @@ from dpsql.accounting.budget.state import events_for
 from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.conversions import zcdp_to_dp
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, Event
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import FILTER_VERSION, BudgetSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

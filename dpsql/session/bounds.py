@@ -20,7 +20,8 @@ from dpsql.accounting.budget.report import Charge
 from dpsql.accounting.ledger.chain import Record
 from dpsql.engine.base import Engine
 from dpsql.errors import EngineError, ParameterError, UndeclaredMechanismError
-from dpsql.mechanisms.events import Composite, PureDP
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.stated_events import PureDP
 from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.policy.numbers import decimal_text

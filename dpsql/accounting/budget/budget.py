@@ -2,7 +2,7 @@
 
 The deciding filter is the one the policy names (``_decider``), fixed when the budget is
 created. ``Budget.charge`` decides and records a charge in one ledger transaction, from the
-history folded incrementally (``budget_state.py``: O(views) per decision), or with
+history folded incrementally (``state.py``: O(views) per decision), or with
 ``replay=True`` by replaying the whole history through the filters' stateless ``admits``;
 analyst shares are decided the same way on their own history. ``Budget.add`` and
 ``Budget.allocate`` are the recorded owner acts, and ``Budget.report`` the odometer report
@@ -27,16 +27,12 @@ from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import MemoryLedger, Store
 from dpsql.accounting.theorems.advanced import AdvancedFilter
 from dpsql.accounting.theorems.base import Accountant, Filter, Spent
-from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.pld_filter import PldFilter
 from dpsql.accounting.theorems.rdp import RDP_GRIDS, RdpFilter
 from dpsql.accounting.theorems.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError
-from dpsql.mechanisms.events import (
-    Composite,
-    composite_from_json,
-    composite_to_json,
-    declared_event,
-)
+from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json, declared_event
+from dpsql.mechanisms.events import Composite
 from dpsql.policy import FILTER_VERSION, BudgetSpec
 
 __all__ = ["SELECTION_PARTS", "Budget"]

@@ -17,16 +17,9 @@ from fractions import Fraction
 from dpsql.accounting.budget.parallel import Cell, View, choices, member, worst
 from dpsql.accounting.budget.report import Charge
 from dpsql.accounting.theorems.base import Tally
-from dpsql.accounting.theorems.pld import exact_pld
-from dpsql.mechanisms.events import (
-    ZCDP,
-    ApproxDP,
-    Composite,
-    Event,
-    LaplacePartitionSelection,
-    SubsampledGaussian,
-    flatten,
-)
+from dpsql.accounting.theorems.pld_grid import exact_pld
+from dpsql.mechanisms.events import Composite, Event, flatten
+from dpsql.mechanisms.stated_events import ApproxDP
 
 __all__ = ["Sums", "ViewKey", "events_for"]
 
@@ -35,7 +28,8 @@ __all__ = ["Sums", "ViewKey", "events_for"]
 # were calibrated jointly (``certified``) is one (epsilon, delta) step for them, which is
 # exactly what it is; its discrete Gaussians alone have no (epsilon, delta) of their own. PLDs
 # compose mechanisms, not pairs: a certified query whose every event has its own PLD (on one
-# coordinate, ``pld.exact_pld``) is read as those events (sequential composition holds as well).
+# coordinate, ``pld_grid.exact_pld``) is read as those events (sequential composition holds
+# as well).
 _PAIRWISE = {"advanced", "optimal", "pld"}
 
 
@@ -54,18 +48,16 @@ def events_for(name: str, composites: Sequence[Composite]) -> list[Event]:
 
 
 def _additive_delta(view: Sequence[Composite]) -> Fraction:
-    """The deltas charged outright (partition selection, approximate DP) in a view."""
-    additive = (LaplacePartitionSelection, ApproxDP, ZCDP)
-    return sum(
-        (
-            e.delta
-            for c in view
-            for e in c.events
-            # A subsampled Gaussian's delta is its pair's only: the curves hold without it.
-            if isinstance(e, additive) and not isinstance(e, SubsampledGaussian)
-        ),
-        Fraction(0),
-    )
+    """The deltas charged outright (partition selection, approximate DP) in a view: each
+    event's approximate delta, the part of its zCDP and RDP curves that holds only with a delta
+    (``Event.zcdp``; a subsampled Gaussian's delta is its pair's only, its curves hold without
+    it); the stated delta of an event without a zCDP curve."""
+    return sum((_approximate(e) for c in view for e in c.events), Fraction(0))
+
+
+def _approximate(event: Event) -> Fraction:
+    pair = event.zcdp()
+    return event.delta if pair is None else pair[1]
 
 
 Sums = dict[tuple[str, object], tuple[Fraction, Fraction]]

@@ -7,10 +7,10 @@ Filters", Theorem 3.5 / the basic filter). Sums are Fractions, so 100 charges of
 fill a budget of 1 exactly (parse epsilons from decimal text: ``Fraction(0.01)`` > 1/100).
 
 Each event's (epsilon, delta) pair comes from ``basic_cost`` (``events.basic_pair``, which every
-query's ``Composite`` reads too): the pair an event states, except that a Gaussian-type event
-(continuous or discrete Gaussian, zCDP) is charged at its target epsilon with delta = max(target
-delta, the mechanism's own delta at that epsilon), so a missing or wrong calibration never makes
-its cost smaller than its curve gives.
+query's ``Composite`` reads too): the pair an event states, except that a targeted event
+(continuous or discrete Gaussian, zCDP: ``Event.targeted``) is charged at its target epsilon with
+delta = max(target delta, the mechanism's own delta at that epsilon, ``Event.profile``), so a
+missing or wrong calibration never makes its cost smaller than its curve gives.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
+from dpsql.accounting.theorems.base import GroupCache
 from dpsql.mechanisms.conversions import frac_up
-from dpsql.mechanisms.curves import GroupCache
 from dpsql.mechanisms.events import Event, basic_pair
 
 __all__ = ["BasicAccountant", "BasicFilter", "BasicTally", "basic_cost", "basic_totals"]

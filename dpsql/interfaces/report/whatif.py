@@ -19,7 +19,9 @@ from dpsql.accounting.theorems.base import Accountant
 from dpsql.accounting.theorems.pld import PldAccountant
 from dpsql.accounting.theorems.rdp import RdpAccountant
 from dpsql.accounting.theorems.zcdp import ZcdpAccountant
-from dpsql.mechanisms.events import DiscreteLaplace, Event, Gaussian
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy.numbers import decimal_text
 
 __all__ = ["MAX_FIT", "Query", "after_n", "fit_count", "whatif_fits"]

@@ -54,7 +54,8 @@ from sqlglot import exp
 
 from dpsql.bound.rewrite import bounded_query
 from dpsql.errors import DpsqlError, InternalError
-from dpsql.mechanisms.events import DiscreteLaplace, Event
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.plans import Measurement, Plan
 from dpsql.plan.split import estimate_weights, planned_variance
 from dpsql.plan.workload.least_squares import MAX_CONSTRAINTS
