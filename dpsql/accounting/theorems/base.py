@@ -44,7 +44,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Protocol
 
-from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.stated_events import ApproxDP
 
 Spent = Fraction | float
 """A filter's own epsilon spent (module docstring): exact, or the float ``math.inf``."""
@@ -95,6 +96,22 @@ def agreeing(figure: Fraction, admitted: bool, cap: Fraction) -> Fraction:
         return figure
     # The float after the nearest one is above the cap (the nearest is within half an ulp).
     return Fraction(math.nextafter(float(cap), math.inf))
+
+
+def as_events(composite: Composite) -> list[Event]:
+    """A query as its events, composed in sequence (the theorems that compose every event's own
+    curve: RDP, zCDP, GDP)."""
+    return list(composite.events)
+
+
+def as_pair(composite: Composite) -> list[Event]:
+    """A query as the theorems that compose (epsilon, delta) pairs per step read it: one step at
+    its certified pair when its events were calibrated jointly (the whole is (epsilon,
+    delta)-DP although no split of it over the parts is, and its discrete Gaussians alone have
+    no pair of their own), else its events."""
+    if composite.certified is None:
+        return list(composite.events)
+    return [ApproxDP(composite.certified[0], composite.certified[1], "jointly calibrated query")]
 
 
 def grouped(history: Sequence[Event]) -> list[tuple[Event, int]]:

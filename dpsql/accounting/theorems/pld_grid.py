@@ -35,8 +35,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import log_ndtr
 
+from dpsql.accounting.theorems.base import as_pair
 from dpsql.accounting.theorems.ranged import bounded_range_masses
-from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.events import Composite, Event
 from dpsql.mechanisms.pld_forms import (
     GaussianLoss,
     LaplaceLoss,
@@ -57,6 +58,7 @@ __all__ = [
     "gaussian_mu_squared",
     "lattice_pld",
     "nudged_up",
+    "pld_steps",
     "pmf_arrays",
     "randomized_response_pld",
     "trimmed",
@@ -104,6 +106,15 @@ def exact_pld(event: Event) -> bool:
     pair): a continuous Gaussian, or a discrete mechanism with a lattice PLD."""
     form = event.pld()
     return form is not None and form.exact
+
+
+def pld_steps(composite: Composite) -> list[Event]:
+    """A query as the PLD composes it: its events when each has its own PLD (``exact_pld``:
+    sequential composition holds of them as well as of the certified pair, and is tighter),
+    else one step at its certified pair, as the other pair-composing theorems read it."""
+    if all(exact_pld(e) for e in composite.events):
+        return list(composite.events)
+    return as_pair(composite)
 
 
 def gaussian_mu_squared(event: Event) -> Fraction | None:
