@@ -34,8 +34,12 @@ from scipy.stats import norm
 
 from dpsql.accounting.theorems.advanced import AdvancedAccountant, AdvancedFilter
 from dpsql.accounting.theorems.optimal import OptimalAccountant
-from dpsql.accounting.theorems.pld import PldAccountant, PldFilter
-from dpsql.mechanisms.events import DiscreteLaplace, Event, Gaussian, PureDP
+from dpsql.accounting.theorems.pld import PldAccountant
+from dpsql.accounting.theorems.pld_filter import PldFilter
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.stated_events import PureDP
 
 CHECKPOINTS = (100, 1_000, 10_000)
 EPS_CAP, DELTA_CAP, DELTA = Fraction(1000), Fraction(1, 10**5), 1e-6

@@ -40,7 +40,9 @@ from dpsql.accounting.ledger.anchor import _anchor, _write_anchor
 from dpsql.accounting.ledger.chain import canonical, record_hash
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import budget_caps
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, composite_to_json
+from dpsql.mechanisms.event_kinds import composite_to_json
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
 from dpsql.policy import BudgetSpec
 
 LENGTHS = (1_000, 10_000, 100_000)

@@ -36,13 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import dpsql
-from dpsql.accounting.budget.budget import SELECTION_PARTS
 from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.budget.state import events_for
+from dpsql.accounting.registry import SELECTION_PARTS
 from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.conversions import zcdp_to_dp
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, Event
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import FILTER_VERSION, BudgetSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -215,7 +217,7 @@ def best_order(budget: dict[str, Any], events: Sequence[Composite]) -> tuple[flo
     """The single order (of ``CANDIDATE_ORDERS``) that admits the most of ``events`` in turn,
     and how many: each count by bisection on the filter's own decision (RDP only grows). The
     filter is the one ``budget.rdp_order`` gives: all of the conversion's delta at that order,
-    the default selection reserve (``budget.SELECTION_PARTS``)."""
+    the default selection reserve (``registry.SELECTION_PARTS``)."""
     spec = BudgetSpec.model_validate(budget)
     assert spec.epsilon is not None and spec.selection_delta is None
     reserve = spec.delta * SELECTION_PARTS[FILTER_VERSION]

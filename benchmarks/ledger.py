@@ -34,7 +34,8 @@ from typing import Any
 from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import MemoryLedger, budget_caps
-from dpsql.mechanisms.events import Composite, DiscreteLaplace
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import BudgetSpec
 
 PROCESSES = (1, 2, 4, 8)

@@ -34,14 +34,10 @@ from dp_accounting.pld import pld_privacy_accountant
 from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import budget_caps
-from dpsql.mechanisms.events import (
-    Composite,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    LaplacePartitionSelection,
-)
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.selection_events import Exponential, LaplacePartitionSelection
 from dpsql.policy import BudgetSpec
 
 LENGTHS = (100, 1_000, 10_000)

@@ -1,8 +1,9 @@
-"""Privacy curves of single events: Renyi DP, (approximate) zCDP and Gaussian DP.
+"""Privacy curves of single mechanisms, as functions of their parameters.
 
-Each function dispatches on the event types of ``dpsql.mechanisms.events`` and returns a bound
-that the cited theorem proves for that one mechanism; accountants compose them. Figures are
-exact where the mechanism's curve is known in closed form, and otherwise a proven upper bound.
+Each function is a bound that the cited theorem proves for one mechanism; the events of
+``dpsql.mechanisms.events`` call them from their privacy maps (``Event.renyi``) and accountants
+compose what the events answer. Figures are exact where the mechanism's curve is known in closed
+form, and otherwise a proven upper bound.
 
 Approximate events (``ApproxDP``, ``LaplacePartitionSelection``, ``ZCDP`` with delta_zcdp > 0)
 have no finite RDP; they are *delta-approximately* RDP/zCDP (Bun, Steinke 2016, Definition 8.1):
@@ -20,9 +21,6 @@ tests/accounting/test_accounting_properties.py.
 from __future__ import annotations
 
 import math
-import threading
-from collections import Counter
-from collections.abc import Sequence
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
@@ -31,29 +29,13 @@ import numpy as np
 from scipy.special import gammaln, logsumexp
 
 from dpsql.mechanisms.conversions import frac_up, round_up
-from dpsql.mechanisms.events import (
-    ZCDP,
-    ApproxDP,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    Gaussian,
-    Laplace,
-    LaplacePartitionSelection,
-    PureDP,
-    SubsampledGaussian,
-)
 
 __all__ = [
-    "GroupCache",
-    "approx_rdp",
-    "gdp_mu",
-    "gdp_mu_squared",
+    "bounded_range_rdp",
+    "discrete_laplace_rdp",
+    "laplace_rdp",
     "pure_dp_rdp",
-    "rdp",
     "subsampled_rdp",
-    "zcdp",
 ]
 
 
@@ -141,105 +123,7 @@ def subsampled_rdp(rate: Fraction, rho: Fraction, alpha: float) -> float:
     return min(round_up(total / (a - 1)), unsampled)
 
 
-def rdp(event: Event, alpha: float) -> float:
-    """RDP of ``event`` at order ``alpha`` > 1; ``math.inf`` for approximate events (their
-    curve is ``approx_rdp``)."""
-    value, delta = approx_rdp(event, alpha)
-    return value if delta == 0 else math.inf
-
-
-def approx_rdp(event: Event, alpha: float) -> tuple[float, float]:
-    """(RDP at ``alpha``, delta) of ``event`` as delta-approximate RDP (module docstring)."""
-    if isinstance(event, Gaussian):
-        # alpha mu^2/2 exactly (Mironov 2017, Proposition 7).
-        return round_up(alpha * frac_up(gdp_mu_squared(event)) / 2), 0.0
-    if isinstance(event, DiscreteGaussian | ZCDP):
-        # rho-zCDP means RDP alpha rho at every order (Bun, Steinke 2016, Definition 1.1); the
-        # discrete Gaussian is exactly rho = Delta^2/(2 sigma^2)-zCDP (CKS 2020, Theorem 14).
-        rho, delta = zcdp(event)
-        return round_up(alpha * frac_up(rho)), frac_up(delta)
-    if isinstance(event, Laplace):
-        return laplace_rdp(frac_up(event.epsilon), alpha), 0.0
-    if isinstance(event, DiscreteLaplace | LaplacePartitionSelection):
-        eps = frac_up(event.epsilon)
-        # Integer-valued noise moves by integer shifts only: ceil(sensitivity) is the largest.
-        exact = discrete_laplace_rdp(event.scale, math.ceil(event.sensitivity), alpha)
-        return min(exact, pure_dp_rdp(eps, alpha)), frac_up(event.delta)
-    if isinstance(event, Exponential):
-        # Bounded range: epsilon-DP exponential mechanism is eps^2/8-zCDP (Cesar, Rogers 2021).
-        eps = frac_up(event.epsilon)
-        return min(eps, round_up(alpha * eps * eps / 8)), 0.0
-    if isinstance(event, SubsampledGaussian):
-        # Its rho on a Poisson sample: Zhu and Wang's bound, exact (no delta).
-        return subsampled_rdp(event.rate, event.rho, alpha), 0.0
-    if isinstance(event, PureDP | ApproxDP):
-        # (eps, delta)-DP is delta-approximately (eps^2/2)-zCDP (Bun, Steinke 2016, Prop. 3.3
-        # and Section 8); with delta = 0 this is pure DP.
-        return pure_dp_rdp(frac_up(event.epsilon), alpha), frac_up(event.delta)
-    raise TypeError(f"no Renyi curve for {type(event).__name__}")
-
-
-def gdp_mu_squared(event: Gaussian) -> Fraction:
-    """mu^2 = (sensitivity/sigma)^2 as an exact rational of the floats given."""
-    return Fraction(event.sensitivity) ** 2 / Fraction(event.sigma) ** 2
-
-
-def zcdp(event: Event) -> tuple[Fraction, Fraction]:
-    """(rho, delta): ``event`` is delta-approximately rho-zCDP; exact rationals, so that a rho
-    budget fills exactly (two charges of rho 1/4 fit a budget of 1/2)."""
-    if isinstance(event, Gaussian):
-        # N(0, sigma^2) with L2 sensitivity Delta is (Delta^2/2 sigma^2)-zCDP (Bun, Steinke 2016,
-        # Proposition 1.6).
-        return gdp_mu_squared(event) / 2, Fraction(0)
-    if isinstance(event, DiscreteGaussian):
-        return event.rho, Fraction(0)  # exact (Canonne, Kamath, Steinke 2020, Theorem 14)
-    if isinstance(event, ZCDP):
-        return event.rho, event.delta_zcdp
-    if isinstance(event, SubsampledGaussian):
-        # Subsampling never raises a Renyi divergence (joint convexity: both directions of a
-        # mixture with the neighbour's distribution), so the query's rho holds, delta 0.
-        return event.rho, Fraction(0)
-    if isinstance(event, Exponential):
-        return event.epsilon**2 / 8, Fraction(0)  # Cesar, Rogers 2021
-    if isinstance(event, DiscreteLaplace | Laplace | PureDP | ApproxDP | LaplacePartitionSelection):
-        # (eps, delta)-DP => delta-approximately (eps^2/2)-zCDP (Bun, Steinke 2016, Prop. 3.3).
-        return event.epsilon**2 / 2, event.delta
-    raise TypeError(f"no zCDP bound for {type(event).__name__}")
-
-
-def gdp_mu(event: Event) -> float | None:
-    """mu (rounded up) if ``event`` is exactly mu-GDP (the continuous Gaussian, Dong, Roth, Su
-    2019, Theorem 2.7); None otherwise. The discrete Gaussian is NOT dominated by the continuous
-    Gaussian of the same sigma (at sigma 1 and delta 1e-9 it needs epsilon 6.32, not 6.17)."""
-    if isinstance(event, Gaussian):
-        return round_up(math.sqrt(frac_up(gdp_mu_squared(event))))
-    return None
-
-
-class GroupCache:
-    """``grouped(history)`` for a history that grows by appending, as in the proxy: the counts
-    of the last history seen are kept, and a call whose history starts with it (compared
-    element by element, so any change is noticed) only counts the new events. Thread-safe.
-
-    ``extra`` events are counted on top without being remembered (a filter's candidate query,
-    which may be refused)."""
-
-    def __init__(self) -> None:
-        self._prefix: list[Event] = []
-        self._counts: Counter[Event] = Counter()
-        self._lock = threading.Lock()
-
-    def __call__(
-        self, history: Sequence[Event], extra: Sequence[Event] = ()
-    ) -> list[tuple[Event, int]]:
-        with self._lock:
-            n = len(self._prefix)
-            if len(history) >= n and list(history[:n]) == self._prefix:
-                rest = history[n:]
-            else:
-                self._prefix, self._counts, rest = [], Counter(), history
-            self._counts.update(rest)
-            self._prefix.extend(rest)
-            counts = self._counts.copy() if extra else self._counts
-            counts.update(extra)
-            return list(counts.items())
+def bounded_range_rdp(epsilon: float, alpha: float) -> float:
+    """RDP at ``alpha`` of an epsilon-bounded-range mechanism (the exponential mechanism):
+    min(eps, alpha eps^2/8), since it is eps^2/8-zCDP (Cesar, Rogers 2021) and D_alpha <= eps."""
+    return min(epsilon, round_up(alpha * epsilon * epsilon / 8))

@@ -27,7 +27,9 @@ from dataclasses import replace
 from fractions import Fraction
 
 from dpsql.errors import InternalError, UndeclaredMechanismError
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, declared_event
+from dpsql.mechanisms.event_kinds import declared_event
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions
@@ -165,9 +167,7 @@ def check_declared(event: Composite, declared: DeclaredMechanism) -> None:
     expected = declared_event(declared)
     if any(e != expected for e in event.events):
         raise InternalError("a planned event is not the declared mechanism")
-    if isinstance(expected, DiscreteGaussian) and event.certified is None:
+    if expected.targeted and event.certified is None:
         raise InternalError("a declared discrete Gaussian query has no certified pair")
-    if isinstance(expected, DiscreteLaplace) and event.epsilon != len(event.events) * (
-        expected.epsilon
-    ):
+    if expected.pure and event.epsilon != len(event.events) * expected.epsilon:
         raise InternalError("the planned epsilon is not the declared mechanism's")

@@ -24,7 +24,9 @@ from dpsql.analyze.analysis import Analysis
 from dpsql.bound.diagnosis import diagnosis_query
 from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.errors import UndeclaredMechanismError
-from dpsql.mechanisms.events import DiscreteLaplace, Event, declared_event
+from dpsql.mechanisms.event_kinds import declared_event
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.plans import Diagnosis, Measurement, QueryOptions
 from dpsql.policy.numbers import decimal_text
 

@@ -17,8 +17,9 @@ from dpsql.analyze.analysis import Analysis
 from dpsql.bound.rewrite import bounded_query
 from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.errors import InternalError, ParameterError, UnsupportedQueryError
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, Event, LaplacePartitionSelection
+from dpsql.mechanisms.events import Composite, Event, joint_zcdp
 from dpsql.mechanisms.partition import partition_threshold
+from dpsql.mechanisms.selection_events import LaplacePartitionSelection
 from dpsql.plan import calibration
 from dpsql.plan.declared import (
     check_declared,
@@ -179,11 +180,11 @@ def _with_diagnosis(event: Composite, extra: Event, options: QueryOptions) -> Co
     events = (*event.events, extra)
     certified = event.certified
     if options.declared is not None:
-        if isinstance(extra, DiscreteGaussian):
+        joint = joint_zcdp(events)
+        if extra.targeted and joint is not None:
             # k + 1 declared Gaussians: their summed rho through the CKS conversion
             # (Canonne, Kamath, Steinke 2020, Corollary 13), as declared_calibration does.
-            rho = sum((e.rho for e in events if isinstance(e, DiscreteGaussian)), Fraction(0))
-            certified = (calibration.epsilon_for(rho, options.delta), options.delta)
+            certified = (calibration.epsilon_for(joint[0], options.delta), options.delta)
         combined = Composite(events, certified, event.cell)
         check_declared(combined, options.declared)
         return combined

@@ -29,14 +29,8 @@ from fractions import Fraction
 from dpsql.analyze.sample import implemented
 from dpsql.errors import InternalError
 from dpsql.mechanisms.conversions import frac_up, round_up
-from dpsql.mechanisms.events import (
-    ApproxDP,
-    Composite,
-    DiscreteGaussian,
-    Event,
-    PureDP,
-    SubsampledGaussian,
-)
+from dpsql.mechanisms.events import Composite, Event, joint_zcdp
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP, SubsampledGaussian
 from dpsql.policy.numbers import decimal_text, decimal_up
 
 __all__ = ["Sample", "amplified", "amplified_epsilon"]
@@ -81,12 +75,13 @@ def amplified(event: Composite, asked: Fraction) -> tuple[Composite, Sample]:
     if not 0 < rate < 1:
         raise InternalError("a sample's rate is in (0, 1)")
     inner: Event
-    gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
-    if gaussians and len(gaussians) == len(event.events) and delta > 0:
-        # Only discrete Gaussians, rho-zCDP in total (CKS 2020, Theorem 14; zCDP composes):
-        # the RDP filter reads the subsampled curve of that rho, the others the pair.
-        rho = sum((e.rho for e in gaussians), Fraction(0))
-        inner = SubsampledGaussian(eps, rate * delta, label, rate=rate, rho=rho)
+    joint = joint_zcdp(event.events)
+    gaussian = bool(event.events) and all(e.targeted for e in event.events)
+    if gaussian and joint is not None and joint[1] == 0 and delta > 0:
+        # Only Gaussians calibrated on their curves, rho-zCDP in total (CKS 2020, Theorem 14;
+        # zCDP composes): the RDP filter reads the subsampled curve of that rho, the others
+        # the pair.
+        inner = SubsampledGaussian(eps, rate * delta, label, rate=rate, rho=joint[0])
     elif delta == 0:
         inner = PureDP(eps, label)
     else:

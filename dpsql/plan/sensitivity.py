@@ -19,8 +19,11 @@ from fractions import Fraction
 from dpsql.bound.grid import Grid
 from dpsql.bound.specs import MeasurementSpec, ValueSpec
 from dpsql.errors import BoundsError, InternalError
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, Event, Exponential
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.mechanisms.quantile_score import score_sensitivity
+from dpsql.mechanisms.selection_events import Exponential
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Measurement, QueryOptions
@@ -243,13 +246,14 @@ def _check_loss(event: Composite, options: QueryOptions, private_keys: bool) -> 
         if (event.epsilon, event.delta) != expected:
             raise InternalError("the planned privacy loss does not match the query's parameters")
         return
-    gaussians = [e for e in event.events if isinstance(e, DiscreteGaussian)]
+    # Each Gaussian's exact rho (its zCDP map), and the sum the query was calibrated on.
+    rhos = [z[0] for e in event.events if e.targeted and (z := e.zcdp()) is not None]
     # Variances are rounded up (more noise), so the planned rho may only fall short of the ask.
     if options.sigma is not None:
-        if any(e.rho > 1 / (2 * options.sigma**2) for e in gaussians):
+        if any(rho > 1 / (2 * options.sigma**2) for rho in rhos):
             raise InternalError("the planned rho exceeds the query's noise multiplier")
         return
-    if options.rho is not None and sum(e.rho for e in gaussians) > options.rho:
+    if options.rho is not None and sum(rhos) > options.rho:
         raise InternalError("the planned rho exceeds the query's rho")
     if options.rho is None and (event.epsilon, event.delta) != (options.epsilon, options.delta):
         raise InternalError("the planned privacy loss does not match the query's parameters")

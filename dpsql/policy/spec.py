@@ -40,7 +40,6 @@ __all__ = [
     "DataSpec",
     "DatasetSpec",
     "DeclaredMechanism",
-    "FilterName",
     "FilterVersion",
     "LedgerSpec",
     "Mechanism",
@@ -111,8 +110,6 @@ class DataSpec(_Frozen):
 
 
 Mechanism = Literal["laplace", "gaussian"]
-# The filters that may decide admission: each is valid under fully adaptive composition.
-FilterName = Literal["basic", "advanced", "rdp", "zcdp", "pld"]
 # Versions of the fixed parameters the rdp and zcdp filters take where the policy states none
 # (the grid of orders, the split of delta across it, the selection reserve): 1 the first, 2
 # the current (docs/accounting.md). A ledger pins the version it was created with.
@@ -175,7 +172,10 @@ class BudgetSpec(_Frozen):
     query_epsilon: Exact = Fraction(1, 10)
     query_delta: Exact = Fraction(0)
     mechanism: Mechanism = "laplace"
-    accountant: FilterName = "basic"
+    # The filter that decides admission, valid under fully adaptive composition: the name of a
+    # registered accountant that is a filter (basic, advanced, rdp, zcdp, pld), checked where
+    # the budget is built (dpsql.accounting.registry), a later stage than the policy.
+    accountant: str = Field(default="basic", pattern=r"^[a-z][a-z0-9_]*$", max_length=64)
     advanced_delta_prime: Exact | None = None
     rdp_order: float | None = Field(default=None, gt=1, le=1024)
     # Under the rdp and zcdp filters: the part of delta reserved for the additive deltas of

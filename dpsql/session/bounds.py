@@ -21,7 +21,8 @@ from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
 from dpsql.engine.base import Engine
 from dpsql.errors import UndeclaredMechanismError
-from dpsql.mechanisms.events import Composite, PureDP
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.stated_events import PureDP
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.policy.numbers import decimal_text
 from dpsql.release import clamp_bounds, contribution_bounds

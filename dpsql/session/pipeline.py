@@ -32,7 +32,8 @@ from dpsql.cache import keys as cache
 from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import Engine
 from dpsql.errors import EngineError, InternalError, LedgerError
-from dpsql.mechanisms.events import Composite, composite_from_json, composite_to_json
+from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
+from dpsql.mechanisms.events import Composite
 from dpsql.noise.measure import Noisy, measure, measure_diagnosis
 from dpsql.plan.plans import Plan
 from dpsql.policy.numbers import decimal_text

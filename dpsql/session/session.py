@@ -82,10 +82,12 @@ class Session:
         self.engine = open_engine(self.policy, int(store.identity["salt"]), memory_limit)
         try:
             check_against_schema(self.policy, self.engine.catalog)
+            # The accountant's name is checked against the registry here: a refused policy
+            # leaves no engine open.
+            self._filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
         except PolicyError:
             self.engine.close()
             raise
-        self._filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
         self.cache = ReleaseCache(store)
         self.pipeline = Pipeline(self._filter, self.cache, self.engine, analyst)
         self.set_values = SetValues()

@@ -30,7 +30,9 @@ from dpsql.accounting.theorems.optimal import (
     kov_epsilon,
     murtagh_vadhan,
 )
-from dpsql.mechanisms.events import ZCDP, ApproxDP, DiscreteLaplace, Gaussian, PureDP
+from dpsql.mechanisms.gaussian_events import ZCDP, Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
 
 # --- DRV / KOV Theorem 3.5 figure -------------------------------------------------------------
 

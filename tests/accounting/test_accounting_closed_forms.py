@@ -16,7 +16,7 @@ from dp_accounting.rdp import RdpAccountant as ReferenceRdp
 
 from dpsql.accounting.theorems.basic import BasicAccountant, BasicFilter, basic_cost
 from dpsql.accounting.theorems.gdp import GdpAccountant, GdpFilter
-from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
+from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter, rdp
 from dpsql.accounting.theorems.zcdp import ZcdpAccountant, ZcdpFilter
 from dpsql.mechanisms.conversions import (
     discrete_gaussian_delta,
@@ -33,15 +33,11 @@ from dpsql.mechanisms.conversions import (
     zcdp_to_dp,
     zcdp_to_dp_simple,
 )
-from dpsql.mechanisms.curves import discrete_laplace_rdp, laplace_rdp, rdp
-from dpsql.mechanisms.events import (
-    ApproxDP,
-    DiscreteGaussian,
-    Event,
-    Gaussian,
-    Laplace,
-    PureDP,
-)
+from dpsql.mechanisms.curves import discrete_laplace_rdp, laplace_rdp
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian, Gaussian
+from dpsql.mechanisms.laplace_events import Laplace
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
 
 mpmath.mp.dps = 50
 

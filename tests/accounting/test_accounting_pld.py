@@ -15,18 +15,14 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpsql.accounting.theorems.optimal import kov_epsilon
-from dpsql.accounting.theorems.pld import PldAccountant, PldFilter
+from dpsql.accounting.theorems.pld import PldAccountant
+from dpsql.accounting.theorems.pld_filter import PldFilter
 from dpsql.errors import ParameterError, UndeclaredMechanismError
 from dpsql.mechanisms.conversions import discrete_gaussian_epsilon
-from dpsql.mechanisms.events import (
-    ZCDP,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Gaussian,
-    Laplace,
-    PureDP,
-)
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import ZCDP, DiscreteGaussian, Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace, Laplace
+from dpsql.mechanisms.stated_events import PureDP
 
 
 def _gdp_epsilon(mu: float, delta: float) -> float:

@@ -32,18 +32,11 @@ from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccounta
 from dpsql.accounting.theorems.zcdp import ZcdpAccountant, ZcdpFilter
 from dpsql.mechanisms.conversions import discrete_gaussian_delta
 from dpsql.mechanisms.curves import discrete_laplace_rdp, laplace_rdp
-from dpsql.mechanisms.events import (
-    ZCDP,
-    ApproxDP,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    Gaussian,
-    Laplace,
-    LaplacePartitionSelection,
-    PureDP,
-)
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import ZCDP, DiscreteGaussian, Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace, Laplace
+from dpsql.mechanisms.selection_events import Exponential, LaplacePartitionSelection
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
 
 SETTINGS = settings(max_examples=examples(60), deadline=None)
 

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpsql.accounting.theorems.optimal import OptimalAccountant, kov_epsilon, murtagh_vadhan
-from dpsql.accounting.theorems.pld import PldAccountant, randomized_response_pld
+from dpsql.accounting.theorems.pld import PldAccountant
+from dpsql.accounting.theorems.pld_grid import randomized_response_pld
 from dpsql.accounting.theorems.ranged import (
     bounded_range_masses,
     br_delta,
@@ -34,8 +35,9 @@ from dpsql.accounting.theorems.ranged import (
     rr_t_probability,
 )
 from dpsql.accounting.theorems.zcdp import ZcdpAccountant
-from dpsql.mechanisms.events import Exponential, PureDP
 from dpsql.mechanisms.quantile_score import quantile_scores, score_sensitivity
+from dpsql.mechanisms.selection_events import Exponential
+from dpsql.mechanisms.stated_events import PureDP
 from dpsql.noise import measure as release
 from dpsql.noise.exponential import exponential_probabilities
 from dpsql.policy import Policy

@@ -33,16 +33,11 @@ from dpsql.accounting.ledger.store import MemoryLedger, budget_caps, pinned_spec
 from dpsql.accounting.theorems.base import Filter
 from dpsql.errors import BudgetExceededError
 from dpsql.interfaces.cli.budget_view import show_text
-from dpsql.mechanisms.events import (
-    ApproxDP,
-    Composite,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    LaplacePartitionSelection,
-    PureDP,
-)
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.selection_events import Exponential, LaplacePartitionSelection
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
 from dpsql.policy import BudgetSpec
 
 F = Fraction

@@ -11,7 +11,9 @@ from conftest import TinyPolicy
 from dp_accounting import dp_event, rdp
 
 from dpsql.errors import BudgetExceededError, PolicyError
-from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace, flatten
+from dpsql.mechanisms.events import flatten
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
 

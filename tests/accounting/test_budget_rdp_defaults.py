@@ -24,12 +24,15 @@ from conftest import TinyPolicy, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.budget.budget import SELECTION_PARTS, _decider
 from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.registry import SELECTION_PARTS
+from dpsql.accounting.registry import filter_for as _decider
 from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, ORDERS_V1, RdpAccountant, RdpFilter
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.conversions import rdp_to_dp
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import FILTER_VERSION, BudgetSpec
 from dpsql.session.session import Session
 

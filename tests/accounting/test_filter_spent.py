@@ -24,21 +24,15 @@ from dpsql.accounting.theorems.advanced import AdvancedFilter, approx_dp, wrrw_b
 from dpsql.accounting.theorems.base import grouped
 from dpsql.accounting.theorems.basic import BasicFilter, basic_totals
 from dpsql.accounting.theorems.gdp import GdpFilter
-from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.pld_filter import PldFilter
 from dpsql.accounting.theorems.rdp import DEFAULT_ORDERS, RdpFilter, composed_rdp, order_budget
 from dpsql.accounting.theorems.zcdp import ZcdpFilter, composed_zcdp
 from dpsql.mechanisms.conversions import frac_down, frac_up, gdp_epsilon, rdp_to_dp, zcdp_to_dp
-from dpsql.mechanisms.events import (
-    ZCDP,
-    ApproxDP,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    Gaussian,
-    LaplacePartitionSelection,
-    PureDP,
-)
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import ZCDP, DiscreteGaussian, Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.selection_events import Exponential, LaplacePartitionSelection
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
 
 F = Fraction
 

@@ -27,22 +27,15 @@ from dpsql.accounting.ledger.store import MemoryLedger, budget_caps, pinned_spec
 from dpsql.accounting.theorems.advanced import AdvancedFilter
 from dpsql.accounting.theorems.basic import BasicFilter
 from dpsql.accounting.theorems.gdp import GdpFilter
-from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.pld_filter import PldFilter
 from dpsql.accounting.theorems.rdp import ORDERS_V1, RdpFilter
 from dpsql.accounting.theorems.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError, ParameterError, UndeclaredMechanismError
-from dpsql.mechanisms.events import (
-    ZCDP,
-    ApproxDP,
-    Composite,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    Gaussian,
-    LaplacePartitionSelection,
-    PureDP,
-)
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.gaussian_events import ZCDP, DiscreteGaussian, Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.selection_events import Exponential, LaplacePartitionSelection
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
 from dpsql.plan import calibration
 from dpsql.policy import BudgetSpec
 

@@ -28,7 +28,9 @@ from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import MemoryLedger, budget_caps
 from dpsql.accounting.theorems.rdp import RdpFilter
 from dpsql.errors import BudgetExceededError, LedgerError
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace, flatten
+from dpsql.mechanisms.events import Composite, flatten
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import BudgetSpec
 
 PROCESSES = 4

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from dpsql.accounting.budget.budget import Budget
 from dpsql.errors import BudgetExceededError
-from dpsql.mechanisms.events import Composite, DiscreteLaplace
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy import BudgetSpec, Policy, load_policy
 from dpsql.session.session import Session
 

@@ -14,14 +14,16 @@ from test_ledger import ledger_policy
 
 import dpsql
 from dpsql.accounting.ledger.store import create_ledger
-from dpsql.accounting.theorems.pld import PldFilter
+from dpsql.accounting.theorems.pld_filter import PldFilter
 from dpsql.errors import (
     BudgetExceededError,
     PolicyError,
     UndeclaredMechanismError,
     UnsupportedQueryError,
 )
-from dpsql.mechanisms.events import Composite, DiscreteGaussian, DiscreteLaplace
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan import calibration
 from dpsql.policy import load_policy
 from dpsql.session.session import Session

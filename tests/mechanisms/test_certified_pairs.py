@@ -26,18 +26,11 @@ from dpsql.accounting.ledger.store import MemoryLedger, budget_caps, pinned_spec
 from dpsql.accounting.theorems.basic import BasicFilter
 from dpsql.errors import BudgetExceededError, InternalError, LedgerError
 from dpsql.mechanisms.conversions import discrete_gaussian_delta, zcdp_to_dp
-from dpsql.mechanisms.events import (
-    Composite,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Gaussian,
-    LaplacePartitionSelection,
-    basic_pair,
-    composite_to_json,
-    flatten,
-    supports,
-)
+from dpsql.mechanisms.event_kinds import composite_to_json
+from dpsql.mechanisms.events import Composite, Event, basic_pair, flatten, supports
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian, Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
+from dpsql.mechanisms.selection_events import LaplacePartitionSelection
 from dpsql.plan import calibration
 from dpsql.policy import BudgetSpec
 

@@ -18,9 +18,11 @@ from dp_accounting.pld import privacy_loss_distribution
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpsql.accounting.theorems.pld import PldAccountant, PldFilter
+from dpsql.accounting.theorems.pld import PldAccountant
+from dpsql.accounting.theorems.pld_filter import PldFilter
 from dpsql.mechanisms.conversions import discrete_gaussian_delta
-from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.mechanisms.pld_lattice import (
     Composition,
     LatticePld,

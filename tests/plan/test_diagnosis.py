@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 import dpsql
 from dpsql.errors import ParameterError, UndeclaredMechanismError
-from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.noise.measure import measure_diagnosis
 from dpsql.plan.diagnosis import LABEL
 from dpsql.policy import Policy

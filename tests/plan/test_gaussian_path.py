@@ -9,8 +9,10 @@ from conftest import TinyPolicy
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms.conversions import discrete_gaussian_delta, zcdp_to_dp
-from dpsql.mechanisms.events import DiscreteGaussian, DiscreteLaplace, LaplacePartitionSelection
+from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.mechanisms.partition import partition_threshold
+from dpsql.mechanisms.selection_events import LaplacePartitionSelection
 from dpsql.session.session import Session
 
 ROWS = [(u, ["east", "west", "north"][u % 3], 20 + u % 60, float(u % 150)) for u in range(1, 600)]

@@ -45,12 +45,8 @@ from dpsql.errors import (
     UnsupportedQueryError,
 )
 from dpsql.mechanisms.curves import subsampled_rdp
-from dpsql.mechanisms.events import (
-    PureDP,
-    SubsampledGaussian,
-    composite_from_json,
-    composite_to_json,
-)
+from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
+from dpsql.mechanisms.stated_events import PureDP, SubsampledGaussian
 from dpsql.plan.sample import amplified_epsilon
 from dpsql.release import result as frames
 from dpsql.session.session import Session

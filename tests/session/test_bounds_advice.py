@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
-from dpsql.mechanisms.events import PureDP
 from dpsql.mechanisms.laplace import discrete_laplace_pmf
+from dpsql.mechanisms.stated_events import PureDP
 from dpsql.noise.sparse_vector import Walks
 from dpsql.policy import Policy
 from dpsql.release import clamp_bounds as bounds

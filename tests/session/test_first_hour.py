@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from dpsql.interfaces.cli import main as cli
-from dpsql.mechanisms.events import DiscreteLaplace, describe
+from dpsql.mechanisms.events import describe
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "durable.toml"

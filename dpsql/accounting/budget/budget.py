@@ -1,13 +1,14 @@
 """``Budget``: check-and-charge under the policy's filter, over a ledger's records.
 
-The deciding filter is the one the policy names (``_decider``), fixed when the budget is
-created. ``Budget.charge`` decides and records a charge in one ledger transaction, from the
-history folded incrementally (``budget_state.py``: O(views) per decision), or with
-``replay=True`` by replaying the whole history through the filters' stateless ``admits``;
-analyst shares are decided the same way on their own history. ``Budget.add`` and
-``Budget.allocate`` are the recorded owner acts, and ``Budget.report`` the odometer report
-(``budget_report.py``), its figures read by the ``Readings`` base (``budget_readings.py``).
-``filter.py`` builds a budget from a policy (``budget_for``).
+The deciding filter is the one the policy names (``dpsql.accounting.registry.filter_for``),
+fixed when the budget is created. ``Budget.charge`` decides and records a charge in one ledger
+transaction, from the history folded incrementally (``state.py``: O(views) per decision), or
+with ``replay=True`` by replaying the whole history through the filters' stateless ``admits``;
+analyst shares are decided the same way on their own history. Basic composition
+(``BasicFilter``) decides from the running sums of the queries' pairs, the worst view in closed
+form. ``Budget.add`` and ``Budget.allocate`` are the recorded owner acts, and ``Budget.report``
+the odometer report (``report.py``), its figures read by the ``Readings`` base
+(``readings.py``). ``build.py`` builds a budget from a policy (``budget_for``).
 """
 
 from __future__ import annotations
@@ -25,28 +26,16 @@ from dpsql.accounting.budget.report import BudgetReport, Charge, _down, _shown, 
 from dpsql.accounting.budget.state import _add, _additive_delta, _State, _Views, events_for
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import MemoryLedger, Store
-from dpsql.accounting.theorems.advanced import AdvancedFilter
+from dpsql.accounting.registry import filter_for
 from dpsql.accounting.theorems.base import Accountant, Filter, Spent
-from dpsql.accounting.theorems.pld import PldFilter
-from dpsql.accounting.theorems.rdp import RDP_GRIDS, RdpFilter
+from dpsql.accounting.theorems.basic import BasicFilter, BasicTally
 from dpsql.accounting.theorems.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError
-from dpsql.mechanisms.events import (
-    Composite,
-    composite_from_json,
-    composite_to_json,
-    declared_event,
-)
-from dpsql.policy import FILTER_VERSION, BudgetSpec
+from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
+from dpsql.mechanisms.events import Composite
+from dpsql.policy import BudgetSpec
 
-__all__ = ["SELECTION_PARTS", "Budget"]
-
-# Per version of the filters' defaults: the part of delta the rdp and zcdp filters reserve for
-# partition selection where the policy states no ``selection_delta``. Version 2's tenth admits
-# ten private-key GROUP BYs at a query delta of delta/100 (twenty with the Gaussian, whose
-# selection takes half of it) and costs the conversion ln(10/9) = 0.105 of ln(1/delta), under 1%
-# of the queries at delta 1e-6; version 1's half cost ln 2, about 5% (docs/accounting.md).
-SELECTION_PARTS: dict[int, Fraction] = {1: Fraction(1, 2), 2: Fraction(1, 10)}
+__all__ = ["Budget"]
 
 
 class Budget(Readings):
@@ -72,7 +61,7 @@ class Budget(Readings):
         self._accountants = tuple(accountants)
         self._parsed: dict[int, Composite] = {}
         self._folded: _State | None = None
-        self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter | None] = {}
+        self._deciders: dict[tuple[Fraction | None, Fraction, Fraction | None], Filter] = {}
         self._lock = threading.RLock()  # _state builds deciders under it
         # Decide by replaying the whole history through the filters' stateless ``admits``
         # (O(history) per charge): the reference the incremental path is tested against.
@@ -82,13 +71,11 @@ class Budget(Readings):
     def name(self) -> str:
         return self.spec.accountant
 
-    def _decider(
-        self, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None
-    ) -> Filter | None:
+    def _decider(self, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None) -> Filter:
         key = (epsilon, delta, rho)
         with self._lock:
             if key not in self._deciders:  # building a filter may solve for its cap: keep it
-                self._deciders[key] = _decider(self.spec, epsilon, delta, rho)
+                self._deciders[key] = filter_for(self.spec, epsilon, delta, rho)
             return self._deciders[key]
 
     def _state(self, records: Sequence[Record]) -> _State:
@@ -103,7 +90,7 @@ class Budget(Readings):
                 state = _State([], _epsilon_total(self, spec), spec.delta, shares, {})
                 rule = self._rule((state.epsilon, state.delta), True)
                 # A tally holds sums only, never a cap: one kind serves every cap of the filter.
-                state.new_tally = None if isinstance(rule, tuple) else rule.tally
+                state.new_tally = None if isinstance(rule, BasicFilter) else rule.tally
             for r in records[state.seen :]:
                 self._fold(state, r)
             state.seen = len(records)
@@ -137,31 +124,22 @@ class Budget(Readings):
             share = (Fraction(str(r.payload["epsilon"])), Fraction(str(r.payload["delta"])))
             state.shares[str(r.payload["analyst"])] = share
 
-    def _rule(
-        self, cap: tuple[Fraction, Fraction], total: bool
-    ) -> Filter | tuple[Fraction, Fraction]:
-        """The filter for a cap; a tuple stands for basic composition with that cap."""
+    def _rule(self, cap: tuple[Fraction, Fraction], total: bool) -> Filter:
+        """The filter for a cap (the data set's, ``total``, or an analyst's share)."""
         rho = self.spec.rho if total and cap[0] == _epsilon_total(self, self.spec) else None
-        decider = self._decider(None if rho is not None else cap[0], cap[1], rho)
-        return decider if decider is not None else cap
+        return self._decider(None if rho is not None else cap[0], cap[1], rho)
 
-    def _admits(
-        self,
-        rule: Filter | tuple[Fraction, Fraction],
-        state: _State,
-        who: str,
-        new: Composite,
-    ) -> bool:
+    def _admits(self, rule: Filter, state: _State, who: str, new: Composite) -> bool:
         """Whether ``rule`` admits ``new`` in every view of ``who``'s history it belongs to.
 
         Parallel composition (McSherry 2009) within a partition family only
         (``dpsql.accounting.budget.parallel``): a view per cell holds every query except those
         pinned to another cell of that cell's family; ``new`` must fit every view that holds it.
         """
-        if isinstance(rule, tuple):
+        if isinstance(rule, BasicFilter):
             # Basic composition from the running sums, the worst view in closed form.
-            eps, delta = state.worst(who, new.cell)
-            return eps + new.epsilon <= rule[0] and delta + new.delta <= rule[1]
+            worst = BasicTally(*state.worst(who, new.cell))
+            return rule.admits_tally(worst, events_for(rule.name, [new]))
         if self.replay or state.new_tally is None:
             return self._admits_replay(rule, state, who, new)
         mine = state.views.get(who)
@@ -213,7 +191,7 @@ class Budget(Readings):
     def _refusal(
         self,
         state: _State,
-        rule: Filter | tuple[Fraction, Fraction],
+        rule: Filter,
         who: str,
         cap: tuple[Fraction, Fraction],
         new: Composite,
@@ -222,7 +200,7 @@ class Budget(Readings):
         is left of ``cap`` read as ``rule`` reads the spend (left rounded down, the figure
         rounded up: a refusal never overstates what remains)."""
         spent: Spent
-        if isinstance(rule, tuple):
+        if isinstance(rule, BasicFilter):
             spent, delta = state.worst(who, None)
             eps_after, delta_after = state.worst(who, new.cell)
             reach = (
@@ -307,7 +285,7 @@ class Budget(Readings):
             decider = self._rule((state.epsilon, state.delta), True)
             eps: Spent
             eps, delta = basic
-            if not isinstance(decider, tuple):
+            if not isinstance(decider, BasicFilter):
                 eps, delta = self._deciding(state, decider)
             share = None
             if analyst is not None and analyst in state.shares:
@@ -326,39 +304,6 @@ class Budget(Readings):
             state.adaptive_cap,
             basic if state.adaptive_cap is not None else None,
         )
-
-
-def _decider(
-    spec: BudgetSpec, epsilon: Fraction | None, delta: Fraction, rho: Fraction | None = None
-) -> Filter | None:
-    """The filter the policy names, for a cap (epsilon, delta) or (rho, delta); None is basic
-    composition. Where the policy leaves a parameter of the rdp or zcdp filter unstated, its
-    ``filter_version`` (the ledger's, ``store.pinned_spec``) gives it: the grid and split
-    (``rdp.RDP_GRIDS``) and the selection reserve (``SELECTION_PARTS``)."""
-    if spec.accountant == "advanced":
-        assert spec.advanced_delta_prime is not None and epsilon is not None  # policy-validated
-        return AdvancedFilter(epsilon, delta, spec.advanced_delta_prime)
-    if spec.accountant == "pld":
-        # The natural PLD filter over one mechanism fixed in the policy (Regehr et al. 2026).
-        assert spec.declared_mechanism is not None and epsilon is not None  # policy-validated
-        return PldFilter(epsilon, delta, "identical", declared_event(spec.declared_mechanism))
-    version = spec.filter_version if spec.filter_version is not None else FILTER_VERSION
-    # The part of delta reserved for partition selection's additive deltas, as a fraction of
-    # the total, applied alike to the data set's cap and to analyst shares. Fixed in advance:
-    # the additive deltas then add to the conversion's (curves module docstring).
-    part = spec.selection_delta / spec.delta if spec.selection_delta is not None else None
-    selection = delta * (part if part is not None else SELECTION_PARTS[version])
-    if spec.accountant == "rdp":
-        assert epsilon is not None
-        orders, main_share = RDP_GRIDS[version]
-        if spec.rdp_order is not None:
-            orders = (spec.rdp_order,)
-        return RdpFilter(epsilon, delta, orders, approx_delta_cap=selection, main_share=main_share)
-    if spec.accountant == "zcdp":
-        if rho is not None:
-            return ZcdpFilter(delta_cap=delta, rho_cap=rho, approx_delta_cap=selection)
-        return ZcdpFilter(epsilon, delta, approx_delta_cap=selection)
-    return None
 
 
 def _cell_of(event: Composite) -> Cell | None:

@@ -4,8 +4,9 @@ The deciding filter is fixed when the budget is created (the policy's ``budget.a
 never switched by the history: a filter chosen after seeing the history is not a filter.
 ``basic`` is sequential composition over queries in exact rationals (Dwork, McSherry, Nissim,
 Smith 2006; valid adaptively, Rogers, Roth, Ullman, Vadhan 2016): each query is charged its
-certified (epsilon, delta). The other filters decide on the flattened events (their own
-theorems, see their modules). Optional analyst shares cap each analyst's own history under the
+certified (epsilon, delta). The other filters decide on the queries' events as each reads them
+(its registration's ``steps``, ``dpsql.accounting.registry``; their own theorems, see their
+modules). Optional analyst shares cap each analyst's own history under the
 same filter; the data set's cap holds for everyone's together.
 
 Decisions are incremental: the budget folds each charge into the deciding filter's running
@@ -13,14 +14,12 @@ tallies (``base.Tally``), one per view of parallel composition and per analyst, 
 those in O(views); ``Budget(replay=True)`` decides by replaying the whole history through the
 filters' stateless ``admits`` instead, the reference the incremental path is tested against.
 
-This budget lives in memory: it resets when the process ends, until the durable ledger lands.
-
 This module builds a data set's budget from its policy and ledger (``budget_for``, with every
-accountant's odometer for the report). The parts live in one module per concept, and their
-names are re-exported here: ``budget.py`` (``Budget``, the deciding filter), ``budget_state.py``
-(the history folded into running sums and tallies), ``budget_report.py`` (``Charge`` and the
-reports) and ``store.py`` (the in-memory ledger, and the policy's ledger: pinned caps, create,
-open).
+registered accountant's odometer for the report, ``dpsql.accounting.registry``). The parts live
+in one module per concept: ``budget.py`` (``Budget``, the deciding filter), ``state.py`` (the
+history folded into running sums and tallies), ``report.py`` (``Charge`` and the reports) and
+``dpsql.accounting.ledger.store`` (the in-memory ledger, and the policy's ledger: pinned caps,
+create, open).
 """
 
 from __future__ import annotations
@@ -33,34 +32,24 @@ from dpsql.accounting.ledger.store import (
     budget_caps,
     pinned_spec,
 )
-from dpsql.accounting.theorems.advanced import AdvancedAccountant
+from dpsql.accounting.registry import BASIC, entries
 from dpsql.accounting.theorems.base import Accountant
-from dpsql.accounting.theorems.gdp import GdpAccountant
-from dpsql.accounting.theorems.optimal import OptimalAccountant
-from dpsql.accounting.theorems.pld import PldAccountant
-from dpsql.accounting.theorems.rdp import RdpAccountant
-from dpsql.accounting.theorems.zcdp import ZcdpAccountant
 from dpsql.policy import BudgetSpec
 
 __all__ = ["budget_for", "odometers"]
 
 
 def odometers() -> list[Accountant]:
-    """Every accountant's reading of a history, for the report (basic is the report's own)."""
-    return [
-        AdvancedAccountant(),
-        OptimalAccountant(),
-        RdpAccountant(),
-        ZcdpAccountant(),
-        GdpAccountant(),
-        PldAccountant(),
-    ]
+    """Every registered accountant's reading of a history, for the report, in its order (basic
+    composition is the budget's own: its running sums)."""
+    return [r.odometer() for r in entries() if r.name != BASIC]
 
 
 def budget_for(dataset: str, spec: BudgetSpec, store: Store | None = None) -> Budget:
     """The budget a ledger pinned (``pinned_spec``), which the policy's must equal; over a
     durable ledger, or in memory (whose budget is the policy's: it lives as long as the
-    process, and is created here)."""
+    process, and is created here). A ``PolicyError`` if the policy names no registered filter
+    (``registry.deciding``, through ``budget_caps``)."""
     store = store if store is not None else MemoryLedger()
     if not store.durable and not store.records():
         store.append(BUDGET_RECORD, budget_caps(spec))

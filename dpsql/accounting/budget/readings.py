@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dpsql.accounting.budget.report import Charge, Figure, ShareReport
 from dpsql.accounting.budget.state import _additive_delta, _State, events_for
 from dpsql.accounting.theorems.base import Accountant, Filter, Spent
+from dpsql.accounting.theorems.basic import BasicFilter
 from dpsql.mechanisms.events import Composite
 
 
@@ -35,9 +36,7 @@ class Readings:
         @property
         def name(self) -> str: ...
 
-        def _rule(
-            self, cap: tuple[Fraction, Fraction], total: bool
-        ) -> Filter | tuple[Fraction, Fraction]: ...
+        def _rule(self, cap: tuple[Fraction, Fraction], total: bool) -> Filter: ...
 
         def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]: ...
 
@@ -49,7 +48,7 @@ class Readings:
         mine = [c for c in state.charges if c.analyst == analyst]
         eps: Spent
         eps, delta = state.worst(analyst, None)
-        if not isinstance(rule, tuple):
+        if not isinstance(rule, BasicFilter):
             eps, delta = self._deciding(state, rule, analyst)
         return ShareReport(analyst, cap[0], cap[1], eps, delta, len(mine))
 

@@ -3,8 +3,10 @@
 ``_State`` is what the ledger says: the charges, the caps (policy plus administration), running
 basic-composition sums per (who, cell), and under another filter its running tallies per view
 of parallel composition (``_Views``, one per history: the data set's and each analyst's).
-``events_for`` is a history as a given accountant or filter reads it. ``Budget`` (``budget.py``)
-builds and reads these under its lock.
+``events_for`` is a history as a given accountant or filter reads it (its registration's
+``steps``: a jointly calibrated query is one (epsilon, delta) step for the theorems that compose
+pairs, its events for the others). ``Budget`` (``budget.py``) builds and reads these under its
+lock.
 """
 
 from __future__ import annotations
@@ -16,56 +18,30 @@ from fractions import Fraction
 
 from dpsql.accounting.budget.parallel import Cell, View, choices, member, worst
 from dpsql.accounting.budget.report import Charge
+from dpsql.accounting.registry import get
 from dpsql.accounting.theorems.base import Tally
-from dpsql.accounting.theorems.pld import exact_pld
-from dpsql.mechanisms.events import (
-    ZCDP,
-    ApproxDP,
-    Composite,
-    Event,
-    LaplacePartitionSelection,
-    SubsampledGaussian,
-    flatten,
-)
+from dpsql.mechanisms.events import Composite, Event
 
 __all__ = ["Sums", "ViewKey", "events_for"]
 
 
-# Accountants and filters that compose (epsilon, delta) pairs per step: a query whose events
-# were calibrated jointly (``certified``) is one (epsilon, delta) step for them, which is
-# exactly what it is; its discrete Gaussians alone have no (epsilon, delta) of their own. PLDs
-# compose mechanisms, not pairs: a certified query whose every event has its own PLD (on one
-# coordinate, ``pld.exact_pld``) is read as those events (sequential composition holds as well).
-_PAIRWISE = {"advanced", "optimal", "pld"}
-
-
 def events_for(name: str, composites: Sequence[Composite]) -> list[Event]:
-    """The history as the accountant or filter ``name`` reads it."""
-    if name not in _PAIRWISE:
-        return flatten(list(composites))
-    events: list[Event] = []
-    for c in composites:
-        own = name == "pld" and all(exact_pld(e) for e in c.events)
-        if c.certified is not None and not own:
-            events.append(ApproxDP(c.certified[0], c.certified[1], "jointly calibrated query"))
-        else:
-            events.extend(c.events)
-    return events
+    """The history as the registered accountant or filter ``name`` reads it."""
+    steps = get(name).steps
+    return [e for c in composites for e in steps(c)]
 
 
 def _additive_delta(view: Sequence[Composite]) -> Fraction:
-    """The deltas charged outright (partition selection, approximate DP) in a view."""
-    additive = (LaplacePartitionSelection, ApproxDP, ZCDP)
-    return sum(
-        (
-            e.delta
-            for c in view
-            for e in c.events
-            # A subsampled Gaussian's delta is its pair's only: the curves hold without it.
-            if isinstance(e, additive) and not isinstance(e, SubsampledGaussian)
-        ),
-        Fraction(0),
-    )
+    """The deltas charged outright (partition selection, approximate DP) in a view: each
+    event's approximate delta, the part of its zCDP and RDP curves that holds only with a delta
+    (``Event.zcdp``; a subsampled Gaussian's delta is its pair's only, its curves hold without
+    it); the stated delta of an event without a zCDP curve."""
+    return sum((_approximate(e) for c in view for e in c.events), Fraction(0))
+
+
+def _approximate(event: Event) -> Fraction:
+    pair = event.zcdp()
+    return event.delta if pair is None else pair[1]
 
 
 Sums = dict[tuple[str, object], tuple[Fraction, Fraction]]

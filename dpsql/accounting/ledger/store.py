@@ -17,6 +17,7 @@ from typing import Any
 from dpsql.accounting.ledger.anchor import anchor_path
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.ledger import BUDGET_RECORD, Ledger
+from dpsql.accounting.registry import deciding
 from dpsql.errors import EntropyError, LedgerError, PolicyError
 from dpsql.policy import FILTER_VERSION, BudgetSpec, FilterVersion, Policy
 
@@ -86,6 +87,7 @@ def budget_caps(spec: BudgetSpec, filter_version: FilterVersion = FILTER_VERSION
     def text(value: object) -> str | None:
         return None if value is None else str(value)
 
+    deciding(spec)  # a ledger pins only a filter dpsql knows (PolicyError naming the field)
     version: int | None = None
     if spec.accountant in ("rdp", "zcdp"):
         version = spec.filter_version if spec.filter_version is not None else filter_version

@@ -27,10 +27,11 @@ Two different theorems live here, because they answer two different questions:
   delta'. (Theorem number not pinned here: the condition was written from the paper's statement
   from memory and re-derived as above, which is what this code relies on.)
 
-Events enter through their own (epsilon, delta) guarantee (``approx_dp``): pure for the
-Laplace family and the exponential mechanism; (epsilon, delta) for partition selection and
-ApproxDP; a Gaussian only through the (epsilon, delta) it was calibrated to; approximate zCDP has
-no single (epsilon, delta) pair here, so it is unbounded (``math.inf``) for these theorems.
+Events enter through their own (epsilon, delta) guarantee, the map ``Event.approx_dp``: pure
+for the Laplace family and the exponential mechanism; (epsilon, delta) for partition selection
+and ApproxDP; a Gaussian only through the (epsilon, delta) it was calibrated to; approximate zCDP
+has no single (epsilon, delta) pair, and an event without the map makes the history unbounded
+(``math.inf``) for these theorems, and is refused by the filter.
 Floats round up: every bound is multiplied by ``1 + ROUND_UP`` (sums are exact fractions, so
 only a handful of float operations remain).
 """
@@ -43,20 +44,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.accounting.theorems.base import agreeing
+from dpsql.accounting.theorems.base import GroupCache, agreeing
 from dpsql.errors import ParameterError
-from dpsql.mechanisms.curves import GroupCache
-from dpsql.mechanisms.events import (
-    ApproxDP,
-    DiscreteGaussian,
-    DiscreteLaplace,
-    Event,
-    Exponential,
-    Gaussian,
-    Laplace,
-    LaplacePartitionSelection,
-    PureDP,
-)
+from dpsql.mechanisms.events import Event
 
 __all__ = [
     "ROUND_UP",
@@ -79,17 +69,9 @@ def _up(x: float) -> float:
 
 
 def approx_dp(event: Event) -> tuple[Fraction, Fraction] | None:
-    """The (epsilon, delta)-DP guarantee of one event, or None when it has none to give."""
-    if isinstance(event, DiscreteLaplace | Laplace | PureDP | Exponential):
-        return Fraction(event.epsilon), Fraction(0)
-    if isinstance(event, ApproxDP | LaplacePartitionSelection):
-        return Fraction(event.epsilon), Fraction(event.delta)
-    if isinstance(event, DiscreteGaussian | Gaussian):
-        # a Gaussian is never pure DP: only a calibrated pair with delta > 0 is a guarantee
-        if event.target_epsilon > 0 and event.target_delta > 0:
-            return Fraction(event.target_epsilon), Fraction(event.target_delta)
-        return None
-    return None  # ZCDP: zCDP gives a curve, not one pair; the zcdp/rdp accountants handle it
+    """The (epsilon, delta)-DP guarantee these theorems compose for one event: its own
+    (``Event.approx_dp``), or None when it has none to give (module docstring)."""
+    return event.approx_dp()
 
 
 def drv_epsilon(epsilon: float, k: int, delta_prime: float) -> float:

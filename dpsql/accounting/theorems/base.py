@@ -38,12 +38,14 @@ passed). An empty history spends 0.
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Protocol
 
-from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.stated_events import ApproxDP
 
 Spent = Fraction | float
 """A filter's own epsilon spent (module docstring): exact, or the float ``math.inf``."""
@@ -96,6 +98,51 @@ def agreeing(figure: Fraction, admitted: bool, cap: Fraction) -> Fraction:
     return Fraction(math.nextafter(float(cap), math.inf))
 
 
+def as_events(composite: Composite) -> list[Event]:
+    """A query as its events, composed in sequence (the theorems that compose every event's own
+    curve: RDP, zCDP, GDP)."""
+    return list(composite.events)
+
+
+def as_pair(composite: Composite) -> list[Event]:
+    """A query as the theorems that compose (epsilon, delta) pairs per step read it: one step at
+    its certified pair when its events were calibrated jointly (the whole is (epsilon,
+    delta)-DP although no split of it over the parts is, and its discrete Gaussians alone have
+    no pair of their own), else its events."""
+    if composite.certified is None:
+        return list(composite.events)
+    return [ApproxDP(composite.certified[0], composite.certified[1], "jointly calibrated query")]
+
+
 def grouped(history: Sequence[Event]) -> list[tuple[Event, int]]:
     """The history as (event, multiplicity) pairs, in order of first appearance."""
     return list(Counter(history).items())
+
+
+class GroupCache:
+    """``grouped(history)`` for a history that grows by appending, as in the proxy: the counts
+    of the last history seen are kept, and a call whose history starts with it (compared
+    element by element, so any change is noticed) only counts the new events. Thread-safe.
+
+    ``extra`` events are counted on top without being remembered (a filter's candidate query,
+    which may be refused)."""
+
+    def __init__(self) -> None:
+        self._prefix: list[Event] = []
+        self._counts: Counter[Event] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, history: Sequence[Event], extra: Sequence[Event] = ()
+    ) -> list[tuple[Event, int]]:
+        with self._lock:
+            n = len(self._prefix)
+            if len(history) >= n and list(history[:n]) == self._prefix:
+                rest = history[n:]
+            else:
+                self._prefix, self._counts, rest = [], Counter(), history
+            self._counts.update(rest)
+            self._prefix.extend(rest)
+            counts = self._counts.copy() if extra else self._counts
+            counts.update(extra)
+            return list(counts.items())

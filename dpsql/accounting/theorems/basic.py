@@ -7,10 +7,14 @@ Filters", Theorem 3.5 / the basic filter). Sums are Fractions, so 100 charges of
 fill a budget of 1 exactly (parse epsilons from decimal text: ``Fraction(0.01)`` > 1/100).
 
 Each event's (epsilon, delta) pair comes from ``basic_cost`` (``events.basic_pair``, which every
-query's ``Composite`` reads too): the pair an event states, except that a Gaussian-type event
-(continuous or discrete Gaussian, zCDP) is charged at its target epsilon with delta = max(target
-delta, the mechanism's own delta at that epsilon), so a missing or wrong calibration never makes
-its cost smaller than its curve gives.
+query's ``Composite`` reads too): the pair an event states, except that a targeted event
+(continuous or discrete Gaussian, zCDP: ``Event.targeted``) is charged at its target epsilon with
+delta = max(target delta, the mechanism's own delta at that epsilon, ``Event.profile``), so a
+missing or wrong calibration never makes its cost smaller than its curve gives.
+
+The budget decides basic composition with ``BasicFilter`` from its running sums of the queries'
+pairs, and reports them as they are (``BasicSpend``: the sums' epsilon, their delta beside it);
+``BasicAccountant`` is the odometer that reads them at a given delta.
 """
 
 from __future__ import annotations
@@ -19,11 +23,18 @@ import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
+from dpsql.accounting.theorems.base import GroupCache
 from dpsql.mechanisms.conversions import frac_up
-from dpsql.mechanisms.curves import GroupCache
 from dpsql.mechanisms.events import Event, basic_pair
 
-__all__ = ["BasicAccountant", "BasicFilter", "BasicTally", "basic_cost", "basic_totals"]
+__all__ = [
+    "BasicAccountant",
+    "BasicFilter",
+    "BasicSpend",
+    "BasicTally",
+    "basic_cost",
+    "basic_totals",
+]
 
 
 # The (epsilon, delta)-DP pair of one event, as exact rationals, guarded for the Gaussian
@@ -69,6 +80,27 @@ class BasicAccountant:
         return min(1.0, frac_up(total_delta)) if eps <= _decimal(epsilon) else math.inf
 
 
+class BasicSpend:
+    """The basic pair spent, (sum eps, sum delta), read as its epsilon whatever delta is asked:
+    what the budget's running sums hold under basic composition, shown beside their delta by the
+    report, the composition curves and what-if. Valid adaptively, as the sums are."""
+
+    name = "basic"
+    fixed_in_advance = False  # the sums bound the loss whatever was chosen (RRUV 2016)
+
+    def __init__(self) -> None:
+        self._groups = GroupCache()
+
+    def epsilon(self, history: Sequence[Event], delta: float) -> float:
+        """The sum of the epsilons (to the nearest float), at the sum of the deltas."""
+        return float(basic_totals(self._groups(history))[0])
+
+    def delta(self, history: Sequence[Event], epsilon: float) -> float:
+        """The sum of the deltas (rounded up) if the epsilons sum to at most ``epsilon``."""
+        eps, total_delta = basic_totals(self._groups(history))
+        return min(1.0, frac_up(total_delta)) if eps <= _decimal(epsilon) else math.inf
+
+
 class BasicFilter:
     """Admits while both sums stay within (epsilon_cap, delta_cap): valid adaptively
     (Rogers, Roth, Ullman, Vadhan 2016)."""
@@ -104,10 +136,11 @@ class BasicFilter:
 
 
 class BasicTally:
-    """Running exact sums of the epsilons and deltas (Dwork, Roth 2014, Theorem 3.16)."""
+    """Running exact sums of the epsilons and deltas (Dwork, Roth 2014, Theorem 3.16), from 0
+    or from sums kept elsewhere (the budget's worst view)."""
 
-    def __init__(self) -> None:
-        self.epsilon, self.delta = Fraction(0), Fraction(0)
+    def __init__(self, epsilon: Fraction = Fraction(0), delta: Fraction = Fraction(0)) -> None:
+        self.epsilon, self.delta = epsilon, delta
 
     def add(self, event: Event, count: int = 1) -> None:
         eps, delta = basic_cost(event)

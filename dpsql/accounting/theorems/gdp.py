@@ -5,11 +5,11 @@ mechanisms compose to sqrt(sum mu_i^2)-GDP (Dong, Roth, Su 2019, Corollary 3.3),
 (epsilon, delta) curve is ``conversions.gdp_delta``. Sums of mu^2 are exact rationals of the
 floats given.
 
-Only continuous Gaussians are GDP here. Any other event makes the history not mu-GDP for any
-finite mu that dpsql can prove: the discrete Gaussian in particular is NOT dominated by the
-continuous Gaussian of the same sigma (Canonne, Kamath, Steinke 2020; at sigma 1, delta 1e-9 it
-needs epsilon 6.32 against 6.17), so ``epsilon``/``delta`` return ``math.inf`` ("no bound") and
-the filter refuses such events.
+Only continuous Gaussians are GDP here (``Event.gdp_mu_squared``). Any other event makes the
+history not mu-GDP for any finite mu that dpsql can prove: the discrete Gaussian in particular
+is NOT dominated by the continuous Gaussian of the same sigma (Canonne, Kamath, Steinke 2020; at
+sigma 1, delta 1e-9 it needs epsilon 6.32 against 6.17), so ``epsilon``/``delta`` return
+``math.inf`` ("no bound") and the filter refuses such events.
 
 Filter: admitting while sum mu_i^2 <= mu_cap^2, with mu_i chosen adaptively, is
 mu_cap-GDP (Smith, Thakurta 2022, fully adaptive GDP composition; Koskela, Tobaben, Honkela
@@ -23,22 +23,22 @@ import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
-from dpsql.accounting.theorems.base import agreeing
+from dpsql.accounting.theorems.base import GroupCache, agreeing
 from dpsql.mechanisms.conversions import frac_down, frac_up, gdp_delta, gdp_epsilon, gdp_mu_cap
-from dpsql.mechanisms.curves import GroupCache, gdp_mu_squared
-from dpsql.mechanisms.events import Event, Gaussian
+from dpsql.mechanisms.events import Event
 
 __all__ = ["GdpAccountant", "GdpFilter", "GdpTally", "composed_mu"]
 
 
 def composed_mu_squared(groups: Iterable[tuple[Event, int]]) -> Fraction | None:
-    """sum mu_i^2 exactly over (event, multiplicity) groups, or None if some event is not a
-    continuous Gaussian."""
+    """sum mu_i^2 exactly over (event, multiplicity) groups, or None if some event is not
+    exactly mu-GDP (its map ``Event.gdp_mu_squared``: only the continuous Gaussian's)."""
     total = Fraction(0)
     for event, count in groups:
-        if not isinstance(event, Gaussian):
+        squared = event.gdp_mu_squared()
+        if squared is None:
             return None
-        total += count * gdp_mu_squared(event)
+        total += count * squared
     return total
 
 

@@ -49,10 +49,10 @@ import numpy.typing as npt
 from scipy.special import gammaln
 
 from dpsql.accounting.theorems.advanced import ROUND_UP, approx_dp
+from dpsql.accounting.theorems.base import GroupCache
 from dpsql.accounting.theorems.ranged import br_delta, br_epsilon
 from dpsql.errors import ParameterError
-from dpsql.mechanisms.curves import GroupCache
-from dpsql.mechanisms.events import Event, Exponential
+from dpsql.mechanisms.events import Event
 
 __all__ = ["Bracket", "OptimalAccountant", "kov_delta", "kov_epsilon", "murtagh_vadhan"]
 
@@ -285,8 +285,9 @@ def _split(
 @dataclass(frozen=True)
 class _Classes:
     """A history as optimal composition reads it: multiplicities of the pure eps (an event's
-    own (eps, delta) pair, ``approx_dp``) and of the bounded-range eps (``Exponential``), the
-    events' own deltas summed (rounded up), and the basic sum of the epsilons (rounded up)."""
+    own (eps, delta) pair, ``approx_dp``) and of the bounded-range eps (``Event.bounded_range``:
+    the exponential mechanism's), the events' own deltas summed (rounded up), and the basic sum
+    of the epsilons (rounded up)."""
 
     pure: tuple[tuple[Fraction, int], ...]
     ranged: tuple[tuple[Fraction, int], ...]
@@ -326,9 +327,12 @@ class OptimalAccountant:
             own += count * pair[1]
             if pair[0] == 0:
                 continue  # no privacy loss: nothing to compose
-            # An exponential mechanism's epsilon is its bounded-range parameter too (ranged.py)
-            part = ranged if isinstance(event, Exponential) else pure
-            part[pair[0]] = part.get(pair[0], 0) + count
+            # A bounded-range event (the exponential mechanism) has a smaller class (ranged.py)
+            ranged_at = event.bounded_range()
+            if ranged_at is None:
+                pure[pair[0]] = pure.get(pair[0], 0) + count
+            else:
+                ranged[ranged_at] = ranged.get(ranged_at, 0) + count
         return _Classes(
             tuple(sorted(pure.items())),
             tuple(sorted(ranged.items())),

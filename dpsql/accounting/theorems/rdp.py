@@ -2,6 +2,8 @@
 
 RDP at a fixed order adds under composition (Mironov 2017, Proposition 1); approximate events
 (partition selection, (epsilon, delta) events) add their deltas (``curves`` module docstring).
+Each event gives its own curve (its map ``Event.renyi``); an event without one makes the history
+unbounded at every order.
 
 Orders: ``DEFAULT_ORDERS`` spaces alpha - 1 evenly on a log scale, four orders per doubling,
 from 1.0078 (alpha - 1 = 2^-7) to 8193 (2^13), 81 orders. The best order of a history moves
@@ -49,8 +51,8 @@ from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from functools import lru_cache
 
+from dpsql.accounting.theorems.base import GroupCache
 from dpsql.mechanisms.conversions import frac_down, frac_up, rdp_to_delta, rdp_to_dp, round_down
-from dpsql.mechanisms.curves import GroupCache, approx_rdp, zcdp
 from dpsql.mechanisms.events import Event
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "RdpFilter",
     "RdpTally",
     "composed_rdp",
+    "rdp",
 ]
 
 # alpha - 1 = m 2^n, m ~ 2^(k/4) (module docstring); ldexp is exact, so each order is one
@@ -89,10 +92,22 @@ RDP_GRIDS: dict[int, tuple[tuple[float, ...], Fraction]] = {
 }
 
 
+def rdp(event: Event, alpha: float) -> float:
+    """RDP of ``event`` at order ``alpha`` > 1; ``math.inf`` for approximate events (their
+    curve holds with a delta: ``Event.renyi``) and for events without a Renyi curve."""
+    curve = event.renyi(alpha)
+    return curve[0] if curve is not None and curve[1] == 0 else math.inf
+
+
 @lru_cache(maxsize=65536)
 def _event_curve(event: Event, orders: tuple[float, ...]) -> tuple[tuple[float, ...], Fraction]:
-    # The approximate delta, exactly (the same delta approx_rdp carries as a float).
-    return tuple(approx_rdp(event, alpha)[0] for alpha in orders), zcdp(event)[1]
+    """The event's RDP at each order and its approximate delta, exactly (``Event.renyi``);
+    infinite at every order when it has no Renyi curve."""
+    curve = [event.renyi(alpha) for alpha in orders]
+    found = [c for c in curve if c is not None]
+    if len(found) != len(curve) or not found:
+        return (math.inf,) * len(orders), Fraction(0)
+    return tuple(value for value, _ in found), found[0][1]
 
 
 def composed_rdp(

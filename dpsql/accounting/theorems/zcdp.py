@@ -1,6 +1,6 @@
 """Zero-concentrated DP (Bun, Steinke 2016): rho adds, with the CKS conversion to (epsilon, delta).
 
-Every event is delta-approximately rho-zCDP (``curves.zcdp``); rhos and deltas add under
+Every event is delta-approximately rho-zCDP (its map ``Event.zcdp``); rhos and deltas add under
 composition (Bun, Steinke 2016, Lemma 2.3 and Lemma 8.3), and the sum converts to
 (epsilon, delta' + sum delta) by the Canonne-Kamath-Steinke conversion (CKS 2020, Corollary 13)
 at delta'. All sums are exact rationals.
@@ -9,7 +9,8 @@ Filter: admitting while sum rho <= rho_cap and sum delta <= approx_delta_cap, bo
 the first query, is valid under fully adaptive choice of each query's rho (Feldman, Zrnic 2021,
 the Renyi filter at every order at once; Whitehouse, Ramdas, Rogers, Wu 2023, approximate zCDP
 filter). A cap given as (epsilon_cap, delta_cap) becomes the largest rho_cap whose conversion at
-delta_cap - approx_delta_cap is at most epsilon_cap.
+delta_cap - approx_delta_cap is at most epsilon_cap. An event with no zCDP map makes the
+history unbounded (``math.inf``), and the filter refuses it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
-from dpsql.accounting.theorems.base import agreeing
+from dpsql.accounting.theorems.base import GroupCache, agreeing
 from dpsql.mechanisms.conversions import (
     frac_down,
     frac_up,
@@ -26,19 +27,21 @@ from dpsql.mechanisms.conversions import (
     zcdp_to_delta,
     zcdp_to_dp,
 )
-from dpsql.mechanisms.curves import GroupCache, zcdp
 from dpsql.mechanisms.events import Event
 
 __all__ = ["ZcdpAccountant", "ZcdpFilter", "ZcdpTally", "composed_zcdp"]
 
 
-def composed_zcdp(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fraction]:
-    """(sum rho, sum delta), exactly, of a history given as (event, multiplicity) groups."""
+def composed_zcdp(groups: Iterable[tuple[Event, int]]) -> tuple[Fraction, Fraction] | None:
+    """(sum rho, sum delta), exactly, of a history given as (event, multiplicity) groups; None
+    if an event has no zCDP map."""
     rho, delta = Fraction(0), Fraction(0)
     for event, count in groups:
-        r, d = zcdp(event)
-        rho += count * r
-        delta += count * d
+        pair = event.zcdp()
+        if pair is None:
+            return None
+        rho += count * pair[0]
+        delta += count * pair[1]
     return rho, delta
 
 
@@ -55,7 +58,8 @@ class ZcdpAccountant:
         self._groups = GroupCache()
 
     def epsilon(self, history: Sequence[Event], delta: float) -> float:
-        return self.epsilon_of(*composed_zcdp(self._groups(history)), delta)
+        composed = composed_zcdp(self._groups(history))
+        return math.inf if composed is None else self.epsilon_of(*composed, delta)
 
     @staticmethod
     def epsilon_of(rho: Fraction, approx_delta: Fraction, delta: float) -> float:
@@ -66,7 +70,10 @@ class ZcdpAccountant:
         return zcdp_to_dp(frac_up(rho), share)
 
     def delta(self, history: Sequence[Event], epsilon: float) -> float:
-        rho, approx_delta = composed_zcdp(self._groups(history))
+        composed = composed_zcdp(self._groups(history))
+        if composed is None:
+            return 1.0
+        rho, approx_delta = composed
         converted = zcdp_to_delta(frac_up(rho), epsilon)
         return min(1.0, frac_up(Fraction(converted) + approx_delta))
 
@@ -106,7 +113,10 @@ class ZcdpFilter:
         self._groups = GroupCache()
 
     def admits(self, history: Sequence[Event], new: Sequence[Event]) -> bool:
-        rho, delta = composed_zcdp(self._groups(history, new))
+        composed = composed_zcdp(self._groups(history, new))
+        return composed is not None and self._within(*composed)
+
+    def _within(self, rho: Fraction, delta: Fraction) -> bool:
         return rho <= self.rho_cap and delta <= self.approx_delta_cap
 
     def tally(self) -> ZcdpTally:
@@ -114,18 +124,22 @@ class ZcdpFilter:
 
     def admits_tally(self, tally: ZcdpTally, new: Sequence[Event]) -> bool:
         """``admits`` from the running sums: the same exact rationals, so the same decision."""
-        rho, delta = composed_zcdp([(e, 1) for e in new])
-        rho, delta = tally.rho + rho, tally.delta + delta  # rho and delta add (module docstring)
-        return rho <= self.rho_cap and delta <= self.approx_delta_cap
+        composed = composed_zcdp([(e, 1) for e in new])
+        if composed is None or tally.unbounded:
+            return False
+        # rho and delta add (module docstring)
+        return self._within(tally.rho + composed[0], tally.delta + composed[1])
 
     def epsilon_spent(self, tally: ZcdpTally, new: Sequence[Event] = ()) -> Fraction | float:
         """The filter's own epsilon for the tally's history followed by ``new``: its summed rho
         through the conversion that set its rho cap (CKS 2020, Corollary 13, at delta_cap -
         approx_delta_cap), agreeing with the decision (``base.agreeing``: the cap is that
         conversion's inverse to a relative 1e-9). ``math.inf`` once the approximate deltas pass
-        approx_delta_cap."""
-        rho, delta = composed_zcdp([(e, 1) for e in new])
-        rho, delta = tally.rho + rho, tally.delta + delta  # Bun, Steinke 2016, Lemma 2.3, 8.3
+        approx_delta_cap, or once an event has no zCDP map."""
+        composed = composed_zcdp([(e, 1) for e in new])
+        if composed is None or tally.unbounded:
+            return math.inf
+        rho, delta = tally.rho + composed[0], tally.delta + composed[1]  # Bun, Steinke 2016
         if delta > self.approx_delta_cap:
             return math.inf
         if rho == 0:
@@ -136,12 +150,17 @@ class ZcdpFilter:
 
 
 class ZcdpTally:
-    """Running (sum rho, sum delta) of a history, exact."""
+    """Running (sum rho, sum delta) of a history, exact; ``unbounded`` once an event has no
+    zCDP map."""
 
     def __init__(self) -> None:
         self.rho, self.delta = Fraction(0), Fraction(0)
+        self.unbounded = False
 
     def add(self, event: Event, count: int = 1) -> None:
-        rho, delta = zcdp(event)
-        self.rho += count * rho  # Bun, Steinke 2016, Lemma 2.3 (and 8.3 for the deltas)
-        self.delta += count * delta
+        pair = event.zcdp()
+        if pair is None:
+            self.unbounded = True
+            return
+        self.rho += count * pair[0]  # Bun, Steinke 2016, Lemma 2.3 (and 8.3 for the deltas)
+        self.delta += count * pair[1]

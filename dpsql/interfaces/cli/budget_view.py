@@ -14,8 +14,9 @@ single (epsilon, delta) of its own, so basic and advanced composition read each 
 
 These are click commands for the ``dpsql`` group (``cli.py`` registers them); they read the
 group's ``Config`` (``context.py``) from the context object and never import ``cli`` (no import
-cycle). The arithmetic of what-if (the hypothetical ``Query``, ``whatif_fits``, ``fit_count``
-and ``after_n``) is in ``budget_whatif.py``; they are re-exported here.
+cycle). The arithmetic of what-if (the hypothetical ``Query``, ``whatif_fits``, ``fit_count``,
+``after_n`` and the labels) is in ``dpsql.interfaces.report.whatif``, and every list of
+accountants in ``dpsql.accounting.registry``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ from dpsql.interfaces.report.charts import (
 )
 from dpsql.interfaces.report.markdown import EXCEEDS_MEANING
 from dpsql.interfaces.report.report import NOTES
-from dpsql.interfaces.report.whatif import MAX_FIT, Query, after_n, fit_count, whatif_fits
+from dpsql.interfaces.report.whatif import (
+    MAX_FIT,
+    Query,
+    after_n,
+    fit_count,
+    whatif_fits,
+    whatif_label,
+)
 from dpsql.mechanisms.events import Composite
 from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
 from dpsql.session.settings import check_setting
@@ -194,16 +202,6 @@ def show_command(config: Config, chart: Path | None) -> None:
 
 
 # -- what-if ----------------------------------------------------------------------------------
-# As ``dpsql budget show`` labels the odometers (``Accountant.fixed_in_advance`` says why).
-LABELS = {
-    "basic": "valid adaptively",
-    "advanced": "as if fixed in advance (delta' below)",
-    "rdp": "as if fixed in advance",
-    "zcdp": "as if fixed in advance",
-    "pld": "as if fixed in advance",
-}
-
-
 def whatif_text(
     query: Query, n: int, delta: Fraction, report: BudgetReport, counts: dict[str, int]
 ) -> str:
@@ -218,7 +216,7 @@ def whatif_text(
     table.add_column("label")
     for name, count in counts.items():
         shown = f"at least {count}" if count >= MAX_FIT else str(count)
-        table.add_row(name, number(eps_n[name]), shown, LABELS[name])
+        table.add_row(name, number(eps_n[name]), shown, whatif_label(name))
     head = [
         f"Remaining budget of data set {report.dataset}: epsilon "
         f"{left_text(report.epsilon_remaining)}, delta {left_text(report.delta_remaining)} "

@@ -1,14 +1,15 @@
 """Composition curves: cumulative epsilon against the number of queries, under each accountant.
 
 The picture from teaching material on composition: for a history (the ledger's charges, or N
-identical hypothetical queries) the epsilon that basic, advanced, Renyi (RDP) and PLD accounting
-prove after each prefix, at one delta, beside a horizontal budget cap.
+identical hypothetical queries) the epsilon that each accountant registered with a curve style
+(``dpsql.accounting.registry``: basic, advanced, Renyi (RDP) and PLD accounting) proves after
+each prefix, at one delta, beside a horizontal budget cap.
 
-Each point is a fresh reading of the prefix by the accountant classes of ``dpsql.accounting``
-(the same ones ``Budget.report`` uses), never an extrapolation: the last point of the history's
-curves is the report's figure. Where queries pinned to cells compose in parallel, a prefix's
-reading is the worst of its views (``Budget.views``), as in the report. Basic composition is the
-sum of the charged epsilons (each query's certified epsilon when it has one).
+Each point is a fresh reading of the prefix by the registered odometers (the same ones
+``Budget.report`` uses), never an extrapolation: the last point of the history's curves is the
+report's figure. Where queries pinned to cells compose in parallel, a prefix's reading is the
+worst of its views (``Budget.views``), as in the report. Basic composition is the sum of the
+charged epsilons (each query's certified epsilon when it has one: ``BasicSpend``).
 
 Drawing uses matplotlib's object API on the Agg canvas (no pyplot state, so safe in a server),
 with SVG text kept as text (``svg.fonttype = "none"``) so labels can be read and searched, and no
@@ -25,12 +26,10 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
+from dpsql.accounting import registry
 from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.budget.state import events_for
-from dpsql.accounting.theorems.advanced import AdvancedAccountant
 from dpsql.accounting.theorems.base import Accountant
-from dpsql.accounting.theorems.pld import PldAccountant
-from dpsql.accounting.theorems.rdp import RdpAccountant
 from dpsql.errors import OutputError
 from dpsql.mechanisms.events import Composite
 
@@ -47,33 +46,23 @@ __all__ = [
     "write_chart",
 ]
 
-CURVES = ("basic", "advanced", "rdp", "pld")
-NAMES = {
-    "basic": "basic composition",
-    "advanced": "advanced composition",
-    "rdp": "Rényi DP (RDP)",
-    "pld": "privacy loss distribution (PLD)",
-}
-# Whether a curve's figures hold only for parameters fixed before the first query (base.py).
-FIXED = {
-    "basic": False,
-    "advanced": AdvancedAccountant.fixed_in_advance,
-    "rdp": RdpAccountant.fixed_in_advance,
-    "pld": PldAccountant.fixed_in_advance,
-}
-STYLES = {"basic": "-", "advanced": "--", "rdp": "-.", "pld": ":"}
+# The accountants drawn, in the registry's order: those registered with a colour (a live view:
+# one registered later is drawn too).
+CURVES = registry.Names(lambda r: r.colour is not None)
 FORMATS = {".png": "png", ".svg": "svg"}
 MAX_POINTS = 200  # prefixes read per curve; a long ledger is sampled evenly (its end always)
 
 
 def accountants() -> list[Accountant]:
-    """Fresh accountants for the curves (each caches prefixes of the history it reads)."""
-    return [AdvancedAccountant(), RdpAccountant(), PldAccountant()]
+    """Fresh odometers for the curves (each caches prefixes of the history it reads)."""
+    return [registry.get(name).odometer() for name in CURVES]
 
 
 def label(name: str) -> str:
-    """A curve's legend entry, with the validity label of its figure."""
-    return f"{NAMES[name]}: {'as if fixed in advance' if FIXED[name] else 'valid adaptively'}"
+    """A curve's legend entry, with the validity label of its figure (whether it holds only for
+    parameters fixed before the first query: ``Accountant.fixed_in_advance``)."""
+    drawn = registry.get(name)
+    return f"{drawn.label}: {drawn.validity}"
 
 
 @dataclass(frozen=True)
@@ -103,8 +92,7 @@ def _reading(
     views: Sequence[Sequence[Composite]], delta: float, readers: Sequence[Accountant]
 ) -> dict[str, float]:
     """Every curve's epsilon for one prefix: the worst of its views."""
-    basic = max(float(sum((c.epsilon for c in v), Fraction(0))) for v in views)
-    result = {"basic": basic}
+    result = {}
     for accountant in readers:
         result[accountant.name] = max(
             accountant.epsilon(events_for(accountant.name, list(v)), delta) if v else 0.0
@@ -124,7 +112,7 @@ def composite_curves(
     readers = accountants()
     xs = points(n)
     rows = [_reading(views_of(k), delta, readers) for k in xs]
-    epsilons = {name: tuple(row[name] for row in rows) for name in CURVES}
+    epsilons = {r.name: tuple(row[r.name] for row in rows) for r in readers}
     return Curves(tuple(xs), epsilons, delta, cap[0], cap[1], title)
 
 
@@ -182,7 +170,15 @@ def draw(curves: Curves, fmt: str) -> bytes:
             # An unbounded reading (inf) is left out of the line rather than drawn off-scale.
             ys = [y if math.isfinite(y) else math.nan for y in curves.epsilons[name]]
             entry = label(name) if any(math.isfinite(y) for y in ys) else f"{label(name)}: ∞"
-            axes.plot(curves.queries, ys, STYLES[name], linewidth=1.8, label=entry)
+            style = registry.get(name)
+            axes.plot(
+                curves.queries,
+                ys,
+                style.line,
+                color=style.colour,
+                linewidth=1.8,
+                label=entry,
+            )
         if curves.cap_steps:
             # The cap as it was: a step at each top-up, marked by a dotted line.
             xs = [x for x, _ in curves.cap_steps] + [max(1, curves.queries[-1])]

@@ -24,7 +24,7 @@ from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.budget.report import BudgetReport, exceeds
 from dpsql.accounting.ledger.chain import GENESIS, Record
 from dpsql.accounting.theorems.base import Spent
-from dpsql.mechanisms.events import composite_from_json
+from dpsql.mechanisms.event_kinds import composite_from_json
 from dpsql.policy import Policy, TableSpec
 from dpsql.policy.numbers import exact
 

@@ -2,10 +2,13 @@
 
 ``Query`` is the hypothetical query, a discrete Laplace of epsilon E or a Gaussian of noise
 multiplier S; a Gaussian has no single (epsilon, delta) of its own, so where a theorem needs one
-it is read at the (epsilon_0, delta_0) its exact curve gives for a delta_0. ``whatif_fits`` says,
-per theorem, whether an (epsilon, delta) budget holds k such queries, ``fit_count`` how many it
-holds (at most ``MAX_FIT``), and ``after_n`` each theorem's epsilon after n of them. Nothing
-here reads or writes a ledger; ``budget_view.py`` prints and charts these and re-exports them.
+(one that composes pairs: ``Registration.pairs``) it is read at the (epsilon_0, delta_0) its
+exact curve gives for a delta_0. The theorems are the accountants registered for what-if
+(``dpsql.accounting.registry``), in its order. ``whatif_fits`` says, per theorem, whether an
+(epsilon, delta) budget holds k such queries, ``fit_count`` how many it holds (at most
+``MAX_FIT``), and ``after_n`` each theorem's epsilon after n of them; ``whatif_label`` labels
+each. Nothing here reads or writes a ledger; ``dpsql.interfaces.cli.budget_view`` prints and
+charts these.
 """
 
 from __future__ import annotations
@@ -14,17 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.accounting.theorems.advanced import AdvancedAccountant
+from dpsql.accounting import registry
 from dpsql.accounting.theorems.base import Accountant
 from dpsql.accounting.theorems.pld import PldAccountant
-from dpsql.accounting.theorems.rdp import RdpAccountant
-from dpsql.accounting.theorems.zcdp import ZcdpAccountant
-from dpsql.mechanisms.events import DiscreteLaplace, Event, Gaussian
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.gaussian_events import Gaussian
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.policy.numbers import decimal_text
 
-__all__ = ["MAX_FIT", "Query", "after_n", "fit_count", "whatif_fits"]
+__all__ = ["MAX_FIT", "Query", "after_n", "fit_count", "whatif_fits", "whatif_label"]
 
 MAX_FIT = 100_000  # what-if counts stop here ("at least")
+# What-if's own reading of a theorem, beside its validity: advanced composition keeps half the
+# remaining delta for its delta' (the text under the table says so).
+NOTES = {"advanced": " (delta' below)"}
 
 
 @dataclass(frozen=True)
@@ -56,12 +62,13 @@ class Query:
 
 
 def _readers() -> dict[str, Accountant]:
-    return {
-        "advanced": AdvancedAccountant(),
-        "rdp": RdpAccountant(),
-        "zcdp": ZcdpAccountant(),
-        "pld": PldAccountant(),
-    }
+    return {r.name: r.odometer() for r in registry.entries() if r.whatif}
+
+
+def whatif_label(name: str) -> str:
+    """A theorem's label in what-if, as ``dpsql budget show`` labels the odometers
+    (``Accountant.fixed_in_advance`` says why)."""
+    return registry.get(name).validity + NOTES.get(name, "")
 
 
 def whatif_fits(
@@ -71,7 +78,8 @@ def whatif_fits(
 
     basic: k epsilon_1 <= epsilon exactly (a Gaussian: k epsilon_G(delta/k)). advanced: what
     basic admits, or KOV with delta' = delta/2, the other half shared by the queries' own deltas.
-    rdp, zcdp, pld: their accountants at delta.
+    Every other theorem (rdp, zcdp, pld): its accountant at delta, a Gaussian read at
+    delta_0 = delta/(2k) by those that compose pairs.
     """
     readers, cap, total = _readers(), float(epsilon), float(delta)
 
@@ -90,9 +98,14 @@ def whatif_fits(
         return readers["advanced"].epsilon([query.event(total / (2 * k))] * k, total) <= cap
 
     def reading(name: str) -> Callable[[int], bool]:
-        return lambda k: readers[name].epsilon([query.event()] * k, total) <= cap
+        pairs = registry.get(name).pairs
+        return lambda k: (
+            readers[name].epsilon([query.event(total / (2 * k) if pairs else 0.0)] * k, total)
+            <= cap
+        )
 
-    return {"basic": basic, "advanced": advanced, **{n: reading(n) for n in ("rdp", "zcdp", "pld")}}
+    special = {"basic": basic, "advanced": advanced}
+    return {name: special.get(name) or reading(name) for name in readers}
 
 
 def fit_count(fits: Callable[[int], bool], most: int = MAX_FIT) -> int:
@@ -113,11 +126,11 @@ def fit_count(fits: Callable[[int], bool], most: int = MAX_FIT) -> int:
 
 
 def after_n(query: Query, n: int, delta: float) -> dict[str, float]:
-    """Each theorem's epsilon after n such queries at ``delta`` (the curves' last point)."""
-    readers = _readers()
-    events = [query.event(delta / (2 * n) if not query.pure() else 0.0)] * n
-    result = {"basic": float(sum((e.epsilon for e in events), Fraction(0)))}
-    for name, reader in readers.items():
-        plain = name in ("rdp", "zcdp", "pld")
-        result[name] = reader.epsilon([query.event()] * n if plain else events, delta)
-    return result
+    """Each theorem's epsilon after n such queries at ``delta`` (the curves' last point); the
+    theorems that compose pairs read a Gaussian at delta_0 = delta/(2n)."""
+    paired = [query.event(delta / (2 * n) if not query.pure() else 0.0)] * n
+    plain = [query.event()] * n
+    return {
+        name: reader.epsilon(paired if registry.get(name).pairs else plain, delta)
+        for name, reader in _readers().items()
+    }

@@ -49,7 +49,8 @@ from fractions import Fraction
 
 from sqlglot import exp
 
-from dpsql.mechanisms.events import DiscreteLaplace, Event
+from dpsql.mechanisms.events import Event
+from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.plans import Measurement, Plan
 from dpsql.sql.parse import DIALECT
 
