@@ -1,25 +1,63 @@
-"""Keyed-hash caps on one unit's contribution: R's window over a unit's rows (``_row_cap``)
-and L0's ranking of a unit's groups (``_kept``), each applied only to the units that exceed it.
+"""Keyed-hash caps on one unit's contribution: R's window over a unit's rows (``row_cap``), a
+workload family's choice of groups and rows (``picked``) and L0's ranking of a unit's groups
+(``kept``), each applied only to the units that exceed it.
 """
 
 from __future__ import annotations
 
-from dpsql.bound.specs import SALT_PARAMETER, Bounding
+from collections.abc import Sequence
+
+from sqlglot import exp
+
+from dpsql.bound.nodes import (
+    Node,
+    alias,
+    all_of,
+    column,
+    columns,
+    cte,
+    first_rows,
+    func,
+    join,
+    least,
+    number,
+    salted_hash,
+    same,
+    select,
+    star,
+    subquery,
+    table,
+    union_all,
+    window,
+)
+from dpsql.bound.shape import Shape
 
 
-def _ranked_where_needed(table: str, needing: str, qualify: str) -> str:
-    """``table``'s rows, the units listed in ``needing`` only through the ranking window
+def _ranked_where_needed(name: str, needing: str, qualify: Node) -> exp.Union:
+    """``name``'s rows, the units listed in ``needing`` only through the ranking window
     ``qualify``: the others keep every row, which is what the window would keep too. IS NOT
     DISTINCT FROM: rows with a NULL unit are one unit here as everywhere else (USING would match
     no NULL, and such a unit would escape the window)."""
-    on = f"{table}._u IS NOT DISTINCT FROM {needing}._u"
-    return (
-        f"SELECT * FROM {table} ANTI JOIN {needing} ON {on} UNION ALL "
-        f"SELECT * FROM (SELECT {table}.* FROM {table} SEMI JOIN {needing} ON {on}) {qualify}"
+
+    def on() -> Node:
+        return same(column("_u", name), column("_u", needing))
+
+    rest = select([star()], table(name), joins=[join(table(needing), "ANTI", on=on())])
+    heavy = select([star(name)], table(name), joins=[join(table(needing), "SEMI", on=on())])
+    return union_all(rest, select([star()], subquery(heavy), qualify=qualify))
+
+
+def _heavy(source: str, count: Node, limit: int) -> exp.Select:
+    """The units of ``source`` whose ``count`` exceeds ``limit``."""
+    return select(
+        [column("_u")],
+        table(source),
+        group=[column("_u")],
+        having=exp.GT(this=count, expression=number(limit)),
     )
 
 
-def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None, weighted: bool) -> str:
+def row_cap(shape: Shape, rows: exp.Expression) -> list[exp.CTE]:
     """The CTEs ending in ``_rows``: with a total row cap R, each unit keeps R of its rows,
     ranked by a keyed hash of the row (DESIGN.md section 3): a function of the unit's own rows,
     so stability holds.
@@ -32,89 +70,99 @@ def _row_cap(rows: str, keys: list[str], n_values: int, r: int | None, weighted:
     more than R rows (``_heavy``) go through the window: the others keep every row, which is
     what the window would keep too.
     """
+    r = shape.bounding.max_total_rows
     if r is None:
-        return f"_rows AS ({rows}), "
-    if weighted:
-        return _weighted_row_cap(rows, keys, r)
-    columns = [*keys, *(f"_x{i}" for i in range(n_values))]
-    order = ", ".join(["_u", *columns, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-    ties = "".join(f", {c}" for c in columns)
-    window = f"QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order}){ties}) <= {r}"
-    return (
-        f"_all AS ({rows}), "
-        f"_heavy AS (SELECT _u FROM _all GROUP BY _u HAVING COUNT(*) > {r}), "
-        f"_rows AS ({_ranked_where_needed('_all', '_heavy', window)}), "
-    )
+        return [cte("_rows", rows)]
+    if shape.weighted:
+        return _weighted_row_cap(shape.keys, rows, r)
+    names = shape.row_columns
+    order = [salted_hash(column("_u"), *columns(names)), *columns(names)]
+    window_ = first_rows([column("_u")], order, r)
+    return [
+        cte("_all", rows),
+        cte("_heavy", _heavy("_all", func("COUNT", exp.Star()), r)),
+        cte("_rows", _ranked_where_needed("_all", "_heavy", window_)),
+    ]
 
 
-def _weighted_row_cap(rows: str, keys: list[str], r: int) -> str:
+def _weighted_row_cap(keys: Sequence[str], rows: exp.Expression, r: int) -> list[exp.CTE]:
     """R's window when the query reads no value, only the unit and the keys: the copies of one
     (unit, keys) row are counted first (``_w``), and each unit keeps, in the order of the keyed
     hash of its distinct rows, whole rows until R is reached and part of the next, which is what
     the window over the rows keeps (identical rows tie, and are taken in a block), ranking far
     fewer rows."""
-    group = ", ".join(["_u", *keys])
-    order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-    ties = "".join(f", {k}" for k in keys)
-    on = "_all._u IS NOT DISTINCT FROM _heavy._u"
-    before = (
-        f"COALESCE(SUM(_w) OVER (PARTITION BY _u ORDER BY hash({order}){ties} "
-        "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)"
+    group = ["_u", *keys]
+    copies = alias(func("COUNT", exp.Star()), "_w")
+    counted = select([*columns(group), copies], subquery(rows), group=columns(group))
+
+    def on() -> Node:
+        return same(column("_u", "_all"), column("_u", "_heavy"))
+
+    spec = exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
+                          end=number(1), end_side="PRECEDING")  # fmt: skip
+    order = [salted_hash(*columns(group)), *columns(keys)]
+    running = window(func("SUM", column("_w")), [column("_u")], order, spec)
+    before = alias(exp.Coalesce(this=running, expressions=[number(0)]), "_b")
+    ranked = select([star(), before], table("_all"),
+                    joins=[join(table("_heavy"), "SEMI", on=on())])  # fmt: skip
+    left = exp.Sub(this=number(r), expression=column("_b"))
+    partial = select(
+        [exp.Star(except_=columns(["_w", "_b"])), alias(least(column("_w"), left), "_w")],
+        subquery(ranked),
+        where=exp.LT(this=column("_b"), expression=number(r)),
     )
-    return (
-        f"_all AS (SELECT {group}, COUNT(*) AS _w FROM ({rows}) GROUP BY {group}), "
-        f"_heavy AS (SELECT _u FROM _all GROUP BY _u HAVING SUM(_w) > {r}), "
-        f"_rows AS (SELECT * FROM _all ANTI JOIN _heavy ON {on} UNION ALL "
-        f"SELECT * EXCLUDE (_w, _b), LEAST(_w, {r} - _b) AS _w FROM (SELECT *, {before} AS _b "
-        f"FROM _all SEMI JOIN _heavy ON {on}) WHERE _b < {r}), "
-    )
+    rest = select([star()], table("_all"), joins=[join(table("_heavy"), "ANTI", on=on())])
+    return [
+        cte("_all", counted),
+        cte("_heavy", _heavy("_all", func("SUM", column("_w")), r)),
+        cte("_rows", union_all(rest, partial)),
+    ]
 
 
-def _picked(keys: list[str], bounding: Bounding) -> str:
+def picked(shape: Shape) -> list[exp.CTE]:
     """The CTEs ending in ``_picked`` (a workload family's bounding, ``Bounding.select_at``):
     each unit keeps its L0 groups of the chosen keys, ranked by the keyed hash of (unit, those
-    keys) exactly as a query grouped by them alone ranks its groups (``_kept``), then at most C
+    keys) exactly as a query grouped by them alone ranks its groups (``kept``), then at most C
     of its rows in each such group, ranked by the keyed hash of the row. Both depend on the
     unit's own rows only; ties left in the row order are identical in every column a
     measurement reads, so which copy is kept cannot change a total."""
-    assert bounding.select_at is not None
-    chosen = [keys[p] for p in bounding.select_at]
-    salt = f"CAST(${SALT_PARAMETER} AS BIGINT)"
-    listed = ", ".join(chosen)
-    groups = f"_gs AS (SELECT _u, {listed} FROM _rows GROUP BY _u, {listed}), "
-    ranked = "SELECT * FROM _gs"
+    bounding = shape.bounding
+    if bounding.select_at is None:
+        return []
+    chosen = [shape.keys[p] for p in bounding.select_at]
+    groups = select(columns(["_u", *chosen]), table("_rows"), group=columns(["_u", *chosen]))
+    ranking = None
     if bounding.max_groups is not None:
-        order = ", ".join(["_u", *chosen, salt])
-        ranked += (f" QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})"
-                   f"{''.join(f', {k}' for k in chosen)}) <= {bounding.max_groups}")  # fmt: skip
-    on = " AND ".join(f"_rows.{k} IS NOT DISTINCT FROM _gk.{k}" for k in ["_u", *chosen])
-    columns = [*keys, *(f"_x{i}" for i in range(len(bounding.values)))]
-    row_order = ", ".join(["_u", *columns, salt])
-    ties = "".join(f", {c}" for c in columns)
-    window = (f"QUALIFY ROW_NUMBER() OVER (PARTITION BY _u, {listed} ORDER BY "
-              f"hash({row_order}){ties}) <= {bounding.max_rows}")  # fmt: skip
-    return (
-        f"{groups}_gk AS ({ranked}), "
-        f"_picked AS (SELECT * FROM (SELECT _rows.* FROM _rows SEMI JOIN _gk ON {on}) {window}), "
-    )
+        order = [salted_hash(*columns(["_u", *chosen])), *columns(chosen)]
+        ranking = first_rows([column("_u")], order, bounding.max_groups)
+    on = all_of([same(column(k, "_rows"), column(k, "_gk")) for k in ["_u", *chosen]])
+    kept = select([star("_rows")], table("_rows"), joins=[join(table("_gk"), "SEMI", on=on)])
+    names = shape.row_columns
+    order = [salted_hash(column("_u"), *columns(names)), *columns(names)]
+    rows = first_rows(columns(["_u", *chosen]), order, bounding.max_rows)
+    return [
+        cte("_gs", groups),
+        cte("_gk", select([star()], table("_gs"), qualify=ranking)),
+        cte("_picked", select([star()], subquery(kept), qualify=rows)),
+    ]
 
 
-def _kept(bounding: Bounding, keys: list[str], size: int | None) -> tuple[str, str]:
-    """The ``_multi`` CTE (if any) and the query of ``_kept``: at most L0 groups per unit,
-    ranked by a salted hash of (unit, keys), which depends only on the unit's own rows."""
-    l0 = bounding.max_groups
-    if bounding.direct:
-        return "", ""
+def kept(shape: Shape) -> list[exp.CTE]:
+    """``_multi`` (if any) and ``_kept``: at most L0 groups per unit, ranked by a salted hash of
+    (unit, keys), which depends only on the unit's own rows."""
+    l0, keys = shape.bounding.max_groups, shape.keys
     if l0 is None or not keys:
-        return "", "SELECT * FROM _units"
+        return [cte("_kept", select([star()], table("_units")))]
     # The salt is a parameter the engine binds: the plan, EXPLAIN and the bounded SQL text
     # never hold it (DESIGN.md section 3, step 4: a secret salt).
-    order = ", ".join(["_u", *keys, f"CAST(${SALT_PARAMETER} AS BIGINT)"])
-    window = f"QUALIFY ROW_NUMBER() OVER (PARTITION BY _u ORDER BY hash({order})) <= {l0}"
-    if size is not None and size >= 4 * l0:
+    window_ = first_rows([column("_u")], [salted_hash(*columns(["_u", *keys]))], l0)
+    if shape.size is not None and shape.size >= 4 * l0:
         # Many more public key combinations than L0: most units are expected to exceed L0, and
         # finding those that do not would cost more than ranking them too (same kept groups).
-        return "", f"SELECT * FROM _units {window}"
+        return [cte("_kept", select([star()], table("_units"), qualify=window_))]
     # Only units with more than L0 groups need the (expensive) ranking window.
-    multi = f"_multi AS (SELECT _u FROM _units GROUP BY _u HAVING COUNT(*) > {l0}), "
-    return multi, _ranked_where_needed("_units", "_multi", window)
+    multi = _heavy("_units", func("COUNT", exp.Star()), l0)
+    return [cte("_multi", multi), cte("_kept", _ranked_where_needed("_units", "_multi", window_))]
+
+
+__all__ = ["kept", "picked", "row_cap"]

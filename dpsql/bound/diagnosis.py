@@ -17,7 +17,7 @@ histogram by one (L1 = L2 = 1, the sensitivity of a histogram: Dwork, McSherry, 
 2006), which ``dpsql.plan.diagnosis`` calibrates. The cells are public (2^k patterns), so the
 empty ones are filled with 0 after the engine runs; NULL units are one unit, as everywhere.
 
->>> pattern_sql(("L0", "C"), {"L0": 2, "C": 5})
+>>> pattern(("L0", "C"), {"L0": 2, "C": 5}).sql("duckdb")
 'CASE WHEN _g > 2 THEN 1 ELSE 0 END + CASE WHEN _mx > 5 THEN 2 ELSE 0 END'
 """
 
@@ -25,12 +25,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dpsql.analyze.analysis import Analysis
-from dpsql.bound.rewrite import _total_sql, relation_ctes, relation_rows
-from dpsql.bound.specs import Bounding
-from dpsql.bound.values import _number, _unclamped_value
+from sqlglot import exp
 
-__all__ = ["FLAGS", "diagnosis_query", "pattern_sql"]
+from dpsql.analyze.analysis import Analysis
+from dpsql.bound.nodes import (
+    Node,
+    Type,
+    alias,
+    all_of,
+    any_of,
+    cast,
+    column,
+    columns,
+    cte,
+    func,
+    not_null,
+    number,
+    paren,
+    select,
+    table,
+    when,
+    with_ctes,
+)
+from dpsql.bound.relation import relation_ctes, relation_rows, total_of
+from dpsql.bound.specs import Bounding
+from dpsql.bound.values import bound_value, unclamped_value
+
+__all__ = ["FLAGS", "diagnosis_query", "pattern"]
 
 # Every flag a diagnosis may carry, in the order of their bits.
 FLAGS = ("L0", "C", "R", "clamped")
@@ -39,53 +60,80 @@ FLAGS = ("L0", "C", "R", "clamped")
 _COLUMN = {"L0": "_g", "C": "_mx", "R": "_tot"}
 
 
-def pattern_sql(flags: Sequence[str], limits: Mapping[str, int]) -> str:
+def pattern(flags: Sequence[str], limits: Mapping[str, int]) -> Node:
     """The pattern of a unit's flags as an integer: bit j set when flag j holds."""
-    terms = []
+    terms: list[Node] = []
     for j, flag in enumerate(flags):
-        test = "_cl = 1" if flag == "clamped" else f"{_COLUMN[flag]} > {limits[flag]}"
-        terms.append(f"CASE WHEN {test} THEN {2**j} ELSE 0 END")
-    return " + ".join(terms) or "0"
+        if flag == "clamped":
+            test: Node = exp.EQ(this=column("_cl"), expression=number(1))
+        else:
+            test = exp.GT(this=column(_COLUMN[flag]), expression=number(limits[flag]))
+        terms.append(when((test, number(2**j)), otherwise=number(0)))
+    if not terms:
+        return number(0)
+    out = terms[0]
+    for term in terms[1:]:
+        out = exp.Add(this=out, expression=term)
+    return out
 
 
-def _clamped(analysis: Analysis, bounding: Bounding) -> list[tuple[int, str | None, str]]:
-    """Per value on a grid: its index i, the SQL of its value with no column clamped (``_o<i>``;
-    None for a bare column, where it is the raw value ``_x<i>``) and the row-level test "a
-    clamp changes this value": the value lies beyond the grid-aligned bounds, where the grid
-    clamp acts, or a column clamp inside the expression changed it."""
-    total_sql = _total_sql(analysis)
+def _clamped(analysis: Analysis, bounding: Bounding) -> list[tuple[int, Node | None, Node]]:
+    """Per value on a grid: its index i, its value with no column clamped (``_o<i>``; None for
+    a bare column, where it is the raw value ``_x<i>``) and the row-level test "a clamp changes
+    this value": the value lies beyond the grid-aligned bounds, where the grid clamp acts, or a
+    column clamp inside the expression changed it."""
+    total_ = total_of(analysis)
     out = []
     for i, v in enumerate(bounding.values):
         if v.grid is None:
             continue
-        unclamped = _unclamped_value(v.expr, analysis, total_sql)
+        unclamped = unclamped_value(v.expr, analysis, total_)
         o = f"_x{i}" if unclamped is None else f"_o{i}"
-        lo = _number(v.grid.lower_value).sql(dialect="duckdb")
-        hi = _number(v.grid.upper_value).sql(dialect="duckdb")
-        changed = "" if unclamped is None else f" OR _x{i} IS DISTINCT FROM {o}"
+        beyond: list[Node] = [
+            exp.LT(this=column(o), expression=bound_value(v.grid.lower_value)),
+            exp.GT(this=column(o), expression=bound_value(v.grid.upper_value)),
+        ]
+        if unclamped is not None:
+            beyond.append(exp.NullSafeNEQ(this=column(f"_x{i}"), expression=column(o)))
         # NULL and NaN are skipped by every aggregate, never clamped.
-        test = f"{o} IS NOT NULL AND NOT isnan({o}) AND ({o} < {lo} OR {o} > {hi}{changed})"
+        test = all_of([
+            not_null(column(o)), exp.Not(this=func("isnan", column(o))), paren(any_of(beyond))
+        ])  # fmt: skip
         out.append((i, unclamped, test))
     return out
 
 
 def diagnosis_query(
     analysis: Analysis, bounding: Bounding, flags: Sequence[str], limits: Mapping[str, int]
-) -> str:
+) -> exp.Select:
     """One row per flag pattern present: ``_p`` the pattern, ``_z`` its number of units."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
     clamps = _clamped(analysis, bounding)
-    extra = {f"_o{i}": sql for i, sql, _ in clamps if sql is not None}
-    flagged = " OR ".join(f"({test})" for _, _, test in clamps) or "false"
-    rows = relation_rows(analysis, bounding, extra)
-    group = ", ".join(["_u", *keys])
-    return (
-        f"WITH {relation_ctes(analysis)}"
-        f"_rows AS ({rows}), "
-        f"_dg AS (SELECT {group}, COUNT(*) AS _n, "
-        f"MAX(CASE WHEN {flagged} THEN 1 ELSE 0 END) AS _cl FROM _rows GROUP BY {group}), "
-        "_du AS (SELECT _u, COUNT(*) AS _g, MAX(_n) AS _mx, SUM(_n) AS _tot, MAX(_cl) AS _cl "
-        "FROM _dg GROUP BY _u), "
-        f"_dp AS (SELECT CAST({pattern_sql(flags, limits)} AS BIGINT) AS _p FROM _du) "
-        "SELECT _p, COUNT(*) AS _z FROM _dp GROUP BY _p"
-    )
+    extra = {f"_o{i}": node for i, node, _ in clamps if node is not None}
+    tests = [paren(test) for _, _, test in clamps]
+    flagged = any_of(tests) if tests else exp.false()
+    group = ["_u", *keys]
+    count = func("COUNT", exp.Star())
+    per_group = select(
+        [*columns(group), alias(count, "_n"),
+         alias(func("MAX", when((flagged, number(1)), otherwise=number(0))), "_cl")],
+        table("_rows"),
+        group=columns(group),
+    )  # fmt: skip
+    per_unit = select(
+        [column("_u"), alias(count.copy(), "_g"), alias(func("MAX", column("_n")), "_mx"),
+         alias(func("SUM", column("_n")), "_tot"), alias(func("MAX", column("_cl")), "_cl")],
+        table("_dg"),
+        group=[column("_u")],
+    )  # fmt: skip
+    patterns = select([alias(cast(pattern(flags, limits), Type.BIGINT), "_p")], table("_du"))
+    histogram = select([column("_p"), alias(count.copy(), "_z")], table("_dp"),
+                       group=[column("_p")])  # fmt: skip
+    ctes = [
+        *relation_ctes(analysis),
+        cte("_rows", relation_rows(analysis, bounding, extra)),
+        cte("_dg", per_group),
+        cte("_du", per_unit),
+        cte("_dp", patterns),
+    ]
+    return with_ctes(histogram, ctes)

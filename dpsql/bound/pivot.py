@@ -19,43 +19,42 @@ them for the window, where this form shuffles per-unit rows once.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+
+from sqlglot import exp
 
 from dpsql.analyze.analysis import GroupKey
-from dpsql.analyze.domains import value_sql
-from dpsql.bound.specs import SALT_PARAMETER, Bounding
+from dpsql.bound.filters import typed_value
+from dpsql.bound.nodes import (
+    Node,
+    alias,
+    all_of,
+    column,
+    cte,
+    join,
+    number,
+    salted_hash,
+    same,
+    select,
+    table,
+    values,
+    when,
+)
+from dpsql.bound.per_unit import Aggregate
+from dpsql.bound.specs import Bounding
 
 # Key combinations up to which L0's ranking runs per unit in one row: each adds a column per
 # per-unit aggregate, and the rank of each combination compares it with every other (K² terms).
 PIVOT_CELLS = 8
 
-
-@dataclass(frozen=True)
-class Aggregate:
-    """One per-(unit, keys) aggregate of ``_units``: ``COUNT(arg)`` or ``COALESCE(SUM(arg), 0)``
-    (``arg`` "*" for COUNT(*)), named ``name``."""
-
-    function: str  # "COUNT" or "SUM"
-    arg: str
-    name: str
-    # A SUM over no row is NULL: 0 instead (a group's rows all NULL; a combination with no row)
-    zero: bool = True
-
-    def sql(self, only: str | None = None) -> str:
-        """The aggregate over the rows (of one key combination, where ``only`` holds)."""
-        arg = self.arg
-        if only is not None:
-            arg = f"CASE WHEN {only} THEN {'1' if arg == '*' else arg} END"
-        if self.function == "SUM":
-            return f"COALESCE(SUM({arg}), 0)" if self.zero or only is not None else f"SUM({arg})"
-        return f"COUNT({arg})"
+# A key combination: one value per key, each built anew on every call.
+Cell = tuple[Callable[[], Node], ...]
 
 
-def pivot_cells(keys: Sequence[GroupKey], bounding: Bounding) -> list[tuple[str, ...]] | None:
-    """Every public key combination as SQL of the keys' types, when ``_kept`` may rank per unit
-    in one row; None otherwise: no ranking, a total row cap (R's window comes first), a value
-    summed or listed (a sum, a quantile, distinct values: see below), a workload family's
+def pivot_cells(keys: Sequence[GroupKey], bounding: Bounding) -> list[Cell] | None:
+    """Every public key combination as values of the keys' types, when ``_kept`` may rank per
+    unit in one row; None otherwise: no ranking, a total row cap (R's window comes first), a
+    value summed or listed (a sum, a quantile, distinct values: see below), a workload family's
     bounding, a key whose domain is a table, or more than ``PIVOT_CELLS`` combinations.
 
     Counts only: with K combinations each row updates K aggregates of the unit, and K exact
@@ -72,58 +71,80 @@ def pivot_cells(keys: Sequence[GroupKey], bounding: Bounding) -> list[tuple[str,
         or not keys
     ):
         return None
-    per_key: list[list[str]] = []
+    per_key: list[list[Callable[[], Node]]] = []
     for key in keys:
         if key.engine_type is None or key.domain is None or key.domain_table is not None:
             return None
         texts = [None if v is None else str(v) for v in key.domain]
-        values = [value_sql(t, key.engine_type) for t in texts]
         if key.other:
-            values.append(value_sql(key.other_text, key.engine_type))
-        per_key.append(values)
+            texts.append(key.other_text)
+        per_key.append([_value(t, key.engine_type) for t in texts])
     cells = list(itertools.product(*per_key))
     if not bounding.max_groups < len(cells) <= PIVOT_CELLS:
         return None
     return cells
 
 
-def pivoted(aggregates: Sequence[Aggregate], cells: Sequence[tuple[str, ...]], l0: int) -> str:
-    """The CTEs ``_pivot`` and ``_kept`` (each with its trailing comma) that replace ``_units``
-    and ``_kept``: ``_kept`` has ``_units``' columns, one row per group a unit keeps."""
-    n_keys = len(cells[0])
-    salt = f"CAST(${SALT_PARAMETER} AS BIGINT)"
-    columns = ["_u"]
+def _value(text: str | None, engine_type: str) -> Callable[[], Node]:
+    return lambda: typed_value(text, engine_type)
+
+
+def _pivot(aggregates: Sequence[Aggregate], cells: Sequence[Cell]) -> exp.Select:
+    """Per unit, each aggregate over the rows of each combination j (``<name>__<j>``), and the
+    combination's keyed hash ``_h__<j>``."""
+    out: list[Node] = [column("_u")]
     for j, cell in enumerate(cells):
-        only = " AND ".join(f"_k{i} IS NOT DISTINCT FROM {value}" for i, value in enumerate(cell))
-        columns += [f"{a.sql(only)} AS {a.name}__{j}" for a in aggregates]
-        columns.append(f"hash(_u, {', '.join(cell)}, {salt}) AS _h__{j}")
-    pivot = f"_pivot AS (SELECT {', '.join(columns)} FROM _vals GROUP BY _u), "
+        only = all_of([same(column(f"_k{i}"), value()) for i, value in enumerate(cell)])
+        out += [alias(a.node(only.copy()), f"{a.name}__{j}") for a in aggregates]
+        out.append(alias(salted_hash(column("_u"), *(value() for value in cell)), f"_h__{j}"))
+    return select(out, table("_vals"), group=[column("_u")])
 
-    def pick(name: str) -> str:
-        branches = " ".join(f"WHEN _d._j = {j} THEN {name}__{j}" for j in range(len(cells)))
-        return f"CASE {branches} END"
 
-    def ahead(i: int, j: int) -> str:
-        # Combination i comes before j in the order (hash, index): the window's order and ties.
-        before = "<=" if i < j else "<"
-        return f"CASE WHEN _n__{i} > 0 AND _h__{i} {before} _h__{j} THEN 1 ELSE 0 END"
+def _is(j: int) -> exp.EQ:
+    return exp.EQ(this=column("_j", "_d"), expression=number(j))
 
-    kept_if = " ".join(
-        f"WHEN _d._j = {j} THEN _n__{j} > 0 AND "
-        f"{' + '.join(ahead(i, j) for i in range(len(cells)) if i != j)} < {l0}"
-        for j in range(len(cells))
+
+def _kept_if(j: int, n_cells: int, l0: int) -> Node:
+    """Combination j is kept: the unit has a row there, and fewer than L0 of its other present
+    combinations come before it in the order (hash, index), the window's order and ties."""
+
+    def ahead(i: int) -> Node:
+        before = exp.LTE if i < j else exp.LT
+        comes = before(this=column(f"_h__{i}"), expression=column(f"_h__{j}"))
+        test = exp.And(this=_present(i), expression=comes)
+        return when((test, number(1)), otherwise=number(0))
+
+    others = [ahead(i) for i in range(n_cells) if i != j]
+    count = others[0]
+    for term in others[1:]:
+        count = exp.Add(this=count, expression=term)
+    return exp.And(this=_present(j), expression=exp.LT(this=count, expression=number(l0)))
+
+
+def _present(j: int) -> Node:
+    return exp.GT(this=column(f"_n__{j}"), expression=number(0))
+
+
+def pivoted(aggregates: Sequence[Aggregate], cells: Sequence[Cell], l0: int) -> list[exp.CTE]:
+    """The CTEs ``_pivot`` and ``_kept`` that replace ``_units`` and ``_kept``: ``_kept`` has
+    ``_units``' columns, one row per group a unit keeps."""
+    n_keys, n_cells = len(cells[0]), len(cells)
+    keys = [f"_k{i}" for i in range(n_keys)]
+
+    def pick(name: str) -> Node:
+        return exp.Case(
+            ifs=[exp.If(this=_is(j), true=column(f"{name}__{j}")) for j in range(n_cells)]
+        )
+
+    kept_if = exp.Case(
+        ifs=[exp.If(this=_is(j), true=_kept_if(j, n_cells, l0)) for j in range(n_cells)]
     )
-    listed = ", ".join(f"({j}, {', '.join(cell)})" for j, cell in enumerate(cells))
-    names = ", ".join(["_j", *(f"_k{i}" for i in range(n_keys))])
-    selected = ", ".join(
-        ["_pivot._u", *(f"_d._k{i}" for i in range(n_keys))]
-        + [f"{pick(a.name)} AS {a.name}" for a in aggregates]
-    )
-    kept = (
-        f"_kept AS (SELECT {selected} FROM _pivot CROSS JOIN (VALUES {listed}) AS _d({names}) "
-        f"WHERE CASE {kept_if} END), "
-    )
-    return pivot + kept
+    rows = [[number(j), *(value() for value in cell)] for j, cell in enumerate(cells)]
+    combinations = values(rows, "_d", ["_j", *keys])
+    selected: list[Node] = [column("_u", "_pivot"), *(column(k, "_d") for k in keys)]
+    selected += [alias(pick(a.name), a.name) for a in aggregates]
+    kept = select(selected, table("_pivot"), joins=[join(combinations, "CROSS")], where=kept_if)
+    return [cte("_pivot", _pivot(aggregates, cells)), cte("_kept", kept)]
 
 
-__all__ = ["PIVOT_CELLS", "Aggregate", "pivot_cells", "pivoted"]
+__all__ = ["PIVOT_CELLS", "pivot_cells", "pivoted"]

@@ -29,6 +29,7 @@ from dpsql.mechanisms.events import Event
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.plans import Diagnosis, Measurement, QueryOptions
 from dpsql.policy.numbers import decimal_text
+from dpsql.sql.parse import DIALECT
 
 __all__ = ["LABEL", "plan_diagnosis"]
 
@@ -48,7 +49,7 @@ def _flags(analysis: Analysis, bounding: Bounding, l0: int, c: int, r: int | Non
         limits.append(("R", r))
     if any(v.grid is not None for v in bounding.values):
         flags.append("clamped")
-    sql = diagnosis_query(analysis, bounding, flags, dict(limits))
+    sql = diagnosis_query(analysis, bounding, flags, dict(limits)).sql(dialect=DIALECT, copy=False)
     # One unit, one cell: per_group 1 on 1 coordinate (L1 = L2 = 1).
     histogram = Measurement(MeasurementSpec("units"), LABEL, 1, 1, Fraction(1))
     return Diagnosis(tuple(flags), tuple(limits), histogram, sql)

@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis, GroupKey
 from dpsql.bound.grid import Grid
-from dpsql.bound.rewrite import parse_bounded
+from dpsql.bound.rewrite import bound_contributions, parse_bounded
 from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.mechanisms.events import Composite
 from dpsql.plan.sample import Sample
@@ -209,8 +209,12 @@ class Plan:
 
     @cached_property
     def bounded(self) -> exp.Select:
-        """The bounded query's tree, parsed from ``engine_sql`` on first use."""
-        return parse_bounded(self.engine_sql)
+        """The bounded query's tree, built on first use as ``engine_sql`` was (its text:
+        ``dpsql.bound.rewrite.bounded_query`` of ``analysis`` and ``bounding``), not parsed
+        from it; a plan without a bounding has its text parsed. Shared: copy it to change it."""
+        if self.bounding is None:
+            return parse_bounded(self.engine_sql)
+        return bound_contributions(self.analysis, self.bounding)
 
     @property
     def bounded_sql(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpsql.analyze.analysis import Analysis
-from dpsql.bound.filters import public_size
+from dpsql.bound.shape import public_size
 from dpsql.bound.specs import MeasurementSpec
 from dpsql.errors import BoundsError
 from dpsql.plan.plans import QueryOptions

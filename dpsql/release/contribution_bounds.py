@@ -26,11 +26,13 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from dpsql.bound.estimates import contributions_query
 from dpsql.errors import ParseError, SchemaError, UnsupportedQueryError
 from dpsql.noise.laplace import discrete_laplace
 from dpsql.noise.sparse_vector import Walks, above_threshold
 from dpsql.policy import Policy
 from dpsql.policy.numbers import MAX_CONTRIBUTION_BOUND
+from dpsql.sql.parse import DIALECT
 
 QUANTILE = Fraction(95, 100)
 COUNT_SHARE = Fraction(1, 5)  # of the statement's epsilon, to the count of units
@@ -83,19 +85,11 @@ def check_table(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -
 
 
 def bounds_query(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -> str:
-    """The engine query: per bound and per-unit value, how many units have it (one value per
-    unit and bound, whatever its rows). Reads the unit and the keys only, with no filter."""
+    """The engine's SQL (``dpsql.bound.estimates.contributions_query``), after the checks on
+    public facts: per bound and per-unit value, how many units have it (one value per unit and
+    bound, whatever its rows)."""
     unit = check_table(policy, catalog, table, keys)
-    if not keys:
-        per_unit = f'SELECT COUNT(*) AS _r FROM "{table}" GROUP BY "{unit}"'
-        return f"SELECT 0 AS _b, _r AS _v, COUNT(*) AS _n FROM ({per_unit}) GROUP BY _r"
-    named = ", ".join(f'"{k}"' for k in keys)
-    cells = f'SELECT "{unit}" AS _u, COUNT(*) AS _c FROM "{table}" GROUP BY "{unit}", {named}'
-    units = f"SELECT COUNT(*) AS _g, MAX(_c) AS _c FROM ({cells}) GROUP BY _u"
-    return (
-        f"WITH _p AS ({units}) SELECT 0 AS _b, _g AS _v, COUNT(*) AS _n FROM _p GROUP BY _g "
-        "UNION ALL SELECT 1 AS _b, _c AS _v, COUNT(*) AS _n FROM _p GROUP BY _c"
-    )
+    return contributions_query(unit, table, keys).sql(dialect=DIALECT)
 
 
 def release(

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
+from dpsql.bound.estimates import TOP_INDEX
 from dpsql.mechanisms.laplace import discrete_laplace_pmf
 from dpsql.mechanisms.stated_events import PureDP
 from dpsql.noise.sparse_vector import Walks
@@ -122,7 +123,7 @@ def _distribution(walks: Walks, beyond: list[list[int]], k: int) -> npt.NDArray[
     reach = int(40 * walks.threshold_scale) + 1
     rhos = np.arange(-reach, reach + 1)
     weights = _pmf(walks.threshold_scale, rhos)
-    span = int(60 * walks.query_scale) + 2 * bounds.TOP_INDEX + reach
+    span = int(60 * walks.query_scale) + 2 * TOP_INDEX + reach
     zs = np.arange(-span, span + 2)
     cdf = np.cumsum(_pmf(walks.query_scale, zs))  # P(nu <= z)
     per_walk = []

@@ -13,8 +13,9 @@ from conftest import TinyPolicy
 
 from dpsql import errors
 from dpsql.accounting.ledger.store import create_ledger
+from dpsql.bound import estimates as bounds
 from dpsql.policy import LedgerSpec, Policy
-from dpsql.release import clamp_bounds as bounds
+from dpsql.release import clamp_bounds
 from dpsql.session.session import Session
 
 # 3000 units; spend in [10, 59], one unit far out (each bound leaves a few units beyond it).
@@ -59,7 +60,7 @@ def test_bucket_rounds_outwards_on_the_engine(policy: Policy, up: bool) -> None:
     rungs = [bounds.candidate(i) for i in range(bounds.TOP_INDEX + 1)]
     sql = " UNION ALL ".join(f"SELECT {i} AS i, CAST('{v}' AS DOUBLE) AS x" for i, v in
                              enumerate(values))  # fmt: skip
-    bucket = bounds._bucket("x", up=up)
+    bucket = bounds.ladder_index("x", up=up).sql(dialect="duckdb")
     got = dict(session.engine.run(f"SELECT i, {bucket} FROM ({sql})")[1])
     for i, value in enumerate(values):
         rung = bounds.candidate(int(got[i]))
@@ -148,7 +149,7 @@ def test_a_new_estimate_reads_the_raw_values(policy: Policy) -> None:
     """An earlier estimate must not clamp the values a later one reads: the engine query is
     built on the declared policy, and reads every row of every unit."""
     session = Session(policy)
-    sql = bounds.bounds_query(policy, session.engine.catalog, "visits", "spend")
+    sql = clamp_bounds.bounds_query(policy, session.engine.catalog, "visits", "spend")
     assert "WHERE" not in sql.split("GROUP BY")[0]
     session.execute("ESTIMATE BOUNDS FOR visits.spend")
     fresh = session.execute("ESTIMATE BOUNDS FOR visits.spend", fresh=True)
