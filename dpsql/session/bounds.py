@@ -11,7 +11,7 @@ an ``Estimate`` is released through its pipeline like a query.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -78,13 +78,11 @@ class Estimates:
     on public facts (``plan``), and keeps the policy with the estimates released so far filled
     in where the policy declares none (``policy``)."""
 
-    def __init__(
-        self, policy: Policy, store: Store, engine: Engine, version: Callable[[], str]
-    ) -> None:
+    def __init__(self, policy: Policy, store: Store, engine: Engine) -> None:
         self.base = policy
         self.store = store
         self.engine = engine
-        self.version = version  # the policy's content digest, computed once
+        self._version: tuple[Policy, str] | None = None
         self.estimated: dict[tuple[str, str], tuple[Fraction, Fraction]] = {}
         self._seen = 0
         self._with_estimates: Policy | None = None
@@ -122,6 +120,14 @@ class Estimates:
         event = Composite((PureDP(epsilon, "ESTIMATE BOUNDS: " + label),))
         return Estimate(statement, kind, key, sql, _canonical(statement, epsilon), event,
                         epsilon, details, found)  # fmt: skip
+
+    def version(self) -> str:
+        """The base policy's content digest, computed once per policy object (a Policy is
+        frozen). Kept here, not read through the session: a part holding its session would be a
+        reference cycle that keeps the engine's file open until the garbage collector runs."""
+        if self._version is None or self._version[0] is not self.base:
+            self._version = (self.base, self.base.version)
+        return self._version[1]
 
     def _released(self, kind: str, key: Mapping[str, object]) -> Record | None:
         """The latest estimate of the same statement, epsilon, policy and data version."""

@@ -92,9 +92,8 @@ class Session:
         self.pipeline = Pipeline(self._filter, self.cache, self.engine, analyst)
         self.set_values = SetValues()
         self.probes = Probes(self.engine)
-        self.estimates = Estimates(self.policy, store, self.engine, self.policy_version)
+        self.estimates = Estimates(self.policy, store, self.engine)
         self._plans = KeptPlans(MAX_KEPT_PLANS)
-        self._version: tuple[Policy, str] | None = None
 
     # -- the parts a caller may replace: each part that holds one follows -----------------------
     @property
@@ -147,9 +146,7 @@ class Session:
 
     def policy_version(self) -> str:
         """The policy's content digest, computed once per policy object (a Policy is frozen)."""
-        if self._version is None or self._version[0] is not self.policy:
-            self._version = (self.policy, self.policy.version)
-        return self._version[1]
+        return self.estimates.version()
 
     def plan_key(
         self,

@@ -48,7 +48,10 @@ def test_the_shell_toggles_the_diagnosis_and_says_what_the_plus_minus_covers(
 def test_the_diagnosis_in_a_real_terminal(tmp_path: Path) -> None:
     pexpect = pytest.importorskip("pexpect")
     policy = write_policy(tmp_path)
-    env = {**os.environ, "TERM": "dumb", "DPSQL_ANALYST": "ann"}
+    # without COLUMNS/LINES, which a parallel test runner sets and which would override the
+    # pseudo-terminal's size
+    bare = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env = {**bare, "TERM": "dumb", "DPSQL_ANALYST": "ann"}
     child = pexpect.spawn(
         sys.executable,
         ["-m", "dpsql.interfaces.shell.shell", "--policy", str(policy), "--no-history"],

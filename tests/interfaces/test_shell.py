@@ -345,10 +345,16 @@ def test_every_option_and_meta_command_is_documented() -> None:
 
 
 # -- as a person uses it: a real pseudo-terminal --------------------------------------------------
+def _terminal_env() -> dict[str, str]:
+    """The environment without COLUMNS and LINES: a parallel test runner sets them (80x24), and
+    they would override the pseudo-terminal's own size, as they do in a real terminal."""
+    return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+
 def test_the_shell_in_a_real_terminal(policy: Path, tmp_path: Path) -> None:
     pexpect = pytest.importorskip("pexpect")
     history = tmp_path / "history"
-    env = {**os.environ, "TERM": "xterm", "DPSQL_ANALYST": "ann"}
+    env = {**_terminal_env(), "TERM": "xterm", "DPSQL_ANALYST": "ann"}
     child = pexpect.spawn(
         sys.executable,
         ["-m", "dpsql.interfaces.shell.shell", "--policy", str(policy), "--history", str(history)],
@@ -404,7 +410,7 @@ def test_the_shell_in_a_real_terminal(policy: Path, tmp_path: Path) -> None:
 def test_the_shell_on_a_dumb_terminal(policy: Path) -> None:
     # No cursor movement, no colours, no toolbar: the budget is in the prompt.
     pexpect = pytest.importorskip("pexpect")
-    env = {**os.environ, "TERM": "dumb"}
+    env = {**_terminal_env(), "TERM": "dumb"}
     child = pexpect.spawn(
         sys.executable, ["-m", "dpsql.interfaces.shell.shell", "--policy", str(policy),
         "--no-history"], env=env, encoding="utf-8", timeout=30, dimensions=(40, 120),
