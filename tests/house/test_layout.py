@@ -233,6 +233,36 @@ def test_one_module_outside_accounting_charges() -> None:
     assert charging == ["dpsql.session.pipeline"]
 
 
+def _private_session_uses(source: str) -> list[str]:
+    """Each ``<...session>._name`` an interface writes: an attribute of a private name read from
+    anything called a session (``session``, ``self.session``, ``self._session``, ...)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__"):
+            continue
+        owner = node.value
+        name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+        if "session" in name.lower():
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_interfaces_use_the_session_s_public_members_only() -> None:
+    """The interfaces call ``Session``'s public methods; none reaches into its parts' privates
+    (as the workload answers once called seven private members)."""
+    uses = {
+        module: _private_session_uses(path.read_text(encoding="utf-8"))
+        for module, path in MODULES.items()
+        if _stage(module) == "interfaces"
+    }
+    assert {m: u for m, u in uses.items() if u} == {}
+    # and the check sees such a use
+    seen = _private_session_uses("x = self.session._answer(q)\ny = session._plans")
+    assert sorted(seen) == ["self.session._answer", "session._plans"]
+
+
 def test_the_stage_graph_is_what_the_docs_draw() -> None:
     """docs/design.md lists the folders in the order of STAGES."""
     text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
