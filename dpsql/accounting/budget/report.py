@@ -9,6 +9,7 @@ down (``_up``, ``_down``, ``_shown``), so a report never overstates what remains
 from __future__ import annotations
 
 import functools
+import html
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -118,6 +119,34 @@ class BudgetReport:
             + ("" if self.durable else "; in memory: resets when the process ends")
         )
 
+    def __repr__(self) -> str:
+        """Short, in decimals (a notebook's echo of ``conn.budget()``, never Fraction(87, 20))."""
+        return (
+            f"<BudgetReport {self.dataset}: epsilon {_up(self.epsilon_spent)} spent of "
+            f"{_shown(self.epsilon_total)}, {_down(self.epsilon_remaining)} left; delta "
+            f"{_up(self.delta_spent)} of {_shown(self.delta_total)}; {self.queries} queries>"
+        )
+
+    def _repr_html_(self) -> str:
+        """A notebook's display: spent, cap and left of epsilon and delta, in decimals."""
+        rows = [("epsilon", self.epsilon_spent, self.epsilon_total, self.epsilon_remaining)]
+        rows.append(("delta", self.delta_spent, self.delta_total, self.delta_remaining))
+        body = "".join(
+            f"<tr><th>{name}</th><td>{_up(spent)}</td><td>{_shown(cap)}</td>"
+            f"<td>{_down(left)}</td></tr>"
+            for name, spent, cap, left in rows
+        )
+        caption = (
+            f"dataset {html.escape(self.dataset)}: {self.queries} charged queries; "
+            f"{html.escape(self.accountant)} composition decides"
+        )
+        mine = "" if self.share is None else f"<p>{html.escape(str(self.share))}</p>"
+        return (
+            f"{mine}<table><caption>{caption}</caption><tr><th></th><th>spent</th>"
+            f"<th>cap</th><th>left</th></tr>{body}</table>"
+            + (f"<p>{html.escape(self.adaptive_text()[2:])}</p>" if self.adaptive_text() else "")
+        )
+
     def adaptive_text(self) -> str:
         """What holds once the cap was raised after answers were seen ("" if it was not)."""
         if self.adaptive_cap is None or self.valid_adaptively is None:
@@ -191,6 +220,9 @@ class ShareReport:
     @property
     def delta_remaining(self) -> Fraction:
         return _left(self.delta_share, self.delta_spent)
+
+    def __repr__(self) -> str:
+        return f"<ShareReport {self}>"
 
     def __str__(self) -> str:
         return (

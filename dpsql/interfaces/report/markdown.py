@@ -3,18 +3,20 @@
 ``render_markdown`` formats the plain dict of ``report.build_report`` and computes nothing from
 the data: the budget and the analysts' shares, adjacency, contribution bounds and mechanism,
 every accountant's reading, and the release schedule, each a heading with paragraphs, lists and
-pipe tables (cells on one line, ``|`` escaped as ``\\|``). A long exact decimal is shortened for
-people (``_short``); the JSON keeps every digit. ``html_report.py`` renders this Markdown to
+pipe tables (cells on one line, ``|`` escaped as ``\\|``). Numbers are shown as the budget
+screens show them (spent rounded up, what is left rounded down, 6 significant digits); the JSON
+keeps every digit. ``html_report.py`` renders this Markdown to
 HTML; ``report.py`` re-exports ``render_markdown``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from dpsql.accounting.budget.report import EXCEEDS
+from dpsql.accounting.budget.report import EXCEEDS, cap_text, left_text, spent_text
+from dpsql.accounting.theorems.base import Spent
 
 __all__ = ["EXCEEDS_MEANING", "render_markdown"]
 
@@ -39,12 +41,26 @@ def _rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return lines
 
 
-def _short(text: str) -> str:
-    """For people: an exact decimal of a float's binary value (a rho budget's certified epsilon
-    has ~50 digits) shown to 16 significant digits; the JSON keeps every digit."""
-    if len(text) <= 24 or "/" in text:
+def _number(text: object, rounded: Callable[[Spent], str]) -> object:
+    """For people: an exact decimal or a float's repr of the JSON in the budget screens' decimals
+    (``rounded``: spent up, what is left down, a cap as it is); the JSON keeps every digit."""
+    if not isinstance(text, str):
         return text
-    return f"≈ {float(Fraction(text)):.16g}"
+    if text in ("inf", "Infinity"):
+        return "∞"
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return text
+    return rounded(value)
+
+
+def _short(text: object) -> object:
+    return _number(text, cap_text)
+
+
+def _up(text: object) -> object:
+    return _number(text, spent_text)
 
 
 def _md_budget(data: dict[str, Any]) -> list[str]:
@@ -55,10 +71,13 @@ def _md_budget(data: dict[str, Any]) -> list[str]:
         f"The **{b['accountant']}** filter decides admission; the guarantee is its cap.",
         "",
     ]
-    parts = ("policy", "top_ups", "total", "spent", "remaining")
+    parts = (("policy", _short), ("top_ups", _short), ("total", _short), ("spent", _up))
     out += _rows(
         ("", "policy", "top-ups", "total", "spent", "remaining"),
-        [[name, *(_short(b[name][p]) for p in parts)] for name in ("epsilon", "delta")],
+        [
+            [name, *(way(b[name][p]) for p, way in parts), _number(b[name]["remaining"], left_text)]
+            for name in ("epsilon", "delta")
+        ],
     )
     if b["rho"] is not None:
         out += ["", f"The policy's budget is zCDP rho = {b['rho']}."]
@@ -69,7 +88,7 @@ def _md_budget(data: dict[str, Any]) -> list[str]:
             f"**Adaptive cap.** The cap was raised after answers were seen (ledger record "
             f"{b['adaptive_cap']['since_record']}), so it is not a guarantee. What holds whatever "
             f"was chosen adaptively, by {held['theorem']} of the charges: epsilon "
-            f"{_short(held['epsilon'])}, delta {_short(held['delta'])}.",
+            f"{_up(held['epsilon'])}, delta {_up(held['delta'])}.",
         ]
     defaults = b["query_defaults"]
     out += [
@@ -93,12 +112,12 @@ def _md_budget(data: dict[str, Any]) -> list[str]:
             rows.append(
                 [
                     name,
-                    share.get("epsilon"),
-                    share.get("delta"),
+                    _short(share.get("epsilon")),
+                    _short(share.get("delta")),
                     share.get("set_by"),
                     a["queries"],
-                    a["epsilon_charged"],
-                    a["delta_charged"],
+                    _up(a["epsilon_charged"]),
+                    _up(a["delta_charged"]),
                 ]
             )
         out += ["", "### Analysts", "", *_rows(header, rows)]
@@ -152,7 +171,11 @@ def _md_accounting(data: dict[str, Any]) -> list[str]:
     out += [f"- *{note}*: {meaning}" for note, meaning in acc["notes"].items()]
     out += [f"- *{EXCEEDS}*: {EXCEEDS_MEANING}"]
     rows = [
-        [f["accountant"], f["epsilon"], f["note"] + (f"; {EXCEEDS}" if f["exceeds_cap"] else "")]
+        [
+            f["accountant"],
+            _up(f["epsilon"]),
+            f["note"] + (f"; {EXCEEDS}" if f["exceeds_cap"] else ""),
+        ]
         for f in acc["figures"]
     ]
     return [*out, "", *_rows(("accountant", "epsilon", "label"), rows)]
@@ -175,7 +198,16 @@ def _md_schedule(data: dict[str, Any]) -> list[str]:
         what = e.get("query") or (f"share of {e['share_of']}" if "share_of" in e else None)
         how = e.get("mechanisms") or e.get("why") or _reference(e)
         rows.append(
-            [e["seq"], e["time"], e["kind"], who, what, e.get("epsilon"), e.get("delta"), how]
+            [
+                e["seq"],
+                e["time"],
+                e["kind"],
+                who,
+                what,
+                _up(e.get("epsilon")),
+                _up(e.get("delta")),
+                how,
+            ]
         )
     header = (
         "seq",
