@@ -25,6 +25,10 @@ Hypothesis runs under a profile: ``quick`` in ``make test``, ``long`` with ``DPS
 its examples with ``examples(n)``: n under the quick profile, ``LONG_FACTOR`` times n under the
 long one, so that one flag deepens every property test at once.
 
+``adds_up(parent, children)`` asserts that published counts are consistent as least squares
+makes them, given that each is shown at 0 or above when published (docs/reading.md): the
+children add up to the parent where none of them was shown as 0, else to at least the parent.
+
 Every test marked ``spark`` runs in one process of the parallel run (``xdist_group``): one
 local Spark, whose JVM takes seconds to start, serves them all.
 """
@@ -73,6 +77,15 @@ LONG_FACTOR = 10
 settings.register_profile("quick", deadline=None)
 settings.register_profile("long", deadline=None, max_examples=100 * LONG_FACTOR)
 settings.load_profile("long" if LONG else "quick")
+
+
+def adds_up(parent: float, children: Sequence[float]) -> None:
+    """Published counts of a consistent release (module docstring)."""
+    tolerance = 1e-9 * max(1.0, abs(parent)) + 1e-6
+    if all(c > 0 for c in children):
+        assert abs(parent - sum(children)) <= tolerance, (parent, children)
+    else:
+        assert sum(children) >= parent - tolerance, (parent, children)
 
 
 def examples(n: int) -> int:

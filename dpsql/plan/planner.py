@@ -32,7 +32,6 @@ from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sample import amplified
 from dpsql.plan.sensitivity import _check_loss, _gaussian, _laplace
-from dpsql.plan.split import weights
 from dpsql.plan.steps import _group_bounds, _steps
 from dpsql.policy import Policy
 
@@ -81,11 +80,10 @@ def calibrate(analysis: Analysis, options: QueryOptions, policy: Policy) -> Cali
             builder, l0, c, options, options.declared
         )
     else:
-        # The split's weights: public, from the query's estimates and bounds (dpsql.plan.split).
-        weight = weights(estimates, len(builder.specs))
+        # The split weighs public numbers: the query's estimates and bounds (dpsql.plan.split).
         noise = _gaussian if options.mechanism == "gaussian" else _laplace
         measurements, events, certified = noise(
-            builder, l0, c, options, selection_at, weight=weight
+            builder, l0, c, options, selection_at, estimates=estimates
         )
     return Calibration(
         options,

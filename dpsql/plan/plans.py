@@ -47,7 +47,7 @@ class QueryOptions:
     diagnose: bool = False
     diagnose_epsilon: Fraction = Fraction(1, 10)
     # How the budget is split across the measurements (``dpsql.plan.split``).
-    split: Literal["optimal", "even"] = "optimal"
+    split: Literal["min_max_ratio", "min_total_variance", "even"] = "min_max_ratio"
     # Or each measurement's own budget, solved for an accuracy target (dpsql.plan.targets):
     # epsilon_j for a discrete Laplace or exponential mechanism, rho_j for a discrete Gaussian.
     budgets: tuple[Fraction, ...] | None = None

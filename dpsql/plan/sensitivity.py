@@ -13,6 +13,7 @@ epsilon_j, so the charged epsilon is exactly the query's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
 
@@ -26,7 +27,7 @@ from dpsql.mechanisms.quantile_score import score_sensitivity
 from dpsql.mechanisms.selection_events import Exponential
 from dpsql.plan import calibration
 from dpsql.plan.estimates import _Builder
-from dpsql.plan.plans import Measurement, QueryOptions
+from dpsql.plan.plans import Estimate, Measurement, QueryOptions
 from dpsql.plan.split import shares
 from dpsql.policy.numbers import decimal_text
 from dpsql.sql.parse import DIALECT
@@ -121,7 +122,7 @@ def _laplace(
     options: QueryOptions,
     selection: int | None,
     *,
-    weight: list[Fraction],
+    estimates: Sequence[Estimate],
 ) -> Calibrated:
     """Discrete Laplace on every measurement (sequential composition, Dwork and Roth 2014,
     Theorem 3.16): scale_j = L1_j/epsilon_j with Σ epsilon_j = epsilon exactly. Pure parts
@@ -138,7 +139,7 @@ def _laplace(
     else:
         share = {j: Fraction(1, k) for j in pure}
         rest = Fraction(len(free), k)
-        split = shares(base, weight, free, False, options.split)
+        split = shares(base, estimates, free, False, options.split)
         share.update({j: rest * s for j, s in split.items()})
     if sum(share.values(), Fraction(0)) != 1:
         raise InternalError("the epsilon shares of the query do not sum to 1")
@@ -176,7 +177,7 @@ def _gaussian(
     options: QueryOptions,
     selection: int | None,
     *,
-    weight: list[Fraction],
+    estimates: Sequence[Estimate],
 ) -> Calibrated:
     """Discrete Gaussians on the measurements; partition selection stays a discrete Laplace.
 
@@ -218,7 +219,7 @@ def _gaussian(
     if options.budgets is not None:
         share = {j: options.budgets[j] / rho for j in gaussian}
     else:
-        share = shares(base, weight, gaussian, True, split)
+        share = shares(base, estimates, gaussian, True, split)
     measurements: list[Measurement] = []
     events: list[Event] = []
     for j, m in enumerate(base):

@@ -45,7 +45,7 @@ from dpsql.plan.aggregates.registry import rule_of
 from dpsql.plan.aggregates.rule import Check, Goal
 from dpsql.plan.planner import Calibration, calibrate
 from dpsql.plan.plans import Measurement, QueryOptions
-from dpsql.plan.split import shares, weights
+from dpsql.plan.split import shares
 from dpsql.policy import Policy
 from dpsql.policy.numbers import MAX_QUERY_EPSILON, MAX_QUERY_RHO, decimal_text, decimal_up
 
@@ -161,8 +161,9 @@ class _Budgets:
     def together(self, check: Check) -> None:
         """The check's measurements in the optimal split's proportions, scaled together until
         the figure (a ratio's ± in groups of at least n units) meets the goal."""
-        weight = weights(self.base.estimates, len(self.ms))
-        rel = shares(self.ms, weight, check.measurements, self.gaussian, "optimal")
+        rel = shares(
+            self.ms, self.base.estimates, check.measurements, self.gaussian, "min_total_variance"
+        )
 
         def scaled(t: Fraction) -> list[Measurement]:
             return [

@@ -375,6 +375,14 @@ class LedgerSpec(_Frozen):
     anchor: Path | None = None  # default: beside the ledger, named <path>.anchor
 
 
+class ServerSpec(_Frozen):
+    """What ``dpsql serve`` sets on every connection: how answers are shown, never an answer."""
+
+    # The ± columns on from the start (``SET dpsql.accuracy_columns``), for clients that send
+    # one query and read columns only (pandas.read_sql, BI tools).
+    accuracy_columns: bool = False
+
+
 class Policy(_Frozen):
     """The whole policy. ``base_dir`` resolves relative data paths (it is not part of it)."""
 
@@ -384,6 +392,7 @@ class Policy(_Frozen):
     tables: dict[str, TableSpec]
     ledger: LedgerSpec | None = None  # without it the budget lives in memory
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("tables")
@@ -418,8 +427,9 @@ class Policy(_Frozen):
     @property
     def version(self) -> str:
         """A hash of the policy's canonical form: any change to it changes the version."""
-        # The engine's settings change the speed, never an answer: not part of the version.
-        body = self.model_dump(mode="json", exclude={"engine"})
+        # The engine's settings change the speed, the server's the display, never an answer:
+        # neither is part of the version.
+        body = self.model_dump(mode="json", exclude={"engine", "server"})
         canonical = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

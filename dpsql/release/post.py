@@ -2,8 +2,9 @@
 
 Everything after the noise is post-processing of noisy values (DESIGN.md section 2): partition
 selection's threshold, AVG = m + noisy centred sum / noisy count, clamping an average to its
-bounds, the output expressions, HAVING, ORDER BY and LIMIT. These run in a scratch in-memory
-DuckDB that holds only noisy values and released keys, never the private rows.
+bounds, a count (or a sum of values bounded at or above 0) shown at 0 or above, the output
+expressions, HAVING, ORDER BY and LIMIT. These run in a scratch in-memory DuckDB that holds only
+noisy values and released keys, never the private rows.
 
 Each aggregate's values and half-widths are computed by its kind's estimator
 (``dpsql.plan.aggregates``), and a total is scaled to the whole table on a sample when asked
@@ -23,14 +24,21 @@ import duckdb
 import numpy as np
 from sqlglot import exp
 
-from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, ParameterError, UnsupportedQueryError
+from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, UnsupportedQueryError
 from dpsql.noise.measure import Noisy, measure
 from dpsql.plan.aggregates.registry import rule_of
 from dpsql.plan.plans import Estimate, Plan
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import total
 
-__all__ = ["ACCURACY_SUFFIX", "Release", "accuracy_columns", "check_post_processing", "publish"]
+__all__ = [
+    "ACCURACY_SUFFIX",
+    "Release",
+    "accuracy_columns",
+    "check_post_processing",
+    "mostly_noise",
+    "publish",
+]
 
 
 def _sql(node: Any) -> str:
@@ -47,6 +55,8 @@ class Release:
     rows: tuple[tuple[Any, ...], ...]
     accuracy: tuple[tuple[float | None, ...], ...]
     confidence: float
+    # Per cell: the value is mostly noise (``mostly_noise``); False where no ± is known.
+    noise: tuple[tuple[bool, ...], ...] = ()
 
 
 @functools.cache
@@ -184,13 +194,27 @@ def _estimates(
     values: list[Any] = []
     widths: list[Any] = []
     for est in plan.estimates:
-        value, width = rule_of(est.kind).estimator(est, plan.measurements, noisy, confidence)
+        rule = rule_of(est.kind)
+        value, width = rule.estimator(est, plan.measurements, noisy, confidence)
         factor = _scaled(plan, est)
         if factor is not None:
             value, width = np.asarray(value, dtype=np.float64) * factor, width * factor
+        if rule.nonnegative(est):
+            value = _at_least_zero(value)
         values.append(value)
         widths.append(width)
     return values, widths
+
+
+def _at_least_zero(value: Any) -> Any:
+    """A count's (or a sum of values bounded at or above 0) published estimate, shown at 0 or
+    above: post-processing of the noisy value (DESIGN.md section 2), which never widens the
+    error (the truth is at or above 0). Only what is published: the ledger, the cache, derived
+    answers, combinations and workload fits read the noisy measurements, unclamped. NaN stays."""
+    array = np.asarray(value)
+    if array.dtype == object:  # integers past 64 bits
+        return np.array([v if v is None or v >= 0 else type(v)(0) for v in array], dtype=object)
+    return np.where(array < 0, np.zeros_like(array), array)
 
 
 ACCURACY_SUFFIX = " ±"
@@ -199,22 +223,20 @@ ACCURACY_SUFFIX = " ±"
 def accuracy_columns(plan: Plan) -> list[tuple[int, str]]:
     """For ``SET dpsql.accuracy_columns = on``: (output index, column name) of the half-width
     column added after each output that is exactly an aggregate (``<name> ±``). A name that
-    would repeat a result column's (or another one's), in any letter case, is refused before
-    the charge (``ParameterError``)."""
+    would repeat a result column's (or another one's), in any letter case, takes the first
+    free number: ``<name> ± 2``, ``<name> ± 3``... (a function of the query's text only)."""
     names = [o.name for o in plan.analysis.outputs]
-    extra = [
-        (i, names[i] + ACCURACY_SUFFIX)
-        for i, agg in enumerate(_bare_aggregate(plan))
-        if agg is not None
-    ]
-    seen: set[str] = set()
-    for name in [*names, *(n for _, n in extra)]:
-        if name.lower() in seen:
-            raise ParameterError(
-                f"the accuracy column {name!r} would repeat a column name of the result; "
-                "rename that column or SET dpsql.accuracy_columns = off"
-            )
+    seen = {name.lower() for name in names}
+    extra = []
+    for i, agg in enumerate(_bare_aggregate(plan)):
+        if agg is None:
+            continue
+        name, n = names[i] + ACCURACY_SUFFIX, 1
+        while name.lower() in seen:
+            n += 1
+            name = f"{names[i]}{ACCURACY_SUFFIX} {n}"
         seen.add(name.lower())
+        extra.append((i, name))
     return extra
 
 
@@ -253,12 +275,15 @@ def publish(plan: Plan, noisy: Noisy) -> Release:
     finally:
         scratch.close()
     n_out = len(plan.analysis.outputs)
+    rows = tuple(tuple(r[:n_out]) for r in out)
+    accuracy = tuple(tuple(_width(w) for w in r[n_out:]) for r in out)
     return Release(
         columns=tuple(o.name for o in plan.analysis.outputs),
         types=tuple(str(d[1]) for d in description[:n_out]),
-        rows=tuple(tuple(r[:n_out]) for r in out),
-        accuracy=tuple(tuple(_width(w) for w in r[n_out:]) for r in out),
+        rows=rows,
+        accuracy=accuracy,
         confidence=confidence,
+        noise=_flags(plan, rows, accuracy),
     )
 
 
@@ -349,14 +374,17 @@ def _direct(
     if a.limit is not None:
         order = order[: a.limit]
     hw = _bare_aggregate(plan)
+    rows = tuple(tuple(columns[p][r] for p in picked if p is not None) for r in order)
+    accuracy = tuple(
+        tuple(None if i is None else _width(float(widths[i][r])) for i in hw) for r in order
+    )
     return Release(
         columns=tuple(o.name for o in a.outputs),
         types=tuple(types[p] for p in picked if p is not None),
-        rows=tuple(tuple(columns[p][r] for p in picked if p is not None) for r in order),
-        accuracy=tuple(
-            tuple(None if i is None else _width(float(widths[i][r])) for i in hw) for r in order
-        ),
+        rows=rows,
+        accuracy=accuracy,
         confidence=plan.options.confidence,
+        noise=_flags(plan, rows, accuracy),
     )
 
 
@@ -365,6 +393,37 @@ def _sort_key(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return (1, 0.0)
     return (0, value) if isinstance(value, float) else value
+
+
+def mostly_noise(value: Any, width: float | None, bounds: tuple[float, float] | None) -> bool:
+    """A published value that is mostly noise: its ± is at least its own magnitude, or its
+    interval spans the whole range its estimate is clamped to. Read from the published value,
+    its half-width and public bounds only (post-processing)."""
+    if width is None or value is None or isinstance(value, bool):
+        return False
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    if not math.isfinite(v) or not math.isfinite(width):
+        return False
+    if width >= abs(v):
+        return True
+    return bounds is not None and v - width <= bounds[0] and v + width >= bounds[1]
+
+
+def _flags(
+    plan: Plan, rows: tuple[tuple[Any, ...], ...], accuracy: tuple[tuple[float | None, ...], ...]
+) -> tuple[tuple[bool, ...], ...]:
+    """``mostly_noise`` of each published cell (False for a key or an expression's value)."""
+    bounds = [
+        None if i is None else rule_of(plan.estimates[i].kind).bounds(plan.estimates[i])
+        for i in _bare_aggregate(plan)
+    ]
+    return tuple(
+        tuple(mostly_noise(v, w, b) for v, w, b in zip(row, widths, bounds, strict=True))
+        for row, widths in zip(rows, accuracy, strict=True)
+    )
 
 
 def _width(value: Any) -> float | None:

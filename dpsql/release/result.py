@@ -15,6 +15,7 @@ again), so a frame saved or passed on still says what it is.
 
 from __future__ import annotations
 
+import datetime
 import html
 import importlib
 import math
@@ -39,6 +40,8 @@ class Result:
     types: tuple[str, ...]
     rows: tuple[tuple[Any, ...], ...]
     accuracy: tuple[tuple[float | None, ...], ...] = ()
+    # Per cell: True where the published value is mostly noise (``dpsql.release.post``).
+    noise: tuple[tuple[bool, ...], ...] = ()
     confidence: float | None = None
     plan: Plan | None = None
     charge: Charge | None = None
@@ -72,26 +75,32 @@ def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
         if i in after:
             columns.append(after[i])
             types.append("DOUBLE")
-    rows, accuracy = [], []
+    rows, accuracy, noise = [], [], []
     for r, row in enumerate(result.rows):
         widths = result.accuracy[r] if r < len(result.accuracy) else ()
+        flags = result.noise[r] if r < len(result.noise) else ()
         out: list[Any] = []
         kept: list[float | None] = []
+        marked: list[bool] = []
         for i, value in enumerate(row):
             width = widths[i] if i < len(widths) else None
             out.append(value)
             kept.append(width)
+            marked.append(flags[i] if i < len(flags) else False)
             if i in after:
                 out.append(width)
                 kept.append(None)  # a half-width column has none of its own
+                marked.append(False)
         rows.append(tuple(out))
         accuracy.append(tuple(kept))
+        noise.append(tuple(marked))
     return replace(
         result,
         columns=tuple(columns),
         types=tuple(types),
         rows=tuple(rows),
         accuracy=tuple(accuracy),
+        noise=tuple(noise),
     )
 
 
@@ -129,18 +138,24 @@ def cost_metadata(result: Result) -> dict[str, str]:
 
 
 def columns(
-    result: Result, rows: Sequence[Sequence[Any]], accuracy: bool
+    result: Result, rows: Sequence[Sequence[Any]], accuracy: bool, noise: bool = False
 ) -> list[tuple[str, str, list[Any]]]:
     """(name, DuckDB type, values) of each output column, and with ``accuracy`` the ± columns
-    after the columns that have half-widths."""
+    after the columns that have half-widths; with ``noise`` too, after each ± column a
+    BOOLEAN ``<name> noise`` column, true where the value is mostly noise."""
     start = len(result.rows) - len(rows)  # ``rows`` are the last ones (a cursor's remainder)
     widths = result.accuracy[start:] if result.accuracy else ()
+    flags = result.noise[start:] if result.noise else ()
     out: list[tuple[str, str, list[Any]]] = []
     for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
         out.append((name, dtype, [row[i] for row in rows]))
         column = [w[i] if i < len(w) else None for w in widths]
         if accuracy and any(w is not None for w in column):
             out.append((name + ACCURACY_SUFFIX, "DOUBLE", column))
+            if noise:
+                marked = [bool(f[i]) if i < len(f) else False for f in flags]
+                marked += [False] * (len(rows) - len(marked))
+                out.append((name + NOISE_SUFFIX, "BOOLEAN", marked))
     return out
 
 
@@ -216,12 +231,17 @@ def to_html(result: Result) -> str:
     n = len(result.rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in result.columns)
     body = []
-    for r, row in enumerate(result.rows[:MAX_HTML_ROWS]):
+    for r, row in enumerate(shown_rows(result)[:MAX_HTML_ROWS]):
         widths = result.accuracy[r] if r < len(result.accuracy) else ()
+        flags = result.noise[r] if r < len(result.noise) else ()
         cells = []
         for i, value in enumerate(row):
             width = widths[i] if i < len(widths) else None
-            cells.append(f"<td>{html.escape(cell(value, width))}</td>")
+            noisy = i < len(flags) and flags[i]
+            text = html.escape(cell(value, width))
+            if noisy:
+                text = f"<s>{text}</s> <em>mostly noise</em>"
+            cells.append(f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f"; first {MAX_HTML_ROWS} shown" if n > MAX_HTML_ROWS else ""
     caption = html.escape(f"{n} row(s){more}; {summary(result)}")
@@ -262,15 +282,64 @@ def _decimal(value: Any) -> str:
     return str(value)
 
 
-def cell(value: Any, width: float | None) -> str:
+def shown_rows(result: Result) -> tuple[tuple[Any, ...], ...]:
+    """The rows as the text interfaces show them (the shell, ``dpsql run`` and ``query``,
+    notebooks, CSV and JSON): a TIMESTAMP column whose every value is at midnight, as
+    ``date_trunc('month', a_date)`` gives (a TIMESTAMP in DuckDB and PostgreSQL alike), shows
+    dates, without a spurious ``00:00:00``. The values and types themselves stay the engine's
+    (``cursor``, frames, Parquet, the wire). Released keys only: post-processing."""
+    dates = [
+        i
+        for i, dtype in enumerate(result.types)
+        if dtype.upper() in ("TIMESTAMP", "TIMESTAMP_NS", "TIMESTAMP_MS", "TIMESTAMP_S")
+        and all(_midnight(row[i]) for row in result.rows)
+        and any(row[i] is not None for row in result.rows)
+    ]
+    if not dates:
+        return result.rows
+    return tuple(
+        tuple(v.date() if i in dates and v is not None else v for i, v in enumerate(row))
+        for row in result.rows
+    )
+
+
+def _midnight(value: Any) -> bool:
+    if value is None:
+        return True
+    return (
+        isinstance(value, datetime.datetime)
+        and value.tzinfo is None
+        and value.time() == datetime.time(0)
+    )
+
+
+NOISE_MARK = " (mostly noise)"
+NOISE_SUFFIX = " noise"
+
+
+def noise_names(result: Result) -> list[str]:
+    """The columns holding a value that is mostly noise in some row, in column order."""
+    flagged = {i for row in result.noise for i, f in enumerate(row) if f}
+    return [name for i, name in enumerate(result.columns) if i in flagged]
+
+
+def cell(value: Any, width: float | None, noise: bool = False) -> str:
     """``value ± half-width`` as every text interface prints it (the shell, ``dpsql run`` and
     ``dpsql query`` tables, notebooks): the value rounded to the precision its accuracy
     supports, the half-width at the same precision rounded **up**, so that rounding never
     makes an answer look more accurate than it is.
 
+    A value that is mostly noise (``noise``) is marked so wherever it is read.
+
     >>> cell(1234.56, 12.4), cell(0.5123, 0.0123), cell(7, None), cell(2.0, 0.25)
     ('1235 ± 13', '0.512 ± 0.013', '7', '2.00 ± 0.25')
+    >>> cell(0, 40755.2, noise=True)
+    '0 ± 40756 (mostly noise)'
     """
+    return _cell(value, width) + (NOISE_MARK if noise else "")
+
+
+def _cell(value: Any, width: float | None) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -304,11 +373,15 @@ def _shown(value: Any) -> str:
 
 
 __all__ = [
+    "NOISE_MARK",
+    "NOISE_SUFFIX",
     "cell",
     "columns",
     "cost_metadata",
     "covers",
     "half_width",
+    "noise_names",
+    "shown_rows",
     "summary",
     "to_arrow",
     "to_html",

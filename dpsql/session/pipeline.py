@@ -270,6 +270,7 @@ def result(
         types=released.types,
         rows=released.rows,
         accuracy=released.accuracy,
+        noise=released.noise,
         confidence=released.confidence,
         plan=plan,
         charge=charge,

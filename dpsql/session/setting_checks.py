@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from dpsql.analyze.sample import check_rate
 from dpsql.errors import ParameterError
-from dpsql.plan.split import SPLITS
+from dpsql.plan.split import ALIASES, SPLITS
 from dpsql.policy import (
     MAX_CONTRIBUTION_BOUND,
     MAX_QUERY_EPSILON,
@@ -68,7 +68,7 @@ def boolean(name: str) -> Callable[[object], bool]:
         # integer, which raises ValueError) is never taken.
         if isinstance(value, int) and value in (0, 1):
             return value == 1
-        text = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
+        text = value.strip().lower() if isinstance(value, str) and len(value) <= 32 else None
         if text in _TRUE:
             return True
         if text in _FALSE:
@@ -91,7 +91,7 @@ def confidence(value: object) -> float:
 
 def word(name: str, words: tuple[str, ...], message: str) -> Callable[[object], str]:
     def check(value: object) -> str:
-        chosen = value.strip().lower() if isinstance(value, str) and len(value) <= 16 else None
+        chosen = value.strip().lower() if isinstance(value, str) and len(value) <= 32 else None
         if chosen not in words:
             raise ParameterError(message)
         return chosen
@@ -100,7 +100,15 @@ def word(name: str, words: tuple[str, ...], message: str) -> Callable[[object], 
 
 
 mechanism = word("mechanism", ("laplace", "gaussian"), "mechanism must be 'laplace' or 'gaussian'")
-split = word("split", SPLITS, "split must be 'optimal' or 'even'")
+_split_word = word(
+    "split", (*SPLITS, *ALIASES), "split must be 'min_max_ratio', 'min_total_variance' or 'even'"
+)
+
+
+def split(value: object) -> str:
+    """A rule of ``dpsql.plan.split``; an old name reads as the rule it names now."""
+    chosen = _split_word(value)
+    return ALIASES.get(chosen, chosen)
 
 
 def rho(value: object) -> Fraction:

@@ -170,8 +170,10 @@ SETTINGS: tuple[Setting, ...] = (
             "`true`: after each output that is an aggregate, a column `<name> ±` (DOUBLE) with the "
             "half-width of that value at `dpsql.confidence` (noise only), for clients that show "
             "columns only (psql, BI tools); a name that would repeat a result column's, in any "
-            "letter case, is refused before the charge (`ParameterError`). Post-processing: a "
-            "released answer is served again with or without them, free"
+            "letter case, takes the first free number (`<name> ± 2`). On for every connection of "
+            "`dpsql serve` with the policy's `server.accuracy_columns`, or a client's "
+            "`options=-c dpsql.accuracy_columns=on`. Post-processing: a released answer is served "
+            "again with or without them, free"
         ),
         options=False,
     ),
@@ -226,12 +228,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "split",
         checks.split,
-        lambda p: "optimal",
-        default_text="`optimal`",
-        values="`optimal` or `even`",
+        lambda p: "min_max_ratio",
+        default_text="`min_max_ratio`",
+        values="`min_max_ratio`, `min_total_variance` (old name `optimal`) or `even`",
         doc=(
-            "how the query's budget is split across its measurements: to minimise the weighed noise"
-            " variance of what it releases, or equally ([below](#the-split-of-a-querys-budget)); "
+            "how the query's budget is split across its measurements: so that no estimate's "
+            "variance is more than needed times its variance asked alone, to minimise the summed "
+            "variance of what it releases, or equally ([below](#the-split-of-a-querys-budget)); "
             "the charged total is the same"
         ),
     ),

@@ -42,6 +42,9 @@ def test_the_shell_solves_the_target_and_shows_each_share(
     assert f"charged epsilon {epsilon}, delta 0" in shown
     (width,) = re.findall(r"\d+ ± (\d+)", shown)
     assert int(width) <= 500
+    # The default keeps each output at most k times its ± alone: here each takes half.
+    assert shell.handle(f"\\explain {TWO}").count("share 0.5 of the query's epsilon") == 2
+    shell.handle("SET dpsql.split = 'min_total_variance';")
     shares = shell.handle(f"\\explain {TWO}")
     assert re.search(r"SUM\(\"?spend\"?\).*share 0\.9\d+ of the query's epsilon", shares)
     assert "share 0.5 of the query's epsilon" not in shares

@@ -188,13 +188,17 @@ def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fm
     first = out / f"02.{fmt}"
     if fmt == "csv":
         lines = first.read_text(encoding="utf-8").splitlines()
-        # The half-widths stay with the values: a <name> ± column after each noisy one.
-        assert lines[0] == "region,n,n ±" and len(lines) == 6 and lines[1].startswith("central,")
+        # The half-widths stay with the values: a <name> ± column after each noisy one, then
+        # its flag <name> noise (the value is mostly noise).
+        assert lines[0] == "region,n,n ±,n noise" and len(lines) == 6
+        assert lines[1].startswith("central,")
         assert all(float(line.split(",")[2]) > 0 for line in lines[1:])
+        assert all(line.split(",")[3] in ("True", "False") for line in lines[1:])
     elif fmt == "json":
         doc = json.loads(first.read_text(encoding="utf-8"))
         assert doc["columns"] == ["region", "n"] and len(doc["rows"]) == 5
         assert doc["epsilon"] == "0.1" and doc["accuracy"][0][1] > 0
+        assert [len(r) for r in doc["noise"]] == [2] * 5 and not doc["noise"][0][0]
     else:
         rows = duckdb.sql(f"SELECT * FROM '{first}'").fetchall()
         assert len(rows) == 5 and rows[0][0] == "central"
@@ -210,10 +214,10 @@ def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fm
         docs = json.loads(target.read_text(encoding="utf-8"))
         assert [d["statement"] for d in docs] == [2, 3, 4]
         assert docs[1]["columns"] == ["mean"] and docs[1]["cached_from"] is not None
-        assert {"statement", "columns", "rows", "accuracy"} <= set(docs[0])
+        assert {"statement", "columns", "rows", "accuracy", "noise"} <= set(docs[0])
     elif fmt == "csv":
         lines = target.read_text(encoding="utf-8").splitlines()
-        assert lines[0] == "statement,row,column,value,accuracy"
+        assert lines[0] == "statement,row,column,value,accuracy,noise"
         assert len(lines) == 1 + 10 + 1 + 1  # 5 rows x 2 columns, one mean, one setting
     else:
         count = duckdb.sql(f"SELECT COUNT(*) FROM '{target}'").fetchall()
@@ -441,7 +445,7 @@ def test_query_prints_one_answer_in_each_format(policy: Path) -> None:
     csv_out = invoke(policy, "query", ONE, "--format", "csv")
     assert csv_out.exit_code == 0, csv_out.stderr
     rows = list(csv.reader(io.StringIO(csv_out.stdout)))
-    assert rows[0] == ["region", "n", "n ±"] and len(rows) == 6
+    assert rows[0] == ["region", "n", "n ±", "n noise"] and len(rows) == 6
     doc = json.loads(invoke(policy, "query", ONE, "--format", "json").stdout)
     assert doc["columns"] == ["region", "n"] and doc["cached_from"] is not None
     assert doc["epsilon"] == "0" and len(doc["rows"]) == 5 and doc["sql"] == ONE

@@ -771,8 +771,12 @@ def test_an_analyst_cannot_spend_another_share(fresh: Callable[..., Served]) -> 
 
 
 def test_the_authenticated_name_cannot_change(main: Served) -> None:
-    """Neither startup options nor SET statements make alice's queries anyone else's."""
-    options = "-c session_authorization=bob -c role=bob -c dpsql.epsilon=5"
+    """Neither startup options nor SET statements make alice's queries anyone else's. A
+    ``dpsql.*`` startup option is a SET the analyst may send (here a smaller epsilon); one that
+    is no setting (``dpsql.analyst``) refuses the connection."""
+    with pytest.raises(psycopg.OperationalError):
+        connect(main.port, "alice", options="-c dpsql.analyst=bob").close()
+    options = "-c session_authorization=bob -c role=bob -c dpsql.epsilon=0.02"
     with connect(main.port, "alice", options=options) as conn:
         for statement in (
             "SET SESSION AUTHORIZATION bob",
@@ -784,10 +788,10 @@ def test_the_authenticated_name_cannot_change(main: Served) -> None:
                 conn.execute(statement)
         for probe in ("SELECT current_user", "SELECT session_user", "SHOW session_authorization"):
             assert conn.execute(probe).fetchone() == ("alice",)
-        assert conn.execute("SHOW dpsql.epsilon").fetchone() == ("0.01",)
+        assert conn.execute("SHOW dpsql.epsilon").fetchone() == ("0.02",)
         conn.execute(COUNT, [67]).fetchone()
     last = charges(main.ledger)[-1]
-    assert (last.analyst, last.payload["epsilon"]) == ("alice", "1/100")
+    assert (last.analyst, last.payload["epsilon"]) == ("alice", "1/50")
     assert last.payload["query"].endswith("> 67")
 
 

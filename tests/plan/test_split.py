@@ -1,4 +1,6 @@
-"""The split of a query's budget across its measurements (``dpsql.split``, dpsql.plan.split).
+"""The split of a query's budget across its measurements (``dpsql.split``, dpsql.plan.split):
+the ``min_total_variance`` rule (once called ``optimal``, still an alias) and ``even``. The
+default, ``min_max_ratio``, is tested in test_split_min_max.py.
 
 What must hold:
 
@@ -37,8 +39,12 @@ def _session(
     return Session(tiny_policy(rows, max_groups=1, max_rows=1, **kw))
 
 
+OLD = "min_total_variance"
+
+
 def _plan(s: Session, sql: str, **kw: object) -> Plan:
-    return s.plan(sql, **kw)
+    """The plan under ``min_total_variance`` unless the test names another split."""
+    return s.plan(sql, **{"split": OLD, **kw})
 
 
 def test_sum_and_count_gain_the_issue_s_figures(tiny_policy: TinyPolicy) -> None:
@@ -184,10 +190,11 @@ def test_a_private_key_s_selection_keeps_its_even_share(tiny_policy: TinyPolicy)
 
 def test_explain_shows_each_share(tiny_policy: TinyPolicy) -> None:
     s = _session(tiny_policy)
+    s.execute("SET dpsql.split = 'optimal'")  # the old name of min_total_variance
     lines = "\n".join(r[0] for r in s.execute(f"EXPLAIN {SUM_COUNT}").rows)
     assert "share 0.9716 of the query's epsilon" in lines
     assert "share 0.02841 of the query's epsilon" in lines
-    g = "\n".join(s.plan(SUM_COUNT, mechanism="gaussian").explain())
+    g = "\n".join(_plan(s, SUM_COUNT, mechanism="gaussian").explain())
     assert "of the query's Gaussian rho" in g
 
 
@@ -197,20 +204,22 @@ def test_the_sampled_noise_confirms_the_gain(tiny_policy: TinyPolicy) -> None:
     s = Session(tiny_policy(ROWS, max_groups=1, max_rows=1, budget={"epsilon": "10000"}))
     truth = np.array([4000.0, 40.0])
     errors: dict[str, float] = {}
-    for split in ("even", "optimal"):
+    for split in ("even", OLD):
         s.execute(f"SET dpsql.split = '{split}'")
         draws = np.array(
             [[float(v) for v in s.execute(SUM_COUNT, fresh=True).rows[0]] for _ in range(400)]
         )
         errors[split] = float(((draws - truth) ** 2).sum(axis=1).mean())
-    assert errors["even"] / errors["optimal"] > 2.5
+    assert errors["even"] / errors[OLD] > 2.5
 
 
 def test_a_bad_split_is_refused_and_costs_nothing(tiny_policy: TinyPolicy) -> None:
     s = _session(tiny_policy)
     before = s.budget().epsilon_spent
-    for bad in ("fair", "", "x" * 40, 1):
-        with pytest.raises(ParameterError, match="split must be 'optimal' or 'even'"):
+    for bad in ("fair", "", "x" * 40, "min_total_variance" * 2, 1):
+        with pytest.raises(
+            ParameterError, match="split must be 'min_max_ratio', 'min_total_variance' or 'even'"
+        ):
             s.execute(
                 f"SET dpsql.split = '{bad}'" if isinstance(bad, str) else SUM_COUNT, split=bad
             )
@@ -219,6 +228,8 @@ def test_a_bad_split_is_refused_and_costs_nothing(tiny_policy: TinyPolicy) -> No
     assert s.budget().epsilon_spent == before
     s.execute("SET dpsql.split = 'EVEN'")
     assert s.settings()["split"] == "even"
+    s.execute("SET dpsql.split = 'Optimal'")
+    assert s.settings()["split"] == OLD
 
 
 def test_inline_and_set_choose_the_split(tiny_policy: TinyPolicy) -> None:
@@ -235,7 +246,8 @@ def test_planned_variance_is_the_model(tiny_policy: TinyPolicy) -> None:
     s = _session(tiny_policy)
     m = _plan(s, SUM_COUNT, split="even").measurements[0]
     assert planned_variance(m) == 2 * 400.0**2
-    assert shares([m, m], [Fraction(1), Fraction(0)], [0, 1], False, "optimal") == {
+    # No estimate weighs either measurement: each rule falls back to even shares.
+    assert shares([m, m], [], [0, 1], False, OLD) == {
         0: Fraction(1, 2),
         1: Fraction(1, 2),
     }

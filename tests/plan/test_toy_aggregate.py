@@ -152,9 +152,11 @@ def test_the_release_is_the_plain_count_clamped_at_zero(
     plain = _fresh(tiny_policy, PLAIN, monkeypatch)
     assert toy_result.types == plain.types == ("VARCHAR", "BIGINT")
     assert [r[0] for r in toy_result.rows] == [r[0] for r in plain.rows]
+    # A published count is shown at 0 or above too (docs/reading.md): the toy's own clamp and
+    # the publication's agree, and some noisy count fell below 0 (so both are exercised).
     counts = [r[1] for r in plain.rows]
-    assert any(c < 0 for c in counts)  # so the clamp is exercised
-    assert [r[1] for r in toy_result.rows] == [max(c, 0) for c in counts]
+    assert any(c == 0 for c in counts)
+    assert [r[1] for r in toy_result.rows] == counts
     # The count's own half-width, in every group.
     plan = toy_result.plan
     assert plan is not None

@@ -199,12 +199,18 @@ def test_count_and_sum_half_width_coverage(
     (m,) = plan.measurements
     assert m.sigma2 is not None
     truth = float(rows[0][1] * m.unit)
-    assert np.array_equal(values, truth + noise * float(m.unit))
+    # A count, and a sum of ages bounded at or above 0, are published at 0 or above; the ± is
+    # the noise's, so its coverage is that of the noisy value before that clamp.
+    noisy = truth + noise * float(m.unit)
+    assert np.array_equal(values, np.maximum(noisy, 0.0))
     k = _half_width(m.sigma2, CONFIDENCE)
     assert k == discrete_gaussian_half_width(m.sigma2, CONFIDENCE)
     assert np.all(widths == float(k * m.unit))
     exact = _central_mass(m.sigma2, k)
     assert _central_mass(m.sigma2, k - 1) < CONFIDENCE <= exact
+    # The clamp moves a value toward a truth at or above 0: it never uncovers one.
+    assert _covered(values, widths, truth, 0.0) >= _covered(noisy, widths, truth, 0.0)
+    values = noisy
     covered = _covered(values, widths, truth, 0.0)
     ok, below, equal = _check(covered, values.size, exact)
     assert ok, (covered / values.size, exact, below, equal)

@@ -42,7 +42,7 @@ def test_defaults_come_from_the_table_and_the_policy(tiny_policy: TinyPolicy) ->
     assert settings.delta == policy.budget.query_delta
     assert settings.mechanism == policy.budget.mechanism
     assert settings.max_groups_per_unit is None and settings.asked == frozenset()
-    assert settings["split"] == "optimal" and settings.diagnose_epsilon == Fraction(1, 10)
+    assert settings["split"] == "min_max_ratio" and settings.diagnose_epsilon == Fraction(1, 10)
 
 
 def test_set_values_then_the_statement_s_own_win(tiny_policy: TinyPolicy) -> None:
@@ -54,7 +54,7 @@ def test_set_values_then_the_statement_s_own_win(tiny_policy: TinyPolicy) -> Non
     assert settings.epsilon == Fraction(1, 4) and settings.split == "even"
     assert settings.asked == {"epsilon", "split"}  # a None option is not given
     values.set("split", None)
-    assert Settings.resolve(policy, values.values(), {}).split == "optimal"
+    assert Settings.resolve(policy, values.values(), {}).split == "min_max_ratio"
 
 
 @pytest.mark.parametrize("name", NAMES)

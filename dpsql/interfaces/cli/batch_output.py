@@ -23,7 +23,7 @@ import duckdb
 
 from dpsql.errors import OutputError
 from dpsql.policy.numbers import exact
-from dpsql.release.result import Result, cell, covers
+from dpsql.release.result import Result, cell, covers, shown_rows
 from dpsql.release.result import columns as result_columns
 from dpsql.session.workload_plan import Step
 
@@ -51,8 +51,10 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
         "sql": step.piece.text,
         "columns": list(result.columns),
         "types": list(result.types),
-        "rows": [[_plain(v) for v in row] for row in result.rows],
+        "rows": [[_plain(v) for v in row] for row in shown_rows(result)],
         "accuracy": [list(row) for row in result.accuracy],
+        # Per cell: the value is mostly noise (its ± at least its size, or spanning its bounds).
+        "noise": [list(row) for row in result.noise],
         "confidence": result.confidence,
         # The statement's own cost: within a file's one charge, its independent plan's.
         "epsilon": exact(_cost(result)[0]),
@@ -67,16 +69,18 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
 def _long_rows(done: Sequence[tuple[Step, Result]]) -> Iterator[tuple[Any, ...]]:
     """One row per released cell: the combined CSV and Parquet layout."""
     for step, result in done:
-        for i, row in enumerate(result.rows):
+        for i, row in enumerate(shown_rows(result)):
             accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+            flags = result.noise[i] if i < len(result.noise) else ()
             for j, value in enumerate(row):
                 half = accuracy[j] if j < len(accuracy) else None
                 text = None if value is None else str(_plain(value))
-                yield step.piece.number, i + 1, result.columns[j], text, half
+                noisy = bool(flags[j]) if j < len(flags) else False
+                yield step.piece.number, i + 1, result.columns[j], text, half, noisy
 
 
 LONG = (("statement", "INTEGER"), ("row", "INTEGER"), ("column", "VARCHAR"),
-        ("value", "VARCHAR"), ("accuracy", "DOUBLE"))  # fmt: skip
+        ("value", "VARCHAR"), ("accuracy", "DOUBLE"), ("noise", "BOOLEAN"))  # fmt: skip
 
 
 def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> str:
@@ -88,7 +92,7 @@ def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequen
 
 
 def _csv_with_accuracy(result: Result) -> str:
-    columns = result_columns(result, result.rows, accuracy=True)
+    columns = result_columns(result, shown_rows(result), accuracy=True, noise=True)
     rows = zip(*(values for _, _, values in columns), strict=True) if columns else iter(())
     return _csv([name for name, _, _ in columns], list(rows))
 
@@ -193,12 +197,14 @@ def echo(text: str = "", nl: bool = True) -> None:
 def _text_table(result: Result) -> list[str]:
     """An aligned table; a noisy value shows its accuracy half-width (``± a``, rounded up)."""
     cells = []
-    for i, row in enumerate(result.rows):
+    for i, row in enumerate(shown_rows(result)):
         accuracy = result.accuracy[i] if i < len(result.accuracy) else ()
+        flags = result.noise[i] if i < len(result.noise) else ()
         halves = [accuracy[j] if j < len(accuracy) else None for j in range(len(row))]
+        marks = [bool(flags[j]) if j < len(flags) else False for j in range(len(row))]
         cells.append([
-            cell(v, h)
-            for v, h in zip(row, halves, strict=True)
+            cell(v, h, n)
+            for v, h, n in zip(row, halves, marks, strict=True)
         ])  # fmt: skip
     widths = [max([len(c), *(len(r[j]) for r in cells)]) for j, c in enumerate(result.columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths, strict=True))]

@@ -155,6 +155,12 @@ class Cursor:
         return self._result.accuracy if self._result is not None else ()
 
     @property
+    def noise(self) -> tuple[tuple[bool, ...], ...]:
+        """Per row, per column: True where the value is mostly noise (its ± at least its own
+        size, or its interval spanning the whole range its estimate is clamped to)."""
+        return self._result.noise if self._result is not None else ()
+
+    @property
     def confidence(self) -> float | None:
         return self._result.confidence if self._result is not None else None
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor
 from typing import Protocol
 
+from dpsql.errors import DpsqlError
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.auth import AuthenticationFailed, ScramExchange
 from dpsql.interfaces.pgwire.backend import Step
@@ -31,7 +32,7 @@ from dpsql.interfaces.pgwire.config import ServerConfig
 from dpsql.interfaces.pgwire.statements import engine_failure, public_settings
 from dpsql.interfaces.pgwire.users import User
 from dpsql.interfaces.pgwire.worker import Worker, WorkerFailed, WorkerLost
-from dpsql.interfaces.pgwire.worker_process import WorkerSetup
+from dpsql.interfaces.pgwire.worker_process import WorkerSetup, startup_settings
 
 log = logging.getLogger("dpsql.interfaces.pgwire")
 # The messages a worker answers; Sync, Flush and Terminate are the loop's own.
@@ -72,6 +73,7 @@ class Connection:
         self.worker: Worker | None = None
         self.user: User | None = None
         self.database = ""
+        self.options = ""  # the startup packet's options (``-c dpsql.name=value``)
         self.pid = secrets.randbelow(2**31 - 1) + 1
         self.key = secrets.randbits(31)
         self.status = "I"  # transaction status reported in ReadyForQuery
@@ -117,6 +119,7 @@ class Connection:
             return None
         username = message.params.get("user", "")
         self.database = message.params.get("database", username)
+        self.options = message.params.get("options", "")
         await self.send(pg.authentication_sasl(["SCRAM-SHA-256"]))
         exchange = ScramExchange(self.server.users, username)
         try:
@@ -163,12 +166,18 @@ class Connection:
 
     async def open_worker(self, user: User) -> bool:
         config = self.server.config
+        try:
+            settings = startup_settings(self.options)
+        except DpsqlError as exc:
+            await self.fatal("22023", str(exc))
+            return False
         setup = WorkerSetup(
             policy=config.policy,
             user=user.name,
             role=user.role,
             database=self.database,
             memory_limit=config.limits.memory_limit,
+            settings=settings,
             log_level=logging.getLogger("dpsql").getEffectiveLevel(),
         )
         spawner = self.server.spawner

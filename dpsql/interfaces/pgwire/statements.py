@@ -15,7 +15,7 @@ from fractions import Fraction
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.release.diagnosis import covers
-from dpsql.release.result import Result
+from dpsql.release.result import Result, noise_names
 from dpsql.session.session import VERSION
 
 # The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
@@ -217,6 +217,9 @@ def to_answer(result: Result) -> Answer:
             notice += f"; ± covers {covers(result.diagnosis, result.plan)}"
         if result.diagnosis is not None:
             notice += f"; diagnosis: {result.diagnosis.describe()}"
+        flagged = noise_names(result)
+        if flagged:
+            notice += "; mostly noise (± at least the value) in: " + ", ".join(flagged)
     tag = f"SELECT {len(rows)}"
     if result.columns == ("plan",):
         tag = "EXPLAIN"

@@ -29,7 +29,7 @@ from dpsql.interfaces.pgwire.statements import sqlstate
 from dpsql.policy import Policy
 from dpsql.session.session import Session
 
-__all__ = ["LOG_FORMAT", "WorkerSetup", "serve_worker"]
+__all__ = ["LOG_FORMAT", "WorkerSetup", "serve_worker", "startup_settings"]
 
 log = logging.getLogger("dpsql.interfaces.pgwire")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -48,6 +48,51 @@ class WorkerSetup:
     database: str
     memory_limit: str
     log_level: int
+    # ``dpsql.*`` settings of the startup packet's ``options`` (``-c dpsql.name=value``), set
+    # after the policy's ``[server]`` ones, as if the client's first statements SET them.
+    settings: tuple[tuple[str, str], ...] = ()
+
+
+def startup_settings(options: str) -> tuple[tuple[str, str], ...]:
+    """The ``dpsql.*`` settings in a startup packet's ``options`` parameter, PostgreSQL's
+    command-line form: ``-c name=value``, ``-cname=value`` or ``--name=value``, separated by
+    spaces, a backslash escaping the next character. Other settings (a driver's
+    ``search_path``...) are left out, as dpsql has none of them. A malformed option is a
+    ``ParameterError`` that names no value."""
+    words, word, escaped, started = [], [], False, False
+    for ch in options:
+        if escaped:
+            word.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = started = True
+        elif ch.isspace():
+            if started:
+                words.append("".join(word))
+            word, started = [], False
+        else:
+            word.append(ch)
+            started = True
+    if escaped:
+        raise errors.ParameterError("the startup options end with a lone backslash")
+    if started:
+        words.append("".join(word))
+    found: list[tuple[str, str]] = []
+    it = iter(words)
+    for w in it:
+        if w == "-c":
+            pair = next(it, None)
+        elif w.startswith("-c") or w.startswith("--"):
+            pair = w[2:]
+        else:
+            raise errors.ParameterError("a startup option is not -c name=value or --name=value")
+        if pair is None or "=" not in pair:
+            raise errors.ParameterError("a startup option is not -c name=value or --name=value")
+        name, value = pair.split("=", 1)
+        name = name.strip().lower().replace("-", "_")
+        if name.startswith("dpsql."):
+            found.append((name[len("dpsql.") :], value))
+    return tuple(found)
 
 
 def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup) -> None:
@@ -59,6 +104,15 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
     logging.basicConfig(level=setup.log_level, format=LOG_FORMAT)
     try:
         session = Session(setup.policy, setup.user, setup.memory_limit)
+        try:
+            # The policy's display settings for every connection, then the client's own.
+            if setup.policy.server.accuracy_columns:
+                session.set_option("accuracy_columns", True)
+            for name, value in setup.settings:
+                session.set_option(name, value)
+        except Exception:
+            session.close()
+            raise
     except Exception as exc:  # the client gets the error's SQLSTATE, the log its class only
         log.error("cannot open a session for %s: %s", setup.user, type(exc).__name__)
         if isinstance(exc, errors.DpsqlError):

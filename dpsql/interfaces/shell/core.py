@@ -31,7 +31,7 @@ from dpsql.errors import DpsqlError
 from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
 from dpsql.policy.numbers import exact
-from dpsql.release.result import Result, cell, covers
+from dpsql.release.result import Result, cell, covers, shown_rows
 from dpsql.session.session import Session
 
 __all__ = ["Shell"]
@@ -57,9 +57,10 @@ def _error(message: str) -> str:
     return "Error: " + " ".join(message.split()) + "\n"
 
 
-def _cell(value: Any, width: float | None) -> str:
-    """``value ± half-width`` as every text interface prints it (``cell``)."""
-    return cell(value, width)
+def _cell(value: Any, width: float | None, noise: bool = False) -> str:
+    """``value ± half-width`` as every text interface prints it (``cell``), marked when it is
+    mostly noise."""
+    return cell(value, width, noise)
 
 
 class Shell:
@@ -161,9 +162,13 @@ class Shell:
         ]
         for name, right in zip(result.columns, numeric, strict=True):
             table.add_column(name, justify="right" if right else "left")
-        for i, row in enumerate(result.rows):
+        for i, row in enumerate(shown_rows(result)):
             widths = result.accuracy[i] if i < len(result.accuracy) else ()
-            cells = [_cell(v, widths[j] if j < len(widths) else None) for j, v in enumerate(row)]
+            flags = result.noise[i] if i < len(result.noise) else ()
+            cells = [
+                _cell(v, widths[j] if j < len(widths) else None, j < len(flags) and flags[j])
+                for j, v in enumerate(row)
+            ]
             table.add_row(*(Text(c) for c in cells))
         if result.plan is None:  # SHOW: a setting, nothing released
             return self._show(table)

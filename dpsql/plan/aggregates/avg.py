@@ -96,6 +96,13 @@ def _width(
     return float(width.max())
 
 
-AVG = AggregateRule("avg", _measure, _avg, _weights, Ratio(_width), "AVG({arg})")
+def _bounds(estimate: Estimate) -> tuple[float, float]:
+    """An AVG is clamped to its value's grid-aligned bounds."""
+    grid = estimate.grid
+    assert grid is not None
+    return float(grid.lower_value), float(grid.upper_value)
+
+
+AVG = AggregateRule("avg", _measure, _avg, _weights, Ratio(_width), "AVG({arg})", bounds=_bounds)
 
 __all__ = ["AVG"]

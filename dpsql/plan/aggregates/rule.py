@@ -15,6 +15,12 @@ entry in ``dpsql.sql.aggregates`` (the earlier stages read it there); the rest i
 * ``total``: a total, released on a sample as an estimate of the whole table (times 1/q) when
   the analyst asks; ``exact``: released as a BIGINT when its one measurement counts in units
   of 1 and it is not so scaled;
+* ``nonnegative``: whether its true value is at or above 0 on any data (a count; a sum of a
+  value whose bounds are both at or above 0): its published value is then shown at 0 or above
+  (``dpsql.release.post``), while the ledger, the cache and every derived answer keep the noisy
+  measurement;
+* ``bounds``: the range its estimate is clamped to (an AVG to its value's bounds), if any: a
+  value whose interval spans it is flagged as mostly noise (``dpsql.release.post``);
 * ``label``: how EXPLAIN's target lines name it, from ``{arg}`` and ``{p}``.
 
 Every function here reads public numbers and noisy values only: the noise's parameters, the
@@ -59,6 +65,10 @@ Released = tuple[npt.NDArray[Any], npt.NDArray[Any]]
 Estimator = Callable[[Estimate, Sequence[Measurement], Sequence[npt.ArrayLike], float], Released]
 # estimate -> the optimal split's weight of each of its measurements, in its order
 Weights = Callable[[Estimate], tuple[Fraction, ...]]
+# estimate -> whether its true value is at or above 0 on any data (public: kind and bounds)
+NonNegative = Callable[[Estimate], bool]
+# estimate -> the range (lower, upper) its released value is clamped to, if any (public)
+Bounds = Callable[[Estimate], "tuple[float, float] | None"]
 # the measurements, with budgets under trial -> the figure a target bounds
 Figure = Callable[[Sequence[Measurement]], "Fraction | float"]
 
@@ -183,6 +193,8 @@ class AggregateRule:
     label: str  # "SUM({arg})": the aggregate's argument (or *) and a quantile's order {p}
     total: bool = False
     exact: bool = False
+    nonnegative: NonNegative = lambda est: False
+    bounds: Bounds = lambda est: None
 
     def name(self, agg: Aggregate) -> str:
         """How EXPLAIN's target lines name ``agg``."""
@@ -193,12 +205,14 @@ class AggregateRule:
 __all__ = [
     "AggregateRule",
     "Binding",
+    "Bounds",
     "Builder",
     "Check",
     "Estimator",
     "Goal",
     "Linear",
     "Measure",
+    "NonNegative",
     "Rank",
     "Ratio",
     "RatioWidth",

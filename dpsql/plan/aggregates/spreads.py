@@ -181,8 +181,24 @@ def _width(
     return float(width.max())
 
 
+def _bounds(estimate: Estimate) -> tuple[float, float]:
+    """A variance is clamped to [0, ((hi_g - lo_g)/2)²], a standard deviation to its root."""
+    grid = estimate.grid
+    assert grid is not None
+    top = (float(grid.width) * float(grid.step) / 2) ** 2
+    return 0.0, math.sqrt(top) if _FORMS[estimate.kind][1] else top
+
+
 SPREADS = tuple(
-    AggregateRule(kind, _measure, _spread, _weights, Ratio(_width), kind.upper() + "({arg})")
+    AggregateRule(
+        kind,
+        _measure,
+        _spread,
+        _weights,
+        Ratio(_width),
+        kind.upper() + "({arg})",
+        bounds=_bounds,
+    )
     for kind in _FORMS
 )
 

@@ -26,6 +26,7 @@ from dpsql.plan.aggregates.rule import (
     Estimator,
     Linear,
     Measure,
+    NonNegative,
     Released,
     Weights,
 )
@@ -100,19 +101,42 @@ def _sum(agg: Aggregate, builder: Builder) -> Estimate:
     return Estimate(agg.kind, (builder.measure(MeasurementSpec("sum", value)),), grid)
 
 
+def _always(est: Estimate) -> bool:
+    return True  # a count of rows, units or values
+
+
+def _bounded_at_zero(est: Estimate) -> bool:
+    """A sum of values clamped at or above its lower bound: at or above 0 when that is."""
+    return est.grid is not None and est.grid.lower >= 0
+
+
 def total(
-    kind: AggregateKind, measure: Measure, label: str, weights: Weights = one_each
+    kind: AggregateKind,
+    measure: Measure,
+    label: str,
+    nonnegative: NonNegative,
+    weights: Weights = one_each,
 ) -> AggregateRule:
     """A total released as its one noisy measurement."""
-    return AggregateRule(kind, measure, linear(), weights, Linear(), label, total=True, exact=True)
+    return AggregateRule(
+        kind,
+        measure,
+        linear(),
+        weights,
+        Linear(),
+        label,
+        total=True,
+        exact=True,
+        nonnegative=nonnegative,
+    )
 
 
 COUNTS = (
-    total("count_rows", _on("rows"), "COUNT({arg})"),
-    total("count", _on("count", "value"), "COUNT({arg})"),
-    total("count_units", _on("units"), "COUNT(DISTINCT unit)"),
-    total("count_distinct", _on("distinct", "distinct"), "COUNT_DISTINCT({arg})"),
+    total("count_rows", _on("rows"), "COUNT({arg})", _always),
+    total("count", _on("count", "value"), "COUNT({arg})", _always),
+    total("count_units", _on("units"), "COUNT(DISTINCT unit)", _always),
+    total("count_distinct", _on("distinct", "distinct"), "COUNT_DISTINCT({arg})", _always),
 )
-SUM = total("sum", _sum, "SUM({arg})")
+SUM = total("sum", _sum, "SUM({arg})", _bounded_at_zero)
 
 __all__ = ["COUNTS", "SUM", "linear", "one_each", "total"]
