@@ -234,7 +234,7 @@ def main() -> None:
             s, con = session(Path(tmp), data)
             try:
                 print(
-                    f"\n## {data.name}: L0 = {data.l0}, C = {data.c}, epsilon {data.epsilon}, "
+                    f"\n### {data.name}: L0 = {data.l0}, C = {data.c}, epsilon {data.epsilon}, "
                     f"{args.mechanism}\n"
                 )
                 for sql in data.queries:
