@@ -28,11 +28,12 @@ Laplace (Σ ε_j = ε), c_j = u_j²·L2_j²/(2ρ) and p = 1 for the discrete Gau
   the number of estimates with a variance. Each estimate's ± is then at most k times (√k times
   under zCDP) its ± asked alone at the same budget, whatever the bounds of the values.
 
-Each proportion is rounded to four significant digits (the optimum is flat: this costs under
-1e-6 of the objective) and the shares are exact rationals that sum to exactly 1, so the charged
-total is the query's, to the last digit. Quantiles and partition selection are pure-epsilon
-mechanisms with no variance to weigh: each keeps its 1/k share of epsilon, as with the even
-split, and the rest is split among the others.
+Each proportion is rounded to four significant digits (under ``min_total_variance`` the
+optimum is flat: this costs under 1e-6 of the objective; under ``min_max_ratio`` it moves a
+ratio by at most 0.2%, and not at all where Σ ω = k, the even split) and the shares are exact
+rationals that sum to exactly 1, so the charged total is the query's, to the last digit.
+Quantiles and partition selection are pure-epsilon mechanisms with no variance to weigh: each
+keeps its 1/k share of epsilon, as with the even split, and the rest is split among the others.
 """
 
 from __future__ import annotations
