@@ -306,7 +306,7 @@ def whatif_command(
             _views(query, queries, float(delta)),
             queries,
             float(delta),
-            (remaining, f"remaining budget ε = {remaining:g}"),
+            (remaining, f"remaining budget ε = {left_text(report.epsilon_remaining)}"),
             f"What if: {queries} queries, each a {query.describe()}",
         )
         write_chart(curves, chart)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from dpsql.accounting.budget.report import left_text
 from dpsql.plan.aggregates.registry import rule_of
 from dpsql.plan.estimators import half_width
 from dpsql.policy.numbers import exact
@@ -104,7 +105,7 @@ def plan_lines(session: Session, name: str, given: Sequence[Step] | Workload) ->
             )
     lines.append(
         f"remaining under the {report.accountant} filter: epsilon "
-        f"{exact(report.epsilon_remaining)}, delta {exact(report.delta_remaining)}"
+        f"{left_text(report.epsilon_remaining)}, delta {left_text(report.delta_remaining)}"
     )
     if refused:
         listed = ", ".join(map(str, refused))
