@@ -33,6 +33,7 @@ from dpsql.sql.totality import total
 
 __all__ = [
     "ACCURACY_SUFFIX",
+    "NOISE_SUFFIX",
     "Release",
     "accuracy_columns",
     "check_post_processing",
@@ -218,26 +219,31 @@ def _at_least_zero(value: Any) -> Any:
 
 
 ACCURACY_SUFFIX = " ±"
+NOISE_SUFFIX = " noise"
 
 
-def accuracy_columns(plan: Plan) -> list[tuple[int, str]]:
-    """For ``SET dpsql.accuracy_columns = on``: (output index, column name) of the half-width
-    column added after each output that is exactly an aggregate (``<name> ±``). A name that
-    would repeat a result column's (or another one's), in any letter case, takes the first
-    free number: ``<name> ± 2``, ``<name> ± 3``... (a function of the query's text only)."""
+def accuracy_columns(plan: Plan) -> list[tuple[int, str, str]]:
+    """For ``SET dpsql.accuracy_columns = on``: (output index, half-width column, flag column)
+    added after each output that is exactly an aggregate: ``<name> ±``, the half-width, and
+    ``<name> noise``, whether the value is mostly noise (``mostly_noise``). A name that would
+    repeat a result column's (or another one's), in any letter case, takes the first free
+    number: ``<name> ± 2``, ``<name> noise 2``... (a function of the query's text only)."""
     names = [o.name for o in plan.analysis.outputs]
     seen = {name.lower() for name in names}
-    extra = []
-    for i, agg in enumerate(_bare_aggregate(plan)):
-        if agg is None:
-            continue
-        name, n = names[i] + ACCURACY_SUFFIX, 1
+
+    def free(base: str) -> str:
+        name, n = base, 1
         while name.lower() in seen:
             n += 1
-            name = f"{names[i]}{ACCURACY_SUFFIX} {n}"
+            name = f"{base} {n}"
         seen.add(name.lower())
-        extra.append((i, name))
-    return extra
+        return name
+
+    return [
+        (i, free(names[i] + ACCURACY_SUFFIX), free(names[i] + NOISE_SUFFIX))
+        for i, agg in enumerate(_bare_aggregate(plan))
+        if agg is not None
+    ]
 
 
 def _bare_aggregate(plan: Plan) -> list[int | None]:

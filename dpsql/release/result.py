@@ -1,8 +1,8 @@
 """What a statement gives back: ``Result``, a table with its plan, its charge and its ±, and
 the forms it is read in: a notebook's HTML, a pandas DataFrame, an Arrow table.
 
-``_with_accuracy`` is the form of a Result with ``SET dpsql.accuracy_columns = on``: a column
-of half-widths after each output that has them.
+``_with_accuracy`` is the form of a Result with ``SET dpsql.accuracy_columns = on``: after
+each output that has half-widths, a column of them and a column of its mostly-noise flags.
 
 pandas and pyarrow are optional (``pip install 'dpsql[frames]'``): without them, ``to_pandas``
 and ``to_arrow`` raise an ``ImportError`` that says what to install; the HTML needs
@@ -29,7 +29,7 @@ from dpsql.accounting.budget.report import Charge
 from dpsql.plan.plans import Plan
 from dpsql.release import diagnosis
 from dpsql.release.diagnosis import Diagnosed
-from dpsql.release.post import ACCURACY_SUFFIX
+from dpsql.release.post import ACCURACY_SUFFIX, NOISE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -63,18 +63,19 @@ class Result:
         return to_html(self)
 
 
-def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
-    """``result`` with a column of half-widths after each output that has them
-    (``SET dpsql.accuracy_columns = on``): for clients that show columns only (psql, BI tools)."""
-    after = {i: name for i, name in extra}
+def _with_accuracy(result: Result, extra: Sequence[tuple[int, str, str]]) -> Result:
+    """``result`` with, after each output that has half-widths, a column of them and a column
+    of its mostly-noise flags (``SET dpsql.accuracy_columns = on``): for clients that show
+    columns only (psql, BI tools)."""
+    after = {i: (width, flag) for i, width, flag in extra}
     columns: list[str] = []
     types: list[str] = []
     for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
         columns.append(name)
         types.append(dtype)
         if i in after:
-            columns.append(after[i])
-            types.append("DOUBLE")
+            columns.extend(after[i])
+            types.extend(("DOUBLE", "BOOLEAN"))
     rows, accuracy, noise = [], [], []
     for r, row in enumerate(result.rows):
         widths = result.accuracy[r] if r < len(result.accuracy) else ()
@@ -84,13 +85,14 @@ def _with_accuracy(result: Result, extra: Sequence[tuple[int, str]]) -> Result:
         marked: list[bool] = []
         for i, value in enumerate(row):
             width = widths[i] if i < len(widths) else None
+            flag = bool(flags[i]) if i < len(flags) else False
             out.append(value)
             kept.append(width)
-            marked.append(flags[i] if i < len(flags) else False)
+            marked.append(flag)
             if i in after:
-                out.append(width)
-                kept.append(None)  # a half-width column has none of its own
-                marked.append(False)
+                out.extend((width, flag))
+                kept.extend((None, None))  # these columns have no half-width of their own
+                marked.extend((False, False))
         rows.append(tuple(out))
         accuracy.append(tuple(kept))
         noise.append(tuple(marked))
@@ -314,7 +316,6 @@ def _midnight(value: Any) -> bool:
 
 
 NOISE_MARK = " (mostly noise)"
-NOISE_SUFFIX = " noise"
 
 
 def noise_names(result: Result) -> list[str]:
@@ -374,7 +375,6 @@ def _shown(value: Any) -> str:
 
 __all__ = [
     "NOISE_MARK",
-    "NOISE_SUFFIX",
     "cell",
     "columns",
     "cost_metadata",

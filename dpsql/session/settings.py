@@ -168,12 +168,13 @@ SETTINGS: tuple[Setting, ...] = (
         values="`true`/`on` or `false`/`off`",
         doc=(
             "`true`: after each output that is an aggregate, a column `<name> ±` (DOUBLE) with the "
-            "half-width of that value at `dpsql.confidence` (noise only), for clients that show "
-            "columns only (psql, BI tools); a name that would repeat a result column's, in any "
-            "letter case, takes the first free number (`<name> ± 2`). On for every connection of "
-            "`dpsql serve` with the policy's `server.accuracy_columns`, or a client's "
-            "`options=-c dpsql.accuracy_columns=on`. Post-processing: a released answer is served "
-            "again with or without them, free"
+            "half-width of that value at `dpsql.confidence` (noise only) and a column "
+            "`<name> noise` (BOOLEAN), true where the value is mostly noise, for clients that "
+            "show columns only (psql, BI tools); a name that would repeat a result column's, in "
+            "any letter case, takes the first free number (`<name> ± 2`, `<name> noise 2`). On "
+            "for every connection of `dpsql serve` with the policy's `server.accuracy_columns`, "
+            "or a client's `options=-c dpsql.accuracy_columns=on`. Post-processing: a released "
+            "answer is served again with or without them, free"
         ),
         options=False,
     ),

@@ -70,8 +70,8 @@ def test_a_startup_option_gives_read_sql_its_accuracy_columns(tmp_path: Path) ->
         finally:
             engine.dispose()
             plain.dispose()
-    assert list(frame.columns) == ["region", "n", "n ±"]
-    assert (frame["n ±"] > 0).all()
+    assert list(frame.columns) == ["region", "n", "n ±", "n noise"]
+    assert (frame["n ±"] > 0).all() and frame["n noise"].dtype == bool
     assert list(bare.columns) == ["region", "n"]
     # The same release, served again to the other connection: equal values.
     assert list(frame["n"]) == list(bare["n"])
@@ -87,7 +87,7 @@ def test_the_policy_turns_them_on_and_a_client_turns_them_off(tmp_path: Path) ->
         finally:
             engine.dispose()
             off.dispose()
-    assert list(frame.columns) == ["region", "n", "n ±"]
+    assert list(frame.columns) == ["region", "n", "n ±", "n noise"]
     assert list(bare.columns) == ["region", "n"]
 
 

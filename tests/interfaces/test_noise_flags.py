@@ -9,7 +9,8 @@ What must hold:
 - the shell and ``dpsql query`` print ``(mostly noise)``, the notebook marks the cell,
   ``cursor.noise`` holds the flags, CSV has ``<name> noise`` columns, JSON a ``noise`` array,
   and the server's NOTICE names the flagged columns (real psql);
-- accuracy columns add no flag of their own, and a cached repeat flags the same cells.
+- with accuracy columns on, a ``<name> noise`` column after each ``<name> ±`` holds the flags
+  (psql, BI tools); a cached repeat flags the same cells.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ NOISY = (
     "AVG(spend) AS m FROM visits WHERE spend > 199.99 GROUP BY region"
 )
 CLEAR = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+REGIONS = ("central", "east", "north", "south", "west")
 
 finite = st.floats(-1e12, 1e12, allow_nan=False)
 
@@ -72,7 +74,11 @@ def _check(
         n = row[1]
         assert isinstance(n, int) and n >= 0 and widths[1] is not None
         assert flags[1] == (widths[1] >= abs(n))
-        assert flags[2]  # the average's interval spans [0, 200]
+        # The average of spend in [0, 200]: flagged when its ± reaches its size or its
+        # interval spans the bounds (nearly always here: a noisy count near 0).
+        m, w = row[2], widths[2]
+        assert isinstance(m, float) and w is not None
+        assert flags[2] == (w >= abs(m) or (m - w <= 0 and m + w >= 200))
 
 
 def test_the_release_and_the_cursor_flag_each_cell() -> None:
@@ -85,7 +91,8 @@ def test_the_release_and_the_cursor_flag_each_cell() -> None:
         assert any(flags[1] for flags in cur.noise)
         cur.execute(NOISY)  # served again from the cache: the same flags
         assert cur.result is not None and cur.result.cached_from is not None
-        assert cur.fetchall() == rows and all(f[2] for f in cur.noise)
+        assert cur.fetchall() == rows
+        _check(cur.noise, rows, cur.accuracy)
         cur.execute(CLEAR)
         cur.fetchall()
         assert not any(any(f) for f in cur.noise)  # thousands of rows per region: clear
@@ -93,9 +100,12 @@ def test_the_release_and_the_cursor_flag_each_cell() -> None:
         cur.execute(NOISY)
         assert cur.description is not None
         names = [d[0] for d in cur.description]
-        assert names == ["region", "n", "n ±", "m", "m ±"]
-        assert all(f[2] is False and f[4] is False for f in cur.noise)  # ± columns: no flag
-        assert all(f[3] for f in cur.noise)
+        assert names == ["region", "n", "n ±", "n noise", "m", "m ±", "m noise"]
+        rows = cur.fetchall()
+        # The flag columns hold the flags; the added columns have none of their own.
+        assert [r[3] for r in rows] == [f[1] for f in cur.noise]
+        assert [r[6] for r in rows] == [f[4] for f in cur.noise]
+        assert not any(f[2] or f[3] or f[5] or f[6] for f in cur.noise)
     finally:
         conn.close()
 
@@ -119,18 +129,21 @@ def test_dpsql_query_marks_it_in_every_format(batch_policy: Path) -> None:  # no
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.05) region, AVG(spend) AS m "
         "FROM visits WHERE spend > 199.99 GROUP BY region"
     )
+    # One release, charged once; the text and CSV are served again from the cache.
+    doc = json.loads(invoke(batch_policy, "query", sql, "--format", "json").stdout)
+    flags = [row[1] for row in doc["noise"]]
+    assert [row[0] for row in doc["noise"]] == [False] * len(doc["rows"])
+    for (_, m), (_, w), flag in zip(doc["rows"], doc["accuracy"], flags, strict=True):
+        assert flag == (w >= abs(m) or (m - w <= 0 and m + w >= 200))
+    assert any(flags)
     table = invoke(batch_policy, "query", sql)
     assert table.exit_code == 0, table.stderr
-    body = [
-        line for line in table.stdout.splitlines()[1:] if " ± " in line and "charged" not in line
-    ]
-    assert body and all(line.endswith("(mostly noise)") for line in body)
+    body = [line for line in table.stdout.splitlines()[1:] if line.split()[0] in REGIONS]
+    assert [line.endswith("(mostly noise)") for line in body] == flags
     rows = list(csv.reader(io.StringIO(invoke(batch_policy, "query", sql, "--format", "csv")
                                        .stdout)))  # fmt: skip
     assert rows[0] == ["region", "m", "m ±", "m noise"]
-    assert all(r[3] == "True" for r in rows[1:])
-    doc = json.loads(invoke(batch_policy, "query", sql, "--format", "json").stdout)
-    assert [flags for flags in doc["noise"]] == [[False, True]] * len(doc["rows"])
+    assert [r[3] == "True" for r in rows[1:]] == flags
 
 
 def test_the_server_names_the_flagged_columns_in_its_notice(tmp_path: Path) -> None:

@@ -328,13 +328,15 @@ def test_show_budget_gives_the_callers_share(tmp_path: Path, users: Path) -> Non
 
 
 def test_accuracy_columns_over_the_wire(served: ServerThread) -> None:
-    """psql and BI tools see a ± per value of a grouped answer as a column of its own."""
+    """psql and BI tools see a ± per value of a grouped answer as a column of its own, and
+    whether the value is mostly noise as another."""
     with connect(served.port, "bob") as conn:
         conn.execute("SET dpsql.accuracy_columns = on")
         cursor = conn.execute("SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
-        assert [d.name for d in cursor.description or []] == ["region", "n", "n ±"]
+        assert [d.name for d in cursor.description or []] == ["region", "n", "n ±", "n noise"]
         rows = cursor.fetchall()
         assert len(rows) == 5 and all(isinstance(r[2], float) and r[2] > 0 for r in rows)
+        assert all(r[3] is (r[2] >= abs(r[1])) for r in rows)  # a BOOLEAN over the wire
     out = psql(
         served.port,
         "bob",
@@ -342,7 +344,7 @@ def test_accuracy_columns_over_the_wire(served: ServerThread) -> None:
         args=("-X", "-A", "-v", "ON_ERROR_STOP=1"),
     )
     assert out.returncode == 0, out.stderr
-    assert "n|n ±" in out.stdout
+    assert "n|n ±|n noise" in out.stdout
 
 
 def test_psql_tab_completion_queries_answer(served: ServerThread) -> None:

@@ -1,6 +1,7 @@
 """``SET dpsql.accuracy_columns = on``: a column of half-widths after each aggregate output,
-named ``<name> ±``, for clients that show columns only (psql, BI tools); a name that would
-repeat a result column takes the first free number (``<name> ± 2``)."""
+named ``<name> ±``, and one of its mostly-noise flags, ``<name> noise``, for clients that show
+columns only (psql, BI tools); a name that would repeat a result column takes the first free
+number (``<name> ± 2``)."""
 
 from __future__ import annotations
 
@@ -21,20 +22,26 @@ def test_off_by_default(tiny_policy: TinyPolicy) -> None:
     assert result.columns == ("region", "n", "mean")
 
 
-def test_each_aggregate_gets_its_half_width_column(tiny_policy: TinyPolicy) -> None:
+def test_each_aggregate_gets_its_half_width_and_flag_columns(tiny_policy: TinyPolicy) -> None:
     session = Session(tiny_policy(ROWS))
     session.execute("SET dpsql.accuracy_columns = on")
     result = session.execute(GROUPED)
-    assert result.columns == ("region", "n", "n ±", "mean", "mean ±")
-    assert result.types[2] == result.types[4] == "DOUBLE"
+    assert result.columns == ("region", "n", "n ±", "n noise", "mean", "mean ±", "mean noise")
+    assert result.types[2] == result.types[5] == "DOUBLE"
+    assert result.types[3] == result.types[6] == "BOOLEAN"
     plain = session.execute(GROUPED, accuracy_columns=False)  # the same release, from the cache
     assert plain.cached_from is not None and plain.columns == ("region", "n", "mean")
-    for row, bare, widths in zip(result.rows, plain.rows, plain.accuracy, strict=True):
-        assert (row[0], row[1], row[3]) == bare
-        assert row[2] == widths[1] and row[4] == widths[2]
-        assert row[2] > 0 and math.isfinite(row[4])
-    # cursor.accuracy stays aligned with the columns: none for the key or a ± column.
-    assert all(len(a) == 5 and a[0] is None and a[2] is None for a in result.accuracy)
+    rows = zip(result.rows, plain.rows, plain.accuracy, plain.noise, strict=True)
+    for row, bare, widths, flags in rows:
+        assert (row[0], row[1], row[4]) == bare
+        assert row[2] == widths[1] and row[5] == widths[2]
+        assert row[2] > 0 and math.isfinite(row[5])
+        assert (row[3], row[6]) == (flags[1], flags[2])
+    # cursor.accuracy and cursor.noise stay aligned with the columns: none for the key or an
+    # added column; the value columns keep their flags.
+    assert all(len(a) == 7 and a[0] is None and a[2] is None for a in result.accuracy)
+    for row, flags in zip(result.rows, result.noise, strict=True):
+        assert flags == (False, row[3], False, False, row[6], False, False)
 
 
 @pytest.mark.parametrize(
@@ -42,19 +49,19 @@ def test_each_aggregate_gets_its_half_width_column(tiny_policy: TinyPolicy) -> N
     [
         (
             'SELECT region, COUNT(*) AS n, SUM(age) AS "n ±" FROM visits GROUP BY region',
-            ("region", "n", "n ± 2", "n ±", "n ± ±"),
+            ("region", "n", "n ± 2", "n noise", "n ±", "n ± ±", "n ± noise"),
         ),
         (
             'SELECT region, COUNT(*) AS n, SUM(age) AS "N ±" FROM visits GROUP BY region',
-            ("region", "n", "n ± 2", "N ±", "N ± ±"),
+            ("region", "n", "n ± 2", "n noise", "N ±", "N ± ±", "N ± noise"),
         ),
         (
             'SELECT region AS "x ±", COUNT(*) AS x FROM visits GROUP BY region',
-            ("x ±", "x", "x ± 2"),
+            ("x ±", "x", "x ± 2", "x noise"),
         ),
         (
             'SELECT COUNT(*) AS n, COUNT(*) AS n, 1 AS "n ± 2" FROM visits',
-            ("n", "n ±", "n", "n ± 3", "n ± 2"),
+            ("n", "n ±", "n noise", "n", "n ± 3", "n noise 2", "n ± 2"),
         ),
     ],
 )
