@@ -132,6 +132,8 @@ def policy(budget: dict[str, Any]) -> dict[str, Any]:
     """examples/policy.toml with its ``[budget]`` replaced (and its data path made absolute)."""
     raw = tomllib.loads((EXAMPLES / "policy.toml").read_text(encoding="utf-8"))
     tables = {name: str(EXAMPLES / path) for name, path in raw["data"]["tables"].items()}
+    # No diagnosis: each query of a stream is the stream's one mechanism alone.
+    budget = {"diagnose": False, **budget}
     return {**raw, "data": {**raw["data"], "tables": tables}, "budget": budget}
 
 

@@ -16,7 +16,9 @@ test's ``tmp_path`` and returns a ``dpsql.policy.Policy`` with one private table
   ``TINY_REGIONS`` ("central", "east", "north", "south", "west"); a ``columns`` dict replaces
   it entirely (values are the policy's column specs, e.g. ``{"lower": "-0.3", ...}``);
 - ``budget`` = ``TINY_BUDGET``: epsilon 10, delta 1e-6, query_epsilon 1, query_delta 1e-8
-  (written as decimal text, so each is an exact rational); a dict given is merged over it.
+  (written as decimal text, so each is an exact rational), and no diagnosis by default
+  (``diagnose = false``: the tests of other features charge their own loss alone; the
+  diagnosis's tests turn it on); a dict given is merged over it.
 
 Each call writes a new file, so one test may build several policies.
 
@@ -62,6 +64,7 @@ TINY_COLUMNS: dict[str, dict[str, Any]] = {
     "region": {"public_values": list(TINY_REGIONS)},
 }
 TINY_BUDGET: dict[str, Any] = {
+    "diagnose": False,
     "epsilon": "10",
     "delta": "0.000001",
     "query_epsilon": "1",
@@ -150,7 +153,7 @@ def policy_over(
         {
             "dataset": {"id": dataset_id, "data_version": "1"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {**TINY_BUDGET, **(budget or {})},
+            "budget": {"diagnose": False, **TINY_BUDGET, **(budget or {})},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

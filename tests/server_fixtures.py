@@ -151,6 +151,7 @@ data_version = "1"
 path = {json.dumps(str(ledger))}
 
 [budget]
+diagnose = false
 epsilon = "{total}"
 delta = "0.000001"
 query_epsilon = "{query_epsilon}"

@@ -105,5 +105,8 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     # Which rows are kept is a function of everything in the core but the privacy parameters,
     # and of the engine's keyed hash (one per engine, docs/engines.md): a release at another
     # epsilon measured the same rows, so combining the two is post-processing (Dwork-Roth 2.1).
-    rows = {**{k: v for k, v in core.items() if k != "params"}, "engine": policy.engine.name}
+    # A diagnosis is one more histogram beside the measurements, not another way of keeping
+    # rows: a diagnosed release's measurements join the others of its rows.
+    kept = {k: v for k, v in core.items() if k not in ("params", "diagnosis")}
+    rows = {**kept, "engine": policy.engine.name}
     return Keys(_digest([core, list(measurements)]), _digest(core), measurements, _digest(rows))

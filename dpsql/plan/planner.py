@@ -132,12 +132,13 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     if options.sample is not None:
         if options.declared is not None:
             raise refuse_sample(options.declared)
-        if options.diagnose:
+        if options.diagnose and options.diagnose_asked:
             raise UnsupportedQueryError(
                 "a sampled query is not diagnosed yet; SET dpsql.diagnose = off"
             )
         # One sample under every measurement and the selection: amplified as one event.
         event, sample = amplified(event, options.sample)
+        options = replace(options, diagnose=False)  # the policy's default leaves a sample out
     steps = _steps(analysis, l0, c, options.max_rows_per_unit, builder.specs)
     bounding = Bounding(
         max_groups=steps.ranking,
@@ -152,7 +153,7 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     text = bounded_query(analysis, bounding)
     diagnosis = None
     if options.diagnose:
-        diagnosis, extra = plan_diagnosis(analysis, bounding, options, l0, c)
+        diagnosis, extra = plan_diagnosis(analysis, bounding, options, (l0, c), event.epsilon)
         event = _with_diagnosis(event, extra, options)
     return Plan(
         analysis=analysis,

@@ -43,9 +43,13 @@ class QueryOptions:
     # (dpsql.plan.declared), and the settings the analyst gave (not the policy's defaults).
     declared: DeclaredMechanism | None = None
     asked: frozenset[str] = frozenset()
-    # Release a diagnosis of the bounds too (``dpsql.plan.diagnosis``), at this epsilon.
+    # Release a diagnosis of the bounds too (``dpsql.plan.diagnosis``), at this epsilon (None:
+    # diagnose_share of the query's). Not asked (the policy's default), it is left out where it
+    # does not apply (a sample) rather than refused.
     diagnose: bool = False
-    diagnose_epsilon: Fraction = Fraction(1, 10)
+    diagnose_asked: bool = True
+    diagnose_epsilon: Fraction | None = Fraction(1, 10)
+    diagnose_share: Fraction = Fraction(1, 10)
     # How the budget is split across the measurements (``dpsql.plan.split``).
     split: Literal["min_max_ratio", "min_total_variance", "even"] = "min_max_ratio"
     # Or each measurement's own budget, solved for an accuracy target (dpsql.plan.targets):
@@ -139,16 +143,23 @@ class Diagnosis:
     measurement: Measurement
     engine_sql: str
     epsilon: Fraction | None = None  # the pure epsilon charged for it (None: a Gaussian)
+    table: str = ""  # the table whose bounds it diagnoses (what ESTIMATE BOUNDS would read)
+    keys: tuple[str, ...] = ()  # the query's GROUP BY columns, for the advice it gives
+    share: Fraction | None = None  # its epsilon as the policy's share of the query's (or set)
 
     @property
     def cells(self) -> int:
         return 1 << len(self.flags)
 
+    def cost_text(self) -> str:
+        """What the diagnosis costs: ``epsilon 0.05``, or under a declared Gaussian its rho."""
+        if self.epsilon is not None:
+            return f"epsilon {decimal_text(self.epsilon)}"
+        return f"rho {decimal_text(self.measurement.rho)}"
+
     def cost(self) -> str:
         """What EXPLAIN's cost line says of the diagnosis's part in it."""
-        if self.epsilon is not None:
-            return f" (the diagnosis's epsilon {decimal_text(self.epsilon)} included)"
-        return f" (the diagnosis's rho {decimal_text(self.measurement.rho)} included)"
+        return f" (the diagnosis's {self.cost_text()} included)"
 
     def explain(self) -> list[str]:
         limits = dict(self.limits)
@@ -165,10 +176,18 @@ class Diagnosis:
         else:
             assert m.sigma2 is not None
             noise = f"DiscreteGaussian sigma^2 = {m.sigma2}, rho {decimal_text(m.rho)}"
+        if self.epsilon is None:
+            why = "the declared mechanism's"
+        elif self.share is None:
+            why = "dpsql.diagnose_epsilon"
+        else:
+            why = f"budget.diagnose_share {decimal_text(self.share)} of the query's epsilon"
         return [
             f"diagnosis: units with {'; '.join(f'{f}: {what[f]}' for f in self.flags)}",
             f"diagnosis: a histogram of the {self.cells} flag patterns over the units, "
             f"before bounding; one unit is in one cell, so L1 = L2 = 1; {noise}",
+            f"diagnosis: {self.cost_text()} ({why}), a line of the query's charge; "
+            "SET dpsql.diagnose = off leaves it out",
         ]
 
 
@@ -220,8 +239,8 @@ class Plan:
     def bounded_sql(self) -> str:
         return self.bounded.sql(dialect=DIALECT, pretty=True)
 
-    def explain(self, sql: bool = True) -> list[str]:
-        """EXPLAIN's lines; with ``sql``, the bounded SQL pretty-printed at the end."""
+    def head(self) -> list[str]:
+        """EXPLAIN's first lines: the tables and unit, the bounds, the keys, the other group."""
         a = self.analysis
         rows = self.options.max_rows_per_unit
         source = ", ".join(a.tables) if a.base else f"{', '.join(a.tables)} (joined or derived)"
@@ -242,23 +261,36 @@ class Plan:
                 f"lists it) form one more group of that key, one of a unit's L0 groups; "
                 f"{released}"
             )
+        return lines
+
+    def selection_lines(self) -> list[str]:
+        """The partition selection's threshold, if any."""
+        if self.selection is None:
+            return []
+        return [
+            f"partition selection: release a group iff its noisy distinct-unit count >= "
+            f"{self.selection.threshold}; delta {decimal_text(self.selection.delta)}"
+        ]
+
+    def cost_line(self) -> str:
+        """What the query costs in all, the diagnosis's part said."""
+        return f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}" + (
+            self.diagnosis.cost() if self.diagnosis is not None else ""
+        )
+
+    def explain(self, sql: bool = True) -> list[str]:
+        """EXPLAIN VERBOSE's lines, exact; with ``sql``, the bounded SQL pretty-printed at the
+        end (``dpsql.plan.explain`` adds each measurement's ± and makes the concise form)."""
+        lines = self.head()
         lines.extend(f"skipped: {why}" for why in self.skipped)
-        for m in self.measurements:
-            lines.append(_explain_measurement(m))
-        if self.selection is not None:
-            lines.append(
-                f"partition selection: release a group iff its noisy distinct-unit count >= "
-                f"{self.selection.threshold}; delta {decimal_text(self.selection.delta)}"
-            )
+        lines.extend(measurement_line(m) for m in self.measurements)
+        lines.extend(self.selection_lines())
         if self.diagnosis is not None:
             lines.extend(self.diagnosis.explain())
         lines.extend(self.targets)
         if self.sample is not None:
             lines.extend(self.sample.explain())
-        lines.append(
-            f"cost: epsilon {decimal_text(self.epsilon)}, delta {decimal_text(self.delta)}"
-            + (self.diagnosis.cost() if self.diagnosis is not None else "")
-        )
+        lines.append(self.cost_line())
         lines.append("bounded SQL:")
         if sql:
             text = self.bounded_sql if self.shown is None else self.shown(self.engine_sql)
@@ -276,32 +308,33 @@ def _explain_key(key: GroupKey) -> str:
     return f"{key.name} (public domain of {size} value(s) + other group keyed {label})"
 
 
-def _share(m: Measurement, of: str) -> str:
+def share_text(m: Measurement, of: str) -> str:
     """A measurement's share of the budget, when it is not the whole of it."""
     if m.share is None or m.share == 1:
         return ""
     return f", share {float(m.share):.4g} of the query's {of}"
 
 
-def _explain_measurement(m: Measurement) -> str:
+def measurement_line(m: Measurement) -> str:
+    """A measurement as EXPLAIN VERBOSE shows it: its sensitivity and noise, exactly."""
     if m.exponential:
         assert m.scale is not None
         return (
             f"measurement {m.label}: exponential mechanism over the grid candidates of each "
             f"group; one unit moves {m.groups} group(s)' scores by <= {m.per_group}; "
             f"score sensitivity {m.sensitivity}, weights exp(-score/(2*{m.scale})), "
-            f"epsilon {decimal_text(m.epsilon)}{_share(m, 'epsilon')}"
+            f"epsilon {decimal_text(m.epsilon)}{share_text(m, 'epsilon')}"
         )
     head = f"measurement {m.label}: one unit moves {m.groups} group(s) by <= {m.per_group * m.unit}"
     if m.scale is not None:
         return (
             f"{head}; L1 sensitivity {m.sensitivity * m.unit} (= {m.sensitivity} units of "
             f"{m.unit}); DiscreteLaplace scale {m.scale * m.unit} (= {m.scale} units), "
-            f"epsilon {decimal_text(m.epsilon)}{_share(m, 'epsilon')}"
+            f"epsilon {decimal_text(m.epsilon)}{share_text(m, 'epsilon')}"
         )
     assert m.sigma2 is not None
     return (
         f"{head} (units of {m.unit}); DiscreteGaussian sigma^2 = {m.sigma2} units^2 "
         f"(sigma ~ {float(m.sigma2) ** 0.5 * float(m.unit):.6g}), rho {decimal_text(m.rho)}"
-        f"{_share(m, 'Gaussian rho')}"
+        f"{share_text(m, 'Gaussian rho')}"
     )

@@ -188,6 +188,10 @@ class BudgetSpec(_Frozen):
     # totally ordered family, fixed before the first query).
     declared_mechanism: DeclaredMechanism | None = None
     analysts: dict[str, ShareSpec] = Field(default_factory=dict)
+    # A query on bounds dpsql did not choose also releases what they cut, at this share of the
+    # query's epsilon more (dpsql.plan.diagnosis); off: only when an analyst asks for it.
+    diagnose: bool = True
+    diagnose_share: Exact = Fraction(1, 10)
 
     @model_validator(mode="after")
     def _valid(self) -> BudgetSpec:
@@ -203,6 +207,7 @@ class BudgetSpec(_Frozen):
             check_epsilon(self.query_epsilon, "budget.query_epsilon", MAX_QUERY_EPSILON)
             check_delta(self.delta, "budget.delta")
             check_delta(self.query_delta, "budget.query_delta")
+            check_epsilon(self.diagnose_share, "budget.diagnose_share", Fraction(1))
         except ParameterError as exc:
             raise ValueError(str(exc)) from None
         if self.mechanism == "gaussian" and (self.delta == 0 or self.query_delta == 0):
@@ -428,8 +433,11 @@ class Policy(_Frozen):
     def version(self) -> str:
         """A hash of the policy's canonical form: any change to it changes the version."""
         # The engine's settings change the speed, the server's the display, never an answer:
-        # neither is part of the version.
-        body = self.model_dump(mode="json", exclude={"engine", "server"})
+        # neither is part of the version; nor is the default diagnosis, which its release's
+        # cache key holds (dpsql.cache.keys).
+        skip: dict[str, bool | set[str]] = {"engine": True, "server": True}
+        skip["budget"] = {"diagnose", "diagnose_share"}
+        body = self.model_dump(mode="json", exclude=skip)
         canonical = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from dpsql.plan.estimators import half_width
 from dpsql.plan.plans import Diagnosis, Plan
 
-__all__ = ["Diagnosed", "covers", "diagnose"]
+__all__ = ["NOTABLE", "Diagnosed", "covers", "diagnose"]
+
+# A flag that marks at least this fraction of the units is named, with the bound to raise and the
+# estimate to run; below it the cut is said in one figure only.
+NOTABLE = 0.05
+# The setting (and policy field) each contribution flag compares with.
+_BOUND = {"L0": "max_groups_per_unit", "C": "max_rows_per_unit_per_group", "R": "max_rows_per_unit"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class Diagnosed:
     fractions: tuple[tuple[str, float, float], ...]  # (flag, fraction, half-width)
     cut: tuple[float, float]  # the fraction of units any flag marks, and its half-width
     confidence: float
+    table: str = ""  # the table whose bounds cut (what ESTIMATE BOUNDS would read)
+    keys: tuple[str, ...] = ()  # the query's GROUP BY columns (L0 and C are per key)
 
     def fraction(self, flag: str) -> float:
         """The fraction of units ``flag`` marks ("any": any flag)."""
@@ -41,16 +49,45 @@ class Diagnosed:
         return next(f for name, f, _ in self.fractions if name == flag)
 
     def summary(self) -> str:
-        """What the contribution bounds and clamps cut, in a few words: ``bounds cut ~8% of
-        units``."""
-        return f"bounds cut ~{_percent(self.cut[0])} of units"
+        """What the contribution bounds and clamps cut, in a few words with its ± (``bounds
+        cut ~8% of units (± 1%)``: a small epsilon makes the figure itself noise, and says so),
+        and where a flag marks at least 5% of them, which bound to raise and the estimate to
+        run: ``bounds cut ~30% of units (± 2%; C: 30%); raise max_rows_per_unit_per_group, or
+        run ESTIMATE BOUNDS FOR visits GROUP BY ward``."""
+        text = f"bounds cut ~{_percent(self.cut[0])} of units (± {_percent(self.cut[1])}"
+        notable = self.notable()
+        if not notable:
+            return text + ")"
+        shares = ", ".join(f"{name}: {_percent(self.fraction(name))}" for name in notable)
+        return f"{text}; {shares}); {self.advice(notable)}"
+
+    def notable(self) -> list[str]:
+        """The flags that mark at least ``NOTABLE`` of the units."""
+        return [name for name, f, _ in self.fractions if f >= NOTABLE]
+
+    def advice(self, notable: list[str]) -> str:
+        """What to do about the flags ``notable``: the bounds to raise, the estimate to run."""
+        raised = [_BOUND[name] for name in notable if name in _BOUND]
+        todo, estimates = [], []
+        if raised:
+            todo.append("raise " + " and ".join(raised))
+            per_key = any(name in ("L0", "C") for name in notable) and self.keys
+            by = f" GROUP BY {', '.join(self.keys)}" if per_key else ""
+            estimates.append(f"ESTIMATE BOUNDS FOR {self.table}{by}")
+        if "clamped" in notable:
+            todo.append("widen the bounds of the aggregated columns")
+            estimates.append(f"ESTIMATE BOUNDS FOR {self.table}.<column>")
+        return f"{', '.join(todo)}, or run {' and '.join(estimates)}"
 
     def describe(self) -> str:
-        """One line with every flag's fraction and ±: what ``\\diagnose`` and NOTICEs show."""
+        """One line with every flag's fraction and ±, then the advice: what ``\\diagnose`` and
+        NOTICEs show."""
         parts = ", ".join(f"{name} {_percent(f)} ± {_percent(w)}" for name, f, w in self.fractions)
+        notable = self.notable()
+        advice = f"; {self.advice(notable)}" if notable else ""
         return (
-            f"{self.summary()} (± {_percent(self.cut[1])}): {parts}; of ~{self.units} units, "
-            f"at {self.confidence:.4g} confidence"
+            f"bounds cut ~{_percent(self.cut[0])} of units (± {_percent(self.cut[1])}): {parts}; "
+            f"of ~{self.units} units, at {self.confidence:.4g} confidence{advice}"
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -124,4 +161,6 @@ def diagnose(diagnosis: Diagnosis, cells: tuple[int, ...], confidence: float) ->
         fractions,
         cut,
         confidence,
+        diagnosis.table,
+        diagnosis.keys,
     )

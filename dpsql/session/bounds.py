@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from sqlglot import exp
+
 from dpsql.accounting.budget.report import Charge
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
@@ -23,6 +25,7 @@ from dpsql.engine.base import Engine
 from dpsql.errors import UndeclaredMechanismError
 from dpsql.mechanisms.events import Composite
 from dpsql.mechanisms.stated_events import PureDP
+from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.policy.numbers import decimal_text
 from dpsql.release import clamp_bounds, contribution_bounds
@@ -121,6 +124,43 @@ class Estimates:
         return Estimate(statement, kind, key, sql, _canonical(statement, epsilon), event,
                         epsilon, details, found)  # fmt: skip
 
+    def chose(self, plan: Plan, asked: frozenset[str]) -> bool:
+        """Whether every bound the plan's diagnosis flags is one dpsql chose: each contribution
+        bound an estimate where the policy declares none and no setting gave one, and each
+        aggregated column's clamp an estimate. Such a query needs no diagnosis by default: the
+        estimates already aim at cutting few units (``docs/sql.md``)."""
+        if plan.diagnosis is None or plan.bounding is None or not self.estimated:
+            return False
+        a, base = plan.analysis, self.base
+        tables = [t.lower() for t in a.tables if not base.tables[t.lower()].public]
+        for flag in plan.diagnosis.flags:
+            if flag == "clamped":
+                columns = {
+                    c.name.lower()
+                    for v in plan.bounding.values
+                    if v.grid is not None
+                    for c in v.expr.find_all(exp.Column)
+                }
+                if not all(self._estimated_clamp(tables, c) for c in columns):
+                    return False
+                continue
+            name = _FLAG_BOUNDS[flag]
+            if name in asked or not all(
+                getattr(base.tables[t], name) is None
+                and (t, _CONTRIBUTION + name) in self.estimated
+                for t in tables
+            ):
+                return False
+        return True
+
+    def _estimated_clamp(self, tables: list[str], column: str) -> bool:
+        """A column's bounds come from an estimate, not from the policy, in its table."""
+        for t in tables:
+            declared = self.base.tables[t].columns.get(column)
+            if (t, column) in self.estimated and (declared is None or declared.bounds is None):
+                return True
+        return False
+
     def version(self) -> str:
         """The base policy's content digest, computed once per policy object (a Policy is
         frozen). Kept here, not read through the session: a part holding its session would be a
@@ -164,6 +204,12 @@ class Estimates:
         return self._with_estimates
 
 
+# The contribution bound each flag of a diagnosis compares with (dpsql.plan.diagnosis).
+_FLAG_BOUNDS = {
+    "L0": "max_groups_per_unit",
+    "C": "max_rows_per_unit_per_group",
+    "R": "max_rows_per_unit",
+}
 # Keys of contribution bounds among the estimates, beside (table, column) keys of clamps; a
 # column name never starts with NUL.
 _CONTRIBUTION = "\0"

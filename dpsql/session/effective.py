@@ -46,7 +46,7 @@ class Settings:
     other_group: bool
     other_label: str | None
     diagnose: bool
-    diagnose_epsilon: Fraction
+    diagnose_epsilon: Fraction | None
     split: Split
     halfwidth: Fraction | None
     rank_error: int | None
@@ -112,7 +112,9 @@ class Settings:
             declared=declared,
             asked=self.asked & _NOISE if declared else frozenset(),
             diagnose=self.diagnose,
+            diagnose_asked="diagnose" in self.asked,
             diagnose_epsilon=self.diagnose_epsilon,
+            diagnose_share=policy.budget.diagnose_share,
             split=self.split,
         )
 

@@ -202,14 +202,26 @@ class QueryRequest(Request[Noisy, Result]):
         *,
         fresh: bool = False,
         shared: bool = True,
+        bare: tuple[Plan, cache.Keys] | None = None,
     ) -> None:
         self.plan, self.keys, self.details = plan, keys, details
         self.event, self.query = plan.event, plan.query
         self.fresh, self.shared = fresh, shared
+        # The plan without the diagnosis the policy's default gave it, and its keys: what a
+        # release answers for free when none answers the diagnosed plan (post-processing).
+        self.bare = bare
 
     def lookup(self, pipeline: Pipeline) -> Result | None:
-        hit = None if self.fresh else pipeline.cache.lookup(self.plan, self.keys, self.shared)
-        return None if hit is None else served(pipeline, self.plan, hit)
+        if self.fresh:
+            return None
+        hit = pipeline.cache.lookup(self.plan, self.keys, self.shared)
+        if hit is not None:
+            return served(pipeline, self.plan, hit)
+        if self.bare is None:
+            return None
+        plan, keys = self.bare
+        hit = pipeline.cache.lookup(plan, keys, self.shared)
+        return None if hit is None else served(pipeline, plan, hit)
 
     def measure(self, engine: Engine) -> Noisy:
         plan = self.plan

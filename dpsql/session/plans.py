@@ -29,6 +29,7 @@ class Planned:
     plan: Plan
     keys: cache.Keys
     details: Mapping[str, object]
+    verbose: bool = False  # EXPLAIN VERBOSE: every exact figure and the bounded SQL
 
 
 def _keyable(values: Sequence[object] | Mapping[str, object] | None) -> tuple[object, ...] | None:

@@ -30,6 +30,8 @@ from dpsql.cache import keys as cache
 from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import open_engine
 from dpsql.errors import LedgerError, ParameterError, PolicyError
+from dpsql.plan.diagnosis import without_default
+from dpsql.plan.explain import explain
 from dpsql.plan.plans import Plan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.release.post import accuracy_columns
@@ -222,7 +224,8 @@ class Session:
         def finish() -> Planned:
             checked()
             keys = cache.keys(plan, self.policy, self.policy_version())
-            done = Planned(explain, plan, keys, self.details(plan))
+            verbose = isinstance(statement, Explain) and statement.verbose
+            done = Planned(explain, plan, keys, self.details(plan), verbose)
             if key is not None:
                 self._plans.keep(key, done)
             return done
@@ -243,9 +246,13 @@ class Session:
         ``estimates``: use bounds estimated earlier where the policy declares none."""
         settings = self._settings_for(options, inline)
         policy = self.estimates.policy() if estimates else self.policy
-        return planning.prepare(
+        plan = planning.prepare(
             select, params, settings=settings, inline=inline, policy=policy, probes=self.probes
         )
+        if estimates and self.estimates.chose(plan, settings.asked):
+            # Bounds dpsql chose itself: no diagnosis unless the analyst asked for one.
+            plan = without_default(plan)
+        return plan
 
     def _python_domain(
         self, analysis: Analysis, expression: str, engine_type: str, domain: tuple[object, ...]
@@ -299,16 +306,20 @@ class Session:
     def _planned_result(self, planned: Planned, options: Mapping[str, object]) -> Result:
         plan = planned.plan
         if planned.explain:
-            lines = plan.explain()
+            lines = explain(plan, planned.verbose)
             return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
         settings = self.settings(options)
         # The names of the ± columns are checked before the charge: a collision costs nothing.
         extra = accuracy_columns(plan) if settings.accuracy_columns else None
         # A fresh answer (not one served from the cache) is charged like any other, and a
         # plan reused from an earlier statement is charged and noised afresh.
+        # A default diagnosis is never a reason to charge a query the cache answers without it.
+        bare = without_default(plan)
+        keys = None if bare is plan else cache.keys(bare, self.policy, self.policy_version())
         request = QueryRequest(
-            plan, planned.keys, planned.details, fresh=settings.fresh, shared=settings.share
-        )
+            plan, planned.keys, planned.details, fresh=settings.fresh, shared=settings.share,
+            bare=None if keys is None else (bare, keys),
+        )  # fmt: skip
         result = self.pipeline.release(request)
         return result if extra is None else _with_accuracy(result, extra)
 

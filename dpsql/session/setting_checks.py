@@ -28,9 +28,6 @@ MAX_NOISE_MULTIPLIER = Fraction(10**6)
 DEFAULT_CONFIDENCE = 0.95
 # The longest label of the other group (dpsql.analyze.domains); a label is public, like the query.
 MAX_OTHER_LABEL = 256
-# The epsilon of a diagnosis of the bounds (``SET dpsql.diagnose = on``): fixed, not a share of
-# the query's, so that what a diagnosis costs never depends on anything but this setting.
-DEFAULT_DIAGNOSE_EPSILON = Fraction(1, 10)
 # An accuracy target's half-width is a number in the values' units, like a bound (2^52 at most).
 MAX_HALFWIDTH = Fraction(2**52)
 # A stated group size is a count of units, so at most a BIGINT.

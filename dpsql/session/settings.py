@@ -205,24 +205,25 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "diagnose",
         checks.boolean("diagnose"),
-        lambda p: False,
-        default_text="`false`",
+        lambda p: p.budget.diagnose,
+        default_text="the policy's `budget.diagnose` (`true` unless the owner turns it off)",
         values="`true`/`on` or `false`/`off`",
         doc=(
-            "`true`: each query also releases the fraction of its units that its bounds cut "
-            "([below](#the-diagnosis-of-the-bounds)), charged with the query at "
-            "`dpsql.diagnose_epsilon` more"
+            "`true`: each query on bounds dpsql did not choose also releases the fraction of its "
+            "units that its bounds cut ([below](#the-diagnosis-of-the-bounds)), charged with the "
+            "query as a line of its own; a sampled query is not diagnosed unless asked (then "
+            "refused)"
         ),
     ),
     Setting(
         "diagnose_epsilon",
         checks.diagnose_epsilon,
-        lambda p: checks.DEFAULT_DIAGNOSE_EPSILON,
-        default_text="0.1",
+        checks.none,
+        default_text="the policy's `budget.diagnose_share` (0.1) of the query's epsilon",
         values="0 < ε ≤ 20, exact decimal",
         doc=(
             "the epsilon of that diagnosis (a discrete Laplace of scale 1/ε on each cell of its "
-            "histogram), a fixed figure rather than a share of the query's, so what a diagnosis "
+            "histogram), charged on top of the query's; set, a fixed figure, so what a diagnosis "
             "costs depends on this setting alone"
         ),
     ),

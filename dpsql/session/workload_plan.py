@@ -22,6 +22,7 @@ from dpsql.cache.releases import ReleaseCache
 from dpsql.engine.base import Engine
 from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
 from dpsql.mechanisms.events import Composite, Event
+from dpsql.plan.diagnosis import without_default
 from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import Family, Joint
 from dpsql.plan.workload.joint import plan_joint
@@ -189,13 +190,16 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
     def plan_select(select: object, i: int) -> Plan:
         plan = session._prepare(select, None, steps[i].settings)
         planning.check_soon(session.engine, plan, soon=False)()
-        return plan
+        return without_default(plan)
 
     # A statement asking for a fresh answer gets noise of its own: it shares no measurement
     # (two fresh statements alike are two draws, not one). One under SET dpsql.share = off is
     # bounded at its own grouping, as its analyst chose.
-    plans = [s.plan if s.charged and s.kind == "query" and not s.settings.get("fresh")
-             and s.settings.get("share", True) else None for s in steps]  # fmt: skip
+    # A statement diagnosed by the policy's default only may still share: a family member is
+    # answered from the family's measurements, without a diagnosis of its own.
+    plans = [without_default(s.plan) if s.plan is not None and s.charged and s.kind == "query"
+             and not s.settings.get("fresh") and s.settings.get("share", True) else None
+             for s in steps]  # fmt: skip
     joint = plan_joint(plans, plan_select)
     released = _released(session, steps, joint)
     out = []
@@ -205,7 +209,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
             out.append(s)
             continue
         family, _ = found
-        member = replace(s, ratio=joint.ratios[i], family=bounded_at(steps, family))
+        member = replace(s, plan=plans[i], ratio=joint.ratios[i], family=bounded_at(steps, family))
         seq = released.get(family.fine_index)
         if seq is not None:
             member = replace(member, source="cache", note=f"release {seq}")

@@ -74,6 +74,21 @@ class Explain:
 
     select: exp.Select
     options: Mapping[str, object] = field(default_factory=dict)
+    verbose: bool = False  # EXPLAIN VERBOSE (or PostgreSQL's EXPLAIN (VERBOSE)): every figure
+
+
+# EXPLAIN's one option, as PostgreSQL spells it: VERBOSE, or (VERBOSE [TRUE|ON|FALSE|OFF]).
+_VERBOSE = re.compile(
+    r"\s*(?:VERBOSE\b|\(\s*VERBOSE(?:\s+(TRUE|ON|FALSE|OFF|1|0))?\s*\))", re.IGNORECASE
+)
+
+
+def _verbose(text: str) -> tuple[str, bool]:
+    """The text after EXPLAIN's option, and whether it asks for VERBOSE."""
+    found = _VERBOSE.match(text)
+    if found is None:
+        return text, False
+    return text[found.end() :], (found.group(1) or "true").upper() in ("TRUE", "ON", "1")
 
 
 @dataclass(frozen=True)
@@ -242,8 +257,9 @@ def parse_statement(text: str) -> Statement:
             raise ParseError(f"{head} takes one setting name")
         return SetOption(name, None) if head == "RESET" else ShowOption(name)
     if head == "EXPLAIN":
+        rest_text, verbose = _verbose(rest_text)
         rest_text, options = split_options(rest_text)
-        return Explain(parse_select(rest_text), options)
+        return Explain(parse_select(rest_text), options, verbose)
     if head == "ESTIMATE":
         return _parse_estimate(tokens[1:])
     text, options = split_options(text)

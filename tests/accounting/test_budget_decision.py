@@ -254,7 +254,7 @@ def _policy(accountant: str) -> dict[str, Any]:
     return {
         "dataset": {"id": "fresh-counts", "data_version": "1"},
         "data": {"tables": {"visits": "examples/data/visits.parquet"}},
-        "budget": {"epsilon": "1", "delta": "1e-6", "accountant": accountant,
+        "budget": {"diagnose": False, "epsilon": "1", "delta": "1e-6", "accountant": accountant,
                    "query_epsilon": "0.05"},
         "tables": {"visits": {"privacy_unit": "user_id", "max_groups_per_unit": 1,
                               "max_rows_per_unit_per_group": 10}},

@@ -87,6 +87,7 @@ def _policy(folder: Path, accountant: str) -> Policy:
             "dataset": {"id": "cells"},
             "data": {"database": str(database)},
             "budget": {
+                "diagnose": False,
                 "epsilon": str(CAP),
                 "delta": str(DELTA),
                 "query_epsilon": "0.5",

@@ -44,7 +44,12 @@ def ledger_policy(folder: Path, epsilon: str = "10", dataset: str = DATASET) -> 
     return {
         "dataset": {"id": dataset, "data_version": "1"},
         "data": {"tables": {"visits": str(data)}},
-        "budget": {"epsilon": epsilon, "delta": "0.000001", "query_epsilon": "1"},
+        "budget": {
+            "diagnose": False,
+            "epsilon": epsilon,
+            "delta": "0.000001",
+            "query_epsilon": "1",
+        },
         "tables": {
             "visits": {
                 "privacy_unit": "user_id",

@@ -48,7 +48,7 @@ def _policy(tmp_path: Path, *, declared: bool, epsilon: str = "10") -> Policy:
         {
             "dataset": {"id": "parallel"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {"epsilon": epsilon, "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": epsilon, "query_epsilon": "1"},
             "tables": {"visits": table},
         }
     )

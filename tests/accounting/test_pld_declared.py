@@ -35,7 +35,8 @@ COUNT = "SELECT COUNT(*) FROM visits WHERE age > 30"
 
 
 def _budget(declared: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"epsilon": "1", "accountant": "pld", "declared_mechanism": declared, **extra}
+    budget = {"epsilon": "1", "accountant": "pld", "declared_mechanism": declared}
+    return {"diagnose": False, **budget, **extra}
 
 
 def _session(tiny_policy: TinyPolicy, declared: dict[str, Any], **extra: Any) -> Session:

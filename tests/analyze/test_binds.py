@@ -67,7 +67,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         {
             "dataset": {"id": "binds", "data_version": "1"},
             "data": {"tables": {"visits": "visits.parquet"}},
-            "budget": {"epsilon": "1000", "delta": "1e-6", "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "1000", "delta": "1e-6", "query_epsilon": "1"},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

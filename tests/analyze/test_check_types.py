@@ -74,7 +74,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Any:
         {
             "dataset": {"id": "check-types", "data_version": "1"},
             "data": {"tables": {"visits": "visits.parquet"}},
-            "budget": {"epsilon": "100", "delta": "1e-6", "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "100", "delta": "1e-6", "query_epsilon": "1"},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

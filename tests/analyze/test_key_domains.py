@@ -135,7 +135,7 @@ def _collated(tmp_path: Path, domain: dict[str, Any]) -> Session:
             {
                 "dataset": {"id": "collated"},
                 "data": {"database": str(database)},
-                "budget": {"epsilon": "10", "query_epsilon": "1"},
+                "budget": {"diagnose": False, "epsilon": "10", "query_epsilon": "1"},
                 "tables": {
                     "visits": {
                         "privacy_unit": "user_id",

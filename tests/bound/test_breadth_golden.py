@@ -127,6 +127,7 @@ def write_world(directory: Path, data: Data, max_rows_per_unit: int | None = Non
             "dataset": {"id": "breadth", "data_version": "1"},
             "data": {"tables": {n: f"{n}.parquet" for n in names}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "10",
                 "delta": "0.000001",
                 "query_epsilon": "1",

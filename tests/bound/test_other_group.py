@@ -78,6 +78,7 @@ def _policy(folder: Path, rows: Sequence[tuple[Any, ...]], name: str) -> Policy:
             "dataset": {"id": "other"},
             "data": {"tables": {"visits": str(path)}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "10000",
                 "delta": "0.5",
                 "query_epsilon": "1",
@@ -279,7 +280,7 @@ def _typed_policy(folder: Path, kind: str, domain: list[Any], values: list[Any])
         {
             "dataset": {"id": "typed"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {"epsilon": "1000", "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "1000", "query_epsilon": "1"},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",
@@ -394,7 +395,7 @@ def _collated(tmp_path: Path) -> Session:
             {
                 "dataset": {"id": "collated"},
                 "data": {"database": str(database)},
-                "budget": {"epsilon": "10", "query_epsilon": "1"},
+                "budget": {"diagnose": False, "epsilon": "10", "query_epsilon": "1"},
                 "tables": {
                     "visits": {
                         "privacy_unit": "user_id",
@@ -538,7 +539,7 @@ def test_the_limit_on_public_groups_counts_the_other_groups(tmp_path: Path) -> N
         {
             "dataset": {"id": "wide"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {"epsilon": "10", "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "10", "query_epsilon": "1"},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",
@@ -560,7 +561,7 @@ def test_the_limit_on_public_groups_counts_the_other_groups(tmp_path: Path) -> N
 
 
 def test_explain_shows_the_other_group(base: Session) -> None:
-    result = base.execute("EXPLAIN SELECT region, COUNT(*) FROM visits GROUP BY region", None,
+    result = base.execute("EXPLAIN VERBOSE SELECT region, COUNT(*) FROM visits GROUP BY region", None,
                           other_group=True, other_label="elsewhere")  # fmt: skip
     text = "\n".join(r[0] for r in result.rows)
     assert "region (public domain of 3 value(s) + other group keyed 'elsewhere')" in text
@@ -588,7 +589,7 @@ def test_a_public_table_domain_is_refused(tmp_path: Path) -> None:
         {
             "dataset": {"id": "zones"},
             "data": {"tables": {"visits": str(path), "zones": str(zones)}},
-            "budget": {"epsilon": "10", "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "10", "query_epsilon": "1"},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

@@ -68,6 +68,7 @@ def _policy(folder: Path, lines: list[bytes], name: str) -> Policy:
             "dataset": {"id": "csv"},
             "data": {"tables": {"visits": str(path)}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "10000",
                 "delta": "0.5",
                 "query_epsilon": "1",
@@ -156,7 +157,7 @@ def test_a_malformed_header_is_a_policy_error(tmp_path: Path, header: bytes, mes
         {
             "dataset": {"id": "csv"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {"epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "1"},
             "tables": {"visits": {"privacy_unit": "user_id"}},
         }
     )
@@ -179,7 +180,7 @@ def test_a_declared_type_is_a_duckdb_type_and_nothing_else(tmp_path: Path, bad: 
             {
                 "dataset": {"id": "csv"},
                 "data": {"tables": {"visits": str(path)}},
-                "budget": {"epsilon": "1"},
+                "budget": {"diagnose": False, "epsilon": "1"},
                 "tables": {
                     "visits": {"privacy_unit": "user_id", "columns": {"age": {"type": bad}}}
                 },

@@ -75,6 +75,7 @@ tables = {{ visits = "{folder / "visits.parquet"}" }}
 [ledger]
 path = "{ledger}"
 [budget]
+diagnose = false
 epsilon = 100
 delta = 0.000001
 query_epsilon = 0.1

@@ -31,7 +31,12 @@ def _policy(path: Path) -> Policy:
         {
             "dataset": {"id": "files", "data_version": "1"},
             "data": {"database": str(path)},
-            "budget": {"epsilon": "10", "delta": "0.000001", "query_epsilon": "1"},
+            "budget": {
+                "diagnose": False,
+                "epsilon": "10",
+                "delta": "0.000001",
+                "query_epsilon": "1",
+            },
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

@@ -115,7 +115,7 @@ def _policy(path: Path, on_spark: bool, types: dict[str, str], delimiter: str = 
     spec: dict[str, Any] = {
         "dataset": {"id": "csv"},
         "data": {"tables": {"t": str(path)}, "csv_delimiter": delimiter},
-        "budget": {"epsilon": "1"},
+        "budget": {"diagnose": False, "epsilon": "1"},
         "tables": {
             "t": {"privacy_unit": "k", "columns": {c: {"type": t} for c, t in types.items()}}
         },

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,12 @@ def test_an_answer_is_charged_once_and_published_like_duckdb_s(
     result = on_spark.execute(sql)
     assert [row[0] for row in result.rows] == sorted(row[0] for row in result.rows)
     assert all(isinstance(row[1], int) for row in result.rows)
-    assert on_spark.budget().epsilon_spent == 1 / 2
+    # The query's epsilon 0.5 and its diagnosis's tenth of it (run on Spark too), one charge.
+    assert result.diagnosis is not None
+    assert on_spark.budget().epsilon_spent == Fraction(11, 20)
     again = on_spark.execute(sql)
-    assert again.cached_from is not None and on_spark.budget().epsilon_spent == 1 / 2
+    assert again.cached_from is not None and on_spark.budget().epsilon_spent == Fraction(11, 20)
+    assert again.diagnosis == result.diagnosis
 
 
 def test_explain_shows_the_spark_sql_with_the_salt_as_a_placeholder(
@@ -143,7 +147,9 @@ def test_explain_shows_the_spark_sql_with_the_salt_as_a_placeholder(
 ) -> None:
     _, on_spark = sessions
     on_spark.execute("SET dpsql.max_groups_per_unit = 2")  # so that the keyed hash ranks groups
-    result = on_spark.execute("EXPLAIN SELECT region, COUNT(*) AS n FROM visits GROUP BY region")
+    result = on_spark.execute(
+        "EXPLAIN VERBOSE SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+    )
     text = "\n".join(row[0] for row in result.rows)
     assert "XXHASH64(" in text.upper() and ":salt" in text
     assert str(on_spark.engine.salt) not in text
@@ -186,7 +192,7 @@ def test_the_command_line_runs_on_spark(tmp_path: Path, spark: Any) -> None:  # 
     assert done.exit_code == 0, done.stderr
     assert "charged epsilon 0.5" in done.stdout
     report = runner.invoke(cli.cli, ["--policy", str(policy), "budget"])
-    assert "epsilon 0.5 spent of 10" in report.stdout
+    assert "epsilon 0.55 spent of 10" in report.stdout  # with the default diagnosis
 
 
 def test_psql_over_the_wire_on_spark(tmp_path: Path, spark: Any) -> None:  # noqa: F811
@@ -254,7 +260,7 @@ def test_old_dates_and_timestamps_read_as_on_duckdb(tmp_path: Path, spark: Any) 
     policy: dict[str, Any] = {
         "dataset": {"id": "old"},
         "data": {"tables": {"old": str(path)}},
-        "budget": {"epsilon": "1", "delta": "0.000001"},
+        "budget": {"diagnose": False, "epsilon": "1", "delta": "0.000001"},
         "tables": {"old": table},
     }
     duck = open_engine(load_policy(policy), 1)

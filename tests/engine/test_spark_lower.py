@@ -859,7 +859,7 @@ def test_on_spark_a_cell_keeps_each_units_one_value(tmp_path: Path, spark: Any) 
     raw: dict[str, Any] = {
         "dataset": {"id": "cells", "data_version": "1"},
         "data": {"tables": {"visits": "visits.parquet"}},
-        "budget": {"epsilon": "10", "delta": "0.000001", "query_epsilon": "1"},
+        "budget": {"diagnose": False, "epsilon": "10", "delta": "0.000001", "query_epsilon": "1"},
         "tables": {
             "visits": {
                 "privacy_unit": "user_id",

@@ -39,6 +39,7 @@ data_version = "v1"
 tables = {{ visits = "{data}" }}
 
 [budget]
+diagnose = false
 epsilon = 1.0
 delta = 1e-6
 query_epsilon = 0.25
@@ -297,7 +298,7 @@ def test_usage_errors(policy: Path, tmp_path: Path) -> None:
 # -- explain ----------------------------------------------------------------------------------
 def test_explain_prints_the_plan_and_charges_nothing(policy: Path) -> None:
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 0.2) COUNT(*) AS n FROM visits"
-    result = invoke(policy, "explain", sql)
+    result = invoke(policy, "explain", "--verbose", sql)
     assert result.exit_code == 0, result.stderr
     assert "cost: epsilon 0.2, delta 0" in result.stdout
     assert "bounded SQL:" in result.stdout and "cache:" not in result.stdout

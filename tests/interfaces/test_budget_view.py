@@ -50,6 +50,7 @@ data_version = "v1"
 tables = {{ visits = "{data}" }}
 
 [budget]
+diagnose = false
 epsilon = 1.0
 delta = 1e-6
 query_epsilon = 0.1
@@ -395,7 +396,7 @@ def test_the_default_chart_composes_pinned_cells_in_parallel() -> None:
 
     data = {
         "dataset": {"id": "d"},
-        "budget": {"epsilon": {"total": "2"}},
+        "budget": {"diagnose": False, "epsilon": {"total": "2"}},
         "accounting": {"delta": "1/1000000"},
         "schedule": [
             charge("0.1", None),

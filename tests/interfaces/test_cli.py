@@ -50,6 +50,7 @@ data_version = "v1"
 tables = {{ visits = "{data}" }}
 
 [budget]
+diagnose = false
 epsilon = 1.0
 delta = 1e-6
 query_epsilon = 0.25

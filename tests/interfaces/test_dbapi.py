@@ -23,7 +23,13 @@ def policy_dict(data: Path) -> dict[str, Any]:
     return {
         "dataset": {"id": "dbapi", "data_version": "1"},
         "data": {"tables": {"visits": str(data)}},
-        "budget": {"epsilon": "10", "delta": "1e-6", "query_epsilon": "1", "query_delta": "1e-8"},
+        "budget": {
+            "diagnose": False,
+            "epsilon": "10",
+            "delta": "1e-6",
+            "query_epsilon": "1",
+            "query_delta": "1e-8",
+        },
         "tables": {
             "visits": {
                 "privacy_unit": "user_id",
@@ -153,6 +159,7 @@ id = "dbapi"
 [data]
 tables = {{ visits = "{data.as_posix()}" }}
 [budget]
+diagnose = false
 epsilon = 10
 query_epsilon = 1
 [tables.visits]

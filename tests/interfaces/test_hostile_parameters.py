@@ -192,6 +192,7 @@ tables = {{ visits = "{data}" }}
 path = "{ledger}"
 
 [budget]
+diagnose = false
 epsilon = 1000
 delta = 0.001
 query_epsilon = 0.001
@@ -392,6 +393,7 @@ tables = {{ visits = "{data}" }}
 [ledger]
 path = "{ledger}"
 [budget]
+diagnose = false
 epsilon = 10
 delta = 0.000001
 [tables.visits]

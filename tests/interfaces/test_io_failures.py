@@ -69,6 +69,7 @@ tables = {{ visits = "{data}" }}
 [ledger]
 path = "{ledger}"
 [budget]
+diagnose = false
 epsilon = 100
 query_epsilon = 0.25
 [tables.visits]

@@ -57,7 +57,7 @@ def test_dpsql_run_and_query_take_the_clause_and_the_setting(
     assert run.exit_code == 0, run.output
     out = invoke(batch_policy, "query", SAMPLED)
     assert out.exit_code == 0, out.output
-    explained = invoke(batch_policy, "explain", SAMPLED)
+    explained = invoke(batch_policy, "explain", "--verbose", SAMPLED)
     assert explained.exit_code == 0 and "$sample" in explained.output
     bad = invoke(batch_policy, "query", SAMPLED.replace("BERNOULLI", "SYSTEM"))
     assert bad.exit_code != 0 and "SYSTEM" in bad.output

@@ -257,7 +257,7 @@ def test_psql_syntax_error_stops_the_script(main: Served) -> None:
 
 def test_psql_explain_shows_the_bounded_sql(main: Served) -> None:
     with nothing_charged(main.ledger):
-        out = psql(main.port, "alice", "EXPLAIN SELECT AVG(spend) FROM visits WHERE age > 30;")
+        out = psql(main.port, "alice", "EXPLAIN VERBOSE SELECT AVG(spend) FROM visits WHERE age > 30;")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "table visits: privacy unit user_id; user-level, add/remove one unit"
@@ -433,7 +433,7 @@ def test_psycopg_budget_exhaustion(fresh: Callable[..., Served]) -> None:
 
 def test_psycopg_explain_charges_nothing(main: Served) -> None:
     with connect(main.port, "bob") as conn, nothing_charged(main.ledger):
-        cursor = conn.execute("EXPLAIN SELECT COUNT(*) FROM visits WHERE age > %s", [51])
+        cursor = conn.execute("EXPLAIN VERBOSE SELECT COUNT(*) FROM visits WHERE age > %s", [51])
         assert cursor.statusmessage == "EXPLAIN"
         assert cursor.description is not None and cursor.description[0].name == "plan"
         lines = [line for (line,) in cursor.fetchall()]

@@ -52,7 +52,13 @@ def raw(data: Path) -> dict[str, Any]:
     return {
         "dataset": {"id": "entropy"},
         "data": {"tables": {"visits": str(data)}},
-        "budget": {"epsilon": "10", "delta": "1e-6", "query_epsilon": "0.5", "query_delta": "1e-8"},
+        "budget": {
+            "diagnose": False,
+            "epsilon": "10",
+            "delta": "1e-6",
+            "query_epsilon": "0.5",
+            "query_delta": "1e-8",
+        },
         "tables": {
             "visits": {
                 "privacy_unit": "user_id",

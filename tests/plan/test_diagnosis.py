@@ -72,7 +72,7 @@ def test_a_diagnosed_query_costs_the_query_plus_the_diagnosis_in_one_charge(
     assert plan.event.events[-1] == DiscreteLaplace(Fraction(10), Fraction(1), dimensions=1)
     assert plan.event.events[-1].label == LABEL
     assert plan.diagnosis.flags == ("L0", "C", "clamped")
-    lines = s.execute(f"EXPLAIN {BY_REGION}").rows
+    lines = s.execute(f"EXPLAIN VERBOSE {BY_REGION}").rows
     cost = [line for (line,) in lines if line.startswith("cost:")]
     assert cost == [
         f"cost: epsilon {float(plan.epsilon):g}, delta 0 (the diagnosis's epsilon 0.1 included)"
@@ -293,7 +293,7 @@ def test_the_fractions_are_near_the_known_cut(tiny_policy: TinyPolicy) -> None:
         assert abs(fraction - truth[flag]) <= width < 0.02, flag
     assert abs(d.cut[0] - truth["any"]) <= d.cut[1] < 0.02
     assert abs(d.units - 2000) < 100
-    assert d.summary() == f"bounds cut ~{100 * d.cut[0]:.0f}% of units"
+    assert d.summary().startswith(f"bounds cut ~{100 * d.cut[0]:.0f}% of units")
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="run examples/make_data.py for the example data")

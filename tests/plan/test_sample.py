@@ -183,7 +183,7 @@ def test_the_cache_keys_the_rate(tiny_policy: TinyPolicy) -> None:
 def test_the_secret_is_nowhere_an_analyst_reads(tiny_policy: TinyPolicy) -> None:
     s = _session(tiny_policy)
     s.execute(COUNT)
-    shown = "\n".join(r[0] for r in s.execute(f"EXPLAIN {COUNT}").rows)
+    shown = "\n".join(r[0] for r in s.execute(f"EXPLAIN VERBOSE {COUNT}").rows)
     ledger = repr(s.cache.store.records_since(0))
     assert "Poisson sample" in ledger  # the charge is there, the secret is not
     assert "$sample" in shown

@@ -49,7 +49,13 @@ def make_policy(tmp_path: Path, rows: list[tuple[Any, ...]], name: str = "v") ->
         {
             "dataset": {"id": "variance", "data_version": "1"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {"epsilon": 1000, "delta": 1e-6, "query_epsilon": 1, "query_delta": 1e-8},
+            "budget": {
+                "diagnose": False,
+                "epsilon": 1000,
+                "delta": 1e-6,
+                "query_epsilon": 1,
+                "query_delta": 1e-8,
+            },
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

@@ -41,7 +41,13 @@ def valid() -> Raw:
     return {
         "dataset": {"id": "test", "data_version": "1"},
         "data": {"tables": {"visits": "v.parquet", "regions": "regions.parquet"}},
-        "budget": {"epsilon": "1", "delta": "1e-6", "query_epsilon": "0.1", "query_delta": "1e-9"},
+        "budget": {
+            "diagnose": False,
+            "epsilon": "1",
+            "delta": "1e-6",
+            "query_epsilon": "0.1",
+            "query_delta": "1e-9",
+        },
         "tables": {
             "visits": {
                 "privacy_unit": "user_id",
@@ -218,6 +224,7 @@ id = "toml"
 [data]
 tables = {{ visits = "{(data_dir / "v.parquet").as_posix()}" }}
 [budget]
+diagnose = false
 epsilon = 0.01
 delta = 1e-6
 query_epsilon = 0.01

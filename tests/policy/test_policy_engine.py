@@ -43,7 +43,7 @@ def _policy(data: dict[str, object], engine: dict[str, object]) -> dict[str, obj
     return {
         "dataset": {"id": "d"},
         "data": data,
-        "budget": {"epsilon": "1", "query_epsilon": "0.1"},
+        "budget": {"diagnose": False, "epsilon": "1", "query_epsilon": "0.1"},
         "tables": {"visits": {"privacy_unit": "user_id", "max_rows_per_unit_per_group": 1}},
         "engine": engine,
     }

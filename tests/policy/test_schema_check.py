@@ -36,7 +36,7 @@ def _policy(folder: Path, visits: dict[str, Any], **tables: Any) -> dict[str, An
                 "regions": str(folder / "regions.parquet"),
             }
         },
-        "budget": {"epsilon": "10", "query_epsilon": "1"},
+        "budget": {"diagnose": False, "epsilon": "10", "query_epsilon": "1"},
         "tables": {"visits": {"privacy_unit": "user_id", **visits}, **tables},
     }
 
@@ -81,7 +81,7 @@ def test_a_failed_connect_releases_the_data(tmp_path: Path) -> None:
     raw = {
         "dataset": {"id": "x"},
         "data": {"database": str(path)},
-        "budget": {"epsilon": "1"},
+        "budget": {"diagnose": False, "epsilon": "1"},
         "tables": {"visits": {"privacy_unit": "userid"}},
     }
     with pytest.raises(PolicyError, match="did you mean user_id"):
@@ -121,7 +121,7 @@ def test_a_table_the_policy_does_not_declare_is_never_suggested(tmp_path: Path) 
     raw = {
         "dataset": {"id": "x"},
         "data": {"database": str(path)},
-        "budget": {"epsilon": "1"},
+        "budget": {"diagnose": False, "epsilon": "1"},
         "tables": {"visits": {"privacy_unit": "user_id"}},
     }
     session = Session(load_policy(raw))

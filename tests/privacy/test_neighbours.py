@@ -98,6 +98,7 @@ def _policy(folder: Path, rows: Sequence[tuple[Any, ...]], name: str) -> Policy:
             "dataset": {"id": "neighbours"},
             "data": {"tables": {"visits": str(path), "zones": str(zones)}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "10000",
                 "delta": "0.5",
                 "query_epsilon": "1",

@@ -182,7 +182,12 @@ def _policy(directory: Path, rows: list[Row]) -> Policy:
         {
             "dataset": {"id": "breadth", "data_version": "1"},
             "data": {"tables": {"visits": str(visits), "zones": str(zones)}},
-            "budget": {"epsilon": "10", "delta": "0.000001", "query_epsilon": "1"},
+            "budget": {
+                "diagnose": False,
+                "epsilon": "10",
+                "delta": "0.000001",
+                "query_epsilon": "1",
+            },
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

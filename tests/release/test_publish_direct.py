@@ -99,6 +99,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Pl
             "dataset": {"id": "direct", "data_version": "1"},
             "data": {"tables": {"visits": str(path)}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "10",
                 "delta": "0.000001",
                 "query_epsilon": "1",

@@ -142,7 +142,8 @@ def test_a_public_table_has_no_contribution_bounds(tiny_policy: TinyPolicy) -> N
         {
             "dataset": {"id": "tiny", "data_version": "1"},
             "data": {"tables": data},
-            "budget": {"epsilon": "10", "delta": "0.000001", "query_epsilon": "1"},
+            "budget": {"diagnose": False, "epsilon": "10", "delta": "0.000001",
+                       "query_epsilon": "1"},
             "tables": {
                 "visits": {"privacy_unit": "user_id", "max_groups_per_unit": 1,
                            "max_rows_per_unit_per_group": 1, "columns": TINY_COLUMNS},

@@ -46,7 +46,8 @@ def test_explain_works_before_the_ledger_exists_and_creates_none(
 ) -> None:
     out = dpsql(policy, "explain", QUERY)
     assert out.exit_code == 0, out.stderr
-    assert "cost: epsilon 0.5, delta 0" in out.stdout
+    # The query's epsilon 0.5 and, by default, its diagnosis's tenth of it.
+    assert "cost: epsilon 0.55, delta 0 (the diagnosis's epsilon 0.05 included)" in out.stdout
     assert "no ledger yet (dpsql init creates it)" in out.stdout
     assert not (tmp_path / "visits.ledger").exists()
     # The commands that spend or report need the ledger, and say how to make one.
@@ -61,7 +62,8 @@ def test_after_init_every_command_works(policy: Path, tmp_path: Path) -> None:
     assert created.exit_code == 0, created.stderr
     answered = dpsql(policy, "query", QUERY)
     assert answered.exit_code == 0, answered.stderr
-    assert answered.stdout.splitlines()[-1].startswith("charged epsilon 0.5, delta 0")
+    assert any(x.startswith("charged epsilon 0.55, delta 0") for x in answered.stdout.splitlines())
+    assert "diagnosis: bounds cut" in answered.stdout
     sql = tmp_path / "q.sql"
     sql.write_text(f"{QUERY};\nSELECT AVG(spend) AS mean FROM visits;\n", encoding="utf-8")
     ran = dpsql(policy, "run", str(sql))
@@ -69,7 +71,7 @@ def test_after_init_every_command_works(policy: Path, tmp_path: Path) -> None:
     assert "cache (release" in ran.stdout  # the first statement: served again, free
     report = dpsql(policy, "budget")
     assert report.exit_code == 0, report.stderr
-    assert "epsilon 1 spent of 10" in report.stdout
+    assert "epsilon 1.1 spent of 10" in report.stdout
     explained = dpsql(policy, "explain", QUERY)
     assert explained.exit_code == 0 and "cache: served from release" in explained.stdout
     assert "no ledger yet" not in explained.stdout
@@ -109,21 +111,21 @@ def test_the_shell_on_the_durable_example_in_a_terminal(policy: Path, tmp_path: 
         child.expect(re.escape("dpsql (eps 0/10)> "))
         child.send(QUERY + ";\r")
         child.expect(r"central\s+│\s+\d+ ± \d+")
-        child.expect(re.escape("charged epsilon 0.5, delta 0"))
-        child.expect(re.escape("dpsql (eps 0.5/10)> "))
+        child.expect(re.escape("charged epsilon 0.55, delta 0"))
+        child.expect(re.escape("dpsql (eps 0.55/10)> "))
         child.send(QUERY + ";\r")  # the same text again: from the ledger's cache, free
         child.expect(re.escape("served from the cache"))
-        child.expect(re.escape("dpsql (eps 0.5/10)> "))
+        child.expect(re.escape("dpsql (eps 0.55/10)> "))
         child.send("\\ledger\r")
         child.expect("release")
-        child.expect(re.escape("dpsql (eps 0.5/10)> "))
+        child.expect(re.escape("dpsql (eps 0.55/10)> "))
         child.send("\\quit\r")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, child.before
     report = dpsql(policy, "budget")
-    assert report.exit_code == 0 and "epsilon 0.5 spent of 10" in report.stdout, report.stdout
+    assert report.exit_code == 0 and "epsilon 0.55 spent of 10" in report.stdout, report.stdout
 
 
 def test_mechanisms_and_labels_are_in_decimals(policy: Path) -> None:

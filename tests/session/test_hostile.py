@@ -52,6 +52,7 @@ def raw_policy(data: Path, **budget: str) -> dict[str, Any]:
         "dataset": {"id": "hostile"},
         "data": {"tables": {"visits": str(data)}},
         "budget": {
+            "diagnose": False,
             "epsilon": "10",
             "delta": "1e-6",
             "query_epsilon": "0.5",

@@ -70,6 +70,7 @@ tables = {{ visits = "{data}" }}
 [ledger]
 path = "ledger.sqlite"
 [budget]
+diagnose = false
 epsilon = 100
 query_epsilon = 0.1
 [tables.visits]

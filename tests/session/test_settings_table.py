@@ -42,7 +42,8 @@ def test_defaults_come_from_the_table_and_the_policy(tiny_policy: TinyPolicy) ->
     assert settings.delta == policy.budget.query_delta
     assert settings.mechanism == policy.budget.mechanism
     assert settings.max_groups_per_unit is None and settings.asked == frozenset()
-    assert settings["split"] == "min_max_ratio" and settings.diagnose_epsilon == Fraction(1, 10)
+    assert settings["split"] == "min_max_ratio" and settings.diagnose_epsilon is None
+    assert settings.diagnose is policy.budget.diagnose  # a share of the query's epsilon
 
 
 def test_set_values_then_the_statement_s_own_win(tiny_policy: TinyPolicy) -> None:

@@ -117,6 +117,7 @@ def _corpus_session(root: Path, data: dict[str, object]) -> Session:
             "dataset": {"id": "function-totality"},
             "data": data,
             "budget": {
+                "diagnose": False,
                 "epsilon": "10000",
                 "delta": "0.5",
                 "query_epsilon": "1",

@@ -67,6 +67,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
             "dataset": {"id": "fuzz"},
             "data": {"tables": {"visits": str(path), "zones": str(zones)}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "10000",
                 "delta": "0.5",
                 "query_epsilon": "1",

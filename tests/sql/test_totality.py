@@ -49,6 +49,7 @@ def make_policy(path: Path, with_triggers: bool) -> Policy:
             "dataset": {"id": "totality"},
             "data": {"tables": {"visits": str(path)}},
             "budget": {
+                "diagnose": False,
                 "epsilon": "1000",
                 "delta": "1e-3",
                 "query_epsilon": "1",
@@ -210,7 +211,7 @@ def test_null_values_are_not_counted_in_averages(tmp_path: Path) -> None:
         {
             "dataset": {"id": "nulls"},
             "data": {"tables": {"visits": str(path)}},
-            "budget": {"epsilon": "10"},
+            "budget": {"diagnose": False, "epsilon": "10"},
             "tables": {
                 "visits": {
                     "privacy_unit": "user_id",

@@ -41,6 +41,7 @@ from dpsql.interfaces.cli.batch_output import (
 )
 from dpsql.interfaces.cli.context import Config, exit_code, fail, pass_config
 from dpsql.interfaces.cli.plan_lines import plan_lines
+from dpsql.plan.explain import explain
 from dpsql.policy import read_limited
 from dpsql.policy.numbers import exact
 from dpsql.release.result import Result, covers, summary
@@ -115,10 +116,10 @@ def _summary(session: Session, done: Sequence[tuple[Step, Result]], skipped: lis
 @click.option("--combined", is_flag=True, help="One results file instead of one per statement.")
 @click.option("--quiet", is_flag=True, help="No progress bar and no printed plan.")
 @click.option(
-    "--diagnose",
-    is_flag=True,
-    help="Each query also releases the share of units its bounds cut, at "
-    "dpsql.diagnose_epsilon more (SET dpsql.diagnose = on); the plan shows the cost.",
+    "--diagnose/--no-diagnose",
+    default=None,
+    help="Each query also releases the share of units its bounds cut (SET dpsql.diagnose = "
+    "on), or not; default: the policy's budget.diagnose. The plan shows the cost.",
 )
 @pass_config
 @click.pass_context
@@ -134,7 +135,7 @@ def run_command(
     fmt: str,
     combined: bool,
     quiet: bool,
-    diagnose: bool,
+    diagnose: bool | None,
 ) -> None:
     """Run the statements of FILE in order, after planning the cost of the whole file."""
     if output is None and (fmt != "csv" or combined):
@@ -152,9 +153,9 @@ def run_command(
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
         name = "standard input" if str(file) == "-" else file.name
-        if diagnose:
+        if diagnose is not None:
             # Before the plan: the cost plan of the file counts every diagnosis.
-            session.set_option("diagnose", True)
+            session.set_option("diagnose", diagnose)
         _run(ctx, session, name, text, plan_only=plan_only, partial=partial,
              output=output, fmt=fmt, combined=combined, quiet=quiet)  # fmt: skip
     except DpsqlError as exc:
@@ -226,11 +227,14 @@ def _run(
 
 @click.command("explain")
 @click.argument("sql")
+@click.option(
+    "--verbose", is_flag=True, help="Every exact figure and the bounded SQL, as EXPLAIN VERBOSE."
+)
 @pass_config
 @click.pass_context
-def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
-    """Print the plan of the query SQL (its mechanisms, cost and bounded SQL); nothing is
-    charged and nothing runs."""
+def explain_command(ctx: click.Context, config: Config, sql: str, verbose: bool) -> None:
+    """Print the plan of the query SQL (its bounds, mechanisms, noise and cost; with --verbose
+    its exact scales and bounded SQL); nothing is charged and nothing runs."""
     note = None
     try:
         policy = config.policy(ledger=False)
@@ -245,7 +249,7 @@ def explain_command(ctx: click.Context, config: Config, sql: str) -> None:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
         plan = session.plan(sql)
-        click.echo("\n".join(plan.explain()))
+        click.echo("\n".join(explain(plan, verbose)))
         hit = session.served_from(plan)
         if hit is not None:
             click.echo(f"cache: served from {hit.origin}; it would cost nothing")

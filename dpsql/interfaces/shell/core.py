@@ -30,6 +30,7 @@ from dpsql.accounting.budget.report import (
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
+from dpsql.plan.explain import explain
 from dpsql.policy.numbers import exact
 from dpsql.release.result import Result, cell, covers, shown_rows
 from dpsql.session.session import Session
@@ -243,6 +244,12 @@ class Shell:
     def _explain(self, argument: str) -> str:
         if not argument:
             raise click.UsageError("\\explain needs a query, e.g. \\explain SELECT COUNT(*) FROM t")
+        words = argument.split(None, 1)
+        verbose = words[0].upper() == "VERBOSE"
+        if verbose:
+            if len(words) < 2:
+                raise click.UsageError("\\explain VERBOSE needs a query")
+            argument = words[1]
         plan = self.session.plan(argument)
         shared = bool(self.session.settings()["share"])
         hit = self.session.served_from(plan, shared)
@@ -251,7 +258,7 @@ class Shell:
             verdict = f"would be served from the cache (release #{hit.release_seq}), no charge"
         else:
             verdict = f"would charge {cost}"
-        lines = [*plan.explain(), f"{verdict}; nothing was charged"]
+        lines = [*explain(plan, verbose), f"{verdict}; nothing was charged"]
         return "\n".join(lines) + "\n"
 
     def _tables(self, _: str) -> str:
@@ -306,10 +313,14 @@ class Shell:
         if not wanted:
             return "diagnosis off\n"
         epsilon = self.session.settings()["diagnose_epsilon"]
-        assert isinstance(epsilon, Fraction)
+        if isinstance(epsilon, Fraction):
+            more = f"epsilon {_num(epsilon)} more (dpsql.diagnose_epsilon)"
+        else:
+            share = self.session.policy.budget.diagnose_share
+            more = f"{_num(share)} of its epsilon more (the policy's budget.diagnose_share)"
         return (
             "diagnosis on: each query also releases the share of units its bounds cut, at "
-            f"epsilon {_num(epsilon)} more (dpsql.diagnose_epsilon), shown by EXPLAIN first\n"
+            f"{more}, shown by EXPLAIN first\n"
         )
 
     def _help(self, _: str) -> str:

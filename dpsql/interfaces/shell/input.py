@@ -40,7 +40,7 @@ KEYWORDS = (
 META = {
     "\\budget": ("", "spent and remaining budget under every accountant"),
     "\\ledger": ("[N]", f"the last N ledger records (default {DEFAULT_LEDGER_ROWS})"),
-    "\\explain": ("QUERY", "the plan and cost of QUERY; nothing is charged"),
+    "\\explain": ("[VERBOSE] QUERY", "the plan and cost of QUERY; nothing is charged"),
     "\\tables": ("", "the tables of the policy"),
     "\\describe": ("TABLE", "columns, types, bounds and public domains of TABLE"),
     "\\cache": ("", "the released answers the cache can serve again at no charge"),
