@@ -325,8 +325,15 @@ class Session:
 
     def served_from(self, plan: Plan, shared: bool = True) -> Hit | None:
         """The release that would serve ``plan`` now, or None (then it would be charged):
-        what EXPLAIN-like commands tell; nothing is recorded or charged."""
-        return self.cache.lookup(plan, cache.keys(plan, self.policy, self.policy_version()), shared)
+        what EXPLAIN-like commands tell; nothing is recorded or charged. A plan with a default
+        diagnosis is also served by a release without one, as ``execute`` would serve it."""
+        bare = without_default(plan)
+        for candidate in (plan,) if bare is plan else (plan, bare):
+            keys = cache.keys(candidate, self.policy, self.policy_version())
+            hit = self.cache.lookup(candidate, keys, shared)
+            if hit is not None:
+                return hit
+        return None
 
     def _show(self, name: str) -> Result:
         if name == "budget":

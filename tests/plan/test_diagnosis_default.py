@@ -264,3 +264,21 @@ def test_dpsql_run_takes_the_policy_s_default_or_its_flag(tmp_path: Path) -> Non
     off = runner.invoke(cli, ["--policy", str(example), "run", "--plan", "--no-diagnose", str(sql)])
     assert off.exit_code == 0, off.output
     assert re.search(r"query\s+0\.5\s+0\s+charge", off.output), off.output
+
+
+def test_a_release_without_a_diagnosis_serves_the_default_one_free(tmp_path: Path) -> None:
+    """A default diagnosis is never a reason to charge what the cache answers: the same query
+    released undiagnosed is served again, free, and EXPLAIN-like lookups say so."""
+    s = Session(_policy(tmp_path, _rows(150, 30)))
+    s.execute("SET dpsql.diagnose = off")
+    first = s.execute(BY_REGION)
+    spent = s.budget().epsilon_spent
+    s.execute("RESET dpsql.diagnose")
+    plan = s.plan(BY_REGION)
+    assert plan.diagnosis is not None and s.served_from(plan) is not None
+    again = s.execute(BY_REGION)
+    assert again.cached_from is not None and again.diagnosis is None
+    assert again.rows == first.rows and s.budget().epsilon_spent == spent
+    # Asked for explicitly, a diagnosis is a fresh release, charged.
+    asked = s.execute(BY_REGION, diagnose=True)
+    assert asked.diagnosis is not None and s.budget().epsilon_spent > spent
