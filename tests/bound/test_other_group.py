@@ -561,8 +561,8 @@ def test_the_limit_on_public_groups_counts_the_other_groups(tmp_path: Path) -> N
 
 
 def test_explain_shows_the_other_group(base: Session) -> None:
-    result = base.execute("EXPLAIN VERBOSE SELECT region, COUNT(*) FROM visits GROUP BY region", None,
-                          other_group=True, other_label="elsewhere")  # fmt: skip
+    sql = "EXPLAIN VERBOSE SELECT region, COUNT(*) FROM visits GROUP BY region"
+    result = base.execute(sql, None, other_group=True, other_label="elsewhere")
     text = "\n".join(r[0] for r in result.rows)
     assert "region (public domain of 3 value(s) + other group keyed 'elsewhere')" in text
     assert "other group: rows whose key is outside its domain" in text

@@ -257,7 +257,9 @@ def test_psql_syntax_error_stops_the_script(main: Served) -> None:
 
 def test_psql_explain_shows_the_bounded_sql(main: Served) -> None:
     with nothing_charged(main.ledger):
-        out = psql(main.port, "alice", "EXPLAIN VERBOSE SELECT AVG(spend) FROM visits WHERE age > 30;")
+        out = psql(
+            main.port, "alice", "EXPLAIN VERBOSE SELECT AVG(spend) FROM visits WHERE age > 30;"
+        )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "table visits: privacy unit user_id; user-level, add/remove one unit"
