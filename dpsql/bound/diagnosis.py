@@ -120,12 +120,21 @@ def diagnosis_query(
         table("_rows"),
         group=columns(group),
     )  # fmt: skip
-    per_unit = select(
-        [column("_u"), alias(count.copy(), "_g"), alias(func("MAX", column("_n")), "_mx"),
-         alias(func("SUM", column("_n")), "_tot"), alias(func("MAX", column("_cl")), "_cl")],
-        table("_dg"),
-        group=[column("_u")],
-    )  # fmt: skip
+    if keys:
+        per_unit = select(
+            [column("_u"), alias(count.copy(), "_g"), alias(func("MAX", column("_n")), "_mx"),
+             alias(func("SUM", column("_n")), "_tot"), alias(func("MAX", column("_cl")), "_cl")],
+            table("_dg"),
+            group=[column("_u")],
+        )  # fmt: skip
+    else:
+        # One group: a unit's row of _dg is already its only one (a second grouping by the
+        # unit would cost a third of the diagnosis's time and change nothing).
+        per_unit = select(
+            [column("_u"), alias(number(1), "_g"), alias(column("_n"), "_mx"),
+             alias(column("_n"), "_tot"), column("_cl")],
+            table("_dg"),
+        )  # fmt: skip
     patterns = select([alias(cast(pattern(flags, limits), Type.BIGINT), "_p")], table("_du"))
     histogram = select([column("_p"), alias(count.copy(), "_z")], table("_dp"),
                        group=[column("_p")])  # fmt: skip
