@@ -120,6 +120,9 @@ def run(
     print(f"\n## {title}\n   {sql}" + (f"   -- parameters {tuple(params)}" if params else ""))
     print(f"   cost: {cost}; ± is the {cursor.confidence:.0%} noise half-width\n")
     print(table(columns, rows) if rows else "(no group passed partition selection)")
+    if result.diagnosis is not None:
+        # The ± covers the noise; what the bounds cut is said beside it (docs/reading.md).
+        print(f"± covers {cursor.covers}")
 
 
 def explain(cursor: dpsql.Cursor, sql: str) -> None:
