@@ -79,7 +79,7 @@ def bounded_totals(policy: Any, sql: str, other: bool) -> tuple[str, list[tuple[
         session.close()
 
 
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(
     rows=st.lists(row, min_size=1, max_size=80),
     heavy=st.lists(row, max_size=40).map(lambda rs: [(5, *r[1:]) for r in rs]),

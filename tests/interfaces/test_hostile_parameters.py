@@ -502,7 +502,7 @@ WIRE_VALUES = st.one_of(
 )
 
 
-@settings(HOSTILE, max_examples=examples(120))
+@settings(HOSTILE, max_examples=examples(60))
 @given(sql=st.sampled_from(TEMPLATES), value=WIRE_VALUES)
 def test_parameter_bound_over_the_wire(wire: tuple[int, Path], sql: str, value: Any) -> None:
     port, ledger = wire
