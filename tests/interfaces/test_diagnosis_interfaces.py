@@ -158,3 +158,22 @@ def test_the_dbapi_exposes_the_diagnosis_and_the_frames_say_what_the_plus_minus_
         frame = cur.fetch_df()
         assert isinstance(frame, pd.DataFrame)
         assert frame.attrs["diagnosis"].startswith("bounds cut ~")
+
+
+def test_over_the_wire_a_policy_s_default_diagnosis_needs_no_setting(tmp_path: Path) -> None:
+    """A policy that leaves budget.diagnose as it is: one psql query, with no SET, is charged
+    its diagnosis as well and its NOTICE says what the bounds cut."""
+    dataset = write_dataset(tmp_path / "data")
+    users = write_users(tmp_path / "users.json")
+    policy, _ = write_server_policy(tmp_path / "server", dataset)
+    text = policy.read_text(encoding="utf-8")
+    assert "diagnose = false\n" in text
+    policy.write_text(text.replace("diagnose = false\n", ""), encoding="utf-8")
+    with ServerThread(policy, users) as server:
+        out = psql(server.port, "alice", "SELECT COUNT(*) FROM visits;")
+    assert out.returncode == 0, out.stderr
+    notice = [line for line in out.stderr.splitlines() if line.startswith("NOTICE:  dpsql: ch")]
+    assert len(notice) == 1, out.stderr
+    # The query's epsilon 0.01 and a tenth of it for the diagnosis, in one charge.
+    assert "charged: epsilon 0.011, delta 0" in notice[0]
+    assert re.search(r"± covers noise only; bounds cut ~[\d.]+% of units \(± ", notice[0])
