@@ -5,8 +5,6 @@ bounds are is ``tests/session/test_bounds_advice.py``."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -77,22 +75,6 @@ def test_bucket_rounds_outwards_on_the_engine(policy: Policy, up: bool) -> None:
     for special in ("nan", "NULL"):
         cast = f"CAST('{special}' AS DOUBLE)" if special == "nan" else "CAST(NULL AS DOUBLE)"
         assert session.engine.run(f"SELECT {bucket} FROM (SELECT {cast} AS x)")[1] == [(None,)]
-
-
-@pytest.fixture
-def fixed_noise(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The operating system's randomness replaced by one SHAKE-256 stream. The sparse vector
-    walk may pass the first rungs with one unit beyond them and stop anywhere up to the far-out
-    unit: about 1 run in 1,000 at epsilon 16 (4 in 4,000 simulated walks). What this test pins
-    is the charge, the cache and the use of the bounds, so it draws one fixed stream;
-    ``test_bounds_advice.py`` measures the estimate's quality on fresh noise."""
-    state = {"counter": 0}
-
-    def urandom(n: int) -> bytes:
-        state["counter"] += 1
-        return hashlib.shake_256(f"dpsql-bounds-{state['counter']}".encode()).digest(n)
-
-    monkeypatch.setattr(os, "urandom", urandom)
 
 
 def test_estimate_is_charged_once_then_cached_and_used(policy: Policy, fixed_noise: None) -> None:

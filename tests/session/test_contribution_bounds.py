@@ -61,7 +61,9 @@ def test_row_cap_is_charged_once_cached_and_used(tiny_policy: TinyPolicy) -> Non
     assert _spent(session) == 3
 
 
-def test_group_and_row_caps_are_filled_in_where_none_is_declared(tiny_policy: TinyPolicy) -> None:
+def test_group_and_row_caps_are_filled_in_where_none_is_declared(
+    tiny_policy: TinyPolicy, fixed_noise: None
+) -> None:
     session = Session(_undeclared(tiny_policy))
     with pytest.raises(errors.DpsqlError):
         session.plan("SELECT region, COUNT(*) FROM visits GROUP BY region")
