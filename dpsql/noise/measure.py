@@ -56,13 +56,23 @@ def check_samplable(plan: Plan) -> None:
     """Refuse, before any charge, noise the exact samplers cannot draw (sensitivities that huge
     come from extreme bounds or contribution limits, and would make useless answers)."""
     for m in plan.measurements:
-        if (m.scale is not None and m.scale > MAX_SCALE) or (
-            m.sigma2 is not None and m.sigma2 > MAX_SIGMA2
-        ):
+        if _too_large(m):
             raise BoundsError(
                 f"the noise of {m.label} would be too large to sample exactly; lower the bounds "
                 "or the contribution limits"
             )
+    # The diagnosis's histogram is charged in the same event: its noise too, before the charge.
+    if plan.diagnosis is not None and _too_large(plan.diagnosis.measurement):
+        raise BoundsError(
+            "the noise of the diagnosis of the bounds would be too large to sample exactly; "
+            "raise dpsql.diagnose_epsilon (or the query's epsilon), or SET dpsql.diagnose = off"
+        )
+
+
+def _too_large(m: Measurement) -> bool:
+    return (m.scale is not None and m.scale > MAX_SCALE) or (
+        m.sigma2 is not None and m.sigma2 > MAX_SIGMA2
+    )
 
 
 def measure(plan: Plan, rows: list[tuple[Any, ...]]) -> Noisy:

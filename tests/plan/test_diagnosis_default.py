@@ -21,7 +21,7 @@ from conftest import TINY_BUDGET, TINY_COLUMNS, TINY_REGIONS, examples, write_pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpsql.errors import PolicyError, UnsupportedQueryError
+from dpsql.errors import BoundsError, PolicyError, UnsupportedQueryError
 from dpsql.interfaces.cli.main import cli
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.diagnosis import LABEL, share_of
@@ -282,3 +282,17 @@ def test_a_release_without_a_diagnosis_serves_the_default_one_free(tmp_path: Pat
     # Asked for explicitly, a diagnosis is a fresh release, charged.
     asked = s.execute(BY_REGION, diagnose=True)
     assert asked.diagnosis is not None and s.budget().epsilon_spent > spent
+
+
+def test_a_diagnosis_whose_noise_cannot_be_sampled_is_refused_before_the_charge(
+    tmp_path: Path,
+) -> None:
+    """An epsilon so small that the diagnosis's discrete Laplace cannot be drawn exactly is
+    refused when planned (EXPLAIN too), with nothing charged and the ledger as it was."""
+    s = Session(_policy(tmp_path, _rows(50, 5)))
+    s.execute("SET dpsql.diagnose_epsilon = 0.00000000000000000001")
+    records = len(s.filter.store.records())
+    for sql in (COUNT, f"EXPLAIN {COUNT}"):
+        with pytest.raises(BoundsError, match="diagnosis of the bounds would be too large"):
+            s.execute(sql)
+    assert s.budget().epsilon_spent == 0 and len(s.filter.store.records()) == records
