@@ -19,13 +19,17 @@ from dataclasses import dataclass
 from dpsql.plan.estimators import half_width
 from dpsql.plan.plans import Diagnosis, Plan
 
-__all__ = ["NOTABLE", "Diagnosed", "covers", "diagnose"]
+__all__ = ["BOUND_OF_FLAG", "NOTABLE", "Diagnosed", "covers", "diagnose"]
 
 # A flag that marks at least this fraction of the units is named, with the bound to raise and the
 # estimate to run; below it the cut is said in one figure only.
 NOTABLE = 0.05
 # The setting (and policy field) each contribution flag compares with.
-_BOUND = {"L0": "max_groups_per_unit", "C": "max_rows_per_unit_per_group", "R": "max_rows_per_unit"}
+BOUND_OF_FLAG = {
+    "L0": "max_groups_per_unit",
+    "C": "max_rows_per_unit_per_group",
+    "R": "max_rows_per_unit",
+}
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class Diagnosed:
 
     def advice(self, notable: list[str]) -> str:
         """What to do about the flags ``notable``: the bounds to raise, the estimate to run."""
-        raised = [_BOUND[name] for name in notable if name in _BOUND]
+        raised = [BOUND_OF_FLAG[name] for name in notable if name in BOUND_OF_FLAG]
         todo, estimates = [], []
         if raised:
             todo.append("raise " + " and ".join(raised))

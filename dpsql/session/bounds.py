@@ -29,6 +29,7 @@ from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.policy.numbers import decimal_text
 from dpsql.release import clamp_bounds, contribution_bounds
+from dpsql.release.diagnosis import BOUND_OF_FLAG
 from dpsql.release.result import Result
 from dpsql.session.effective import Settings
 from dpsql.session.pipeline import Pipeline, Request
@@ -144,7 +145,7 @@ class Estimates:
                 if not all(self._estimated_clamp(tables, c) for c in columns):
                     return False
                 continue
-            name = _FLAG_BOUNDS[flag]
+            name = BOUND_OF_FLAG[flag]
             if name in asked or not all(
                 getattr(base.tables[t], name) is None
                 and (t, _CONTRIBUTION + name) in self.estimated
@@ -204,12 +205,6 @@ class Estimates:
         return self._with_estimates
 
 
-# The contribution bound each flag of a diagnosis compares with (dpsql.plan.diagnosis).
-_FLAG_BOUNDS = {
-    "L0": "max_groups_per_unit",
-    "C": "max_rows_per_unit_per_group",
-    "R": "max_rows_per_unit",
-}
 # Keys of contribution bounds among the estimates, beside (table, column) keys of clamps; a
 # column name never starts with NUL.
 _CONTRIBUTION = "\0"

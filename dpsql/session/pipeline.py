@@ -202,13 +202,14 @@ class QueryRequest(Request[Noisy, Result]):
         *,
         fresh: bool = False,
         shared: bool = True,
-        bare: tuple[Plan, cache.Keys] | None = None,
+        bare: tuple[Plan, Callable[[], cache.Keys]] | None = None,
     ) -> None:
         self.plan, self.keys, self.details = plan, keys, details
         self.event, self.query = plan.event, plan.query
         self.fresh, self.shared = fresh, shared
-        # The plan without the diagnosis the policy's default gave it, and its keys: what a
-        # release answers for free when none answers the diagnosed plan (post-processing).
+        # The plan without the diagnosis the policy's default gave it, and how to key it: what
+        # a release answers for free when none answers the diagnosed plan (post-processing);
+        # keyed only then, so a repeat or a fresh answer pays nothing for it.
         self.bare = bare
 
     def lookup(self, pipeline: Pipeline) -> Result | None:
@@ -220,7 +221,7 @@ class QueryRequest(Request[Noisy, Result]):
         if self.bare is None:
             return None
         plan, keys = self.bare
-        hit = pipeline.cache.lookup(plan, keys, self.shared)
+        hit = pipeline.cache.lookup(plan, keys(), self.shared)
         return None if hit is None else served(pipeline, plan, hit)
 
     def measure(self, engine: Engine) -> Noisy:

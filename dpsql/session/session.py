@@ -18,6 +18,7 @@ never privacy. A rejected query is never charged.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -315,10 +316,10 @@ class Session:
         # plan reused from an earlier statement is charged and noised afresh.
         # A default diagnosis is never a reason to charge a query the cache answers without it.
         bare = without_default(plan)
-        keys = None if bare is plan else cache.keys(bare, self.policy, self.policy_version())
+        keys = partial(cache.keys, bare, self.policy, self.policy_version())
         request = QueryRequest(
             plan, planned.keys, planned.details, fresh=settings.fresh, shared=settings.share,
-            bare=None if keys is None else (bare, keys),
+            bare=None if bare is plan else (bare, keys),
         )  # fmt: skip
         result = self.pipeline.release(request)
         return result if extra is None else _with_accuracy(result, extra)
