@@ -13,7 +13,7 @@ Its parts: ``dpsql.policy.numbers`` (exact numbers and their limits), ``dpsql.po
 from __future__ import annotations
 
 from dpsql.policy.engine import EngineSpec
-from dpsql.policy.load import MAX_POLICY_BYTES, load_policy, read_limited
+from dpsql.policy.load import MAX_POLICY_BYTES, MAX_POLICY_DEPTH, load_policy, read_limited
 from dpsql.policy.numbers import (
     LARGEST_NUMBER,
     MAX_ABS_BOUND,
@@ -55,6 +55,7 @@ __all__ = [
     "MAX_NUMBER_BITS",
     "MAX_NUMBER_TEXT",
     "MAX_POLICY_BYTES",
+    "MAX_POLICY_DEPTH",
     "MAX_QUERY_EPSILON",
     "MAX_TOTAL_EPSILON",
     "SMALLEST_NUMBER",

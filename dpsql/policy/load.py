@@ -7,6 +7,7 @@ are read as ``Decimal`` so that ``0.01`` is exactly 1/100; a validation error be
 
 from __future__ import annotations
 
+import re
 import tomllib
 from decimal import Decimal
 from pathlib import Path
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from dpsql.errors import DpsqlError, InputError, PolicyError
 from dpsql.policy.spec import Policy
 
-__all__ = ["MAX_POLICY_BYTES", "load_policy", "read_limited"]
+__all__ = ["MAX_POLICY_BYTES", "MAX_POLICY_DEPTH", "load_policy", "read_limited"]
 
 
 def _describe(error: ValidationError) -> str:
@@ -57,6 +58,47 @@ def read_limited(
         raise error(f"{what} is not UTF-8 text (byte {exc.start} is invalid)") from None
 
 
+# The deepest policy field is a few tables down (tables.<t>.columns.<c>.bounds); 32 levels of
+# tables and arrays are far past it, and well short of Python's recursion limit.
+MAX_POLICY_DEPTH = 32
+_TOO_DEEP = f"the policy file nests tables or arrays more than {MAX_POLICY_DEPTH} levels deep"
+
+
+# tomllib keeps a record for every prefix of a dotted key, so one key of n parts costs memory
+# quadratic in n (8,000 parts: 265 MB): a long dotted key is refused on the text, before parsing.
+_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+_TOKEN = re.compile(
+    # Multi-line strings first (a dotted run inside one is text), then runs of dotted key parts,
+    # then the other strings and comments, so that each is consumed whole.
+    r'"""(?:[^\\]|\\.)*?"""' + r"|'''.*?'''"
+    rf"|(?P<key>{_PART}(?:[ \t]*\.[ \t]*{_PART})+)"
+    r"""|"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|#[^\n]*""",
+    re.DOTALL,
+)
+_PARTS = re.compile(_PART)
+
+
+def _longest_dotted_key(text: str) -> int:
+    """The most parts of any dotted key (or table header) in a TOML text."""
+    runs = (m.group("key") for m in _TOKEN.finditer(text) if m.group("key"))
+    return max((len(_PARTS.findall(run)) for run in runs), default=0)
+
+
+def _depth(value: object) -> int:
+    """How many levels of tables and arrays ``value`` nests, counted without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > MAX_POLICY_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((child, level + 1) for child in item)
+    return deepest
+
+
 def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = None) -> Policy:
     """Load and validate a policy from a TOML path or a dict; raises ``PolicyError``."""
     if isinstance(source, dict):
@@ -65,15 +107,21 @@ def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = Non
     elif isinstance(source, str | Path):
         path = Path(source)
         text = read_limited(path, MAX_POLICY_BYTES, f"the policy file {path}", PolicyError)
+        if _longest_dotted_key(text) > MAX_POLICY_DEPTH:
+            raise PolicyError(_TOO_DEEP)
         try:
             raw = tomllib.loads(text, parse_float=Decimal)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"the policy file is not valid TOML: {exc}") from None
         except ValueError:  # an integer of 4,300 digits or more, which int() refuses
             raise PolicyError("the policy file holds a number too long to read") from None
+        except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+            raise PolicyError(_TOO_DEEP) from None
         base = base_dir or path.resolve().parent
     else:
         raise PolicyError("a policy is a TOML file's path, a Policy or a dict")
+    if _depth(raw) > MAX_POLICY_DEPTH:
+        raise PolicyError(_TOO_DEEP)
     try:
         return Policy.model_validate({**raw, "base_dir": base})
     except ValidationError as exc:

@@ -190,7 +190,7 @@ def rehash_tail(s: Spent) -> None:
     _rehash(s, _last_seq(s.path))  # the chain is whole; only the anchor's head disagrees
 
 
-def rechain_everything(s: Spent) -> None:
+def rechain_everything(s: Spent, forge: Callable[[str], str] = _cheaper) -> None:
     """Forge a fully consistent chain after an edit (needs no secret): the anchor catches it."""
     con = sqlite3.connect(s.path)
     try:
@@ -198,7 +198,7 @@ def rechain_everything(s: Spent) -> None:
         prev = GENESIS
         with con:
             for seq, when, kind, analyst, stored, _, _ in rows:
-                payload = _cheaper(stored) if kind == "charge" else stored
+                payload = forge(stored) if kind == "charge" else stored
                 digest = record_hash(prev, (seq, when, kind, analyst, payload))
                 con.execute(
                     "UPDATE records SET payload = ?, prev = ?, hash = ? WHERE seq = ?",
@@ -207,6 +207,11 @@ def rechain_everything(s: Spent) -> None:
                 prev = digest
     finally:
         con.close()
+
+
+def deeply_nested_payload(s: Spent) -> None:
+    """A consistent chain over payloads nested past json's recursion limit: fail closed, typed."""
+    rechain_everything(s, lambda _: "[" * 100_000 + "]" * 100_000)
 
 
 def drop_record(s: Spent) -> None:
@@ -279,6 +284,7 @@ TAMPERS: dict[str, Callable[[Spent], None]] = {
         rehash_middle,
         rehash_tail,
         rechain_everything,
+        deeply_nested_payload,
         drop_record,
         truncate_tail,
         drop_everything,

@@ -62,7 +62,8 @@ def _chain(
             raise LedgerError(f"ledger record {seq} was altered")
         try:
             body = json.loads(payload)
-        except (TypeError, ValueError):  # a chain forged over a payload that is not JSON
+        # A chain forged over a payload that is not JSON, or nests past json's recursion limit.
+        except (TypeError, ValueError, RecursionError):
             raise LedgerError(f"ledger record {seq} is malformed: fail closed") from None
         records.append(Record(seq, when, kind, analyst, body, link, digest))
         raw.append((seq, when, kind, analyst, payload, link, digest))

@@ -102,7 +102,7 @@ def load_users(path: str | os.PathLike[str]) -> dict[str, User]:
     path = Path(path)
     try:
         data = json.loads(_read(path), object_pairs_hook=_unique)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested past json's limit
         raise PolicyError(f"the users file {path} is not valid JSON") from None
     if not isinstance(data, dict) or set(data) != {"version", "users"}:
         raise PolicyError("the users file must hold exactly the keys 'version' and 'users'")
