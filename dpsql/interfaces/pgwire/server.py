@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import ssl
 from concurrent.futures import ThreadPoolExecutor
@@ -62,9 +63,16 @@ class DpsqlServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._client, self.config.host, self.config.port, limit=self.config.limits.max_message
-        )
+        host, port = self.config.host, self.config.port
+        try:
+            self._server = await asyncio.start_server(
+                self._client, host, port, limit=self.config.limits.max_message
+            )
+        except OSError as exc:  # a port in use, an address not of this machine, a port < 1024
+            # asyncio wraps the bind error's text; the errno's own words are the reason.
+            text = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror
+            reason = (text or type(exc).__name__).lower()
+            raise errors.InputError(f"cannot listen on {host}:{port}: {reason}") from None
         log.info("dpsql serve listening on %s:%d", self.config.host, self.port)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
