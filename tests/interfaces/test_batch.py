@@ -277,6 +277,20 @@ def test_a_file_that_does_not_fit_is_refused_as_a_whole(policy: Path, tmp_path: 
     assert "skipped 3, 4 (over the budget)" in partial.stdout
 
 
+def test_partial_that_admits_nothing_fails(policy: Path, tmp_path: Path) -> None:
+    """--partial runs the prefix that fits; an empty prefix is a refusal (exit 4), not a
+    success that ran nothing."""
+    some = invoke(policy, "run", "--partial", str(sql_file(tmp_path, TOO_BIG, "big.sql")))
+    assert some.exit_code == 0, some.output  # a prefix fits: 0.9 of 1
+    ledger = (policy.parent / "visits.ledger").read_bytes()
+    path = sql_file(tmp_path, "SET dpsql.epsilon = 0.5;\nSELECT COUNT(*) FROM visits;\n")
+    nothing = invoke(policy, "run", "--partial", str(path))
+    assert nothing.exit_code == 4, nothing.output
+    assert "none of the 1 statement(s) of" in nothing.stderr
+    assert "fits the remaining budget; nothing was run or charged" in nothing.stderr
+    assert (policy.parent / "visits.ledger").read_bytes() == ledger
+
+
 def test_a_bad_statement_refuses_the_file_before_anything_runs(
     policy: Path, tmp_path: Path
 ) -> None:

@@ -384,13 +384,11 @@ def test_a_result_file_that_cannot_be_written(
         target.mkdir()
     args = ["run", "--quiet", "--output", str(out), "--format", fmt, str(sql)]
     result = invoke(policy, *([*args[:-1], "--combined", args[-1]] if combined else args))
-    what = "the results of every statement" if combined else f"statement {broken}, line {broken}"
-    failed(result, 2, f"OutputError: cannot write {target}", what, "charges stand")
-    assert charge_count(policy) == 1  # the file's one charge, before anything ran, stands
-    if not combined:  # the files before the broken one were written
-        written = sorted(p.name for p in out.iterdir() if p.is_file() and not p.is_symlink())
-        assert written == [f"{i:02d}.{fmt}" for i in range(1, broken)]
-    # Run again into a good folder: the cache serves every answer, nothing more is charged.
+    # Every result file is checked before the charge: nothing runs, nothing is charged.
+    reason = "not a regular file" if obstacle == "full" else "is a directory"
+    failed(result, 2, f"OutputError: cannot write {target}: {reason}", "nothing was run")
+    assert charge_count(policy) == 0
+    assert sorted(p.name for p in out.iterdir()) == [name]  # no probe or result left behind
     again = invoke(policy, "run", "--quiet", "--output", str(folder / "good"), "--format", fmt,
                    *(["--combined"] if combined else []), str(sql))  # fmt: skip
     assert again.exit_code == 0, again.output
@@ -402,15 +400,21 @@ def test_a_full_output_file_system(policy: Path, tmp_path: Path) -> None:
         fill(full)
         sql = sql_file(tmp_path, 3)
         result = invoke(policy, "run", "--quiet", "--output", str(full), str(sql))
-        failed(result, 2, f"cannot write {full / '01.csv'}", "statement 1, line 1",
-               "no space left on device")  # fmt: skip
+        failed(result, 2, f"cannot write results to the folder {full}",
+               "no space left on device", "nothing was run")  # fmt: skip
+        assert charge_count(policy) == 0
 
 
 def test_standard_output_that_cannot_be_written(policy: Path, tmp_path: Path) -> None:
     sql = sql_file(tmp_path, 1)
     dpsql = [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy)]
-    # The plan is printed before anything runs; with --quiet the tables after the charges.
-    for args in (["run", str(sql)], ["run", "--quiet", str(sql)], ["report"], ["ledger", "export"]):
+    # The plan is printed before anything runs; with --quiet, standard output is checked then.
+    runs = (
+        ["run", str(sql)],
+        ["run", "--quiet", str(sql)],
+        ["query", "SELECT COUNT(*) FROM visits"],
+    )
+    for args in (*runs, ["report"], ["ledger", "export"]):
         before = charge_count(policy)
         with open("/dev/full", "w", encoding="utf-8") as full:
             done = subprocess.run(
@@ -420,7 +424,26 @@ def test_standard_output_that_cannot_be_written(policy: Path, tmp_path: Path) ->
         assert done.returncode == 2, (args, done.stderr)
         assert "cannot write" in done.stderr and "standard output" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
-        assert charge_count(policy) == before + (1 if "--quiet" in args else 0)
+        assert charge_count(policy) == before
+
+
+def test_a_pipe_whose_reader_is_gone_costs_nothing(policy: Path, tmp_path: Path) -> None:
+    """``dpsql run --quiet q.sql | head -0``-like: the pipe is checked before the charge."""
+    sql = sql_file(tmp_path, 1)
+    dpsql = [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy)]
+    for args in (["run", "--quiet", str(sql)], ["query", "SELECT COUNT(*) FROM visits"]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run(
+                [*dpsql, *args], stdout=write, stderr=subprocess.PIPE,
+                text=True, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(write)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "standard output: its reader has closed it; nothing was run" in done.stderr
+        assert charge_count(policy) == 0
 
 
 # -- reports, exports, charts -----------------------------------------------------------------

@@ -35,7 +35,9 @@ from dpsql.interfaces.cli.batch_output import (
     _csv_with_accuracy,
     _document,
     _text_table,
+    check_stdout,
     echo,
+    output_files,
     prepare_output,
     write_results,
 )
@@ -187,15 +189,25 @@ def _run(
     combined: bool,
     quiet: bool,
 ) -> None:
-    if output is not None and not plan_only:
-        prepare_output(output)
     workload = session.plan_workload(split_statements(text))
     steps = workload.steps
+    width = max(2, len(str(len(steps))))
+    if output is not None and not plan_only:  # before the charge: a result never lost
+        numbers = [s.piece.number for s in steps if s.kind != "set"]
+        prepare_output(output, output_files(output, numbers, fmt, combined, width))
+    elif not plan_only:
+        check_stdout()
     if not quiet or plan_only:
         echo("\n".join(plan_lines(session, name, workload)))
     if plan_only:
         return
     refused = [s for s in steps if s.source == "refused"]
+    admitted = [s for s in steps if s.kind != "set" and s.source != "refused"]
+    if refused and partial and not admitted:  # a run that did nothing must not look like success
+        raise BudgetExceededError(
+            f"none of the {len(refused)} statement(s) of {name} fits the remaining budget; "
+            "nothing was run or charged"
+        )
     if refused and not partial:
         eps, delta = statement_totals(steps, "charge")
         more_eps, more_delta = statement_totals(steps, "refused")
@@ -208,7 +220,6 @@ def _run(
     with Progress(console=Console(stderr=True), transient=True, disable=not show) as progress:
         done, skipped = _execute(session, workload, progress)
     if output is not None:
-        width = max(2, len(str(len(steps))))
         for path in write_results(done, output, fmt, combined, width):
             echo(f"wrote {path}")
         for step, result in done:
@@ -282,6 +293,7 @@ def query_command(ctx: click.Context, config: Config, sql: str, fmt: str) -> Non
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
+        check_stdout()  # before the charge: an answer is never charged and then lost
         result = session.execute(sql)
         if fmt == "json":
             document = _document(Step(Piece(1, 1, sql), "query"), result)

@@ -2,7 +2,8 @@
 
 ``write_results`` writes each statement's result (``01.csv``, ...) or all of them in one file,
 as CSV (a ``<name> ±`` column after each column with half-widths), JSON or Parquet (through
-DuckDB); ``prepare_output`` checks before anything runs that the folder can hold them. A file or
+DuckDB); ``prepare_output`` and ``check_stdout`` check before anything is charged that the
+folder and its files, or standard output, can take them. A file or
 a standard output that cannot be written is an ``OutputError`` naming it, never a value.
 ``_text_table`` is the aligned table printed to a terminal.
 """
@@ -10,9 +11,15 @@ a standard output that cannot be written is an ``OutputError`` naming it, never 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import functools
 import io
 import json
+import os
+import select
+import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,7 +34,9 @@ from dpsql.release.result import Result, cell, covers, shown_rows
 from dpsql.release.result import columns as result_columns
 from dpsql.session.workload_plan import Step
 
-__all__ = ["FORMATS", "LONG", "echo", "prepare_output", "write_results"]
+__all__ = [
+    "FORMATS", "LONG", "check_stdout", "echo", "output_files", "prepare_output", "write_results"
+]  # fmt: skip
 
 FORMATS = ("csv", "json", "parquet")
 
@@ -124,17 +133,77 @@ def _reason(exc: BaseException) -> str:
     return "the engine could not write the file" if isinstance(exc, duckdb.Error) else "failed"
 
 
-def prepare_output(folder: Path) -> None:
-    """Create ``folder`` and check that a file can be written in it, before anything runs (so
-    that a folder that cannot hold the results costs nothing)."""
+def output_files(
+    folder: Path, numbers: Sequence[int], fmt: str, combined: bool, width: int
+) -> list[Path]:
+    """The files ``write_results`` writes for the statements ``numbers``."""
+    if combined:
+        return [folder / f"results.{fmt}"]
+    return [folder / f"{number:0{width}d}.{fmt}" for number in numbers]
+
+
+def prepare_output(folder: Path, files: Sequence[Path] = ()) -> None:
+    """Create ``folder`` and check that a file can be written in it, and that each of ``files``
+    can be (a directory or a special file in its place cannot), before anything is charged."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpsql-", suffix=".probe"):
             pass
+        if os.statvfs(folder).f_bavail == 0:  # an empty file fits where no result does
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as exc:
         raise OutputError(
             f"cannot write results to the folder {folder}: {_reason(exc)}; nothing was run"
         ) from None
+    for path in files:
+        try:
+            if path.exists() or path.is_symlink():
+                if not path.is_file():
+                    code = errno.EISDIR if path.is_dir() else errno.EINVAL
+                    raise OSError(code, "is a directory" if path.is_dir() else "not a regular file")
+                with path.open("ab"):  # opened for writing, left unchanged
+                    pass
+            else:
+                with path.open("xb"):
+                    pass
+                path.unlink()
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {_reason(exc)}; nothing was run") from None
+
+
+def check_stdout() -> None:
+    """Refuse, before anything is charged, a standard output that cannot take the results: not
+    open for writing, a pipe whose reader is gone, a full file system, or ``/dev/full``."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file descriptor (a test's captured output): nothing to check
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        info = os.fstat(fd)
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        broken = any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+        full = (stat.S_ISREG(info.st_mode) and os.fstatvfs(fd).f_bavail == 0) or (
+            stat.S_ISCHR(info.st_mode) and _is_dev_full(info.st_rdev)
+        )
+    except OSError as exc:
+        raise OutputError(f"cannot write to standard output: {_reason(exc)}") from None
+    reason = (
+        "it is not open for writing" if mode == os.O_RDONLY
+        else "its reader has closed it" if broken
+        else "no space left on device" if full
+        else None
+    )  # fmt: skip
+    if reason is not None:
+        raise OutputError(f"cannot write to standard output: {reason}; nothing was run")
+
+
+def _is_dev_full(device: int) -> bool:
+    try:
+        return os.stat("/dev/full").st_rdev == device
+    except OSError:
+        return False
 
 
 def _write_one(path: Path, what: str, write: Callable[[], object]) -> Path:
@@ -158,7 +227,7 @@ def write_results(
     except OSError as exc:
         raise OutputError(f"cannot create the folder {folder}: {_reason(exc)}") from None
     if combined:
-        path = folder / f"results.{fmt}"
+        path = output_files(folder, (), fmt, combined, width)[0]
         what = "the results of every statement"
         if fmt == "json":
             docs = [_document(s, r) for s, r in done]
@@ -170,8 +239,8 @@ def write_results(
         rows = list(_long_rows(done))
         return [_write_one(path, what, lambda: _parquet(path, LONG, rows))]
     paths = []
-    for step, result in done:
-        path = folder / f"{step.piece.number:0{width}d}.{fmt}"
+    paths_of = output_files(folder, [step.piece.number for step, _ in done], fmt, False, width)
+    for (step, result), path in zip(done, paths_of, strict=True):
         what = f"the result of statement {step.piece.number}, line {step.piece.line}"
         if fmt == "json":
             text = json.dumps(_document(step, result), indent=2) + "\n"
