@@ -9,8 +9,8 @@ import click
 
 from dpsql.interfaces.cli.context import Config, pass_config
 from dpsql.interfaces.pgwire.config import Limits, ServerConfig
+from dpsql.interfaces.pgwire.logs import configure_logging
 from dpsql.interfaces.pgwire.server import DpsqlServer, serve
-from dpsql.interfaces.pgwire.worker_process import LOG_FORMAT
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -85,7 +85,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     host, port = _listen(listen)
     if require_tls and tls_cert is None:
         raise click.BadParameter("--require-tls needs --tls-cert", param_hint="'--require-tls'")
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # each worker logs the same way
+    configure_logging(logging.INFO)  # each worker logs the same way
     server_config = ServerConfig(
         policy=config.policy(),
         users_file=users_file,

@@ -29,6 +29,7 @@ from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.auth import AuthenticationFailed, ScramExchange
 from dpsql.interfaces.pgwire.backend import Step
 from dpsql.interfaces.pgwire.config import ServerConfig
+from dpsql.interfaces.pgwire.logs import limited
 from dpsql.interfaces.pgwire.statements import engine_failure, public_settings
 from dpsql.interfaces.pgwire.users import User
 from dpsql.interfaces.pgwire.worker import Worker, WorkerFailed, WorkerLost
@@ -230,7 +231,11 @@ class Connection:
         limit = self.server.config.limits.max_statement
         if self.status == "T":
             self.status = "E"
-        log.info("statement failed with %s (over the length limit)", PROGRAM_LIMIT_EXCEEDED)
+        # A flood of over-long texts wrote one line each (53,592 for three floods): rate-limited.
+        limited(
+            log, logging.INFO, "statement failed with %s (over the length limit)",
+            PROGRAM_LIMIT_EXCEEDED,
+        )  # fmt: skip
         await self.send(
             pg.error_response(
                 PROGRAM_LIMIT_EXCEEDED,
