@@ -10,7 +10,6 @@ address (libpq cannot) or stop mid-exchange. The throttle's arithmetic is tested
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import os
@@ -151,8 +150,12 @@ def test_idle_sockets_do_not_lock_out_a_login(serve: Callable[..., ServerThread]
         dropped = 0
         for sock in idle:
             sock.settimeout(0.2)
-            with contextlib.suppress(TimeoutError):
+            try:
                 dropped += sock.recv(1) == b""
+            except ConnectionResetError:
+                dropped += 1
+            except TimeoutError:
+                continue  # still waiting to log in: one of the pool's slots
         assert dropped >= 12 - 4, dropped  # evicted without waiting for the timeout
     finally:
         for sock in idle:
@@ -217,7 +220,7 @@ def test_failed_logins_from_one_address_are_throttled(serve: Callable[..., Serve
 def test_logins_that_do_not_fail_cost_no_token(serve: Callable[..., ServerThread]) -> None:
     """Successes, and clients that hang up before their proof (psql's first try), give their
     token back: an address that never fails is never throttled."""
-    server = serve(login_burst=2, login_refill=0.01)
+    server = serve(login_burst=3, login_refill=0.01)  # 3: the last hang-up may be in flight
     for _ in range(4):
         assert attempt(server.port, "alice", PASSWORDS["alice"]) == "ok"
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
