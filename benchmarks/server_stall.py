@@ -81,7 +81,7 @@ def slow_statement(size: int) -> bytes:
 class Served:
     """``dpsql serve`` in a subprocess: its port, CPU time and log."""
 
-    def __init__(self, policy: Path, users: Path, folder: Path, source: Path | None):
+    def __init__(self, policy: Path, users: Path, folder: Path, source: Path | None, *extra: str):
         env = dict(os.environ)
         if source is not None:
             env["PYTHONPATH"] = str(source)
@@ -91,7 +91,7 @@ class Served:
         # sys.path, and --source must win over the installed dpsql.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dpsql.interfaces.cli.main", "--policy", str(policy), "serve",
-             "--users-file", str(users), "--listen", "127.0.0.1:0"],
+             "--users-file", str(users), "--listen", "127.0.0.1:0", *extra],
             stdout=subprocess.DEVNULL, stderr=self._log_file, cwd=folder, env=env,
         )  # fmt: skip
         deadline = time.monotonic() + 60

@@ -9,8 +9,8 @@ import click
 
 from dpsql.interfaces.cli.context import Config, pass_config
 from dpsql.interfaces.pgwire.config import Limits, ServerConfig
+from dpsql.interfaces.pgwire.logs import configure_logging
 from dpsql.interfaces.pgwire.server import DpsqlServer, serve
-from dpsql.interfaces.pgwire.worker_process import LOG_FORMAT
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -46,7 +46,26 @@ def _listen(value: str) -> tuple[str, int]:
 @click.option("--require-tls", is_flag=True, help="Refuse clients that do not negotiate TLS.")
 @click.option(
     "--max-connections", type=click.IntRange(1, 10_000), default=64, show_default=True,
-    help="Concurrent connections; more are refused with SQLSTATE 53300.",
+    help="Concurrent authenticated connections; more are refused with SQLSTATE 53300.",
+)  # fmt: skip
+@click.option(
+    "--max-unauthenticated", type=click.IntRange(1, 100_000), default=256, show_default=True,
+    help="Connections still logging in, a pool apart from --max-connections; when it is full "
+    "a new connection drops the oldest of the address holding the most.",
+)  # fmt: skip
+@click.option(
+    "--login-burst", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
+    help="Failed logins one client address may make at once before it is refused "
+    "(SQLSTATE 28000) until it regains a token.",
+)  # fmt: skip
+@click.option(
+    "--login-refill", type=click.FloatRange(0.001, 1_000_000), default=1.0, show_default=True,
+    help="Failed logins per second an address regains.",
+)  # fmt: skip
+@click.option(
+    "--login-delay-cap", type=click.FloatRange(0, 5), default=2.0, show_default=True,
+    help="Longest wait, in seconds, before the proof of a login on a user name that keeps "
+    "failing is checked (0: none).",
 )  # fmt: skip
 @click.option(
     "--statement-timeout", type=click.FloatRange(0.1, 86_400), default=300.0, show_default=True,
@@ -72,6 +91,10 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     tls_key: Path | None,
     require_tls: bool,
     max_connections: int,
+    max_unauthenticated: int,
+    login_burst: int,
+    login_refill: float,
+    login_delay_cap: float,
     statement_timeout: float,
     memory_limit: str,
     max_statement_bytes: int,
@@ -85,7 +108,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     host, port = _listen(listen)
     if require_tls and tls_cert is None:
         raise click.BadParameter("--require-tls needs --tls-cert", param_hint="'--require-tls'")
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # each worker logs the same way
+    configure_logging(logging.INFO)  # each worker logs the same way
     server_config = ServerConfig(
         policy=config.policy(),
         users_file=users_file,
@@ -96,6 +119,10 @@ def serve_command(  # noqa: PLR0917 - click passes every option
         require_tls=require_tls,
         limits=Limits(
             max_connections=max_connections,
+            max_unauthenticated=max_unauthenticated,
+            login_burst=login_burst,
+            login_refill=login_refill,
+            login_delay_cap=login_delay_cap,
             statement_timeout=statement_timeout,
             memory_limit=memory_limit,
             max_statement=max_statement_bytes,

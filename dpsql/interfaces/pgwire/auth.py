@@ -8,10 +8,11 @@ all of it from here.
 :class:`ScramExchange` is one server-side exchange. Only ``SCRAM-SHA-256`` is offered, never
 ``SCRAM-SHA-256-PLUS``, so a client's ``y`` flag (it could bind, but thinks the server cannot) is
 the truth and is accepted, and a ``p=`` request is refused. An unknown user goes through the
-same steps with a mock verifier derived from the name and a per-process secret, as PostgreSQL
-does, and fails at the proof: messages and timing do not say whether the user exists. Every
-failure is an :class:`AuthenticationFailed` (a malformed message the subclass
-:class:`ScramMessageError`), which the server reports as SQLSTATE 28P01.
+same steps with a mock verifier derived from the name and a secret (the server's persists
+across restarts, so a name's mock salt is as stable as a real one), as PostgreSQL does, and
+fails at the proof: messages and timing do not say whether the user exists. Every failure is
+an :class:`AuthenticationFailed` (a malformed message the subclass :class:`ScramMessageError`),
+which the server reports as SQLSTATE 28P01.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from dpsql.interfaces.pgwire.verifiers import (
 )
 
 MAX_MESSAGE = 4096  # bytes; real SCRAM messages are ~100 bytes
-# Keys the unknown users' mock verifiers; per process, so they change on restart (PostgreSQL
-# keeps its mock nonce in the cluster). A server may pass a persistent one as ``mock_secret``.
+# Keys the unknown users' mock verifiers when no ``mock_secret`` is given: per process, so they
+# change on restart. ``dpsql serve`` passes its persistent one (PostgreSQL keeps its mock nonce
+# in the cluster too): ``dpsql.interfaces.pgwire.mock_secret``.
 _MOCK_SECRET = secrets.token_bytes(32)
 
 

@@ -25,6 +25,7 @@ from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.catalog_rewrite import catalog_sql
+from dpsql.interfaces.pgwire.logs import limited
 from dpsql.interfaces.pgwire.statements import (
     CLIENT_SET,
     HEALTH_CHECK,
@@ -138,7 +139,8 @@ class Backend:
             code, message = "XX000", "internal error; see the server log"
         if self.status == "T":
             self.status = "E"
-        log.info("statement failed with %s (%s)", code, type(exc).__name__)
+        # One line per failure would let a client fill the log: a flood is rate-limited.
+        limited(log, logging.INFO, "statement failed with %s (%s)", code, type(exc).__name__)
         return Step(pg.error_response(code, message), failed=True)
 
     def _answer_wire(

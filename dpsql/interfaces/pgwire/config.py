@@ -14,16 +14,27 @@ from dpsql.policy import Policy
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-connection resource bounds."""
+    """Per-connection resource bounds, and the bounds on logins."""
 
-    max_connections: int = 64
+    max_connections: int = 64  # authenticated connections (each a worker process)
+    # Connections not yet authenticated: a pool of their own, so that sockets that never log in
+    # cannot take the sessions' slots; when it is full, a new connection drops the oldest one
+    # of the address that holds the most.
+    max_unauthenticated: int = 256
     max_message: int = 1 << 20  # bytes of one protocol message
     # Bytes of one statement text (a Query message's, a Parse's), refused before any parsing.
     max_statement: int = 100_000
     statement_timeout: float = 300.0  # seconds; the charge of a query cut off stands
     interrupt_grace: float = 2.0  # seconds a worker has to stop after an interrupt
     idle_timeout: float = 3600.0  # seconds without a message before the connection closes
-    auth_timeout: float = 30.0  # seconds to complete the startup and authentication
+    auth_timeout: float = 10.0  # seconds to complete the startup and authentication
+    # Failed logins per client address: a token bucket of ``login_burst`` tokens refilled at
+    # ``login_refill`` a second; an address without a token is refused before SCRAM (28000).
+    login_burst: int = 10
+    login_refill: float = 1.0
+    # The longest wait before a proof is checked, imposed on every attempt on a user name that
+    # recently failed repeatedly (0: no wait). It must stay well under ``auth_timeout``.
+    login_delay_cap: float = 2.0
     # seconds for a connection's worker to open its session and engine (a Spark one: a JVM's)
     open_timeout: float = 300.0
     memory_limit: str = "1GB"  # the DuckDB memory cap of each connection's engine

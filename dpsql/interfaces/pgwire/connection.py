@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import ssl
 from collections.abc import Mapping
@@ -29,8 +30,10 @@ from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.auth import AuthenticationFailed, ScramExchange
 from dpsql.interfaces.pgwire.backend import Step
 from dpsql.interfaces.pgwire.config import ServerConfig
+from dpsql.interfaces.pgwire.logs import limited
 from dpsql.interfaces.pgwire.statements import engine_failure, public_settings
-from dpsql.interfaces.pgwire.users import User
+from dpsql.interfaces.pgwire.throttle import AddressBuckets, UserBackoff, address_key
+from dpsql.interfaces.pgwire.users import User, check_name
 from dpsql.interfaces.pgwire.worker import Worker, WorkerFailed, WorkerLost
 from dpsql.interfaces.pgwire.worker_process import WorkerSetup, startup_settings
 
@@ -55,7 +58,18 @@ class Host(Protocol):
     @property
     def spawner(self) -> Executor: ...
 
+    @property
+    def mock_secret(self) -> bytes: ...
+
+    @property
+    def buckets(self) -> AddressBuckets: ...
+
+    @property
+    def backoff(self) -> UserBackoff: ...
+
     def cancel(self, pid: int, key: int) -> None: ...
+
+    def start_session(self, connection: Connection) -> bool: ...
 
 
 class Connection:
@@ -78,6 +92,9 @@ class Connection:
         self.key = secrets.randbits(31)
         self.status = "I"  # transaction status reported in ReadyForQuery
         self.closing = False
+        self.address = address_key(writer.get_extra_info("peername"))
+        self.arrival = 0  # the server's count of connections when this one came
+        self.has_session = False  # holds one of the server's session slots
 
     @property
     def busy(self) -> bool:
@@ -120,26 +137,54 @@ class Connection:
         username = message.params.get("user", "")
         self.database = message.params.get("database", username)
         self.options = message.params.get("options", "")
-        await self.send(pg.authentication_sasl(["SCRAM-SHA-256"]))
-        exchange = ScramExchange(self.server.users, username)
+        buckets = self.server.buckets
+        if not buckets.take(self.address):
+            # Refused before SCRAM runs: no proof of this address is checked until it has a
+            # token again, so guesses from one address are at most login_refill a second.
+            limited(log, logging.WARNING, "logins from %s refused: too many failures", self.address)
+            wait = math.ceil(buckets.wait(self.address))
+            await self.fatal(
+                "28000", f"too many failed logins from this address; retry in {wait} s"
+            )
+            return None
+        failed = False
         try:
-            kind, body = await pg.read_message(self.reader, self.server.config.limits.max_message)
-            if kind == b"":
-                return None  # the client hung up to ask for a password (psql does): no attempt
-            if kind != b"p":
-                raise AuthenticationFailed("expected a SASL response")
-            mechanism, first = pg.parse_sasl_initial(body)
-            if mechanism != "SCRAM-SHA-256":
-                raise AuthenticationFailed("unsupported SASL mechanism")
-            await self.send(pg.authentication_sasl_continue(exchange.client_first(first)))
-            kind, body = await pg.read_message(self.reader, self.server.config.limits.max_message)
-            if kind != b"p":
-                raise AuthenticationFailed("expected a SASL response")
-            final = exchange.client_final(pg.parse_sasl_response(body))
+            return await self.authenticate(username)
         except (AuthenticationFailed, pg.ProtocolError):
-            log.warning("authentication failed for user %r", username[:63])
+            failed = True
+            self.server.backoff.failed(username[:64])
+            limited(log, logging.WARNING, "authentication failed for user %s from %s",
+                    _loggable(username), self.address)  # fmt: skip
             await self.fatal("28P01", f'password authentication failed for user "{username[:63]}"')
             return None
+        finally:
+            if not failed:
+                buckets.give_back(self.address)  # a success, or no attempt: the token returns
+
+    async def authenticate(self, username: str) -> User | None:
+        """SCRAM-SHA-256: the user, None when the client hangs up before trying (psql does, to
+        ask for a password); AuthenticationFailed or ProtocolError when the attempt fails."""
+        max_message = self.server.config.limits.max_message
+        await self.send(pg.authentication_sasl(["SCRAM-SHA-256"]))
+        exchange = ScramExchange(self.server.users, username, mock_secret=self.server.mock_secret)
+        kind, body = await pg.read_message(self.reader, max_message)
+        if kind == b"":
+            return None
+        if kind != b"p":
+            raise AuthenticationFailed("expected a SASL response")
+        mechanism, first = pg.parse_sasl_initial(body)
+        if mechanism != "SCRAM-SHA-256":
+            raise AuthenticationFailed("unsupported SASL mechanism")
+        await self.send(pg.authentication_sasl_continue(exchange.client_first(first)))
+        kind, body = await pg.read_message(self.reader, max_message)
+        if kind != b"p":
+            raise AuthenticationFailed("expected a SASL response")
+        # Before the verdict, for a right password too: a wait on failures alone would tell a
+        # guesser "wrong" as soon as the answer is late. Known and unknown names wait alike.
+        delay = self.server.backoff.delay(username[:64])
+        if delay > 0:
+            await asyncio.sleep(delay)
+        final = exchange.client_final(pg.parse_sasl_response(body))
         user = exchange.user
         assert user is not None
         self.user = user
@@ -230,7 +275,9 @@ class Connection:
         limit = self.server.config.limits.max_statement
         if self.status == "T":
             self.status = "E"
-        log.info("statement failed with %s (over the length limit)", PROGRAM_LIMIT_EXCEEDED)
+        # A flood of over-long texts wrote one line each (53,592 for three floods): rate-limited.
+        limited(log, logging.INFO, "statement failed with %s (over the length limit)",
+                PROGRAM_LIMIT_EXCEEDED)  # fmt: skip
         await self.send(
             pg.error_response(
                 PROGRAM_LIMIT_EXCEEDED,
@@ -259,9 +306,15 @@ class Connection:
         limits = self.server.config.limits
         try:
             user = await asyncio.wait_for(self.startup(), limits.auth_timeout)
+            if user is None:
+                return
+            if not self.server.start_session(self):
+                # After authentication, as PostgreSQL does: only analysts hold session slots.
+                await self.fatal("53300", "too many connections")
+                return
             # One worker process and Session per connection, under the authenticated name:
             # charges and shares are that analyst's (the ledger records the name).
-            if user is None or not await self.open_worker(user):
+            if not await self.open_worker(user):
                 return
             await self.greet(user)
             failed = False  # in the extended protocol, skip to Sync after an error
@@ -318,6 +371,15 @@ class Connection:
         with contextlib.suppress(Exception):
             self.writer.close()
             await self.writer.wait_closed()
+
+
+def _loggable(name: str) -> str:
+    """A user name as the log shows it: quoted if it is a valid name (letters, digits, _ . -),
+    else only its length, so that a name sent cannot forge a line or smuggle a password."""
+    try:
+        return repr(check_name(name))
+    except DpsqlError:
+        return f"(not a valid name, {len(name)} characters)"
 
 
 class _Fatal(Exception):  # noqa: N818 - a control-flow signal

@@ -8,25 +8,40 @@ No privacy logic lives here: every statement goes to the same Session core as th
 interfaces.
 
 This module is the listening server, :class:`DpsqlServer`: it holds the users, the TLS context
-and the thread that starts and reaps the worker processes, accepts connections up to
-``max_connections``, routes cancel requests, and shuts down gracefully. What one connection
-does is ``dpsql.interfaces.pgwire.connection``; the settings are ``dpsql.interfaces.pgwire.config``.
+and the thread that starts and reaps the worker processes, admits connections (below), routes
+cancel requests, and shuts down gracefully.
+
+Admission has two pools. A connection not yet authenticated takes a slot of its own pool
+(``max_unauthenticated``) for at most ``auth_timeout`` seconds; only an authenticated one takes
+a session slot (``max_connections``), so sockets that never log in cannot lock the analysts
+out. When the first pool is full, a new connection drops the oldest unauthenticated one of the
+address that holds the most: a flood from one address evicts its own sockets, not another
+client's login in progress. Failed logins are throttled per address and per user name
+(``dpsql.interfaces.pgwire.throttle``).
+
+What one connection does is ``dpsql.interfaces.pgwire.connection``; the settings are
+``dpsql.interfaces.pgwire.config``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
 import ssl
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.config import ServerConfig
 from dpsql.interfaces.pgwire.connection import Connection
+from dpsql.interfaces.pgwire.logs import limited, quiet_sqlglot
+from dpsql.interfaces.pgwire.mock_secret import load_mock_secret
+from dpsql.interfaces.pgwire.throttle import AddressBuckets, UserBackoff
 from dpsql.interfaces.pgwire.users import load_users
 from dpsql.interfaces.pgwire.worker import start_forkserver
 from dpsql.session.session import Session
@@ -45,6 +60,10 @@ class DpsqlServer:
             )
         self.config = config
         self.users = load_users(config.users_file)
+        # Persistent, so that an unknown name's mock salt is as stable as a real user's across
+        # restarts: a salt that changes at a restart marks the name as unknown.
+        self.mock_secret = load_mock_secret(config.users_file)
+        quiet_sqlglot()
         # Fail fast, before listening: the data, the ledger and the engine limits must open.
         Session(config.policy, None, config.limits.memory_limit).close()
         self.tls_context = _tls_context(config) if config.tls_cert is not None else None
@@ -54,7 +73,14 @@ class DpsqlServer:
         self.spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-workers")
         self.connections: dict[int, Connection] = {}
         self._server: asyncio.Server | None = None
-        self._slots = asyncio.Semaphore(config.limits.max_connections)
+        limits = config.limits
+        self.buckets = AddressBuckets(limits.login_burst, limits.login_refill)
+        self.backoff = UserBackoff(limits.login_delay_cap)
+        # Unauthenticated connections by address, each oldest first, with their tasks.
+        self._pending: dict[str, OrderedDict[Connection, asyncio.Task[None] | None]] = {}
+        self._pending_count = 0
+        self._arrivals = itertools.count()
+        self._sessions = 0
         self._closing = asyncio.Event()
 
     @property
@@ -76,16 +102,56 @@ class DpsqlServer:
         log.info("dpsql serve listening on %s:%d", self.config.host, self.port)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._closing.is_set() or self._slots.locked():
+        if self._closing.is_set():
             await _refuse(reader, writer, "53300", "too many connections")
             return
-        async with self._slots:
-            connection = Connection(self, reader, writer)
-            self.connections[connection.pid] = connection
-            try:
-                await connection.serve()
-            finally:
-                self.connections.pop(connection.pid, None)
+        connection = Connection(self, reader, writer)
+        connection.arrival = next(self._arrivals)
+        if self._pending_count >= self.config.limits.max_unauthenticated:
+            self._evict()
+        self._pending.setdefault(connection.address, OrderedDict())[connection] = (
+            asyncio.current_task()
+        )
+        self._pending_count += 1
+        self.connections[connection.pid] = connection
+        try:
+            await connection.serve()
+        finally:
+            self._unpend(connection)
+            if connection.has_session:
+                self._sessions -= 1
+            self.connections.pop(connection.pid, None)
+
+    def _unpend(self, connection: Connection) -> asyncio.Task[None] | None:
+        queue = self._pending.get(connection.address)
+        if queue is None or connection not in queue:
+            return None
+        task = queue.pop(connection)
+        self._pending_count -= 1
+        if not queue:
+            del self._pending[connection.address]
+        return task
+
+    def _evict(self) -> None:
+        """Drop the oldest unauthenticated connection of the address that holds the most."""
+        queue = max(self._pending.values(), key=lambda q: (len(q), -next(iter(q)).arrival))
+        oldest = next(iter(queue))
+        task = self._unpend(oldest)
+        limited(log, logging.WARNING, "too many unauthenticated connections: dropped one from %s",
+                oldest.address)  # fmt: skip
+        oldest.writer.transport.abort()
+        if task is not None:
+            task.cancel()
+
+    def start_session(self, connection: Connection) -> bool:
+        """``connection`` has authenticated: move it from its pool to a session slot, or False
+        if every session slot is taken."""
+        self._unpend(connection)
+        if self._sessions >= self.config.limits.max_connections:
+            return False
+        self._sessions += 1
+        connection.has_session = True
+        return True
 
     def cancel(self, pid: int, key: int) -> None:
         """A CancelRequest: interrupt that connection's running statement (its charge stands)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.backend import Backend
+from dpsql.interfaces.pgwire.logs import LOG_FORMAT, configure_logging
 from dpsql.interfaces.pgwire.statements import sqlstate
 from dpsql.policy import Policy
 from dpsql.session.session import Session
@@ -32,7 +33,6 @@ from dpsql.session.session import Session
 __all__ = ["LOG_FORMAT", "WorkerSetup", "serve_worker", "startup_settings"]
 
 log = logging.getLogger("dpsql.interfaces.pgwire")
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 _REPEAT = 0.02  # seconds between two interrupts of an interrupted request
 _HEADER = struct.Struct("!I")
 _ID = struct.Struct("!Q")
@@ -101,7 +101,7 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
     # connections, then closes the workers itself.
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=setup.log_level, format=LOG_FORMAT)
+    configure_logging(setup.log_level)  # sqlglot's messages may quote the statement
     try:
         session = Session(setup.policy, setup.user, setup.memory_limit)
         try:
