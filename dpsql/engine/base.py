@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.engine.spark.engine import SparkEngine
 from dpsql.policy import Policy
+from dpsql.policy.files import FileSet
 
 __all__ = ["Engine", "open_engine"]
 
@@ -24,6 +25,8 @@ class Engine(Protocol):
 
     name: str
     salt: int  # the secret of the keyed hash that picks a unit's groups and rows
+    # The data files as the engine bound them (dpsql.policy.files): checked before each charge.
+    files: FileSet
 
     @property
     def catalog(self) -> Mapping[str, Mapping[str, str]]:

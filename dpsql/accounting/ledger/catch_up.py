@@ -13,8 +13,10 @@ connections and the full recheck (both open the file through ``ledger._connect``
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsql.accounting.ledger.chain import GENESIS, Record, _chain
@@ -29,6 +31,7 @@ class CatchUp:
     _version: int
     _checked: int
     _failed: str | None
+    _size: int  # the ledger file's size when last checked: SQLite's main file only grows
 
     if TYPE_CHECKING:
 
@@ -77,6 +80,34 @@ class CatchUp:
         self._version = version
         if (moved and not rows) or len(self._cache) - self._checked >= self._checked:
             self._recheck()
+
+    def _check_disk(self, path: Path) -> None:
+        """The ledger's tail as the file holds it now, before a record is added: the file has
+        not shrunk, and its last record, read over a connection of its own, is the last one
+        verified (whose chain ``_check`` holds against the anchor).
+
+        The session's own connection may answer from pages it cached: after the file was
+        truncated (the records table cut, or the WAL emptied) it kept answering, and charging,
+        from them. A new connection has no cache, and SQLite's main file only ever grows here
+        (no VACUUM): a smaller file, or another last record, fails closed before the charge.
+        Cost: one ``stat`` and one connection reading one row, some 0.25 ms
+        (benchmarks/ledger_tail.py), beside the charge's own synced commit."""
+        try:
+            size = os.stat(path).st_size
+            fresh = sqlite3.connect(str(path), timeout=60, isolation_level=None)
+            try:
+                row = fresh.execute("SELECT * FROM records ORDER BY seq DESC LIMIT 1").fetchone()
+            finally:
+                fresh.close()
+        except (OSError, sqlite3.Error):
+            raise LedgerError(f"the ledger file {path} cannot be read: fail closed") from None
+        if size < self._size:
+            self._failed = "the ledger file was truncated under a running session"
+        elif (tuple(row) if row is not None else None) != (self._rows[-1] if self._rows else None):
+            self._failed = "the ledger's tail on disk is not the history verified: fail closed"
+        if self._failed is not None:
+            raise LedgerError(self._failed)  # for good, as a history that changed
+        self._size = size
 
     @staticmethod
     def _check(records: list[Record], anchor: Mapping[str, Any]) -> None:

@@ -102,6 +102,7 @@ class Ledger(CatchUp):
         self._version = -1  # PRAGMA data_version after this Ledger's last read or commit
         self._checked = 0  # records verified by the last full recheck
         self._failed: str | None = None  # why the history stopped verifying, once it has
+        self._size = 0  # the file's size at the last check of its tail on disk
         try:
             self.identity = self._open()  # verifies the whole chain against the anchor
         except LedgerError:
@@ -314,6 +315,9 @@ class Ledger(CatchUp):
                 self._catch_up(con)
                 anchor = _read_anchor(self.anchor)
                 self._check(self._cache, anchor)
+                # And the tail on disk, not only as this connection has it cached: a ledger
+                # truncated under an open session fails closed at its next record.
+                self._check_disk(self.path)
                 if decide is not None:
                     decide(self._cache)
                 base, tail = self._tail_before(anchor)

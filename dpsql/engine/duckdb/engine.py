@@ -43,6 +43,7 @@ from dpsql.engine.duckdb.connections import (
 from dpsql.engine.duckdb.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
+from dpsql.policy.files import FileIdentity, FileSet, identify
 
 __all__ = ["DuckDBEngine"]
 
@@ -102,6 +103,7 @@ class DuckDBEngine:
             config["threads"] = spec.threads
         _check_declared_types(policy)
         self._shared: _DatabaseKey | None = None  # a database file this process shares
+        self._bound: list[FileIdentity] = []  # the files bound, as they were (none: a shadow)
         self._views: list[str] = []  # the statements that made the tables' views
         try:
             if schemas is None:
@@ -116,6 +118,7 @@ class DuckDBEngine:
                 names = set(schemas)
             self.catalog = self._read_catalog()
             self.collations = self._read_collations(names)
+            self.files = FileSet.of(self._bound).with_schemas(self.catalog)
         except (duckdb.Error, PolicyError) as exc:
             if hasattr(self, "_con"):
                 _release(self._shared, [self._con], [])
@@ -138,14 +141,13 @@ class DuckDBEngine:
         """``self._con`` over the policy's files (a shared database file, Parquet and CSV views),
         locked down; the names of the files' views."""
         files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
-        for name, path in files.items():
-            if not path.exists():
-                raise PolicyError(f"data.tables.{name} does not exist: {path}")
+        # Each file's identity before it is read (a regular file, or a PolicyError: a FIFO
+        # would hang the reader); checked again before each charge (dpsql.policy.files).
+        bound = [identify(name, path) for name, path in files.items()]
         if policy.data.database is not None:
             path = policy.resolve(policy.data.database)
-            if not path.exists():
-                raise PolicyError(f"data.database does not exist: {path}")
-            self._shared, self._con = _shared_database(path, config, files)
+            self._shared, self._con, database = _shared_database(path, config, files)
+            bound.append(database)
         else:
             self._con = duckdb.connect(":memory:", config=config)
             _lock_down(self._con, files)
@@ -156,6 +158,7 @@ class DuckDBEngine:
                 view = _csv_view(policy, name, path)
             self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
             self._con.execute(self._views[-1])
+        self._bound = bound
         return set(files)
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:

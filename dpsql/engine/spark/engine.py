@@ -61,6 +61,7 @@ from dpsql.engine.spark.lower import lower
 from dpsql.engine.spark.session import classic_session, connect_session, pin_settings
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
+from dpsql.policy.files import FileIdentity, FileSet, identify
 
 __all__ = ["SparkEngine", "duckdb_type"]
 
@@ -127,6 +128,7 @@ class SparkEngine:
         else:
             self._session = classic_session(policy.engine).newSession()
         schemas: dict[str, list[tuple[str, str]]] = {}
+        self._bound: list[FileIdentity] = []  # the files bound, as they were
         try:
             for name, value in policy.engine.conf.items():
                 with contextlib.suppress(Exception):  # a static setting keeps Spark's value
@@ -156,11 +158,12 @@ class SparkEngine:
             cause = type(exc).__name__
             raise PolicyError(f"cannot open the policy's data in Spark ({cause})") from None
         self._shadow = DuckDBEngine(policy, salt, schemas=schemas)
+        self.files = FileSet.of(self._bound).with_schemas(self._shadow.catalog)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-spark-check")
 
     def _read(self, policy: Policy, name: str, path: Path) -> Any:
-        if not path.exists():
-            raise PolicyError(f"data.tables.{name} does not exist: {path}")
+        # A regular file (or a PolicyError), whose identity each charge checks again.
+        self._bound.append(identify(name, path))
         reader = self._session.read
         if path.suffix.lower() == ".parquet":
             return reader.parquet(str(path))  # the types stored in the file's footer
