@@ -298,6 +298,7 @@ class Ledger(CatchUp):
         """
         body = canonical(dict(payload))
         with self._lock, _file_lock(self.path):
+            self._check_size(self.path)  # before anything opens the file to write
             try:
                 con = self._connection()
                 if not synced:  # SQLite, WAL mode: NORMAL commits are durable at the next sync
@@ -309,15 +310,7 @@ class Ledger(CatchUp):
                     f"the ledger {self.path} cannot be opened for writing; nothing was released"
                 ) from None
             try:
-                # Under the write lock: every record committed by any process is read and
-                # verified before the decision (``_catch_up``: the tail always, the whole
-                # history on its schedule), then checked against the anchor.
-                self._catch_up(con)
-                anchor = _read_anchor(self.anchor)
-                self._check(self._cache, anchor)
-                # And the tail on disk, not only as this connection has it cached: a ledger
-                # truncated under an open session fails closed at its next record.
-                self._check_disk(self.path)
+                anchor = self._caught_up(con)  # every record verified before the decision
                 if decide is not None:
                     decide(self._cache)
                 base, tail = self._tail_before(anchor)
@@ -364,6 +357,18 @@ class Ledger(CatchUp):
             self._rows.append((seq, when, kind, analyst, body, prev, digest))
             self._anchor_after(record, base, heads if lazy else None, synced=synced)
             return record
+
+    def _caught_up(self, con: sqlite3.Connection) -> dict[str, Any]:
+        """Under the write lock, before a record is added: every record committed by any
+        process read and verified (``_catch_up``: the tail always, the whole history on its
+        schedule), checked against the anchor, and the tail on disk, not only as this
+        connection has it cached (a ledger truncated under an open session fails closed at
+        its next record); the anchor read."""
+        self._catch_up(con)
+        anchor = _read_anchor(self.anchor)
+        self._check(self._cache, anchor)
+        self._check_disk(self.path)
+        return anchor
 
     def _anchor_after(
         self, record: Record, base: int, tail: list[str] | None, *, synced: bool
