@@ -33,6 +33,11 @@ class Engine(Protocol):
         """table -> column -> type, in DuckDB's type names (the analysis reads them)."""
 
     @property
+    def file_catalog(self) -> Mapping[str, Mapping[str, str]]:
+        """``catalog`` with the columns the policy hides (``dpsql.policy.exposure``): for the
+        owner's check of the policy at connect only, never a query."""
+
+    @property
     def collations(self) -> Mapping[tuple[str, str], str]:
         """(table, column) -> collation; ``?`` where it is unknown."""
 

@@ -84,7 +84,7 @@ class Session:
         # unit's own rows), secrecy only stops prediction.
         self.engine = open_engine(self.policy, int(store.identity["salt"]), memory_limit)
         try:
-            check_against_schema(self.policy, self.engine.catalog)
+            check_against_schema(self.policy, self.engine.file_catalog)
             # The accountant's name is checked against the registry here: a refused policy
             # leaves no engine open.
             self._filter = budget_for(self.policy.dataset.id, self.policy.budget, store)

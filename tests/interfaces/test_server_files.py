@@ -124,3 +124,39 @@ def test_a_ledger_truncated_under_the_server_refuses_the_next_query(
                 conn.execute(sql).fetchall()
             assert refused.value.sqlstate == "58000"
             assert _ledger_files(ledger) == after
+
+
+def test_undeclared_columns_of_a_database_file_are_hidden_over_the_wire(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data")
+    con = duckdb.connect(str(data.database))
+    try:  # a column the policy does not declare, beside those it does
+        con.execute("ALTER TABLE purchases ADD COLUMN secret DOUBLE DEFAULT 42")
+    finally:
+        con.close()
+    users = write_users(tmp_path / "users.json")
+    policy, ledger = write_policy(tmp_path / "server", data, database=True)
+    server = ServerThread(policy, users, limits=Limits(max_connections=4)).start()
+    try:
+        with connect(server.port, "alice") as conn:
+            listed = conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = 'purchases' ORDER BY ordinal_position"
+            ).fetchall()
+            assert [c for (c,) in listed] == ["uid", "amount"]
+            attributes = conn.execute(
+                "SELECT a.attname FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c "
+                "ON a.attrelid = c.oid WHERE c.relname = 'purchases' AND a.attnum > 0"
+            ).fetchall()
+            assert "secret" not in {a for (a,) in attributes} and attributes
+            before = _ledger_files(ledger)
+            for sql in (
+                "SELECT COUNT(*) FROM purchases WHERE secret > 0",
+                "SELECT SUM(secret) FROM purchases",
+            ):
+                with pytest.raises(psycopg.Error) as refused:
+                    conn.execute(sql).fetchall()
+                assert refused.value.sqlstate == "42703"  # undefined_column
+                assert _ledger_files(ledger) == before
+            assert conn.execute("SELECT COUNT(*) FROM purchases WHERE amount > 10").fetchall()
+    finally:
+        server.stop()

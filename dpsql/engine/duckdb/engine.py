@@ -43,6 +43,7 @@ from dpsql.engine.duckdb.connections import (
 from dpsql.engine.duckdb.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
+from dpsql.policy.exposure import visible_columns
 from dpsql.policy.files import FileIdentity, FileSet, identify
 
 __all__ = ["DuckDBEngine"]
@@ -104,6 +105,7 @@ class DuckDBEngine:
         _check_declared_types(policy)
         self._shared: _DatabaseKey | None = None  # a database file this process shares
         self._bound: list[FileIdentity] = []  # the files bound, as they were (none: a shadow)
+        self._file_columns: dict[str, dict[str, str]] = {}  # tables with columns hidden: all
         self._views: list[str] = []  # the statements that made the tables' views
         try:
             if schemas is None:
@@ -153,21 +155,63 @@ class DuckDBEngine:
             _lock_down(self._con, files)
         for name, path in files.items():
             if path.suffix.lower() == ".parquet":
-                view = f"SELECT * FROM read_parquet({_string(str(path))})"
+                reader = f"read_parquet({_string(str(path))})"
+                view = f"SELECT {self._shown(policy, name, reader)} FROM {reader}"
             else:
                 view = _csv_view(policy, name, path)
             self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
             self._con.execute(self._views[-1])
         self._bound = bound
-        return set(files)
+        return set(files) | self._hide_in_database(policy, set(files))
+
+    def _shown(self, policy: Policy, name: str, source: str, database: bool = False) -> str:
+        """The select list of a table's view: ``*``, or its declared columns only (a column the
+        policy does not name is hidden: dpsql.policy.exposure)."""
+        rows = self._con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
+        shown = visible_columns(policy, name, [str(r[0]) for r in rows], database)
+        if shown is not None:  # every column, for the owner's check at connect only
+            self._file_columns[name] = {str(r[0]).lower(): str(r[1]) for r in rows}
+        return "*" if shown is None else ", ".join(map(_quote, shown)) or "NULL AS _none"
+
+    def _hide_in_database(self, policy: Policy, files: set[str]) -> set[str]:
+        """Each table of the database file that the policy declares and that holds a column it
+        does not: a view of the same name over the declared columns (a temporary view comes
+        first in DuckDB's search path). The names of those views."""
+        tables = self._con.execute(
+            "SELECT database_name, schema_name, table_name FROM duckdb_tables() WHERE NOT temporary"
+        ).fetchall()
+        wrapped: set[str] = set()
+        for database, schema, table in tables:
+            name = str(table).lower()
+            if name in files or name not in policy.tables or name in wrapped:
+                continue
+            source = ".".join(_quote(str(part)) for part in (database, schema, table))
+            shown = self._shown(policy, name, source, database=True)
+            if shown != "*":
+                self._views.append(
+                    f"CREATE TEMP VIEW {_quote(name)} AS SELECT {shown} FROM {source}"
+                )
+                self._con.execute(self._views[-1])
+                wrapped.add(name)
+        return wrapped
+
+    @property
+    def file_catalog(self) -> Mapping[str, Mapping[str, str]]:
+        """``catalog`` with the columns it hides (dpsql.policy.exposure): what the files hold,
+        for the owner's check of the policy at connect (a typo's suggestion), never a query."""
+        return {**self.catalog, **self._file_columns}
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
-            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+            "SELECT table_catalog, table_name, column_name, data_type "
+            "FROM information_schema.columns"
         ).fetchall()
+        # A temporary view hides a database table of its name (its declared columns only).
+        views = {str(t).lower() for c, t, _, _ in rows if c == "temp"}
         catalog: dict[str, dict[str, str]] = {}
-        for table, column, dtype in rows:
-            catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
+        for where, table, column, dtype in rows:
+            if where == "temp" or str(table).lower() not in views:
+                catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
         return catalog
 
     def _read_collations(self, files: set[str]) -> dict[tuple[str, str], str]:
