@@ -297,3 +297,21 @@ def test_a_database_that_is_not_a_regular_file_is_refused(folder: Path) -> None:
     )
     assert isinstance(error, PolicyError), error
     assert "data.database is not a regular file" in str(error)
+
+
+def test_the_engine_reads_the_file_it_bound_until_it_closes(folder: Path) -> None:
+    """A refresh renamed over the path between the check and the engine's read: the engine
+    still reads the file bound (a snapshot link), never the new one nor a failure."""
+    session = Session(_policy(folder))
+    engine = session.engine
+    links = list(engine._links)  # type: ignore[attr-defined]
+    try:
+        assert len(links) == 2 and all(link.exists() for link in links)
+        assert all(stat.S_IMODE(os.stat(link.parent).st_mode) == 0o700 for link in links)
+        count = "SELECT COUNT(*), MIN(age) FROM visits"
+        before = engine.run(count)[1]
+        _drop_column(folder / "visits.parquet")  # age is gone from the path's file
+        assert engine.run(count)[1] == before
+    finally:
+        session.close()
+    assert not any(link.exists() for link in links)

@@ -22,6 +22,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -40,6 +41,7 @@ from dpsql.engine.duckdb.connections import (
     _shared_database,
     _spill_directory,
 )
+from dpsql.engine.duckdb.snapshots import remove, snapshot
 from dpsql.engine.duckdb.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
@@ -56,6 +58,17 @@ def _allocation_failed(exc: BaseException) -> bool:
     """Whether a DuckDB error reports a failed allocation rather than the query's fault."""
     text = str(exc).lower()
     return "bad_alloc" in text or "out of memory" in text or "failed to allocate" in text
+
+
+def _close(
+    key: _DatabaseKey | None,
+    connections: Sequence[duckdb.DuckDBPyConnection],
+    checkers: list[_Checker],
+    links: list[Path],
+) -> None:
+    """Release the connections (``_release``), then the snapshot links their views read."""
+    _release(key, connections, checkers)
+    remove(links)
 
 
 class DuckDBEngine:
@@ -106,6 +119,7 @@ class DuckDBEngine:
         self._shared: _DatabaseKey | None = None  # a database file this process shares
         self._bound: list[FileIdentity] = []  # the files bound, as they were (none: a shadow)
         self._file_columns: dict[str, dict[str, str]] = {}  # tables with columns hidden: all
+        self._links: list[Path] = []  # the snapshot links the views read, removed at close
         self._views: list[str] = []  # the statements that made the tables' views
         try:
             if schemas is None:
@@ -122,6 +136,7 @@ class DuckDBEngine:
             self.collations = self._read_collations(names)
             self.files = FileSet.of(self._bound).with_schemas(self.catalog)
         except (duckdb.Error, PolicyError) as exc:
+            remove(self._links)
             if hasattr(self, "_con"):
                 _release(self._shared, [self._con], [])
             if isinstance(exc, PolicyError):
@@ -134,7 +149,7 @@ class DuckDBEngine:
         self._domains: dict[str, list[tuple[Any, ...]]] = {}
         self._checkers: list[_Checker] = []  # at most one, made by the first check_soon
         self._closed = weakref.finalize(
-            self, _release, self._shared, [self._con, self._scratch], self._checkers
+            self, _close, self._shared, [self._con, self._scratch], self._checkers, self._links
         )
 
     def _open_files(
@@ -147,10 +162,18 @@ class DuckDBEngine:
         # would hang the reader); checked again before each charge (dpsql.policy.files).
         bound = [identify(name, path) for name, path in files.items()]
         if policy.data.database is not None:
+            # Its instance reads the file it opened whatever the path names later; the files
+            # beside it are read by their paths (the instance's allowed paths are shared).
             path = policy.resolve(policy.data.database)
             self._shared, self._con, database = _shared_database(path, config, files)
             bound.append(database)
         else:
+            # Each file read through a link to the very file bound (dpsql.engine.duckdb.snapshots)
+            for identity in bound:
+                link = snapshot(identity)
+                if link is not None:
+                    self._links.append(link)
+                    files[identity.table] = link
             self._con = duckdb.connect(":memory:", config=config)
             _lock_down(self._con, files)
         for name, path in files.items():
