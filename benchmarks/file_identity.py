@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -113,8 +114,8 @@ def reading(folder: Path, repeats: int) -> tuple[dict[str, float], dict[str, str
     sql = "SELECT COUNT(*), SUM(age) FROM read_parquet('{}')"
     cons = {way: _locked(p) for way, p in ways.items()}
     for way, p in ways.items():
-        times[f"read via {way}"] = _median_ms(lambda: cons[way].execute(sql.format(p)).fetchall(),
-                                              repeats)  # fmt: skip
+        read = partial(lambda con, q: con.execute(q).fetchall(), cons[way], sql.format(p))
+        times[f"read via {way}"] = _median_ms(read, repeats)
     times["hard link made and removed at bind"] = made
     first = cons["path"].execute(sql.format(ways["path"])).fetchall()
     fresh = folder / "fresh.parquet"
