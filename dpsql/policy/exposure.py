@@ -23,20 +23,26 @@ from collections.abc import Iterable
 
 from dpsql.policy.spec import Policy
 
-__all__ = ["visible_columns"]
+__all__ = ["hides", "visible_columns"]
+
+
+def hides(policy: Policy, table: str, database: bool = False) -> bool:
+    """Whether ``table`` hides its undeclared columns. ``database``: the table is one of a
+    DuckDB database file (hidden by default)."""
+    spec = policy.tables.get(table.lower())
+    if spec is None or spec.public:
+        return False
+    return not (spec.expose_undeclared if spec.expose_undeclared is not None else not database)
 
 
 def visible_columns(
     policy: Policy, table: str, columns: Iterable[str], database: bool = False
 ) -> list[str] | None:
     """The columns of ``table`` (in ``columns``' order: the file's) the engine shows, or None
-    when it shows every one (nothing hidden: the table's view needs no column list).
-    ``database``: the table is one of a DuckDB database file (hidden by default)."""
-    spec = policy.tables.get(table.lower())
-    if spec is None or spec.public:
+    when it shows every one (nothing hidden: the table's view needs no column list)."""
+    if not hides(policy, table, database):
         return None
-    if spec.expose_undeclared if spec.expose_undeclared is not None else not database:
-        return None
+    spec = policy.tables[table.lower()]
     declared = {spec.privacy_unit, *spec.columns, *spec.constant_per_unit}
     names = list(columns)
     shown = [c for c in names if c.lower() in declared]

@@ -45,7 +45,7 @@ from dpsql.engine.duckdb.snapshots import remove, snapshot
 from dpsql.engine.duckdb.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
-from dpsql.policy.exposure import visible_columns
+from dpsql.policy.exposure import hides, visible_columns
 from dpsql.policy.files import FileIdentity, FileSet, identify
 
 __all__ = ["DuckDBEngine"]
@@ -190,6 +190,8 @@ class DuckDBEngine:
     def _shown(self, policy: Policy, name: str, source: str, database: bool = False) -> str:
         """The select list of a table's view: ``*``, or its declared columns only (a column the
         policy does not name is hidden: dpsql.policy.exposure)."""
+        if not hides(policy, name, database):
+            return "*"  # no DESCRIBE: a Parquet footer is read only when columns may be hidden
         rows = self._con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
         shown = visible_columns(policy, name, [str(r[0]) for r in rows], database)
         if shown is not None:  # every column, for the owner's check at connect only
