@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dpsql.errors import DataChangedError, PolicyError
@@ -107,24 +107,26 @@ class FileSet:
         return tuple(f.table for f in self.files)
 
     def only(self, tables: Iterable[str]) -> FileSet:
-        """The files of ``tables`` (and the database file, which holds every other table)."""
-        wanted = {t.lower() for t in tables} | {DATABASE}
+        """The files of ``tables``, and the database file if one of them is none of the files'
+        (the database file holds every other table)."""
+        wanted = {t.lower() for t in tables}
+        if wanted - set(self.tables):
+            wanted.add(DATABASE)
         return FileSet(tuple(f for f in self.files if f.table in wanted))
 
     def with_schemas(self, catalog: Mapping[str, Mapping[str, str]]) -> FileSet:
         """The same files with the columns the engine read from each (``catalog``: table ->
-        column -> type); the database file's are those of the tables no file holds."""
+        column -> type): a table's file its table's; the database file those of every table
+        no file holds, as ``table.column``."""
         own = {f.table for f in self.files}
-        out = []
-        for f in self.files:
-            names = sorted(t for t in catalog if t not in own) if f.table == DATABASE else [f.table]
-            columns = tuple((f"{t}.{c}", ty) for t in names for c, ty in catalog.get(t, {}).items())
+
+        def columns(f: FileIdentity) -> tuple[tuple[str, str], ...]:
             if f.table != DATABASE:
-                columns = tuple((c.split(".", 1)[1], ty) for c, ty in columns)
-            out.append(
-                FileIdentity(f.table, f.path, f.device, f.inode, f.size, f.mtime_ns, columns)
-            )
-        return FileSet(tuple(out))
+                return tuple(catalog.get(f.table, {}).items())
+            held = sorted(t for t in catalog if t not in own)
+            return tuple((f"{t}.{c}", ty) for t in held for c, ty in catalog[t].items())
+
+        return FileSet(tuple(replace(f, schema=columns(f)) for f in self.files))
 
     def verify(self) -> None:
         """Each file is still the one bound, unchanged; else ``DataChangedError`` naming the
