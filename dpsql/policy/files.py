@@ -13,8 +13,10 @@ written in place) since the session bound it is refused with ``DataChangedError`
 charged, naming the table. The owner declares a new ``dataset.data_version`` with new files,
 and a new connection binds them. The check is one ``stat`` per file (the tuple that make,
 git's index and Python's import cache also take for "unchanged"); a rewrite in place that keeps
-the size and puts the modification time back is not seen by it, and is then what it always
-was: an engine failure after the charge if the query cannot run on it.
+the size and puts the modification time back is not seen by it, nor, where the engine could not
+link the bound file (``dpsql.engine.duckdb.snapshots``, whose link keeps its inode from being
+freed), a new file of the same size and modification time given the freed inode; either is
+then what it always was: an engine failure after the charge if the query cannot run on it.
 
 ``regular_file`` refuses what is not a regular file (a FIFO would make the engine wait forever
 for a writer; a directory, a device such as ``/dev/zero``) before anything opens it.
