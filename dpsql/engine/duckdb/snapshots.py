@@ -48,9 +48,16 @@ def _folder() -> Path | None:
         folder.mkdir(mode=0o700, exist_ok=True)
     except OSError:
         return None
-    atexit.register(shutil.rmtree, folder, True)
+    atexit.register(_remove_folder, folder, os.getpid())
     _FOLDER[:] = [folder]
     return folder
+
+
+def _remove_folder(folder: Path, owner: int) -> None:
+    # At exit, by the process that made it only: a child forked from it (which inherits its
+    # exit handlers) must not remove the links its parent's views still read.
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def snapshot(identity: FileIdentity) -> Path | None:
