@@ -15,6 +15,7 @@ a column, an SQL node, a policy field), never a value taken from the data.
     │   ├── BoundsError            a contribution or value bound is missing or unusable
     │   └── ParameterError         a privacy parameter or bound parameter is invalid
     ├── PolicyError                the policy file is invalid
+    │   └── DataChangedError       a data file changed since the session bound it; not charged
     ├── InputError                 a file or stream to read is unreadable, too large or not UTF-8
     ├── OutputError                a result, report or chart file cannot be written
     ├── BudgetExceededError        the query would take the budget over its cap; nothing is charged
@@ -81,6 +82,12 @@ class PolicyError(DpsqlError):
     """The policy is invalid; the message names the field."""
 
 
+class DataChangedError(PolicyError):
+    """A data file the query reads is no longer the one the session bound (another file, or
+    the same one written to) while the policy declares the same ``data_version``. Raised
+    before the charge: nothing is charged. The message names the table, never a value."""
+
+
 class InputError(DpsqlError):
     """A file or stream dpsql was told to read cannot be used: it cannot be read, is larger
     than its limit, or is not UTF-8 text. The message names the file, never its content."""
@@ -132,6 +139,7 @@ class InternalError(DpsqlError):
 __all__ = [
     "BoundsError",
     "BudgetExceededError",
+    "DataChangedError",
     "DpsqlError",
     "EngineError",
     "EntropyError",

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.engine.spark.engine import SparkEngine
 from dpsql.policy import Policy
+from dpsql.policy.files import FileSet
 
 __all__ = ["Engine", "open_engine"]
 
@@ -24,10 +25,17 @@ class Engine(Protocol):
 
     name: str
     salt: int  # the secret of the keyed hash that picks a unit's groups and rows
+    # The data files as the engine bound them (dpsql.policy.files): checked before each charge.
+    files: FileSet
 
     @property
     def catalog(self) -> Mapping[str, Mapping[str, str]]:
         """table -> column -> type, in DuckDB's type names (the analysis reads them)."""
+
+    @property
+    def file_catalog(self) -> Mapping[str, Mapping[str, str]]:
+        """``catalog`` with the columns the policy hides (``dpsql.policy.exposure``): for the
+        owner's check of the policy at connect only, never a query."""
 
     @property
     def collations(self) -> Mapping[tuple[str, str], str]:

@@ -6,8 +6,10 @@ read as ``Decimal`` so that ``0.01`` is exactly 1/100 (``Fraction(0.01)`` is sli
 and a budget check on it would be off by one query in a hundred).
 
 Its parts: ``dpsql.policy.numbers`` (exact numbers and their limits), ``dpsql.policy.spec``
-(the pydantic models), ``dpsql.policy.load`` (reading and validating a policy) and
-``dpsql.policy.schema`` (the check against the data's schema); this module re-exports them.
+(the pydantic models), ``dpsql.policy.load`` (reading and validating a policy),
+``dpsql.policy.schema`` (the check against the data's schema), ``dpsql.policy.files`` (the data
+files' identities, checked before each charge) and ``dpsql.policy.exposure`` (which columns a
+table shows); this module re-exports the first four's names.
 """
 
 from __future__ import annotations

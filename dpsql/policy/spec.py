@@ -332,6 +332,8 @@ class TableSpec(_Frozen):
     # touch disjoint units and compose in parallel. Enforced, not trusted: each unit keeps the
     # rows of one value, chosen by keyed hash, in every query that relies on it.
     constant_per_unit: tuple[str, ...] = ()
+    # Show columns the policy does not name (None: a DuckDB file's no, a file's yes; not hashed).
+    expose_undeclared: bool | None = Field(default=None, exclude=True)
 
     @field_validator("columns")
     @classmethod

@@ -5,9 +5,12 @@ their plans were made from public facts alone (``dpsql.session.planning``):
 
 * **lookup**: a released answer that serves the plan is post-processing: recorded as a
   re-serve, never charged (``serve``);
-* **check and charge**: ``charge`` is the only call of the budget's check-and-charge outside
-  ``dpsql.accounting``. The filter decides and the ledger records in one transaction, before
-  the engine runs: a crash after it loses budget, never privacy. Before the charge, the event
+* **check and charge**: the files the request reads are first checked to be the ones the
+  session bound (``FileSet.verify``: a file replaced without a new data version is refused,
+  nothing charged, rather than charged and then failed in the engine); ``charge`` is the
+  only call of the budget's check-and-charge outside ``dpsql.accounting``. The filter
+  decides and the ledger records in one transaction, before the engine runs: a crash after it
+  loses budget, never privacy. Before the charge, the event
   is read back as the ledger will keep it (``composite_to_json`` and back), and it must give the
   loss that was planned; after it, the charge must hold that very event: a mismatch is a dpsql
   bug (Tumult Analytics' internal check), and nothing runs;
@@ -36,6 +39,7 @@ from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
 from dpsql.mechanisms.events import Composite
 from dpsql.noise.measure import Noisy, measure, measure_diagnosis
 from dpsql.plan.plans import Plan
+from dpsql.policy.files import FileSet
 from dpsql.policy.numbers import decimal_text
 from dpsql.release.diagnosis import diagnose
 from dpsql.release.post import Release, publish
@@ -80,6 +84,8 @@ class Request(Generic[M, P]):
     event: Composite
     query: str
     details: Mapping[str, object]
+    # The files it reads, fixed when it was planned; None: every file the engine bound.
+    files: FileSet | None = None
 
     def lookup(self, pipeline: Pipeline) -> P | None:
         """A released answer that serves this request (post-processing, recorded as a
@@ -115,7 +121,7 @@ class Pipeline:
         served = request.lookup(self)
         if served is not None:
             return served
-        charge = self.charge(request.event, request.query, request.details)
+        charge = self.charge(request.event, request.query, request.details, request.files)
         log.info(
             "charged query %s: epsilon=%s delta=%s analyst=%s", digest(request.query),
             decimal_text(request.event.epsilon), decimal_text(request.event.delta), self.analyst,
@@ -128,11 +134,12 @@ class Pipeline:
         query: str,
         details: Mapping[str, object],
         steps: Iterable[Callable[[Charge | None], P]],
+        files: FileSet | None = None,
     ) -> Iterator[P]:
         """A workload: one charge for every measurement of its steps (``event``; None when
         nothing is charged), committed before any engine work, then each step in order with
         it. Nothing runs when the charge is refused."""
-        charge = None if event is None else self.charge(event, query, details)
+        charge = None if event is None else self.charge(event, query, details, files)
         for step in steps:
             yield step(charge)
 
@@ -151,9 +158,21 @@ class Pipeline:
         self.budget.store.append("reserve", payload, self.analyst, synced=False)
 
     # -- the one charge -------------------------------------------------------------------------
-    def charge(self, event: Composite, query: str, details: Mapping[str, object]) -> Charge:
+    def charge(
+        self,
+        event: Composite,
+        query: str,
+        details: Mapping[str, object],
+        files: FileSet | None = None,
+    ) -> Charge:
         """Check and charge ``event`` in one ledger transaction (``BudgetExceededError``:
-        nothing recorded); the loss the ledger keeps must be the loss planned (see above)."""
+        nothing recorded); the loss the ledger keeps must be the loss planned (see above).
+        First, the files the query reads (``files``; None: every file the engine bound) must
+        be those the session bound (``DataChangedError``, nothing charged)."""
+        # A file replaced under an open session (a column dropped, a truncated file) would fail
+        # the engine after the charge: a refresh would cost budget for no answer. Refused here,
+        # from the files' identities alone (never a row), before anything is recorded.
+        (self.engine.files if files is None else files).verify()
         kept = composite_from_json(composite_to_json(event))
         if kept != event or (kept.epsilon, kept.delta) != (event.epsilon, event.delta):
             raise InternalError("the ledger would keep another loss than the planned one")
@@ -203,8 +222,9 @@ class QueryRequest(Request[Noisy, Result]):
         fresh: bool = False,
         shared: bool = True,
         bare: tuple[Plan, Callable[[], cache.Keys]] | None = None,
+        files: FileSet | None = None,
     ) -> None:
-        self.plan, self.keys, self.details = plan, keys, details
+        self.plan, self.keys, self.details, self.files = plan, keys, details, files
         self.event, self.query = plan.event, plan.query
         self.fresh, self.shared = fresh, shared
         # The plan without the diagnosis the policy's default gave it, and how to key it: what

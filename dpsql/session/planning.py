@@ -24,6 +24,7 @@ from dpsql.plan.planner import plan_query
 from dpsql.plan.plans import Plan
 from dpsql.plan.targets import solve
 from dpsql.policy import Policy
+from dpsql.policy.files import FileSet
 from dpsql.release.post import check_post_processing
 from dpsql.session.effective import Settings
 from dpsql.session.probes import Probes
@@ -32,7 +33,7 @@ from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.validate import validate
 
-__all__ = ["check_soon", "prepare"]
+__all__ = ["check_soon", "files_read", "prepare"]
 
 # The unit types a sample's PRF reads as one text per unit (dpsql.analyze.sample).
 _SAMPLED_UNITS = frozenset(
@@ -122,6 +123,15 @@ def check_sample(
             f"a unit-level sample needs a privacy unit of integer or plain text type, not "
             f"{kind or 'unknown'}{' with a collation' if collated else ''}"
         )
+
+
+def files_read(engine: Engine, plan: Plan) -> FileSet:
+    """The files the plan's bounded SQL (and its diagnosis) reads, as the engine bound them:
+    those of the relation's tables and of a public table a key's domain comes from (a subquery
+    outside FROM is refused). Fixed here, checked before the charge (``Pipeline.charge``)."""
+    a = plan.analysis
+    domains = (key.domain_table[0] for key in a.keys if key.domain_table is not None)
+    return engine.files.only({a.table, *a.tables, *domains})
 
 
 def check_soon(engine: Engine, plan: Plan, soon: bool) -> Callable[[], None]:

@@ -14,6 +14,7 @@ from fractions import Fraction
 
 from dpsql.cache import keys as cache
 from dpsql.plan.plans import Plan
+from dpsql.policy.files import FileSet
 
 # Values a plan key may hold: with their type name, they identify the input exactly.
 _KEYABLE = (type(None), bool, int, float, str, Fraction)
@@ -30,6 +31,8 @@ class Planned:
     keys: cache.Keys
     details: Mapping[str, object]
     verbose: bool = False  # EXPLAIN VERBOSE: every exact figure and the bounded SQL
+    # The files the plan reads as the session bound them, checked before each charge.
+    files: FileSet | None = None
 
 
 def _keyable(values: Sequence[object] | Mapping[str, object] | None) -> tuple[object, ...] | None:

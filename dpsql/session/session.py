@@ -84,7 +84,7 @@ class Session:
         # unit's own rows), secrecy only stops prediction.
         self.engine = open_engine(self.policy, int(store.identity["salt"]), memory_limit)
         try:
-            check_against_schema(self.policy, self.engine.catalog)
+            check_against_schema(self.policy, self.engine.file_catalog)
             # The accountant's name is checked against the registry here: a refused policy
             # leaves no engine open.
             self._filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
@@ -218,6 +218,10 @@ class Session:
             return None
         explain = isinstance(statement, Explain)
         plan = self._prepare(statement.select, params, options, statement.options)
+        # Fixed now, checked before each charge; checked here too, so that a file replaced
+        # since the session bound it is named as such, not as a query the engine cannot type.
+        files = planning.files_read(self.engine, plan)
+        files.verify()
         checked = planning.check_soon(self.engine, plan, soon)
         # Keyed on the estimates the plan was made with (_prepare reads the ledger again).
         key = self.plan_key(sql, params, options, current=False)
@@ -226,7 +230,7 @@ class Session:
             checked()
             keys = cache.keys(plan, self.policy, self.policy_version())
             verbose = isinstance(statement, Explain) and statement.verbose
-            done = Planned(explain, plan, keys, self.details(plan), verbose)
+            done = Planned(explain, plan, keys, self.details(plan), verbose, files)
             if key is not None:
                 self._plans.keep(key, done)
             return done
@@ -319,7 +323,7 @@ class Session:
         keys = partial(cache.keys, bare, self.policy, self.policy_version())
         request = QueryRequest(
             plan, planned.keys, planned.details, fresh=settings.fresh, shared=settings.share,
-            bare=None if bare is plan else (bare, keys),
+            bare=None if bare is plan else (bare, keys), files=planned.files,
         )  # fmt: skip
         result = self.pipeline.release(request)
         return result if extra is None else _with_accuracy(result, extra)

@@ -102,6 +102,7 @@ class Ledger(CatchUp):
         self._version = -1  # PRAGMA data_version after this Ledger's last read or commit
         self._checked = 0  # records verified by the last full recheck
         self._failed: str | None = None  # why the history stopped verifying, once it has
+        self._size = 0  # the file's size at the last check of its tail on disk
         try:
             self.identity = self._open()  # verifies the whole chain against the anchor
         except LedgerError:
@@ -297,6 +298,7 @@ class Ledger(CatchUp):
         """
         body = canonical(dict(payload))
         with self._lock, _file_lock(self.path):
+            self._check_size(self.path)  # before anything opens the file to write
             try:
                 con = self._connection()
                 if not synced:  # SQLite, WAL mode: NORMAL commits are durable at the next sync
@@ -308,12 +310,7 @@ class Ledger(CatchUp):
                     f"the ledger {self.path} cannot be opened for writing; nothing was released"
                 ) from None
             try:
-                # Under the write lock: every record committed by any process is read and
-                # verified before the decision (``_catch_up``: the tail always, the whole
-                # history on its schedule), then checked against the anchor.
-                self._catch_up(con)
-                anchor = _read_anchor(self.anchor)
-                self._check(self._cache, anchor)
+                anchor = self._caught_up(con)  # every record verified before the decision
                 if decide is not None:
                     decide(self._cache)
                 base, tail = self._tail_before(anchor)
@@ -360,6 +357,18 @@ class Ledger(CatchUp):
             self._rows.append((seq, when, kind, analyst, body, prev, digest))
             self._anchor_after(record, base, heads if lazy else None, synced=synced)
             return record
+
+    def _caught_up(self, con: sqlite3.Connection) -> dict[str, Any]:
+        """Under the write lock, before a record is added: every record committed by any
+        process read and verified (``_catch_up``: the tail always, the whole history on its
+        schedule), checked against the anchor, and the tail on disk, not only as this
+        connection has it cached (a ledger truncated under an open session fails closed at
+        its next record); the anchor read."""
+        self._catch_up(con)
+        anchor = _read_anchor(self.anchor)
+        self._check(self._cache, anchor)
+        self._check_disk(self.path)
+        return anchor
 
     def _anchor_after(
         self, record: Record, base: int, tail: list[str] | None, *, synced: bool

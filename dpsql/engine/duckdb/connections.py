@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 
 from dpsql.engine.duckdb.views import _string
+from dpsql.policy.files import DATABASE, FileIdentity, identify
 
 
 def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> None:
@@ -37,25 +38,31 @@ def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> Non
 # path, and its locked configuration with it. Each engine takes its own cursor on it, and the
 # instance is closed with the last engine that uses it, so the file is released (the owner can
 # then open it read-write in the same process).
+# The instance keeps the identity of the file it opened (DuckDB reads that file, even after
+# the path names another): an engine that shares it binds that identity, not the path's now.
 _DatabaseKey = tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]]
-_DATABASES: dict[_DatabaseKey, tuple[duckdb.DuckDBPyConnection, int]] = {}
+_DATABASES: dict[_DatabaseKey, tuple[duckdb.DuckDBPyConnection, int, FileIdentity]] = {}
 _DATABASES_LOCK = threading.Lock()
 
 
 def _shared_database(
     path: Path, config: Mapping[str, str | bool | int | float | list[str]],
     files: Mapping[str, Path],
-) -> tuple[_DatabaseKey, duckdb.DuckDBPyConnection]:  # fmt: skip
+) -> tuple[_DatabaseKey, duckdb.DuckDBPyConnection, FileIdentity]:  # fmt: skip
     settings = tuple(sorted((k, str(v)) for k, v in config.items()))
     key = (str(path), settings, tuple(sorted(map(str, files.values()))))
     with _DATABASES_LOCK:
-        base, users = _DATABASES.get(key, (None, 0))
-        if base is None:
+        entry = _DATABASES.get(key)
+        if entry is None:
+            identity = identify(DATABASE, path)  # a regular file, before DuckDB opens it
             base = duckdb.connect(str(path), read_only=True, config=dict(config))
             _lock_down(base, files)
+            users = 0
+        else:
+            base, users, identity = entry
         cursor = base.cursor()
-        _DATABASES[key] = (base, users + 1)
-        return key, cursor
+        _DATABASES[key] = (base, users + 1, identity)
+        return key, cursor, identity
 
 
 _WORKER = "dpsql-check"
@@ -97,11 +104,12 @@ def _release(
     if key is None:
         return
     with _DATABASES_LOCK:
-        base, users = _DATABASES.get(key, (None, 0))
-        if base is None:
+        entry = _DATABASES.get(key)
+        if entry is None:
             return
+        base, users, identity = entry
         if users > 1:
-            _DATABASES[key] = (base, users - 1)
+            _DATABASES[key] = (base, users - 1, identity)
             return
         del _DATABASES[key]
     with contextlib.suppress(duckdb.Error):

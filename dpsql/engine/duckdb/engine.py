@@ -22,6 +22,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -40,9 +41,12 @@ from dpsql.engine.duckdb.connections import (
     _shared_database,
     _spill_directory,
 )
+from dpsql.engine.duckdb.snapshots import remove, snapshot
 from dpsql.engine.duckdb.views import _check_declared_types, _csv_view, _quote, _string
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
+from dpsql.policy.exposure import hides, visible_columns
+from dpsql.policy.files import FileIdentity, FileSet, identify
 
 __all__ = ["DuckDBEngine"]
 
@@ -54,6 +58,17 @@ def _allocation_failed(exc: BaseException) -> bool:
     """Whether a DuckDB error reports a failed allocation rather than the query's fault."""
     text = str(exc).lower()
     return "bad_alloc" in text or "out of memory" in text or "failed to allocate" in text
+
+
+def _close(
+    key: _DatabaseKey | None,
+    connections: Sequence[duckdb.DuckDBPyConnection],
+    checkers: list[_Checker],
+    links: list[Path],
+) -> None:
+    """Release the connections (``_release``), then the snapshot links their views read."""
+    _release(key, connections, checkers)
+    remove(links)
 
 
 class DuckDBEngine:
@@ -102,6 +117,9 @@ class DuckDBEngine:
             config["threads"] = spec.threads
         _check_declared_types(policy)
         self._shared: _DatabaseKey | None = None  # a database file this process shares
+        self._bound: list[FileIdentity] = []  # the files bound, as they were (none: a shadow)
+        self._file_columns: dict[str, dict[str, str]] = {}  # tables with columns hidden: all
+        self._links: list[Path] = []  # the snapshot links the views read, removed at close
         self._views: list[str] = []  # the statements that made the tables' views
         try:
             if schemas is None:
@@ -116,7 +134,9 @@ class DuckDBEngine:
                 names = set(schemas)
             self.catalog = self._read_catalog()
             self.collations = self._read_collations(names)
+            self.files = FileSet.of(self._bound).with_schemas(self.catalog)
         except (duckdb.Error, PolicyError) as exc:
+            remove(self._links)
             if hasattr(self, "_con"):
                 _release(self._shared, [self._con], [])
             if isinstance(exc, PolicyError):
@@ -129,7 +149,7 @@ class DuckDBEngine:
         self._domains: dict[str, list[tuple[Any, ...]]] = {}
         self._checkers: list[_Checker] = []  # at most one, made by the first check_soon
         self._closed = weakref.finalize(
-            self, _release, self._shared, [self._con, self._scratch], self._checkers
+            self, _close, self._shared, [self._con, self._scratch], self._checkers, self._links
         )
 
     def _open_files(
@@ -138,33 +158,85 @@ class DuckDBEngine:
         """``self._con`` over the policy's files (a shared database file, Parquet and CSV views),
         locked down; the names of the files' views."""
         files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
-        for name, path in files.items():
-            if not path.exists():
-                raise PolicyError(f"data.tables.{name} does not exist: {path}")
+        # Each file's identity before it is read (a regular file, or a PolicyError: a FIFO
+        # would hang the reader); checked again before each charge (dpsql.policy.files).
+        bound = [identify(name, path) for name, path in files.items()]
         if policy.data.database is not None:
+            # Its instance reads the file it opened whatever the path names later; the files
+            # beside it are read by their paths (the instance's allowed paths are shared).
             path = policy.resolve(policy.data.database)
-            if not path.exists():
-                raise PolicyError(f"data.database does not exist: {path}")
-            self._shared, self._con = _shared_database(path, config, files)
+            self._shared, self._con, database = _shared_database(path, config, files)
+            bound.append(database)
         else:
+            # Each file read through a link to the very file bound (dpsql.engine.duckdb.snapshots)
+            for identity in bound:
+                link = snapshot(identity)
+                if link is not None:
+                    self._links.append(link)
+                    files[identity.table] = link
             self._con = duckdb.connect(":memory:", config=config)
             _lock_down(self._con, files)
         for name, path in files.items():
             if path.suffix.lower() == ".parquet":
-                view = f"SELECT * FROM read_parquet({_string(str(path))})"
+                reader = f"read_parquet({_string(str(path))})"
+                view = f"SELECT {self._shown(policy, name, reader)} FROM {reader}"
             else:
                 view = _csv_view(policy, name, path)
             self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
             self._con.execute(self._views[-1])
-        return set(files)
+        self._bound = bound
+        return set(files) | self._hide_in_database(policy, set(files))
+
+    def _shown(self, policy: Policy, name: str, source: str, database: bool = False) -> str:
+        """The select list of a table's view: ``*``, or its declared columns only (a column the
+        policy does not name is hidden: dpsql.policy.exposure)."""
+        if not hides(policy, name, database):
+            return "*"  # no DESCRIBE: a Parquet footer is read only when columns may be hidden
+        rows = self._con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
+        shown = visible_columns(policy, name, [str(r[0]) for r in rows], database)
+        if shown is not None:  # every column, for the owner's check at connect only
+            self._file_columns[name] = {str(r[0]).lower(): str(r[1]) for r in rows}
+        return "*" if shown is None else ", ".join(map(_quote, shown)) or "NULL AS _none"
+
+    def _hide_in_database(self, policy: Policy, files: set[str]) -> set[str]:
+        """Each table of the database file that the policy declares and that holds a column it
+        does not: a view of the same name over the declared columns (a temporary view comes
+        first in DuckDB's search path). The names of those views."""
+        tables = self._con.execute(
+            "SELECT database_name, schema_name, table_name FROM duckdb_tables() WHERE NOT temporary"
+        ).fetchall()
+        wrapped: set[str] = set()
+        for database, schema, table in tables:
+            name = str(table).lower()
+            if name in files or name not in policy.tables or name in wrapped:
+                continue
+            source = ".".join(_quote(str(part)) for part in (database, schema, table))
+            shown = self._shown(policy, name, source, database=True)
+            if shown != "*":
+                self._views.append(
+                    f"CREATE TEMP VIEW {_quote(name)} AS SELECT {shown} FROM {source}"
+                )
+                self._con.execute(self._views[-1])
+                wrapped.add(name)
+        return wrapped
+
+    @property
+    def file_catalog(self) -> Mapping[str, Mapping[str, str]]:
+        """``catalog`` with the columns it hides (dpsql.policy.exposure): what the files hold,
+        for the owner's check of the policy at connect (a typo's suggestion), never a query."""
+        return {**self.catalog, **self._file_columns}
 
     def _read_catalog(self) -> Mapping[str, Mapping[str, str]]:
         rows = self._con.execute(
-            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+            "SELECT table_catalog, table_name, column_name, data_type "
+            "FROM information_schema.columns"
         ).fetchall()
+        # A temporary view hides a database table of its name (its declared columns only).
+        views = {str(t).lower() for c, t, _, _ in rows if c == "temp"}
         catalog: dict[str, dict[str, str]] = {}
-        for table, column, dtype in rows:
-            catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
+        for where, table, column, dtype in rows:
+            if where == "temp" or str(table).lower() not in views:
+                catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
         return catalog
 
     def _read_collations(self, files: set[str]) -> dict[tuple[str, str], str]:

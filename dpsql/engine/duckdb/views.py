@@ -25,6 +25,7 @@ from dpsql.engine.csv_text import (
 )
 from dpsql.errors import PolicyError
 from dpsql.policy import Policy
+from dpsql.policy.exposure import visible_columns
 
 
 def _quote(name: str) -> str:
@@ -110,7 +111,10 @@ def _csv_view(policy: Policy, name: str, path: Path) -> str:
     where = " AND ".join(line_conditions("duckdb", "line", line))
     fields = split_fields("duckdb", "line", policy.data.csv_delimiter)
     items = []
+    shown = visible_columns(policy, name, names)  # undeclared columns hidden (policy.exposure)
     for i, n in enumerate(names, start=1):
+        if shown is not None and n not in shown:
+            continue
         value = value_sql("duckdb", field_sql("duckdb", "_csv._fields", i), kinds.get(n.lower()))
         items.append(f"{value} AS {_quote(n)}")
     return (

@@ -61,6 +61,8 @@ from dpsql.engine.spark.lower import lower
 from dpsql.engine.spark.session import classic_session, connect_session, pin_settings
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
 from dpsql.policy import Policy
+from dpsql.policy.exposure import visible_columns
+from dpsql.policy.files import FileIdentity, FileSet, identify
 
 __all__ = ["SparkEngine", "duckdb_type"]
 
@@ -127,6 +129,8 @@ class SparkEngine:
         else:
             self._session = classic_session(policy.engine).newSession()
         schemas: dict[str, list[tuple[str, str]]] = {}
+        self._bound: list[FileIdentity] = []  # the files bound, as they were
+        self._file_columns: dict[str, dict[str, str]] = {}  # tables with columns hidden: all
         try:
             for name, value in policy.engine.conf.items():
                 with contextlib.suppress(Exception):  # a static setting keeps Spark's value
@@ -140,7 +144,8 @@ class SparkEngine:
             for name, identifier in policy.data.catalog.items():
                 # A catalog table has the schema the catalog stores for it.
                 frames[name] = self._session.table(_quoted(identifier))
-            for name, frame in frames.items():
+            for name, read in frames.items():
+                frame = self._hide(policy, name, read)
                 frame.createOrReplaceTempView(name)
                 self._views.append(name)
                 schemas[name] = [
@@ -156,11 +161,24 @@ class SparkEngine:
             cause = type(exc).__name__
             raise PolicyError(f"cannot open the policy's data in Spark ({cause})") from None
         self._shadow = DuckDBEngine(policy, salt, schemas=schemas)
+        self.files = FileSet.of(self._bound).with_schemas(self._shadow.catalog)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsql-spark-check")
 
+    def _hide(self, policy: Policy, name: str, frame: Any) -> Any:
+        """The table's frame over the columns the policy declares, unless it shows every one
+        (``dpsql.policy.exposure``: as DuckDB's views)."""
+        shown = visible_columns(policy, name, frame.columns)
+        if shown is None:
+            return frame
+        self._file_columns[name] = {
+            f.name.lower(): duckdb_type(f.dataType.simpleString()) or "?"
+            for f in frame.schema.fields
+        }
+        return frame.select(*["`" + c.replace("`", "``") + "`" for c in shown])
+
     def _read(self, policy: Policy, name: str, path: Path) -> Any:
-        if not path.exists():
-            raise PolicyError(f"data.tables.{name} does not exist: {path}")
+        # A regular file (or a PolicyError), whose identity each charge checks again.
+        self._bound.append(identify(name, path))
         reader = self._session.read
         if path.suffix.lower() == ".parquet":
             return reader.parquet(str(path))  # the types stored in the file's footer
@@ -194,6 +212,10 @@ class SparkEngine:
     @property
     def catalog(self) -> Mapping[str, Mapping[str, str]]:
         return self._shadow.catalog
+
+    @property
+    def file_catalog(self) -> Mapping[str, Mapping[str, str]]:
+        return {**self._shadow.catalog, **self._file_columns}
 
     @property
     def collations(self) -> Mapping[tuple[str, str], str]:

@@ -11,7 +11,8 @@ Each dpsql leaf has a class that is both the PEP 249 class and the dpsql class, 
         │   ├── BudgetExceededError    (budget cap reached; nothing charged)
         │   ├── EngineFailure          (engine failed after the charge)
         │   ├── EntropyFailure         (no secure randomness; fails closed)
-        │   └── LedgerFailure
+        │   ├── LedgerFailure
+        │   └── DataChanged            (a data file replaced without a new data version)
         ├── ProgrammingError
         │   ├── QuerySyntaxError       (ParseError)
         │   ├── UnknownObjectError     (SchemaError)
@@ -42,6 +43,7 @@ from dpsql import errors
 
 __all__ = [
     "BudgetExceededError",
+    "DataChanged",
     "DataError",
     "DatabaseError",
     "DpsqlInternalError",
@@ -161,6 +163,10 @@ class PolicyFailure(InterfaceError, errors.PolicyError):
     pass
 
 
+class DataChanged(OperationalError, errors.DataChangedError):
+    pass
+
+
 class InputFailure(InterfaceError, errors.InputError):
     pass
 
@@ -182,6 +188,7 @@ _MAPPING: tuple[tuple[type[errors.DpsqlError], type[Error]], ...] = (
     (errors.NotSupportedOnEngineError, UnsupportedOnEngine),
     (errors.UndeclaredMechanismError, UndeclaredMechanism),
     (errors.UnsupportedQueryError, UnsupportedQuery),
+    (errors.DataChangedError, DataChanged),
     (errors.PolicyError, PolicyFailure),
     (errors.InputError, InputFailure),
     (errors.OutputError, OutputFailure),

@@ -34,6 +34,8 @@ _ERROR_CODES: tuple[tuple[type[errors.DpsqlError], str], ...] = (
     (errors.BoundsError, "22023"),  # invalid_parameter_value
     (errors.ParameterError, "22023"),
     (errors.BudgetExceededError, BUDGET_EXHAUSTED),
+    # object_not_in_prerequisite_state: a data file changed without a new data version
+    (errors.DataChangedError, "55000"),
     (errors.PolicyError, "F0000"),  # config_file_error
     (errors.LedgerError, "58000"),  # system_error
     (errors.EntropyError, "58000"),
