@@ -216,6 +216,12 @@ class Backend:
         show = SHOW.match(text)
         if show:
             name = show.group(1).lower()
+            if name == "all":  # the public constants only: never a path of the server machine
+                return Answer(
+                    (("name", 25, -1), ("setting", 25, -1), ("description", 25, -1)),
+                    [[k.encode(), v.encode(), b""] for k, v in settings.items() if k != "database"],
+                    f"SHOW {len(settings) - 1}",
+                )
             if name in OWNER_ONLY:
                 return self._owner_only(name)
             if name in settings:

@@ -105,6 +105,7 @@ def public_settings(user: str, database: str) -> dict[str, str]:
     """Settings clients read on connect or probe with SHOW: fixed, public values."""
     return {
         "server_version": SERVER_VERSION,
+        "server_version_num": "150000",
         "server_encoding": "UTF8",
         "client_encoding": "UTF8",
         "datestyle": "ISO, MDY",
@@ -117,6 +118,9 @@ def public_settings(user: str, database: str) -> dict[str, str]:
         "session_authorization": user,
         "application_name": "",
         "search_path": "main",
+        "max_identifier_length": "63",
+        "max_index_keys": "32",
+        "default_table_access_method": "heap",
         "database": database,
     }
 
