@@ -63,6 +63,11 @@ CREATE TEMP MACRO dpsql_quote_ident(x) AS CASE
 _QUOTE_LITERAL = """
 CREATE TEMP MACRO dpsql_quote_literal(x) AS '''' || replace(x, '''', '''''') || ''''
 """
+# information_schema._pg_expandarray(a) (the JDBC driver's key and index columns): each element
+# of a with its 1-based position, as (x, n); the rewrite unnests it.
+_EXPAND_ARRAY = """
+CREATE TEMP MACRO dpsql_expandarray(a) AS list_transform(a, lambda x, i: {'x': x, 'n': i})
+"""
 _FORMAT_TYPE = """
 CREATE TEMP MACRO dpsql_format_type(t, m) AS CASE t
     WHEN 16 THEN 'boolean' WHEN 17 THEN 'bytea' WHEN 20 THEN 'bigint' WHEN 21 THEN 'smallint'
@@ -99,6 +104,7 @@ class Catalog:
         self._con.execute(_FORMAT_TYPE)
         self._con.execute(_QUOTE_IDENT)
         self._con.execute(_QUOTE_LITERAL)
+        self._con.execute(_EXPAND_ARRAY)
         self._con.execute("SET lock_configuration = true")
 
     def answer(

@@ -132,7 +132,10 @@ CATALOG_FUNCTIONS: Mapping[str, str] = {
     **{name: f"{_PSQL}, {_SA}, {_JDBC}" for name in ("format_type",)},
     **{name: f"{_PSQL}, {_MB}" for name in ("col_description",)},
     **{name: f"{_JDBC}, {_MB}" for name in ("trim",)},
-    **{name: _MB for name in ("format", "lower")},
+    **{name: _MB for name in ("format",)},
+    # the JDBC driver's primary keys and index columns, Metabase's indexes: unnest with positions
+    **{name: f"{_JDBC}, {_MB}" for name in ("_pg_expandarray",)},
+    **{name: f"{_PSQL}, {_MB}" for name in ("lower",)},  # psql: its tab completion
     **{name: f"{_JDBC}, {_MB}, {_SA}" for name in ("pg_get_indexdef",)},
     **{name: f"{_PSQL}, {_SA}, {_JDBC}, {_MB}" for name in ("case", "cast", "if", "pg_get_expr")},
     **{name: _SIZES for name in (

@@ -223,6 +223,9 @@ def _rewrite(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
                 return capped(format_call(node), name)
             if name == "current_setting":
                 return setting_call(node, settings)
+            if name == "_pg_expandarray":  # a row per element of an array the query names
+                expanded = exp.Anonymous(this="dpsql_expandarray", expressions=node.expressions)
+                return exp.Anonymous(this="unnest", expressions=[expanded])
             if name in _BOUNDED:
                 return capped(node, name)
             if name in constants:
