@@ -49,6 +49,7 @@ COMBINED = [
     ("SELECT version() AS v, current_setting('server_version')", (VERSION, SERVER_VERSION)),
     ("SELECT current_user, session_user, current_database()", ("alice", "alice", "visits")),
     ("select pg_catalog.version(), current_catalog", (VERSION, "visits")),
+    ("SELECT session_user, user", ("alice", "alice")),
 ]
 
 
