@@ -82,6 +82,29 @@ def _listen(value: str) -> tuple[str, int]:
     help="Longest statement text (a whole query message); longer ones are refused before "
     "parsing, free of charge (SQLSTATE 54000).",
 )  # fmt: skip
+@click.option(
+    "--max-prepared", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,
+    help="Named prepared statements one connection may hold; more are refused (SQLSTATE 53400) "
+    "until it closes or DEALLOCATEs some.",
+)  # fmt: skip
+@click.option(
+    "--max-portals", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
+    help="Named portals one connection may hold; more are refused (SQLSTATE 53400).",
+)  # fmt: skip
+@click.option(
+    "--max-state-bytes", type=click.IntRange(1 << 20, 1 << 40), default=32 << 20,
+    show_default=True,
+    help="Bytes of statement text and parameters one connection's prepared statements and "
+    "portals may hold together (SQLSTATE 53400 past it).",
+)  # fmt: skip
+@click.option(
+    "--max-settings", type=click.IntRange(1, 100_000), default=64, show_default=True,
+    help="Distinct settings one connection may SET; a new one past it is refused (53400).",
+)  # fmt: skip
+@click.option(
+    "--max-setting-value", type=click.IntRange(1, 1 << 20), default=4096, show_default=True,
+    help="Characters of one SET value; a longer one is refused (SQLSTATE 53400).",
+)  # fmt: skip
 @pass_config
 def serve_command(  # noqa: PLR0917 - click passes every option
     config: Config,
@@ -98,6 +121,11 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     statement_timeout: float,
     memory_limit: str,
     max_statement_bytes: int,
+    max_prepared: int,
+    max_portals: int,
+    max_state_bytes: int,
+    max_settings: int,
+    max_setting_value: int,
 ) -> None:
     """Serve the policy's data over the PostgreSQL wire protocol until SIGTERM.
 
@@ -126,6 +154,11 @@ def serve_command(  # noqa: PLR0917 - click passes every option
             statement_timeout=statement_timeout,
             memory_limit=memory_limit,
             max_statement=max_statement_bytes,
+            max_prepared=max_prepared,
+            max_portals=max_portals,
+            max_state_bytes=max_state_bytes,
+            max_settings=max_settings,
+            max_setting_value=max_setting_value,
         ),
     )
     DpsqlServer(server_config)  # fail fast (policy, ledger, users file, TLS) before listening

@@ -25,18 +25,23 @@ from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.catalog_rewrite import catalog_sql
+from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.logs import limited
 from dpsql.interfaces.pgwire.statements import (
     CLIENT_SET,
+    DEALLOCATE,
     HEALTH_CHECK,
     ISOLATION,
     OWNER_ONLY,
     PROBE,
+    RESET,
     SAVEPOINT,
     SERVER_VERSION,
+    SET_VALUE,
     SHOW,
     TRANSACTION,
     Answer,
+    ConnectionLimitExceeded,
     InFailedTransaction,
     InsufficientPrivilege,
     engine_failure,
@@ -81,6 +86,10 @@ class Backend:
     results: dict[str, Answer] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # portal -> rows already sent
     catalog: Catalog | None = None  # the synthetic catalog, made at the first catalog query
+    limits: Limits = field(default_factory=Limits)
+    # bytes held per prepared statement ("S", name) and portal ("P", name), and the names SET
+    held: dict[tuple[str, str], int] = field(default_factory=dict)
+    set_names: set[str] = field(default_factory=set)
 
     def interrupt_catalog(self) -> None:
         """Stop a running catalog query (the statement timeout, a cancel request)."""
@@ -129,6 +138,8 @@ class Backend:
             code, message = "42501", str(exc)
         elif isinstance(exc, InFailedTransaction):
             code, message = "25P02", str(exc)
+        elif isinstance(exc, ConnectionLimitExceeded):
+            code, message = "53400", str(exc)
         elif isinstance(exc, errors.DpsqlError):
             code, message = sqlstate(exc), str(exc)
         elif isinstance(exc, pg.ParameterValueError):
@@ -200,6 +211,10 @@ class Backend:
                 return Answer(None, [], "BEGIN")
             self.status = "I"
             return Answer(None, [], "ROLLBACK" if word in ("ROLLBACK", "ABORT") else "COMMIT")
+        deallocate = DEALLOCATE.match(text)
+        if deallocate:
+            return self._deallocate(deallocate.group(1))
+        self._count_setting(text)
         client_set = CLIENT_SET.match(text)
         if client_set:
             if client_set.group(3).lower() in ("role", "session_authorization", "authorization"):
@@ -218,6 +233,12 @@ class Backend:
         show = SHOW.match(text)
         if show:
             name = show.group(1).lower()
+            if name == "all":  # the public constants only: never a path of the server machine
+                return Answer(
+                    (("name", 25, -1), ("setting", 25, -1), ("description", 25, -1)),
+                    [[k.encode(), v.encode(), b""] for k, v in settings.items() if k != "database"],
+                    f"SHOW {len(settings) - 1}",
+                )
             if name in OWNER_ONLY:
                 return self._owner_only(name)
             if name in settings:
@@ -279,7 +300,9 @@ class Backend:
     def _extended_wire(self, kind: bytes, body: bytes) -> bytes:
         if kind == b"P":
             name, query, oids = pg.parse_parse(body)
+            self._make_room("S", name, len(body), self.limits.max_prepared)
             self.statements[name] = (query, oids)
+            self.held["S", name] = len(body)
             return pg.parse_complete()
         if kind == b"B":
             return self._bind(body)
@@ -302,6 +325,7 @@ class Backend:
             else:
                 self.portals.pop(name, None)
                 self.results.pop(name, None)
+            self.held.pop((which, name), None)
             return pg.close_complete()
         raise pg.ProtocolError(f"unexpected message type {kind!r}")
 
@@ -318,10 +342,67 @@ class Backend:
             )
             for i, v in enumerate(values)
         ]
+        self._make_room("P", portal, len(body), self.limits.max_portals)
         self.portals[portal] = (query, params)
+        self.held["P", portal] = len(body)
         self.results.pop(portal, None)
         self.sent.pop(portal, None)
         return pg.bind_complete()
+
+    def _make_room(self, which: str, name: str, size: int, cap: int) -> None:
+        """Refuse a new prepared statement or portal past its cap (an unnamed one replaces
+        the last, and a name given again replaces its own): what a worker holds for one
+        connection stays bounded however many the client makes (53400, nothing else changes)."""
+        kind = "prepared statements" if which == "S" else "portals"
+        count = sum(1 for w, n in self.held if w == which and n)
+        if name and (which, name) not in self.held and count >= cap:
+            raise ConnectionLimitExceeded(
+                f"too many {kind} on this connection (at most {cap}); close or DEALLOCATE some"
+            )
+        held = sum(self.held.values()) - self.held.get((which, name), 0) + size
+        if held > self.limits.max_state_bytes:
+            raise ConnectionLimitExceeded(
+                "the prepared statements and portals of this connection would hold more than "
+                f"{self.limits.max_state_bytes} bytes; close or DEALLOCATE some"
+            )
+
+    def _deallocate(self, name: str) -> Answer:
+        if name.upper() == "ALL":
+            self.statements.clear()
+            self.held = {k: v for k, v in self.held.items() if k[0] != "S"}
+            return Answer(None, [], "DEALLOCATE ALL")
+        if name.startswith('"'):
+            name = name[1:-1].replace('""', '"')
+        if name not in self.statements:
+            raise errors.ParameterError(f"prepared statement {name!r} does not exist")
+        del self.statements[name]
+        self.held.pop(("S", name), None)
+        return Answer(None, [], "DEALLOCATE")
+
+    def _count_setting(self, text: str) -> None:
+        """Hold the SET names and values of one connection under their caps (53400)."""
+        reset = RESET.match(text)
+        if reset:
+            name = reset.group(1).lower()
+            if name == "all":
+                self.set_names.clear()
+            else:
+                self.set_names.discard(name)
+            return
+        assigned = SET_VALUE.match(text)
+        if assigned is None:
+            return
+        name, value = assigned.group(1).lower(), assigned.group(2).strip().rstrip(";").strip()
+        if len(value) > self.limits.max_setting_value:
+            raise ConnectionLimitExceeded(
+                f"the value SET for {name} is longer than {self.limits.max_setting_value} "
+                "characters"
+            )
+        if name not in self.set_names and len(self.set_names) >= self.limits.max_settings:
+            raise ConnectionLimitExceeded(
+                f"too many settings SET on this connection (at most {self.limits.max_settings})"
+            )
+        self.set_names.add(name)
 
     def _describe_statement(self, name: str) -> bytes:
         if name not in self.statements:

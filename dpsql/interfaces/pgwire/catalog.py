@@ -59,6 +59,15 @@ CREATE TEMP MACRO dpsql_quote_ident(x) AS CASE
     WHEN regexp_full_match(x, '[a-z_][a-z0-9_$]*') THEN x
     ELSE '"' || replace(x, '"', '""') || '"' END
 """
+# PostgreSQL's quote_literal (format's %L): a text in single quotes, NULL stays NULL.
+_QUOTE_LITERAL = """
+CREATE TEMP MACRO dpsql_quote_literal(x) AS '''' || replace(x, '''', '''''') || ''''
+"""
+# information_schema._pg_expandarray(a) (the JDBC driver's key and index columns): each element
+# of a with its 1-based position, as (x, n); the rewrite unnests it.
+_EXPAND_ARRAY = """
+CREATE TEMP MACRO dpsql_expandarray(a) AS list_transform(a, lambda x, i: {'x': x, 'n': i})
+"""
 _FORMAT_TYPE = """
 CREATE TEMP MACRO dpsql_format_type(t, m) AS CASE t
     WHEN 16 THEN 'boolean' WHEN 17 THEN 'bytea' WHEN 20 THEN 'bigint' WHEN 21 THEN 'smallint'
@@ -94,6 +103,8 @@ class Catalog:
             self._con.execute(f"CREATE TABLE main.{_quote(table)} ({body})")
         self._con.execute(_FORMAT_TYPE)
         self._con.execute(_QUOTE_IDENT)
+        self._con.execute(_QUOTE_LITERAL)
+        self._con.execute(_EXPAND_ARRAY)
         self._con.execute("SET lock_configuration = true")
 
     def answer(

@@ -83,7 +83,7 @@ _DUCKDB_RELATIONS = frozenset(
     {
         "pg_am", "pg_attrdef", "pg_attribute", "pg_class", "pg_constraint",
         "pg_depend", "pg_description", "pg_enum", "pg_indexes",
-        "pg_namespace", "pg_proc", "pg_sequence", "pg_sequences", "pg_settings", "pg_tables",
+        "pg_namespace", "pg_proc", "pg_sequence", "pg_sequences", "pg_tables",
         "pg_tablespace", "pg_type", "pg_views",
     }
 )  # fmt: skip
@@ -98,43 +98,73 @@ _INFORMATION_SCHEMA = frozenset(
         "referential_constraints", "constraint_column_usage", "character_sets",
     }
 )  # fmt: skip
-# Catalog functions (DuckDB's pg_catalog macros, less pg_sleep and the connection's addresses)
-# and plain scalar functions, by the lower-case name sqlglot gives them.
-_FUNCTIONS = frozenset(
-    {
-        # catalog
-        "col_description", "current_database", "current_schema", "current_schemas",
-        "format_pg_type", "format_type", "has_any_column_privilege", "has_column_privilege",
-        "has_database_privilege", "has_function_privilege", "has_schema_privilege",
-        "has_sequence_privilege", "has_table_privilege", "has_tablespace_privilege",
-        "obj_description", "pg_collation_is_visible", "pg_function_is_visible",
-        "pg_get_constraintdef", "pg_get_expr", "pg_get_viewdef", "pg_has_role",
-        "pg_is_other_temp_schema", "pg_my_temp_schema", "pg_table_is_visible",
-        "pg_type_is_visible", "pg_typeof", "shobj_description", "version", "pg_get_userbyid",
-        "pg_get_indexdef", "pg_get_serial_sequence", "pg_encoding_to_char", "pg_size_pretty",
+# The allow-list of functions a catalog query may call, by the lower-case SQL name (sqlglot's typed
+# nodes by their SQL name), each with the recorded client sessions that call it
+# (tests/interfaces/fixtures/catalog_sessions/: psql, SQLAlchemy and pandas over psycopg, the
+# JDBC driver of DBeaver and Metabase, Metabase's own sync). A catalog query is free, so nothing
+# here may make an answer larger than the catalog it reads: no row generator with bounds of the
+# query's choosing (generate_series is checked, ``catalog_bounds``), no width amplifier (repeat,
+# lpad, md5 ...); the aggregates and string builders clients need are capped by the rewrite.
+_PSQL, _SA, _JDBC, _MB = "psql", "sqlalchemy", "jdbc", "metabase"
+_SIZES = "answered 0: psql's \\d+ and BI tools' size probes"
+_SCALAR = "plain scalar or aggregate, output no larger than its input"
+CATALOG_FUNCTIONS: Mapping[str, str] = {
+    **{name: _PSQL for name in (
+        "pg_encoding_to_char", "pg_function_is_visible", "pg_get_function_arguments",
+        "pg_get_statisticsobjdef_columns", "pg_get_userbyid", "pg_relation_is_publishable",
+        "current_user", "array_to_string", "string_agg",
+        # psql's tab completion (tab-complete.c): quote_ident over names, substring to match
+        "quote_ident", "substring",
+    )},
+    **{name: f"{_PSQL}, {_SA}" for name in ("array", "pg_table_is_visible", "unnest", "version")},
+    **{name: _SA for name in (
+        "array_agg", "current_schema", "generate_subscripts", "json_build_object",
+        "logical_and", "pg_collation_is_visible", "pg_get_constraintdef",
+        "pg_get_serial_sequence", "to_regtype", "current_setting",
+    )},
+    **{name: _JDBC for name in (
+        "current_catalog", "current_database", "current_schemas", "nullif", "obj_description",
+        "replace", "row_number",
+    )},
+    **{name: f"{_PSQL}, {_JDBC}" for name in (
+        "array_upper", "pg_get_function_result", "generate_series",
+    )},
+    **{name: f"{_PSQL}, {_SA}, {_JDBC}" for name in ("format_type",)},
+    **{name: f"{_PSQL}, {_MB}" for name in ("col_description",)},
+    **{name: f"{_JDBC}, {_MB}" for name in ("trim",)},
+    **{name: _MB for name in ("format",)},
+    # the JDBC driver's primary keys and index columns, Metabase's indexes: unnest with positions
+    **{name: f"{_JDBC}, {_MB}" for name in ("_pg_expandarray",)},
+    **{name: f"{_PSQL}, {_MB}" for name in ("lower",)},  # psql: its tab completion
+    **{name: f"{_JDBC}, {_MB}, {_SA}" for name in ("pg_get_indexdef",)},
+    **{name: f"{_PSQL}, {_SA}, {_JDBC}, {_MB}" for name in ("case", "cast", "if", "pg_get_expr")},
+    **{name: _SIZES for name in (
         "pg_relation_size", "pg_total_relation_size", "pg_table_size", "pg_indexes_size",
-        "pg_database_size", "pg_get_partkeydef", "pg_get_statisticsobjdef_columns",
-        "pg_backend_pid", "quote_ident", "current_user", "session_user", "user",
-        "to_regtype", "to_regclass", "pg_relation_is_publishable", "pg_conversion_is_visible",
+        "pg_database_size", "pg_size_pretty",
+    )},
+    **{name: _SCALAR for name in (
+        "coalesce", "upper", "length", "char_length", "ltrim", "rtrim", "left", "right",
+        "position", "strpos", "split_part", "starts_with", "array_length", "array_lower",
+        "cardinality", "count", "min", "max", "sum", "avg", "abs", "round", "greatest", "least",
+        "bool_and", "bool_or", "logical_or", "rank", "try_cast", "any", "all", "any_value",
+        "now", "current_timestamp", "current_date", "session_user", "user", "to_regclass",
+        "pg_typeof", "pg_backend_pid", "regexp_matches", "array_position", "contains",
+        "array_contains", "list_contains", "concat", "concat_ws", "ifnull",
+    )},
+    # catalog predicates and lookups: a boolean, a name or NULL (DuckDB's pg_catalog macros)
+    **{name: "catalog lookup, constant-size output" for name in (
+        "has_any_column_privilege", "has_column_privilege", "has_database_privilege",
+        "has_function_privilege", "has_schema_privilege", "has_sequence_privilege",
+        "has_table_privilege", "has_tablespace_privilege", "pg_has_role",
+        "pg_is_other_temp_schema", "pg_my_temp_schema", "pg_type_is_visible",
+        "shobj_description", "pg_get_viewdef", "pg_get_partkeydef", "pg_get_triggerdef",
+        "pg_get_ruledef", "pg_get_function_identity_arguments", "pg_conversion_is_visible",
         "pg_operator_is_visible", "pg_opfamily_is_visible", "pg_opclass_is_visible",
         "pg_ts_config_is_visible", "pg_ts_dict_is_visible", "pg_ts_parser_is_visible",
-        "pg_ts_template_is_visible", "pg_tablespace_location", "pg_get_function_result",
-        "pg_get_function_arguments", "pg_get_triggerdef", "pg_get_ruledef",
-        "pg_get_function_identity_arguments", "json_build_object", "json_agg", "json_object",
-        # scalar and aggregate
-        "lower", "upper", "coalesce", "nullif", "concat", "concat_ws", "substring", "substr",
-        "length", "char_length", "trim", "ltrim", "rtrim", "replace", "left", "right",
-        "position", "strpos", "split_part", "string_agg", "array_agg", "array_to_string",
-        "array_length", "array_upper", "array_lower", "cardinality", "unnest",
-        "generate_subscripts", "generate_series", "count", "min", "max", "sum", "avg", "abs",
-        "round", "greatest", "least", "regexp_replace", "regexp_matches", "starts_with",
-        "to_char", "now", "current_timestamp", "current_date", "bool_and", "bool_or",
-        "row_number", "rank", "any_value", "first", "last", "cast", "try_cast", "if",
-        "array", "list", "list_value", "contains", "array_contains", "list_contains",
-        "string_to_array", "md5", "ifnull", "nvl", "isnull", "case", "any", "all",
-        "extract", "date_trunc", "to_timestamp", "array_position", "logical_and", "logical_or",
-    }
-)  # fmt: skip
+        "pg_ts_template_is_visible", "pg_tablespace_location", "format_pg_type",
+    )},
+}  # fmt: skip
+_FUNCTIONS = frozenset(CATALOG_FUNCTIONS)
 # Definitions of objects the catalog never has (its tables have no defaults, constraints,
 # indexes, partitions or sequences, and there are no views): NULL text.
 _NO_DEFINITIONS = frozenset(
@@ -165,6 +195,13 @@ _DATABASE = (
     "true AS datallowconn, false AS datistemplate, CAST(NULL AS VARCHAR[]) AS datacl, "
     "0 AS dattablespace"
 )
+# PostgreSQL's pg_settings columns, one row per public setting of the server (never DuckDB's own
+# settings: their temp_directory, home_directory and extension paths name the server machine).
+SETTINGS_COLUMNS = (
+    "name", "setting", "unit", "category", "short_desc", "extra_desc", "context", "vartype",
+    "source", "min_val", "max_val", "enumvals", "boot_val", "reset_val", "sourcefile",
+    "sourceline", "pending_restart",
+)  # fmt: skip
 _CONSTANT_RELATIONS: Mapping[str, str] = {
     "pg_stat_user_tables": _STAT_TABLES,
     "pg_stat_all_tables": _STAT_TABLES,

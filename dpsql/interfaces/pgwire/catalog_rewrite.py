@@ -22,6 +22,12 @@ from sqlglot.errors import ParseError as GlotParseError
 from sqlglot.errors import TokenError
 
 from dpsql import errors
+from dpsql.interfaces.pgwire.catalog_bounds import (
+    capped,
+    check_series,
+    format_call,
+    setting_call,
+)
 from dpsql.interfaces.pgwire.catalog_objects import (
     _AUGMENTED,
     _CONSTANT_RELATIONS,
@@ -33,6 +39,7 @@ from dpsql.interfaces.pgwire.catalog_objects import (
     _NO_DEFINITIONS,
     _SET_FUNCTIONS,
     CATALOG_SCHEMAS,
+    SETTINGS_COLUMNS,
 )
 from dpsql.sql.parse import MAX_QUERY_LENGTH
 
@@ -46,7 +53,8 @@ _NODE_NAMES: Mapping[type[exp.Expression], str] = {
     exp.Cast: "cast", exp.TryCast: "try_cast", exp.Array: "array", exp.Coalesce: "coalesce",
     exp.Nullif: "nullif", exp.RegexpILike: "regexp_matches", exp.StrPosition: "position",
     exp.Case: "case", exp.ExplodingGenerateSeries: "generate_series",
-    exp.GenerateSeries: "generate_series",
+    exp.GenerateSeries: "generate_series", exp.CurrentVersion: "version",
+    exp.CurrentCatalog: "current_catalog", exp.MD5: "md5", exp.Repeat: "repeat",
 }  # fmt: skip
 _OPERATORS: Mapping[str, Callable[[exp.Expression, exp.Expression], exp.Expression]] = {
     "~": lambda a, b: exp.RegexpLike(this=a, expression=b),
@@ -58,6 +66,10 @@ _OPERATORS: Mapping[str, Callable[[exp.Expression, exp.Expression], exp.Expressi
     "=": lambda a, b: exp.EQ(this=a, expression=b),
     "<>": lambda a, b: exp.NEQ(this=a, expression=b),
 }
+
+
+_BOUNDED = frozenset({"string_agg", "array_to_string", "replace", "concat", "concat_ws",
+                      "array_agg", "array"})  # fmt: skip
 
 
 class NotCatalog(Exception):  # noqa: N818 - control flow: the statement is not a catalog one
@@ -73,7 +85,10 @@ def catalog_sql(text: str, settings: Mapping[str, str]) -> tuple[str, list[int]]
     if len(text) > MAX_QUERY_LENGTH:
         return None  # the pipeline refuses it unparsed, whatever it names
     lowered = text.lower()
-    if not any(word in lowered for word in ("pg_", "information_schema", "version", "current_")):
+    if not any(
+        word in lowered
+        for word in ("pg_", "information_schema", "version", "current_", "session_user")
+    ):
         return None  # cheap: an ordinary query never parses twice
     try:
         tree = sqlglot.parse_one(text, read="postgres")
@@ -119,29 +134,42 @@ def _classify(tree: exp.Expr) -> None:
             catalog = True
             continue
         raise NotCatalog
-    for node in tree.find_all(exp.Func):
-        if isinstance(node, exp.Binary | exp.Unary | exp.Connector | exp.Predicate):
-            continue  # an operator (AND, COLLATE, ~, EXISTS): sqlglot types some as functions
-        name = _function_name(node)
-        if name.startswith("pg_") or name in ("version", "current_database", "format_type"):
-            catalog = True
-        if name not in _FUNCTIONS:
-            if catalog or name.startswith("pg_"):
-                raise errors.UnsupportedQueryError(
-                    f"the catalog function {name} is not available from dpsql serve"
-                )
-            raise NotCatalog
+    calls = [
+        (node, _function_name(node))
+        for node in tree.find_all(exp.Func)
+        if not isinstance(node, exp.Binary | exp.Unary | exp.Connector | exp.Predicate)
+    ]  # an operator (AND, COLLATE, ~, EXISTS): sqlglot types some as functions
+    catalog = catalog or any(
+        name.startswith("pg_") or name in _CATALOG_MARKERS for _, name in calls
+    )
     for column in tree.find_all(exp.Column):  # current_user, current_schema written bare
         if not column.table and column.name.lower() in ("current_user", "session_user", "user"):
             catalog = True
     if not catalog:
         raise NotCatalog
+    for node, name in calls:
+        # A catalog query is free: a function off the allow-list could make its answer as large
+        # as the analyst likes (generate_series, repeat, md5 of many rows). Named, never a value.
+        if name not in _FUNCTIONS:
+            written = node.sql(dialect="postgres").split("(")[0].split(".")[-1].strip('"')
+            raise errors.UnsupportedQueryError(
+                f"the function {written.lower() or name} is not allowed in a catalog query of "
+                "dpsql serve"
+            )
+        if name == "generate_series":
+            check_series(node, _function_name)
+
+
+_CATALOG_MARKERS = frozenset({"version", "current_database", "current_catalog", "format_type",
+                              "current_setting"})  # fmt: skip
 
 
 def _function_name(node: exp.Func) -> str:
     """The lower-case SQL name of a function node (sqlglot's typed nodes by their SQL name)."""
     if isinstance(node, exp.Anonymous):
         return str(node.name).lower()
+    if isinstance(node, exp.Pad):
+        return "lpad" if node.args.get("is_left") else "rpad"
     for cls, name in _NODE_NAMES.items():
         if isinstance(node, cls):
             return name
@@ -168,6 +196,7 @@ def _rewrite(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
     constants: dict[str, str] = {
         "version": f"PostgreSQL {settings['server_version']}",
         "current_database": settings["database"],
+        "current_catalog": settings["database"],
         "current_user": user,
         "session_user": user,
         "user": user,
@@ -193,6 +222,15 @@ def _rewrite(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
             return _cast(node)
         if isinstance(node, exp.Func):
             name = _function_name(node)
+            if name == "format":
+                return capped(format_call(node), name)
+            if name == "current_setting":
+                return setting_call(node, settings)
+            if name == "_pg_expandarray":  # a row per element of an array the query names
+                expanded = exp.Anonymous(this="dpsql_expandarray", expressions=node.expressions)
+                return exp.Anonymous(this="unnest", expressions=[expanded])
+            if name in _BOUNDED:
+                return capped(node, name)
             if name in constants:
                 return exp.Literal.string(constants[name])
             if name in ("pg_relation_size", "pg_total_relation_size", "pg_table_size",
@@ -251,7 +289,7 @@ def _rewrite(tree: exp.Expr, settings: Mapping[str, str]) -> exp.Expr:
             node.set("db", None)
             node.set("catalog", None)
         if isinstance(node, exp.Table):
-            return _table(node, settings["database"], user)
+            return _table(node, settings)
         return node
 
     fixed: exp.Expr = _bottom_up(tree, fix)
@@ -312,7 +350,26 @@ def _literal(text: str) -> str:
     return exp.Literal.string(text).sql(dialect="duckdb")
 
 
-def _table(node: exp.Table, database: str, user: str) -> exp.Expression:
+def _settings(settings: Mapping[str, str]) -> str:
+    """pg_settings as constant rows of the server's public settings (SHOW's)."""
+    rows = []
+    for key, value in settings.items():
+        if key == "database":
+            continue  # not a PostgreSQL setting: the connection's dbname, kept for SHOW
+        values = [_literal(key), _literal(value)] + ["CAST(NULL AS VARCHAR)"] * (
+            len(SETTINGS_COLUMNS) - 2
+        )
+        rows.append("(" + ", ".join(values) + ")")
+    body = ", ".join(rows)
+    columns = ", ".join(SETTINGS_COLUMNS)
+    return (
+        "SELECT * REPLACE (CAST(sourceline AS INTEGER) AS sourceline, "
+        f"CAST(pending_restart AS BOOLEAN) AS pending_restart) FROM (VALUES {body}) AS s({columns})"
+    )
+
+
+def _table(node: exp.Table, settings: Mapping[str, str]) -> exp.Expression:
+    database, user = settings["database"], settings["session_authorization"]
     if isinstance(node.this, exp.Func):  # pg_catalog.unnest(...) in FROM
         node.set("db", None)
         return node
@@ -328,6 +385,8 @@ def _table(node: exp.Table, database: str, user: str) -> exp.Expression:
         return node
     if name == "pg_database":  # the one database the client connected to
         text = _DATABASE.replace("{name}", _literal(database))
+    elif name == "pg_settings":
+        text = _settings(settings)
     elif name in _DUCKDB_RELATIONS and name not in _AUGMENTED:
         return exp.table_(name, db="pg_catalog", alias=alias.name if alias else None)
     elif name in _AUGMENTED:

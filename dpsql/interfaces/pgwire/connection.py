@@ -223,6 +223,7 @@ class Connection:
             database=self.database,
             memory_limit=config.limits.memory_limit,
             settings=settings,
+            limits=config.limits,
             log_level=logging.getLogger("dpsql").getEffectiveLevel(),
         )
         spawner = self.server.spawner

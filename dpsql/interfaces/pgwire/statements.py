@@ -54,6 +54,8 @@ def sqlstate(exc: errors.DpsqlError) -> str:
         return "25P02"  # in_failed_sql_transaction
     if isinstance(exc, InsufficientPrivilege):
         return "42501"  # insufficient_privilege
+    if isinstance(exc, ConnectionLimitExceeded):
+        return "53400"  # configuration_limit_exceeded
     return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
 
 
@@ -66,6 +68,12 @@ def engine_failure() -> tuple[str, str]:
 
 class InFailedTransaction(errors.DpsqlError):
     """A statement after an error inside BEGIN ... (SQLSTATE 25P02) until ROLLBACK."""
+
+
+class ConnectionLimitExceeded(errors.DpsqlError):
+    """A prepared statement, portal or SET value past its per-connection cap (SQLSTATE 53400,
+    configuration_limit_exceeded: a limit the operator configures, that the client can make room
+    under by freeing what it holds)."""
 
 
 class InsufficientPrivilege(errors.DpsqlError):
@@ -89,6 +97,15 @@ SAVEPOINT = re.compile(
     re.IGNORECASE,
 )
 CLIENT_SET = re.compile(r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(?!dpsql\.)([\w.]+)", re.I)
+# SET name = value, SET name TO value (the value as written, for its length).
+SET_VALUE = re.compile(
+    r"^\s*+SET\s++(?:SESSION\s++|LOCAL\s++)?+([\w.]++)\s*+(?:=|\bTO\b)(.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
+RESET = re.compile(r"^\s*+RESET\s++([\w.]++)\s*+(?:;\s*+)?$", re.IGNORECASE)
+DEALLOCATE = re.compile(
+    r'^\s*+DEALLOCATE\s++(?:PREPARE\s++)?+("(?:[^"]|"")*+"|\w++)\s*+(?:;\s*+)?$', re.IGNORECASE
+)
 SHOW = re.compile(r"^\s*+SHOW\s++([\w.]++)\s*+(?:;\s*+)?$", re.IGNORECASE)
 ISOLATION = re.compile(
     r"^\s*+SHOW\s++TRANSACTION\s++ISOLATION\s++LEVEL\s*+(?:;\s*+)?$", re.IGNORECASE
@@ -107,6 +124,7 @@ def public_settings(user: str, database: str) -> dict[str, str]:
     """Settings clients read on connect or probe with SHOW: fixed, public values."""
     return {
         "server_version": SERVER_VERSION,
+        "server_version_num": "150000",
         "server_encoding": "UTF8",
         "client_encoding": "UTF8",
         "datestyle": "ISO, MDY",
@@ -119,6 +137,9 @@ def public_settings(user: str, database: str) -> dict[str, str]:
         "session_authorization": user,
         "application_name": "",
         "search_path": "main",
+        "max_identifier_length": "63",
+        "max_index_keys": "32",
+        "default_table_access_method": "heap",
         "database": database,
     }
 

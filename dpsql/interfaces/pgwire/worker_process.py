@@ -20,11 +20,12 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.backend import Backend
+from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.logs import LOG_FORMAT, configure_logging
 from dpsql.interfaces.pgwire.statements import sqlstate
 from dpsql.policy import Policy
@@ -51,6 +52,7 @@ class WorkerSetup:
     # ``dpsql.*`` settings of the startup packet's ``options`` (``-c dpsql.name=value``), set
     # after the policy's ``[server]`` ones, as if the client's first statements SET them.
     settings: tuple[tuple[str, str], ...] = ()
+    limits: Limits = field(default_factory=Limits)  # the caps on the connection's state
 
 
 def startup_settings(options: str) -> tuple[tuple[str, str], ...]:
@@ -124,7 +126,10 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
     try:
         cutter = _Cutter(session)
         threading.Thread(target=cutter.listen, args=(control,), daemon=True).start()
-        backend = Backend(session, setup.user, setup.role, setup.database, cutter.interrupted)
+        backend = Backend(
+            session, setup.user, setup.role, setup.database, cutter.interrupted,
+            limits=setup.limits,
+        )  # fmt: skip
         cutter.also = backend.interrupt_catalog
         _send(data, ("ready",))
         while (request := _receive(data)) is not None:
