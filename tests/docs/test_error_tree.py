@@ -30,7 +30,11 @@ SERVER_DOC = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_t
 )
 # Conditions of the server: raised only while answering a wire-protocol statement, so they have
 # a SQLSTATE (and a row in the server's table) but never reach the DB-API or the command line.
-SERVER_ONLY = {statements.InFailedTransaction, statements.InsufficientPrivilege}
+SERVER_ONLY = {
+    statements.InFailedTransaction,
+    statements.InsufficientPrivilege,
+    statements.AnswerTooLarge,
+}
 
 
 def _tree() -> list[type[errors.DpsqlError]]:

@@ -82,6 +82,17 @@ def _listen(value: str) -> tuple[str, int]:
     help="Longest statement text (a whole query message); longer ones are refused before "
     "parsing, free of charge (SQLSTATE 54000).",
 )  # fmt: skip
+@click.option(
+    "--max-answer-bytes", type=click.IntRange(1024, 1 << 31), default=16 << 20,
+    show_default=True,
+    help="Largest answer (its rows as sent), counted while the rows are fetched; a larger one "
+    "is refused with SQLSTATE 54000 (a DP answer's charge stands, and the error says so).",
+)  # fmt: skip
+@click.option(
+    "--write-timeout", type=click.FloatRange(0.1, 86_400), default=30.0, show_default=True,
+    help="Seconds a client may leave the server's writes unread; then it is disconnected and "
+    "its worker stopped.",
+)  # fmt: skip
 @pass_config
 def serve_command(  # noqa: PLR0917 - click passes every option
     config: Config,
@@ -98,6 +109,8 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     statement_timeout: float,
     memory_limit: str,
     max_statement_bytes: int,
+    max_answer_bytes: int,
+    write_timeout: float,
 ) -> None:
     """Serve the policy's data over the PostgreSQL wire protocol until SIGTERM.
 
@@ -126,6 +139,8 @@ def serve_command(  # noqa: PLR0917 - click passes every option
             statement_timeout=statement_timeout,
             memory_limit=memory_limit,
             max_statement=max_statement_bytes,
+            max_answer=max_answer_bytes,
+            write_timeout=write_timeout,
         ),
     )
     DpsqlServer(server_config)  # fail fast (policy, ledger, users file, TLS) before listening

@@ -17,14 +17,17 @@ charge, whatever it was doing then.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.catalog_rewrite import catalog_sql
+from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.logs import limited
 from dpsql.interfaces.pgwire.statements import (
     CLIENT_SET,
@@ -37,6 +40,7 @@ from dpsql.interfaces.pgwire.statements import (
     SHOW,
     TRANSACTION,
     Answer,
+    AnswerRows,
     InFailedTransaction,
     InsufficientPrivilege,
     engine_failure,
@@ -81,6 +85,7 @@ class Backend:
     results: dict[str, Answer] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # portal -> rows already sent
     catalog: Catalog | None = None  # the synthetic catalog, made at the first catalog query
+    limits: Limits = field(default_factory=Limits)  # the answer cap and the frame size
 
     def interrupt_catalog(self) -> None:
         """Stop a running catalog query (the statement timeout, a cancel request)."""
@@ -99,7 +104,7 @@ class Backend:
             if kind == b"Q":
                 yield from self._simple(body)
             else:
-                yield self._extended(kind, body)
+                yield from self._extended(kind, body)
         except pg.ProtocolError as exc:  # malformed input: FATAL 08P01, then the loop closes
             message = pg.error_response("08P01", f"protocol violation: {exc}", severity="FATAL")
             yield Step(message, failed=True, fatal=True)
@@ -120,7 +125,7 @@ class Backend:
             except Exception as exc:  # every failure is answered; the first stops the rest
                 yield self._failure(exc)
                 return
-            yield Step(self._answer_wire(answer, describe=True))
+            yield from self._answer_steps(answer, describe=True)
 
     def _failure(self, exc: BaseException) -> Step:
         if self.interrupted():
@@ -143,26 +148,29 @@ class Backend:
         limited(log, logging.INFO, "statement failed with %s (%s)", code, type(exc).__name__)
         return Step(pg.error_response(code, message), failed=True)
 
-    def _answer_wire(
+    def _answer_steps(
         self, answer: Answer, describe: bool, limit: int = 0, portal: str | None = None
-    ) -> bytes:
-        messages: list[bytes] = []
+    ) -> Iterator[Step]:
+        """The answer's messages in steps of at most ``frame_bytes``: the loop takes the next
+        only once the client has read the last (a whole answer in one step held every byte of
+        it in the process that every connection shares)."""
+        head: list[bytes] = []
         start = self.sent.get(portal, 0) if portal is not None else 0
         if answer.notice and start == 0:  # once per answer, not once per page of a portal
-            messages.append(pg.notice_response(answer.notice))
+            head.append(pg.notice_response(answer.notice))
         if describe and answer.columns is not None:
-            messages.append(pg.row_description(answer.columns))
-        rows = answer.rows[start:]
-        if limit and len(rows) > limit:
-            messages.extend(pg.data_row(r) for r in rows[:limit])
+            head.append(pg.row_description(answer.columns))
+        end = len(answer.rows)
+        if limit and end - start > limit:
+            end = start + limit
             if portal is not None:
-                self.sent[portal] = start + limit
-            messages.append(pg.portal_suspended())
+                self.sent[portal] = end
+            tail = pg.portal_suspended()
         else:
-            messages.extend(pg.data_row(r) for r in rows)
-            messages.append(pg.command_complete(answer.tag) if answer.tag else
-                            pg.empty_query_response())  # fmt: skip
-        return b"".join(messages)
+            tail = pg.command_complete(answer.tag) if answer.tag else pg.empty_query_response()
+        rows = itertools.islice(answer.rows, start, end)
+        for chunk in pg.frames(itertools.chain(head, rows, (tail,)), self.limits.frame_bytes):
+            yield Step(chunk)
 
     # -- one statement ----------------------------------------------------------------------
     def _statement(self, sql: str, params: Sequence[object] | None) -> Answer:
@@ -208,25 +216,25 @@ class Backend:
                 )
             # A client setting (extra_float_digits, application_name, ...): accepted, ignored.
             return Answer(None, [], client_set.group(1).upper())
+        cap = self.limits.max_answer
         if HEALTH_CHECK.match(text):  # SELECT 1: no data involved; an integer, as PostgreSQL's
-            return Answer(
-                (("?column?", 23, 4),), [[text.split()[1].rstrip(";").encode()]], "SELECT 1"
-            )
+            one = pg.data_row([text.split()[1].rstrip(";").encode()])
+            return Answer((("?column?", 23, 4),), [one], "SELECT 1")
         settings = public_settings(self.user, self.database)
         if ISOLATION.match(text):  # SQLAlchemy asks on connect
-            return text_table("transaction_isolation", [settings["transaction_isolation"]])
+            return text_table("transaction_isolation", [settings["transaction_isolation"]], cap)
         show = SHOW.match(text)
         if show:
             name = show.group(1).lower()
             if name in OWNER_ONLY:
                 return self._owner_only(name)
             if name in settings:
-                return text_table(name, [settings[name]])
+                return text_table(name, [settings[name]], cap)
             if not name.startswith("dpsql."):
                 raise errors.UnsupportedQueryError(f"unrecognized configuration parameter {name}")
         probe = PROBE.match(text)
         if probe:
-            return _probe(probe.group(1).lower(), settings)
+            return _probe(probe.group(1).lower(), settings, cap)
         duck = catalog_sql(qmark_to_numbered(text) if params else text, settings)
         if duck is not None:  # reads catalog relations only: the empty schema answers it
             sql, used = duck
@@ -234,7 +242,7 @@ class Backend:
             if any(i >= len(values) for i in used):
                 raise errors.ParameterError("a $n parameter has no bound value")
             return self._catalog_answer(sql, [values[i] for i in used])
-        return to_answer(self.session.execute(text, params or None))
+        return to_answer(self.session.execute(text, params or None), cap)
 
     def _catalog_answer(self, sql: str, params: Sequence[object] | None) -> Answer:
         if self.catalog is None:
@@ -244,37 +252,51 @@ class Backend:
             self.catalog = Catalog(
                 {t: engine.catalog[t] for t in policy.tables if t in engine.catalog}
             )
-        columns, rows = self.catalog.answer(sql, params)
-        described = tuple((name, *pg.pg_type(dtype)) for name, dtype in columns)
-        oids = [oid for _, oid, _ in described]
-        encoded = [
-            [pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)] for row in rows
-        ]
-        return Answer(described, encoded, f"SELECT {len(encoded)}")
+        rows = AnswerRows(self.limits.max_answer)
+        described: list[tuple[str, int, int]] = []
+
+        def take(columns: Sequence[tuple[str, str]], batch: Sequence[tuple[Any, ...]]) -> None:
+            if not described:
+                described.extend((name, *pg.pg_type(dtype)) for name, dtype in columns)
+            oids = [oid for _, oid, _ in described]
+            for row in batch:  # counted as fetched: an answer over the cap stops being fetched
+                rows.add([pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)])
+
+        self.catalog.stream(sql, params, take)
+        return Answer(tuple(described), rows.rows, f"SELECT {len(rows.rows)}")
 
     def _owner_only(self, name: str) -> Answer:
+        cap = self.limits.max_answer
         if self.role != "owner":
             raise InsufficientPrivilege(f"SHOW {name} is reserved to the data owner")
         if name == "dpsql.ledger":
             store = self.session.filter.store
             verified = store.verify() if hasattr(store, "verify") else len(store.records())
-            return text_table(name, [f"ledger verified: {verified} record(s)"])
+            return text_table(name, [f"ledger verified: {verified} record(s)"], cap)
         from dpsql.interfaces.report.markdown import render_markdown  # noqa: PLC0415
         from dpsql.interfaces.report.report import build_report  # noqa: PLC0415
 
         report = build_report(self.session.policy, self.session.filter)
-        return text_table(name, render_markdown(report).splitlines())
+        return text_table(name, render_markdown(report).splitlines(), cap)
 
     # -- the extended protocol --------------------------------------------------------------
-    def _extended(self, kind: bytes, body: bytes) -> Step:
+    def _extended(self, kind: bytes, body: bytes) -> Iterator[Step]:
         try:
-            return Step(self._extended_wire(kind, body))
+            if kind == b"E":
+                portal, limit = pg.parse_execute(body)
+                answer = self._portal_answer(portal)
+                steps = self._answer_steps(answer, describe=False, limit=limit, portal=portal)
+            else:
+                steps = iter((Step(self._extended_wire(kind, body)),))
         except pg.ParameterValueError as exc:
-            return self._failure(exc)
+            yield self._failure(exc)
+            return
         except pg.ProtocolError:
             raise
         except Exception as exc:  # answered; the loop skips to the next Sync
-            return self._failure(exc)
+            yield self._failure(exc)
+            return
+        yield from steps
 
     def _extended_wire(self, kind: bytes, body: bytes) -> bytes:
         if kind == b"P":
@@ -291,10 +313,6 @@ class Backend:
             return pg.row_description(answer.columns) if answer.columns is not None else (
                 pg.no_data()
             )  # fmt: skip
-        if kind == b"E":
-            portal, limit = pg.parse_execute(body)
-            answer = self._portal_answer(portal)
-            return self._answer_wire(answer, describe=False, limit=limit, portal=portal)
         if kind == b"C":
             which, name = pg.parse_close(body)
             if which == "S":
@@ -349,7 +367,7 @@ class Backend:
         return answer
 
 
-def _probe(name: str, settings: Mapping[str, str]) -> Answer:
+def _probe(name: str, settings: Mapping[str, str], cap: int) -> Answer:
     values = {
         "version()": f"PostgreSQL {SERVER_VERSION}",
         "current_database()": settings["database"],
@@ -361,5 +379,5 @@ def _probe(name: str, settings: Mapping[str, str]) -> Answer:
         key = name[len("current_setting('") : -2]
         if key not in settings:
             raise errors.UnsupportedQueryError(f"unrecognized configuration parameter {key}")
-        return text_table("current_setting", [settings[key]])
-    return text_table(name.rstrip("()"), [values[name]])
+        return text_table("current_setting", [settings[key]], cap)
+    return text_table(name.rstrip("()"), [values[name]], cap)

@@ -38,6 +38,16 @@ class Limits:
     # seconds for a connection's worker to open its session and engine (a Spark one: a JVM's)
     open_timeout: float = 300.0
     memory_limit: str = "1GB"  # the DuckDB memory cap of each connection's engine
+    # -- answers: capped in size, streamed in bounded frames, dropped when unread -------------
+    # Bytes of one answer's DataRow messages, counted while its rows are fetched and encoded;
+    # past it the statement is refused with SQLSTATE 54000 (``statements.AnswerTooLarge``).
+    max_answer: int = 16 << 20
+    # Bytes of one frame from a worker to the event loop, and the high-water mark of each
+    # client's transport buffer: the loop holds a few frames of a connection, never an answer.
+    frame_bytes: int = 64 << 10
+    # Seconds the server waits for a client to read what it was sent; then the connection is
+    # dropped, its worker stopped and its buffers freed.
+    write_timeout: float = 30.0
 
 
 @dataclass

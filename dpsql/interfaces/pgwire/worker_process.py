@@ -20,11 +20,12 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
-from dpsql.interfaces.pgwire.backend import Backend
+from dpsql.interfaces.pgwire.backend import Backend, Step
+from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.logs import LOG_FORMAT, configure_logging
 from dpsql.interfaces.pgwire.statements import sqlstate
 from dpsql.policy import Policy
@@ -51,6 +52,7 @@ class WorkerSetup:
     # ``dpsql.*`` settings of the startup packet's ``options`` (``-c dpsql.name=value``), set
     # after the policy's ``[server]`` ones, as if the client's first statements SET them.
     settings: tuple[tuple[str, str], ...] = ()
+    limits: Limits = field(default_factory=Limits)  # the answer cap and the frame size
 
 
 def startup_settings(options: str) -> tuple[tuple[str, str], ...]:
@@ -124,7 +126,11 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
     try:
         cutter = _Cutter(session)
         threading.Thread(target=cutter.listen, args=(control,), daemon=True).start()
-        backend = Backend(session, setup.user, setup.role, setup.database, cutter.interrupted)
+        backend = Backend(
+            session, setup.user, setup.role, setup.database, cutter.interrupted,
+            limits=setup.limits,
+        )  # fmt: skip
+        size = setup.limits.frame_bytes
         cutter.also = backend.interrupt_catalog
         _send(data, ("ready",))
         while (request := _receive(data)) is not None:
@@ -132,7 +138,7 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
             cutter.begin(rid)
             try:
                 for step in backend.handle(kind, body, status):
-                    _send(data, (rid, step.wire, step.failed, step.fatal, backend.status, False))
+                    _send_step(data, rid, step, backend.status, size)
             except OSError:
                 raise
             except Exception as exc:
@@ -207,6 +213,16 @@ class _Cutter:
                 if self._cut and self._current is not None:
                     self._session.engine.interrupt()  # takes no lock: a running query holds it
                     self.also()  # the connection's catalog, if a catalog query runs
+
+
+def _send_step(sock: socket.socket, rid: int, step: Step, status: str, size: int) -> None:
+    """A step in frames of at most ``size`` wire bytes (cut if need be), the failed and fatal
+    flags with the last. The blocking send is the backpressure: the loop reads a frame only
+    once its client has read the ones before, so a worker whose client does not read stops."""
+    pieces = list(pg.frames((step.wire,), size)) or [b""]
+    for i, piece in enumerate(pieces, 1):
+        last = i == len(pieces)
+        _send(sock, (rid, piece, step.failed and last, step.fatal and last, status, False))
 
 
 def _send(sock: socket.socket, message: tuple[object, ...]) -> None:
