@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from server_fixtures import (
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.connection import Connection
-from dpsql.interfaces.pgwire.statements import AnswerRows, AnswerTooLarge
+from dpsql.interfaces.pgwire.statements import AnswerRows, AnswerTooLarge, engine_failure
 
 # About 450 bytes a row, and no catalog function called (only catalog relations are read).
 WIDE = "SELECT a.*, b.* FROM pg_catalog.pg_proc a, pg_catalog.pg_proc b LIMIT {}"
@@ -131,6 +132,61 @@ def test_an_answer_over_the_cap_is_refused_and_the_connection_stays(
     assert "ERROR:  the answer is over this server's limit of 65536 bytes" in out.stderr
     out = psql(served.port, "bob", f"{WIDE.format(1000)};\n{SMALL};\n", args=("-X", "-A", "-t"))
     assert out.stdout.split() == sorted(out.stdout.split()) != []
+
+
+def test_a_streamed_answer_over_the_cap_ends_with_the_error(serve: Callable[..., Served]) -> None:
+    """A simple query's catalog answer is sent as it is fetched: past the cap, the rows sent are
+    followed by the error (as PostgreSQL's errors after rows are), the statements after it do
+    not run, and the connection answers the next query."""
+    served = serve(max_answer=64 << 10, frame_bytes=4096)
+    sock = raw_login(served.port, "alice")
+    try:
+        sock.sendall(frame(b"Q", f"{WIDE.format(1000)}; {SMALL}".encode() + b"\0"))
+        seen: list[tuple[bytes, bytes]] = []
+        while not seen or seen[-1][0] != b"Z":
+            seen.append(read_backend(sock))
+        kinds = [kind for kind, _ in seen]
+        assert kinds[0] == b"T" and kinds[-2:] == [b"E", b"Z"] and b"C" not in kinds
+        assert 0 < kinds.count(b"D") < 1000
+        fields = error_fields(seen[-2][1])
+        assert fields["C"] == "54000" and "nothing was charged" in fields["M"]
+        sock.sendall(frame(b"Q", SMALL.encode() + b"\0"))
+        kinds = []
+        while not kinds or kinds[-1] != b"Z":
+            kinds.append(read_backend(sock)[0])
+        assert kinds[0] == b"T" and kinds[-2:] == [b"C", b"Z"] and b"E" not in kinds
+    finally:
+        sock.close()
+
+
+def test_a_cancel_cuts_a_streamed_answer(serve: Callable[..., Served]) -> None:
+    """A cancel request reaches the catalog's fetch of the next batch: the stream ends with
+    the error of a statement cut off, after the rows sent, and the connection goes on."""
+    served = serve(frame_bytes=4096, max_answer=64 << 20)
+    sock = raw_login(served.port, "alice")
+    try:
+        assert served.server.server is not None
+        ((pid, connection),) = served.server.server.connections.items()
+        sock.sendall(frame(b"Q", WIDE.format(20_000).encode() + b"\0"))
+        assert read_backend(sock)[0] == b"T"
+        assert read_backend(sock)[0] == b"D"
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as cancel:
+            cancel.sendall(struct.pack("!iiii", 16, 80877102, pid, connection.key))
+        seen: list[tuple[bytes, bytes]] = []
+        while not seen or seen[-1][0] != b"Z":
+            seen.append(read_backend(sock))
+        kinds = [kind for kind, _ in seen]
+        assert kinds[-2:] == [b"E", b"Z"] and b"C" not in kinds
+        assert kinds.count(b"D") < 20_000 - 1
+        fields = error_fields(seen[-2][1])
+        assert (fields["S"], fields["C"], fields["M"]) == ("ERROR", *engine_failure())
+        sock.sendall(frame(b"Q", SMALL.encode() + b"\0"))
+        kinds = []
+        while not kinds or kinds[-1] != b"Z":
+            kinds.append(read_backend(sock)[0])
+        assert kinds[-2:] == [b"C", b"Z"]
+    finally:
+        sock.close()
 
 
 def test_a_charged_answer_over_the_cap_states_that_its_charge_stands(

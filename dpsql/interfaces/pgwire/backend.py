@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
+from dpsql.interfaces.pgwire.answers import catalog_answer
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.catalog_rewrite import catalog_sql
 from dpsql.interfaces.pgwire.config import Limits
@@ -40,7 +40,6 @@ from dpsql.interfaces.pgwire.statements import (
     SHOW,
     TRANSACTION,
     Answer,
-    AnswerRows,
     InFailedTransaction,
     InsufficientPrivilege,
     engine_failure,
@@ -121,11 +120,12 @@ class Backend:
             yield Step(pg.empty_query_response())
         for piece in pieces:
             try:
-                answer = self._statement(piece, None)
+                answer = self._statement(piece, None, stream=True)
             except Exception as exc:  # every failure is answered; the first stops the rest
                 yield self._failure(exc)
                 return
-            yield from self._answer_steps(answer, describe=True)
+            if not (yield from self._answer_steps(answer, describe=True)):
+                return
 
     def _failure(self, exc: BaseException) -> Step:
         if self.interrupted():
@@ -150,37 +150,60 @@ class Backend:
 
     def _answer_steps(
         self, answer: Answer, describe: bool, limit: int = 0, portal: str | None = None
-    ) -> Iterator[Step]:
-        """The answer's messages in steps of at most ``frame_bytes``: the loop takes the next
-        only once the client has read the last (a whole answer in one step held every byte of
-        it in the process that every connection shares)."""
+    ) -> Generator[Step, None, bool]:
+        """The answer's messages in steps of at most ``frame_bytes``, and whether it was sent
+        whole. The loop takes the next step only once the client has read the last, so a
+        streamed answer's rows are fetched only as fast as the client reads them (a whole
+        answer in one step held every byte of it in the process every connection shares). A
+        streamed answer that fails midway (over the cap, interrupted) ends with its error
+        after the rows sent, as PostgreSQL's do."""
         head: list[bytes] = []
         start = self.sent.get(portal, 0) if portal is not None else 0
         if answer.notice and start == 0:  # once per answer, not once per page of a portal
             head.append(pg.notice_response(answer.notice))
         if describe and answer.columns is not None:
             head.append(pg.row_description(answer.columns))
-        end = len(answer.rows)
-        if limit and end - start > limit:
-            end = start + limit
-            if portal is not None:
-                self.sent[portal] = end
-            tail = pg.portal_suspended()
-        else:
-            tail = pg.command_complete(answer.tag) if answer.tag else pg.empty_query_response()
-        rows = itertools.islice(answer.rows, start, end)
-        for chunk in pg.frames(itertools.chain(head, rows, (tail,)), self.limits.frame_bytes):
+        failure: list[Step] = []
+
+        def parts() -> Iterator[bytes]:
+            yield from head
+            if not isinstance(answer.rows, list):  # streamed: the simple protocol only
+                count = 0
+                try:
+                    for row in answer.rows:
+                        count += 1
+                        yield row
+                except Exception as exc:
+                    failure.append(self._failure(exc))
+                    return
+                yield pg.command_complete(f"{answer.tag} {count}")
+                return
+            end = len(answer.rows)
+            if limit and end - start > limit:
+                end = start + limit
+                if portal is not None:
+                    self.sent[portal] = end
+                tail = pg.portal_suspended()
+            else:
+                tail = pg.command_complete(answer.tag) if answer.tag else pg.empty_query_response()
+            yield from itertools.islice(answer.rows, start, end)
+            yield tail
+
+        for chunk in pg.frames(parts(), self.limits.frame_bytes):
             yield Step(chunk)
+        if failure:
+            yield failure[0]
+        return not failure
 
     # -- one statement ----------------------------------------------------------------------
-    def _statement(self, sql: str, params: Sequence[object] | None) -> Answer:
+    def _statement(self, sql: str, params: Sequence[object] | None, stream: bool = False) -> Answer:
         if self.interrupted():
             raise _Cut("the request was interrupted")
         if self.status == "E" and not (TRANSACTION.match(sql) or SAVEPOINT.match(sql)):
             raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
-        answer = self._run(sql, params)
+        answer = self._run(sql, params, stream)
         # Cut off means cut off, even if the engine finished before the interrupt reached it:
         # the client sees the same error whichever came first. A charge made stands, and a
         # released answer is in the cache, free to ask for again.
@@ -188,7 +211,7 @@ class Backend:
             raise _Cut("the request was interrupted")
         return answer
 
-    def _run(self, sql: str, params: Sequence[object] | None) -> Answer:
+    def _run(self, sql: str, params: Sequence[object] | None, stream: bool = False) -> Answer:
         text = sql.strip().rstrip(";").strip()
         if not text:
             return Answer(None, [], "")
@@ -241,10 +264,14 @@ class Backend:
             values = list(params or ())
             if any(i >= len(values) for i in used):
                 raise errors.ParameterError("a $n parameter has no bound value")
-            return self._catalog_answer(sql, [values[i] for i in used])
+            return self._catalog_answer(sql, [values[i] for i in used], stream)
         return to_answer(self.session.execute(text, params or None), cap)
 
-    def _catalog_answer(self, sql: str, params: Sequence[object] | None) -> Answer:
+    def _catalog_answer(
+        self, sql: str, params: Sequence[object] | None, stream: bool = False
+    ) -> Answer:
+        """A catalog query's answer: ``stream``, rows fetched as the client reads them (a
+        simple query); otherwise whole, for a portal's Executes to page through."""
         if self.catalog is None:
             policy, engine = self.session.policy, self.session.engine
             # The policy's tables, with the types the engine read from the files' schemas (or
@@ -252,18 +279,8 @@ class Backend:
             self.catalog = Catalog(
                 {t: engine.catalog[t] for t in policy.tables if t in engine.catalog}
             )
-        rows = AnswerRows(self.limits.max_answer)
-        described: list[tuple[str, int, int]] = []
-
-        def take(columns: Sequence[tuple[str, str]], batch: Sequence[tuple[Any, ...]]) -> None:
-            if not described:
-                described.extend((name, *pg.pg_type(dtype)) for name, dtype in columns)
-            oids = [oid for _, oid, _ in described]
-            for row in batch:  # counted as fetched: an answer over the cap stops being fetched
-                rows.add([pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)])
-
-        self.catalog.stream(sql, params, take)
-        return Answer(tuple(described), rows.rows, f"SELECT {len(rows.rows)}")
+        cap = self.limits.max_answer
+        return catalog_answer(self.catalog, sql, params, cap, stream=stream)
 
     def _owner_only(self, name: str) -> Answer:
         cap = self.limits.max_answer
@@ -282,6 +299,7 @@ class Backend:
     # -- the extended protocol --------------------------------------------------------------
     def _extended(self, kind: bytes, body: bytes) -> Iterator[Step]:
         try:
+            steps: Iterator[Step]
             if kind == b"E":
                 portal, limit = pg.parse_execute(body)
                 answer = self._portal_answer(portal)

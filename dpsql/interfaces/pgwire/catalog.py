@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -119,6 +119,14 @@ class Catalog:
         """Run a catalog query and hand its columns (name, DuckDB type) and its rows to
         ``take``, one batch at a time as they are fetched: ``take`` stops the query (by raising)
         before the rest of an answer over the server's byte cap is fetched."""
+        for columns, batch in self.batches(sql, params):
+            take(columns, batch)
+
+    def batches(
+        self, sql: str, params: Sequence[object] | None
+    ) -> Generator[tuple[list[tuple[str, str]], list[tuple[Any, ...]]], None, None]:
+        """The columns and each batch of rows of a catalog query, fetched as they are asked
+        for: the connection is held until the last is read or the iterator is closed."""
         with self._lock:
             try:
                 cursor = self._con.execute(sql, list(params) if params else None)
@@ -126,7 +134,7 @@ class Catalog:
                 left = _MAX_ROWS
                 while True:
                     batch = cursor.fetchmany(min(_BATCH, left))
-                    take(columns, batch)
+                    yield columns, batch
                     left -= len(batch)
                     if len(batch) < _BATCH or left <= 0:
                         return

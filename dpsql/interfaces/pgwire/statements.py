@@ -8,7 +8,7 @@ to the Session. Errors map to SQLSTATEs; results to PostgreSQL row descriptions 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -186,7 +186,9 @@ class Answer:
     """What one statement returns over the wire."""
 
     columns: tuple[tuple[str, int, int], ...] | None  # None: no row description (SET, BEGIN)
-    rows: list[bytes]  # DataRow messages, encoded (``AnswerRows``)
+    # DataRow messages, encoded (``AnswerRows``); an iterator for an answer streamed as it is
+    # fetched, whose tag then gets the row count once the last is sent
+    rows: list[bytes] | Iterator[bytes]
     tag: str
     notice: str | None = None
 
@@ -206,7 +208,8 @@ class AnswerRows:
         self.rows: list[bytes] = []
         self.size = 0
 
-    def add(self, values: Sequence[bytes | None]) -> None:
+    def encode(self, values: Sequence[bytes | None]) -> bytes:
+        """One DataRow, counted (``AnswerTooLarge`` past the cap), not kept."""
         row = pg.data_row(values)
         self.size += len(row)
         if self.size > self.cap:
@@ -214,7 +217,10 @@ class AnswerRows:
                 f"the answer is over this server's limit of {self.cap} bytes; {self.charged}; "
                 "ask for fewer rows or narrower columns"
             )
-        self.rows.append(row)
+        return row
+
+    def add(self, values: Sequence[bytes | None]) -> None:
+        self.rows.append(self.encode(values))
 
 
 def _decimal(value: Fraction) -> str:
