@@ -384,7 +384,8 @@ class Connection:
         """A client that left the server's writes unread for ``write_timeout``: its worker is
         stopped and its buffers freed now, not when it reads (one line, no statement text)."""
         timeout = self.server.config.limits.write_timeout
-        log.warning("pid %d dropped: its client read nothing for %g s", self.pid, timeout)
+        limited(log, logging.WARNING, "pid %d dropped: its client read nothing for %g s",
+                self.pid, timeout)  # fmt: skip
         if self.worker is not None:
             self.worker.kill()
         self.writer.transport.abort()
