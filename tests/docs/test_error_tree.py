@@ -34,6 +34,7 @@ SERVER_ONLY = {
     statements.InFailedTransaction,
     statements.InsufficientPrivilege,
     statements.ConnectionLimitExceeded,
+    statements.AnswerTooLarge,
 }
 
 

@@ -105,6 +105,17 @@ def _listen(value: str) -> tuple[str, int]:
     "--max-setting-value", type=click.IntRange(1, 1 << 20), default=4096, show_default=True,
     help="Characters of one SET value; a longer one is refused (SQLSTATE 53400).",
 )  # fmt: skip
+@click.option(
+    "--max-answer-bytes", type=click.IntRange(1024, 1 << 31), default=16 << 20,
+    show_default=True,
+    help="Largest answer (its rows as sent), counted while the rows are fetched; a larger one "
+    "is refused with SQLSTATE 54000 (a DP answer's charge stands, and the error says so).",
+)  # fmt: skip
+@click.option(
+    "--write-timeout", type=click.FloatRange(0.1, 86_400), default=30.0, show_default=True,
+    help="Seconds a client may leave the server's writes unread; then it is disconnected and "
+    "its worker stopped.",
+)  # fmt: skip
 @pass_config
 def serve_command(  # noqa: PLR0917 - click passes every option
     config: Config,
@@ -126,6 +137,8 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     max_state_bytes: int,
     max_settings: int,
     max_setting_value: int,
+    max_answer_bytes: int,
+    write_timeout: float,
 ) -> None:
     """Serve the policy's data over the PostgreSQL wire protocol until SIGTERM.
 
@@ -159,6 +172,8 @@ def serve_command(  # noqa: PLR0917 - click passes every option
             max_state_bytes=max_state_bytes,
             max_settings=max_settings,
             max_setting_value=max_setting_value,
+            max_answer=max_answer_bytes,
+            write_timeout=write_timeout,
         ),
     )
     DpsqlServer(server_config)  # fail fast (policy, ledger, users file, TLS) before listening

@@ -17,16 +17,19 @@ charge, whatever it was doing then.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
+from dpsql.interfaces.pgwire.answers import catalog_answer
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.catalog_rewrite import catalog_sql
 from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.logs import limited
+from dpsql.interfaces.pgwire.state_caps import StateCaps
 from dpsql.interfaces.pgwire.statements import (
     CLIENT_SET,
     DEALLOCATE,
@@ -34,13 +37,12 @@ from dpsql.interfaces.pgwire.statements import (
     ISOLATION,
     OWNER_ONLY,
     PROBE,
-    RESET,
     SAVEPOINT,
     SERVER_VERSION,
-    SET_VALUE,
     SHOW,
     TRANSACTION,
     Answer,
+    AnswerRows,
     ConnectionLimitExceeded,
     InFailedTransaction,
     InsufficientPrivilege,
@@ -86,10 +88,11 @@ class Backend:
     results: dict[str, Answer] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # portal -> rows already sent
     catalog: Catalog | None = None  # the synthetic catalog, made at the first catalog query
-    limits: Limits = field(default_factory=Limits)
-    # bytes held per prepared statement ("S", name) and portal ("P", name), and the names SET
-    held: dict[tuple[str, str], int] = field(default_factory=dict)
-    set_names: set[str] = field(default_factory=set)
+    limits: Limits = field(default_factory=Limits)  # state caps, answer cap, frame size
+    caps: StateCaps = field(init=False)  # what the connection holds, under its caps
+
+    def __post_init__(self) -> None:
+        self.caps = StateCaps(self.limits)
 
     def interrupt_catalog(self) -> None:
         """Stop a running catalog query (the statement timeout, a cancel request)."""
@@ -108,7 +111,7 @@ class Backend:
             if kind == b"Q":
                 yield from self._simple(body)
             else:
-                yield self._extended(kind, body)
+                yield from self._extended(kind, body)
         except pg.ProtocolError as exc:  # malformed input: FATAL 08P01, then the loop closes
             message = pg.error_response("08P01", f"protocol violation: {exc}", severity="FATAL")
             yield Step(message, failed=True, fatal=True)
@@ -125,11 +128,12 @@ class Backend:
             yield Step(pg.empty_query_response())
         for piece in pieces:
             try:
-                answer = self._statement(piece, None)
+                answer = self._statement(piece, None, stream=True)
             except Exception as exc:  # every failure is answered; the first stops the rest
                 yield self._failure(exc)
                 return
-            yield Step(self._answer_wire(answer, describe=True))
+            if not (yield from self._answer_steps(answer, describe=True)):
+                return
 
     def _failure(self, exc: BaseException) -> Step:
         if self.interrupted():
@@ -154,36 +158,62 @@ class Backend:
         limited(log, logging.INFO, "statement failed with %s (%s)", code, type(exc).__name__)
         return Step(pg.error_response(code, message), failed=True)
 
-    def _answer_wire(
+    def _answer_steps(
         self, answer: Answer, describe: bool, limit: int = 0, portal: str | None = None
-    ) -> bytes:
-        messages: list[bytes] = []
+    ) -> Generator[Step, None, bool]:
+        """The answer's messages in steps of at most ``frame_bytes``, and whether it was sent
+        whole. The loop takes the next step only once the client has read the last, so a
+        streamed answer's rows are fetched only as fast as the client reads them (a whole
+        answer in one step held every byte of it in the process every connection shares). A
+        streamed answer that fails midway (over the cap, interrupted) ends with its error
+        after the rows sent, as PostgreSQL's do."""
+        head: list[bytes] = []
         start = self.sent.get(portal, 0) if portal is not None else 0
         if answer.notice and start == 0:  # once per answer, not once per page of a portal
-            messages.append(pg.notice_response(answer.notice))
+            head.append(pg.notice_response(answer.notice))
         if describe and answer.columns is not None:
-            messages.append(pg.row_description(answer.columns))
-        rows = answer.rows[start:]
-        if limit and len(rows) > limit:
-            messages.extend(pg.data_row(r) for r in rows[:limit])
-            if portal is not None:
-                self.sent[portal] = start + limit
-            messages.append(pg.portal_suspended())
-        else:
-            messages.extend(pg.data_row(r) for r in rows)
-            messages.append(pg.command_complete(answer.tag) if answer.tag else
-                            pg.empty_query_response())  # fmt: skip
-        return b"".join(messages)
+            head.append(pg.row_description(answer.columns))
+        failure: list[Step] = []
+
+        def parts() -> Iterator[bytes]:
+            yield from head
+            if not isinstance(answer.rows, list):  # streamed: the simple protocol only
+                count = 0
+                try:
+                    for row in answer.rows:
+                        count += 1
+                        yield row
+                except Exception as exc:
+                    failure.append(self._failure(exc))
+                    return
+                yield pg.command_complete(f"{answer.tag} {count}")
+                return
+            end = len(answer.rows)
+            if limit and end - start > limit:
+                end = start + limit
+                if portal is not None:
+                    self.sent[portal] = end
+                tail = pg.portal_suspended()
+            else:
+                tail = pg.command_complete(answer.tag) if answer.tag else pg.empty_query_response()
+            yield from itertools.islice(answer.rows, start, end)
+            yield tail
+
+        for chunk in pg.frames(parts(), self.limits.frame_bytes):
+            yield Step(chunk)
+        if failure:
+            yield failure[0]
+        return not failure
 
     # -- one statement ----------------------------------------------------------------------
-    def _statement(self, sql: str, params: Sequence[object] | None) -> Answer:
+    def _statement(self, sql: str, params: Sequence[object] | None, stream: bool = False) -> Answer:
         if self.interrupted():
             raise _Cut("the request was interrupted")
         if self.status == "E" and not (TRANSACTION.match(sql) or SAVEPOINT.match(sql)):
             raise InFailedTransaction(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
-        answer = self._run(sql, params)
+        answer = self._run(sql, params, stream)
         # Cut off means cut off, even if the engine finished before the interrupt reached it:
         # the client sees the same error whichever came first. A charge made stands, and a
         # released answer is in the cache, free to ask for again.
@@ -191,7 +221,7 @@ class Backend:
             raise _Cut("the request was interrupted")
         return answer
 
-    def _run(self, sql: str, params: Sequence[object] | None) -> Answer:
+    def _run(self, sql: str, params: Sequence[object] | None, stream: bool = False) -> Answer:
         text = sql.strip().rstrip(";").strip()
         if not text:
             return Answer(None, [], "")
@@ -214,7 +244,7 @@ class Backend:
         deallocate = DEALLOCATE.match(text)
         if deallocate:
             return self._deallocate(deallocate.group(1))
-        self._count_setting(text)
+        self.caps.count_setting(text)
         client_set = CLIENT_SET.match(text)
         if client_set:
             if client_set.group(3).lower() in ("role", "session_authorization", "authorization"):
@@ -223,41 +253,46 @@ class Backend:
                 )
             # A client setting (extra_float_digits, application_name, ...): accepted, ignored.
             return Answer(None, [], client_set.group(1).upper())
+        cap = self.limits.max_answer
         if HEALTH_CHECK.match(text):  # SELECT 1: no data involved; an integer, as PostgreSQL's
-            return Answer(
-                (("?column?", 23, 4),), [[text.split()[1].rstrip(";").encode()]], "SELECT 1"
-            )
+            one = pg.data_row([text.split()[1].rstrip(";").encode()])
+            return Answer((("?column?", 23, 4),), [one], "SELECT 1")
         settings = public_settings(self.user, self.database)
         if ISOLATION.match(text):  # SQLAlchemy asks on connect
-            return text_table("transaction_isolation", [settings["transaction_isolation"]])
+            return text_table("transaction_isolation", [settings["transaction_isolation"]], cap)
         show = SHOW.match(text)
         if show:
             name = show.group(1).lower()
             if name == "all":  # the public constants only: never a path of the server machine
-                return Answer(
-                    (("name", 25, -1), ("setting", 25, -1), ("description", 25, -1)),
-                    [[k.encode(), v.encode(), b""] for k, v in settings.items() if k != "database"],
-                    f"SHOW {len(settings) - 1}",
-                )
+                rows = AnswerRows(cap)
+                for key, value in settings.items():
+                    if key != "database":
+                        rows.add([key.encode(), value.encode(), b""])
+                columns = (("name", 25, -1), ("setting", 25, -1), ("description", 25, -1))
+                return Answer(columns, rows.rows, f"SHOW {len(settings) - 1}")
             if name in OWNER_ONLY:
                 return self._owner_only(name)
             if name in settings:
-                return text_table(name, [settings[name]])
+                return text_table(name, [settings[name]], cap)
             if not name.startswith("dpsql."):
                 raise errors.UnsupportedQueryError(f"unrecognized configuration parameter {name}")
         probe = PROBE.match(text)
         if probe:
-            return _probe(probe.group(1).lower(), settings)
+            return _probe(probe.group(1).lower(), settings, cap)
         duck = catalog_sql(qmark_to_numbered(text) if params else text, settings)
         if duck is not None:  # reads catalog relations only: the empty schema answers it
             sql, used = duck
             values = list(params or ())
             if any(i >= len(values) for i in used):
                 raise errors.ParameterError("a $n parameter has no bound value")
-            return self._catalog_answer(sql, [values[i] for i in used])
-        return to_answer(self.session.execute(text, params or None))
+            return self._catalog_answer(sql, [values[i] for i in used], stream)
+        return to_answer(self.session.execute(text, params or None), cap)
 
-    def _catalog_answer(self, sql: str, params: Sequence[object] | None) -> Answer:
+    def _catalog_answer(
+        self, sql: str, params: Sequence[object] | None, stream: bool = False
+    ) -> Answer:
+        """A catalog query's answer: ``stream``, rows fetched as the client reads them (a
+        simple query); otherwise whole, for a portal's Executes to page through."""
         if self.catalog is None:
             policy, engine = self.session.policy, self.session.engine
             # The policy's tables, with the types the engine read from the files' schemas (or
@@ -265,44 +300,48 @@ class Backend:
             self.catalog = Catalog(
                 {t: engine.catalog[t] for t in policy.tables if t in engine.catalog}
             )
-        columns, rows = self.catalog.answer(sql, params)
-        described = tuple((name, *pg.pg_type(dtype)) for name, dtype in columns)
-        oids = [oid for _, oid, _ in described]
-        encoded = [
-            [pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)] for row in rows
-        ]
-        return Answer(described, encoded, f"SELECT {len(encoded)}")
+        cap = self.limits.max_answer
+        return catalog_answer(self.catalog, sql, params, cap, stream=stream)
 
     def _owner_only(self, name: str) -> Answer:
+        cap = self.limits.max_answer
         if self.role != "owner":
             raise InsufficientPrivilege(f"SHOW {name} is reserved to the data owner")
         if name == "dpsql.ledger":
             store = self.session.filter.store
             verified = store.verify() if hasattr(store, "verify") else len(store.records())
-            return text_table(name, [f"ledger verified: {verified} record(s)"])
+            return text_table(name, [f"ledger verified: {verified} record(s)"], cap)
         from dpsql.interfaces.report.markdown import render_markdown  # noqa: PLC0415
         from dpsql.interfaces.report.report import build_report  # noqa: PLC0415
 
         report = build_report(self.session.policy, self.session.filter)
-        return text_table(name, render_markdown(report).splitlines())
+        return text_table(name, render_markdown(report).splitlines(), cap)
 
     # -- the extended protocol --------------------------------------------------------------
-    def _extended(self, kind: bytes, body: bytes) -> Step:
+    def _extended(self, kind: bytes, body: bytes) -> Iterator[Step]:
         try:
-            return Step(self._extended_wire(kind, body))
+            steps: Iterator[Step]
+            if kind == b"E":
+                portal, limit = pg.parse_execute(body)
+                answer = self._portal_answer(portal)
+                steps = self._answer_steps(answer, describe=False, limit=limit, portal=portal)
+            else:
+                steps = iter((Step(self._extended_wire(kind, body)),))
         except pg.ParameterValueError as exc:
-            return self._failure(exc)
+            yield self._failure(exc)
+            return
         except pg.ProtocolError:
             raise
         except Exception as exc:  # answered; the loop skips to the next Sync
-            return self._failure(exc)
+            yield self._failure(exc)
+            return
+        yield from steps
 
     def _extended_wire(self, kind: bytes, body: bytes) -> bytes:
         if kind == b"P":
             name, query, oids = pg.parse_parse(body)
-            self._make_room("S", name, len(body), self.limits.max_prepared)
+            self.caps.hold("S", name, len(body))
             self.statements[name] = (query, oids)
-            self.held["S", name] = len(body)
             return pg.parse_complete()
         if kind == b"B":
             return self._bind(body)
@@ -314,10 +353,6 @@ class Backend:
             return pg.row_description(answer.columns) if answer.columns is not None else (
                 pg.no_data()
             )  # fmt: skip
-        if kind == b"E":
-            portal, limit = pg.parse_execute(body)
-            answer = self._portal_answer(portal)
-            return self._answer_wire(answer, describe=False, limit=limit, portal=portal)
         if kind == b"C":
             which, name = pg.parse_close(body)
             if which == "S":
@@ -325,7 +360,7 @@ class Backend:
             else:
                 self.portals.pop(name, None)
                 self.results.pop(name, None)
-            self.held.pop((which, name), None)
+            self.caps.free(which, name)
             return pg.close_complete()
         raise pg.ProtocolError(f"unexpected message type {kind!r}")
 
@@ -342,67 +377,24 @@ class Backend:
             )
             for i, v in enumerate(values)
         ]
-        self._make_room("P", portal, len(body), self.limits.max_portals)
+        self.caps.hold("P", portal, len(body))
         self.portals[portal] = (query, params)
-        self.held["P", portal] = len(body)
         self.results.pop(portal, None)
         self.sent.pop(portal, None)
         return pg.bind_complete()
 
-    def _make_room(self, which: str, name: str, size: int, cap: int) -> None:
-        """Refuse a new prepared statement or portal past its cap (an unnamed one replaces
-        the last, and a name given again replaces its own): what a worker holds for one
-        connection stays bounded however many the client makes (53400, nothing else changes)."""
-        kind = "prepared statements" if which == "S" else "portals"
-        count = sum(1 for w, n in self.held if w == which and n)
-        if name and (which, name) not in self.held and count >= cap:
-            raise ConnectionLimitExceeded(
-                f"too many {kind} on this connection (at most {cap}); close or DEALLOCATE some"
-            )
-        held = sum(self.held.values()) - self.held.get((which, name), 0) + size
-        if held > self.limits.max_state_bytes:
-            raise ConnectionLimitExceeded(
-                "the prepared statements and portals of this connection would hold more than "
-                f"{self.limits.max_state_bytes} bytes; close or DEALLOCATE some"
-            )
-
     def _deallocate(self, name: str) -> Answer:
         if name.upper() == "ALL":
             self.statements.clear()
-            self.held = {k: v for k, v in self.held.items() if k[0] != "S"}
+            self.caps.free("S")
             return Answer(None, [], "DEALLOCATE ALL")
         if name.startswith('"'):
             name = name[1:-1].replace('""', '"')
         if name not in self.statements:
             raise errors.ParameterError(f"prepared statement {name!r} does not exist")
         del self.statements[name]
-        self.held.pop(("S", name), None)
+        self.caps.free("S", name)
         return Answer(None, [], "DEALLOCATE")
-
-    def _count_setting(self, text: str) -> None:
-        """Hold the SET names and values of one connection under their caps (53400)."""
-        reset = RESET.match(text)
-        if reset:
-            name = reset.group(1).lower()
-            if name == "all":
-                self.set_names.clear()
-            else:
-                self.set_names.discard(name)
-            return
-        assigned = SET_VALUE.match(text)
-        if assigned is None:
-            return
-        name, value = assigned.group(1).lower(), assigned.group(2).strip().rstrip(";").strip()
-        if len(value) > self.limits.max_setting_value:
-            raise ConnectionLimitExceeded(
-                f"the value SET for {name} is longer than {self.limits.max_setting_value} "
-                "characters"
-            )
-        if name not in self.set_names and len(self.set_names) >= self.limits.max_settings:
-            raise ConnectionLimitExceeded(
-                f"too many settings SET on this connection (at most {self.limits.max_settings})"
-            )
-        self.set_names.add(name)
 
     def _describe_statement(self, name: str) -> bytes:
         if name not in self.statements:
@@ -430,7 +422,7 @@ class Backend:
         return answer
 
 
-def _probe(name: str, settings: Mapping[str, str]) -> Answer:
+def _probe(name: str, settings: Mapping[str, str], cap: int) -> Answer:
     values = {
         "version()": f"PostgreSQL {SERVER_VERSION}",
         "current_database()": settings["database"],
@@ -442,5 +434,5 @@ def _probe(name: str, settings: Mapping[str, str]) -> Answer:
         key = name[len("current_setting('") : -2]
         if key not in settings:
             raise errors.UnsupportedQueryError(f"unrecognized configuration parameter {key}")
-        return text_table("current_setting", [settings[key]])
-    return text_table(name.rstrip("()"), [values[name]])
+        return text_table("current_setting", [settings[key]], cap)
+    return text_table(name.rstrip("()"), [values[name]], cap)

@@ -7,13 +7,14 @@ not the type) and the body, laid out as the PostgreSQL documentation gives it (c
 Encoders raise ``ValueError`` on arguments no message can carry (a NUL inside a C string, a
 count beyond Int16): those are server bugs, not client errors. ``error_response`` and
 ``notice_response`` never raise on their text, since they are the last word on a failure.
+``frames`` cuts encoded messages into the bounded pieces a worker sends to the event loop.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 _INT16_MAX = 0x7FFF
 
@@ -188,3 +189,29 @@ def parameter_description(oids: Sequence[int]) -> bytes:
     """ParameterDescription: one type OID per parameter of a prepared statement."""
     count = _int16_count(oids, "parameters")
     return _message(b"t", count + b"".join(struct.pack("!I", oid) for oid in oids))
+
+
+def frames(parts: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """``parts`` joined and cut into pieces of at most ``size`` bytes (the last may be
+    shorter), without joining them whole: one DataRow may be larger than a frame.
+
+    >>> [len(f) for f in frames([b"a" * 5, b"b" * 12, b"c"], 8)]
+    [8, 8, 2]
+    """
+    pending = bytearray()
+    for part in parts:
+        view = memoryview(part)
+        if pending:
+            room = size - len(pending)
+            pending += view[:room]
+            view = view[room:]
+            if len(pending) < size:
+                continue
+            yield bytes(pending)
+            pending = bytearray()
+        while len(view) >= size:
+            yield bytes(view[:size])
+            view = view[size:]
+        pending += view
+    if pending:
+        yield bytes(pending)

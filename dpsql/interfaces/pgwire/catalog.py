@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -111,11 +111,44 @@ class Catalog:
         self, sql: str, params: Sequence[object] | None
     ) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
         """The columns (name, DuckDB type) and rows of a catalog query."""
+        described: list[tuple[str, str]] = []
+        rows: list[tuple[Any, ...]] = []
+
+        def take(columns: Sequence[tuple[str, str]], batch: Sequence[tuple[Any, ...]]) -> None:
+            described[:] = columns
+            rows.extend(batch)
+
+        self.stream(sql, params, take)
+        return described, rows
+
+    def stream(
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        take: Callable[[Sequence[tuple[str, str]], Sequence[tuple[Any, ...]]], None],
+    ) -> None:
+        """Run a catalog query and hand its columns (name, DuckDB type) and its rows to
+        ``take``, one batch at a time as they are fetched: ``take`` stops the query (by raising)
+        before the rest of an answer over the server's byte cap is fetched."""
+        for columns, batch in self.batches(sql, params):
+            take(columns, batch)
+
+    def batches(
+        self, sql: str, params: Sequence[object] | None
+    ) -> Generator[tuple[list[tuple[str, str]], list[tuple[Any, ...]]], None, None]:
+        """The columns and each batch of rows of a catalog query, fetched as they are asked
+        for: the connection is held until the last is read or the iterator is closed."""
         with self._lock:
             try:
                 cursor = self._con.execute(sql, list(params) if params else None)
                 columns = [(str(d[0]), str(d[1])) for d in cursor.description or []]
-                return columns, cursor.fetchmany(_MAX_ROWS)
+                left = _MAX_ROWS
+                while True:
+                    batch = cursor.fetchmany(min(_BATCH, left))
+                    yield columns, batch
+                    left -= len(batch)
+                    if len(batch) < _BATCH or left <= 0:
+                        return
             except duckdb.InterruptException:
                 raise errors.UnsupportedQueryError("the catalog query was interrupted") from None
             except duckdb.Error as exc:
@@ -134,6 +167,7 @@ class Catalog:
 
 
 _MAX_ROWS = 100_000  # a catalog answer is small; a cross join of catalog views is cut here
+_BATCH = 1024  # rows fetched at a time: the server's byte cap is checked after each batch
 
 
 def _quote(name: str) -> str:

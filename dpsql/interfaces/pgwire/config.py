@@ -49,6 +49,16 @@ class Limits:
     max_state_bytes: int = 32 << 20
     max_settings: int = 64  # distinct names given a value by SET on one connection
     max_setting_value: int = 4096  # characters of one SET value
+    # -- answers: capped in size, streamed in bounded frames, dropped when unread -------------
+    # Bytes of one answer's DataRow messages, counted while its rows are fetched and encoded;
+    # past it the statement is refused with SQLSTATE 54000 (``statements.AnswerTooLarge``).
+    max_answer: int = 16 << 20
+    # Bytes of one frame from a worker to the event loop, and the high-water mark of each
+    # client's transport buffer: the loop holds a few frames of a connection, never an answer.
+    frame_bytes: int = 64 << 10
+    # Seconds the server waits for a client to read what it was sent; then the connection is
+    # dropped, its worker stopped and its buffers freed.
+    write_timeout: float = 30.0
 
 
 @dataclass

@@ -31,7 +31,11 @@ from dpsql.interfaces.pgwire.auth import AuthenticationFailed, ScramExchange
 from dpsql.interfaces.pgwire.backend import Step
 from dpsql.interfaces.pgwire.config import ServerConfig
 from dpsql.interfaces.pgwire.logs import limited
-from dpsql.interfaces.pgwire.statements import engine_failure, public_settings
+from dpsql.interfaces.pgwire.statements import (
+    PROGRAM_LIMIT_EXCEEDED,
+    engine_failure,
+    public_settings,
+)
 from dpsql.interfaces.pgwire.throttle import AddressBuckets, UserBackoff, address_key
 from dpsql.interfaces.pgwire.users import User, check_name
 from dpsql.interfaces.pgwire.worker import Worker, WorkerFailed, WorkerLost
@@ -40,7 +44,6 @@ from dpsql.interfaces.pgwire.worker_process import WorkerSetup, startup_settings
 log = logging.getLogger("dpsql.interfaces.pgwire")
 # The messages a worker answers; Sync, Flush and Terminate are the loop's own.
 _FORWARDED = frozenset((b"Q", b"P", b"B", b"D", b"E", b"C"))
-PROGRAM_LIMIT_EXCEEDED = "54000"
 
 
 class Host(Protocol):
@@ -101,9 +104,16 @@ class Connection:
         return self.worker is not None and self.worker.busy
 
     async def send(self, *messages: bytes) -> None:
+        """Write and wait until the transport's buffer is below its high-water mark; a client
+        that reads nothing for ``write_timeout`` seconds is dropped (``_Unread``)."""
         for message in messages:
             self.writer.write(message)
-        await self.writer.drain()
+        try:
+            # A deadline, not a task: ``drain`` below the high-water mark returns at once.
+            async with asyncio.timeout(self.server.config.limits.write_timeout):
+                await self.writer.drain()
+        except TimeoutError:
+            raise _Unread from None
 
     # -- startup -------------------------------------------------------------------------------
     async def startup(self) -> User | None:
@@ -226,9 +236,11 @@ class Connection:
             limits=config.limits,
             log_level=logging.getLogger("dpsql").getEffectiveLevel(),
         )
-        spawner = self.server.spawner
+        spawner, limits = self.server.spawner, config.limits
         try:
-            self.worker = await Worker.spawn(setup, config.limits.interrupt_grace, spawner)
+            self.worker = await Worker.spawn(
+                setup, limits.interrupt_grace, spawner, limits.frame_bytes
+            )
         except (OSError, RuntimeError) as exc:  # out of processes or descriptors; shutting down
             log.error("cannot start a worker for pid %d: %s", self.pid, type(exc).__name__)
             await self.fatal("XX000", "internal error; see the server log")
@@ -317,6 +329,9 @@ class Connection:
             # charges and shares are that analyst's (the ledger records the name).
             if not await self.open_worker(user):
                 return
+            # Past the mark, ``send`` waits for the client: the loop holds a frame or two of
+            # each connection's answer, not the whole of it (the transport after TLS, if any).
+            self.writer.transport.set_write_buffer_limits(high=limits.frame_bytes)
             await self.greet(user)
             failed = False  # in the extended protocol, skip to Sync after an error
             while True:
@@ -358,10 +373,22 @@ class Connection:
             if not self.closing:
                 log.warning("the worker of pid %d was lost mid-statement", self.pid)
                 await self.fatal(*engine_failure())
+        except _Unread:
+            self.drop()
         except (_Fatal, TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             await self.close()
+
+    def drop(self) -> None:
+        """A client that left the server's writes unread for ``write_timeout``: its worker is
+        stopped and its buffers freed now, not when it reads (one line, no statement text)."""
+        timeout = self.server.config.limits.write_timeout
+        limited(log, logging.WARNING, "pid %d dropped: its client read nothing for %g s",
+                self.pid, timeout)  # fmt: skip
+        if self.worker is not None:
+            self.worker.kill()
+        self.writer.transport.abort()
 
     async def close(self) -> None:
         self.closing = True
@@ -369,9 +396,17 @@ class Connection:
         if worker is not None:
             await worker.close(self.server.spawner)
             log.info("pid %d closed", self.pid)
-        with contextlib.suppress(Exception):
+        try:
             self.writer.close()
-            await self.writer.wait_closed()
+            # A client that does not read would keep a closing transport open for ever.
+            async with asyncio.timeout(self.server.config.limits.write_timeout):
+                await self.writer.wait_closed()
+        except Exception:
+            self.writer.transport.abort()
+
+
+class _Unread(ConnectionError):  # noqa: N818 - an event of the client, like _Fatal
+    """The client read nothing of what was sent for ``write_timeout`` seconds."""
 
 
 def _loggable(name: str) -> str:

@@ -8,7 +8,7 @@ to the Session. Errors map to SQLSTATEs; results to PostgreSQL row descriptions 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -25,6 +25,7 @@ BUDGET_EXHAUSTED = "53R01"  # dpsql's own SQLSTATE: the privacy budget would be 
 # not XX000, which says "a dpsql bug", and the same code whatever the cause (out of memory, an
 # interrupt, an engine error), since the cause can depend on the data.
 ENGINE_FAILED = "58R01"
+PROGRAM_LIMIT_EXCEEDED = "54000"  # a statement text or an answer over the server's limits
 _ERROR_CODES: tuple[tuple[type[errors.DpsqlError], str], ...] = (
     (errors.ParseError, "42601"),  # syntax_error
     (errors.NotSupportedOnEngineError, "0A000"),  # feature_not_supported, on this engine
@@ -56,6 +57,8 @@ def sqlstate(exc: errors.DpsqlError) -> str:
         return "42501"  # insufficient_privilege
     if isinstance(exc, ConnectionLimitExceeded):
         return "53400"  # configuration_limit_exceeded
+    if isinstance(exc, AnswerTooLarge):
+        return PROGRAM_LIMIT_EXCEEDED
     return next((code for cls, code in _ERROR_CODES if isinstance(exc, cls)), "XX000")
 
 
@@ -78,6 +81,12 @@ class ConnectionLimitExceeded(errors.DpsqlError):
 
 class InsufficientPrivilege(errors.DpsqlError):
     """A statement reserved to the data owner, asked by an analyst (SQLSTATE 42501)."""
+
+
+class AnswerTooLarge(errors.DpsqlError):
+    """An answer whose DataRow messages pass the server's byte cap (``Limits.max_answer``),
+    found while its rows are fetched and encoded (SQLSTATE 54000). The message states whether
+    a charge stands; it names the cap, never a value or the answer's size."""
 
 
 # -- statements the server answers itself -----------------------------------------------------
@@ -200,29 +209,66 @@ class Answer:
     """What one statement returns over the wire."""
 
     columns: tuple[tuple[str, int, int], ...] | None  # None: no row description (SET, BEGIN)
-    rows: list[list[bytes | None]]
+    # DataRow messages, encoded (``AnswerRows``); an iterator for an answer streamed as it is
+    # fetched, whose tag then gets the row count once the last is sent
+    rows: list[bytes] | Iterator[bytes]
     tag: str
     notice: str | None = None
+
+
+class AnswerRows:
+    """The DataRow messages of one answer, counted against the byte cap as each is encoded, so
+    that a statement is refused before the rest of its rows are fetched, encoded or sent (one
+    analyst's free catalog answer held 100 MB in the process every connection shares).
+
+    ``charged`` says what the refusal adds about the statement's charge: whether an answer is
+    over the cap is a function of the rows it would release, which for a DP answer are noisy
+    already (post-processing), and for every other answer hold no data."""
+
+    def __init__(self, cap: int, charged: str = "nothing was charged") -> None:
+        self.cap = cap
+        self.charged = charged
+        self.rows: list[bytes] = []
+        self.size = 0
+
+    def encode(self, values: Sequence[bytes | None]) -> bytes:
+        """One DataRow, counted (``AnswerTooLarge`` past the cap), not kept."""
+        row = pg.data_row(values)
+        self.size += len(row)
+        if self.size > self.cap:
+            raise AnswerTooLarge(
+                f"the answer is over this server's limit of {self.cap} bytes; {self.charged}; "
+                "ask for fewer rows or narrower columns"
+            )
+        return row
+
+    def add(self, values: Sequence[bytes | None]) -> None:
+        self.rows.append(self.encode(values))
 
 
 def _decimal(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
 
 
-def to_answer(result: Result) -> Answer:
+def to_answer(result: Result, cap: int) -> Answer:
     if not result.columns:  # SET dpsql.x
         return Answer(None, [], result.message.split(" ")[0] if result.message else "SET")
     columns = tuple(
         (name, *pg.pg_type(dtype)) for name, dtype in zip(result.columns, result.types, strict=True)
     )
     oids = [oid for _, oid, _ in columns]
-    rows = [
-        [pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)] for row in result.rows
-    ]
+    plan = result.plan
+    cost = f"epsilon {_decimal(plan.epsilon)}, delta {_decimal(plan.delta)}" if plan else ""
+    # A charged answer past the cap keeps its charge, as an engine failure after the charge
+    # does: the release happened (the ledger and the cache hold it), only its sending is refused.
+    charged = "nothing was charged"
+    if result.charge is not None:
+        charged = f"the charge stands ({cost})" if cost else "the charge stands"
+    rows = AnswerRows(cap, charged)
+    for row in result.rows:
+        rows.add([pg.encode_text(v, oid=o) for v, o in zip(row, oids, strict=True)])
     notice = None
     if result.charge is not None or result.cached_from is not None:
-        plan = result.plan
-        cost = f"epsilon {_decimal(plan.epsilon)}, delta {_decimal(plan.delta)}" if plan else ""
         source = "charged" if result.charge is not None else "served from the cache, free"
         widths = [
             f"{name} ± {width:.6g}"
@@ -243,11 +289,14 @@ def to_answer(result: Result) -> Answer:
         flagged = noise_names(result)
         if flagged:
             notice += "; mostly noise (± at least the value) in: " + ", ".join(flagged)
-    tag = f"SELECT {len(rows)}"
+    tag = f"SELECT {len(rows.rows)}"
     if result.columns == ("plan",):
         tag = "EXPLAIN"
-    return Answer(columns, rows, tag, notice)
+    return Answer(columns, rows.rows, tag, notice)
 
 
-def text_table(name: str, lines: Sequence[str]) -> Answer:
-    return Answer(((name, 25, -1),), [[line.encode()] for line in lines], f"SELECT {len(lines)}")
+def text_table(name: str, lines: Sequence[str], cap: int) -> Answer:
+    rows = AnswerRows(cap)
+    for line in lines:
+        rows.add([line.encode()])
+    return Answer(((name, 25, -1),), rows.rows, f"SELECT {len(lines)}")

@@ -16,7 +16,10 @@ worker starts in milliseconds.
 Two socket pairs join the loop and a worker. On the data channel the loop sends one request at
 a time, ``(id, message type, raw body, transaction status)``, and the worker answers with
 frames ``(id, wire bytes, failed, fatal, status, last)``: plain data, unpickled with no class
-allowed, never an exception or a traceback. On the control channel the loop sends the id of a
+allowed, never an exception or a traceback. A frame carries at most ``Limits.frame_bytes`` of
+wire bytes, and the loop reads at most two frames ahead of what its client has read, so an
+answer streams through the loop a few frames at a time and a worker whose client does not read
+blocks in its send. On the control channel the loop sends the id of a
 request to interrupt (statement timeout, CancelRequest); a thread of the worker then calls
 ``engine.interrupt()`` every few milliseconds until that request ends, since DuckDB forgets an
 interrupt that comes before its query starts. A worker that has not ended the request within
@@ -109,6 +112,11 @@ class _Plain(pickle.Unpickler):
 
 _DEAD = object()  # the worker's channel closed
 _WAKE = object()  # an interrupt: recompute the deadline
+# Frames read from a worker before the connection has written the ones before to its client:
+# with the channel's own buffer (two frames) and the transport's high-water mark, what the loop
+# holds of one connection's answer is a few frames, however large the answer and however slowly
+# the client reads; a worker whose frames are not read blocks in its send (backpressure).
+_AHEAD = 2
 
 
 class Worker:
@@ -119,6 +127,9 @@ class Worker:
         self._control = control
         self._grace = grace
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._room = asyncio.Semaphore(_AHEAD)  # frames the listener may read ahead
+        self._closed = False  # then the listener reads what is left, to see the channel end
+        self.largest_frame = 0  # bytes of the largest frame read from this worker
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -128,7 +139,9 @@ class Worker:
         self.killed = False
 
     @classmethod
-    async def spawn(cls, setup: WorkerSetup, grace: float, spawner: Executor) -> Worker:
+    async def spawn(
+        cls, setup: WorkerSetup, grace: float, spawner: Executor, frame_bytes: int
+    ) -> Worker:
         """Start a worker; ``ready()`` then waits for its Session."""
         data, data_child = socket.socketpair()
         control, control_child = socket.socketpair()
@@ -152,7 +165,8 @@ class Worker:
             raise
         control.setblocking(False)
         worker = cls(process, control, grace)
-        worker._reader, worker._writer = await asyncio.open_connection(sock=data)
+        # The channel's buffer holds about two frames before the loop stops reading it.
+        worker._reader, worker._writer = await asyncio.open_connection(sock=data, limit=frame_bytes)
         worker._listener = asyncio.create_task(worker._listen())
         return worker
 
@@ -161,6 +175,7 @@ class Worker:
         frame = await self._queue.get()
         if frame is _DEAD or not isinstance(frame, tuple):
             raise WorkerLost("the worker ended before its session opened")
+        self._room.release()
         if frame[0] == "failed":
             raise WorkerFailed(str(frame[1]), str(frame[2]))
 
@@ -168,8 +183,13 @@ class Worker:
         assert self._reader is not None
         try:
             while True:
+                if not self._closed:
+                    await self._room.acquire()  # released when the frame is taken
                 (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
                 payload = await self._reader.readexactly(size)
+                self.largest_frame = max(self.largest_frame, size)
+                if self._closed:
+                    continue  # no one to answer: read to the channel's end, keep nothing
                 self._queue.put_nowait(_Plain(io.BytesIO(payload)).load())
         except Exception:  # a closed channel, or a frame that is not plain data
             self._queue.put_nowait(_DEAD)
@@ -221,6 +241,8 @@ class Worker:
                 raise WorkerLost("killed after an interrupt") from None
             if frame is _WAKE:
                 continue
+            if frame is not _DEAD:
+                self._room.release()
             match frame:
                 case (int(rid), bytes(wire), bool(failed), bool(fatal), str(status), bool(last)):
                     return rid, Step(wire, failed, fatal), status, last
@@ -245,6 +267,10 @@ class Worker:
         does not exit, and reap it."""
         if self.busy:
             self.kill()
+        self._closed = True
+        self._room.release()  # a listener waiting for room goes on to the channel's end
+        while not self._queue.empty():  # frames no one will send: freed now
+            self._queue.get_nowait()
         if self._writer is not None:
             self._writer.close()
         self._control.close()

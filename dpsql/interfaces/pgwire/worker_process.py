@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
-from dpsql.interfaces.pgwire.backend import Backend
+from dpsql.interfaces.pgwire.backend import Backend, Step
 from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.logs import LOG_FORMAT, configure_logging
 from dpsql.interfaces.pgwire.statements import sqlstate
@@ -52,7 +52,7 @@ class WorkerSetup:
     # ``dpsql.*`` settings of the startup packet's ``options`` (``-c dpsql.name=value``), set
     # after the policy's ``[server]`` ones, as if the client's first statements SET them.
     settings: tuple[tuple[str, str], ...] = ()
-    limits: Limits = field(default_factory=Limits)  # the caps on the connection's state
+    limits: Limits = field(default_factory=Limits)  # state caps, answer cap, frame size
 
 
 def startup_settings(options: str) -> tuple[tuple[str, str], ...]:
@@ -130,6 +130,7 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
             session, setup.user, setup.role, setup.database, cutter.interrupted,
             limits=setup.limits,
         )  # fmt: skip
+        size = setup.limits.frame_bytes
         cutter.also = backend.interrupt_catalog
         _send(data, ("ready",))
         while (request := _receive(data)) is not None:
@@ -137,7 +138,7 @@ def serve_worker(data: socket.socket, control: socket.socket, setup: WorkerSetup
             cutter.begin(rid)
             try:
                 for step in backend.handle(kind, body, status):
-                    _send(data, (rid, step.wire, step.failed, step.fatal, backend.status, False))
+                    _send_step(data, rid, step, backend.status, size)
             except OSError:
                 raise
             except Exception as exc:
@@ -212,6 +213,16 @@ class _Cutter:
                 if self._cut and self._current is not None:
                     self._session.engine.interrupt()  # takes no lock: a running query holds it
                     self.also()  # the connection's catalog, if a catalog query runs
+
+
+def _send_step(sock: socket.socket, rid: int, step: Step, status: str, size: int) -> None:
+    """A step in frames of at most ``size`` wire bytes (cut if need be), the failed and fatal
+    flags with the last. The blocking send is the backpressure: the loop reads a frame only
+    once its client has read the ones before, so a worker whose client does not read stops."""
+    pieces = list(pg.frames((step.wire,), size)) or [b""]
+    for i, piece in enumerate(pieces, 1):
+        last = i == len(pieces)
+        _send(sock, (rid, piece, step.failed and last, step.fatal and last, status, False))
 
 
 def _send(sock: socket.socket, message: tuple[object, ...]) -> None:
