@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from server_fixtures import (
     write_users,
 )
 
+from dpsql.interfaces.pgwire import answers
 from dpsql.interfaces.pgwire.catalog import Catalog
 from dpsql.interfaces.pgwire.config import Limits
 from dpsql.interfaces.pgwire.connection import Connection
@@ -228,6 +230,32 @@ def test_the_cap_stops_a_catalog_answer_while_it_is_fetched() -> None:
         catalog.close()
     assert batches == [1024]  # of the 49 batches of the whole answer, the first only
     assert rows.size > rows.cap and sum(map(len, rows.rows)) <= rows.cap
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_catalog_answers_are_fetched_and_encoded_at_low_priority(
+    monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Every catalog batch is fetched and encoded on the worker's niced thread: ten clients
+    asking for the largest free answer must yield the CPU to other connections' statements."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: list[tuple[int, int]] = []
+    encode = answers._values
+
+    def spy(row: Any, oids: Any) -> Any:
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
+        return encode(row, oids)
+
+    monkeypatch.setattr(answers, "_values", spy)
+    catalog = Catalog({"visits": {"user_id": "BIGINT", "region": "VARCHAR"}})
+    try:
+        answer = answers.catalog_answer(catalog, WIDE.format(3000), None, 64 << 20, stream=stream)
+        assert len(list(answer.rows)) == 3000
+    finally:
+        catalog.close()
+    assert len(seen) == 3000
+    assert {nice for _, nice in seen} == {min(19, base + answers.NICE)}
+    assert threading.get_native_id() not in {tid for tid, _ in seen}
 
 
 # -- frames ----------------------------------------------------------------------------------
