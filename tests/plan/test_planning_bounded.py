@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from conftest import TinyPolicy
 
-from dpsql.errors import ParameterError, UnsupportedQueryError
+from dpsql.errors import InputError, ParameterError, UnsupportedQueryError
 from dpsql.plan import targets
+from dpsql.session import workload_plan
 from dpsql.session.session import Session
 from dpsql.sql.parse import parse_select
+from dpsql.sql.split import split_statements
 from dpsql.sql.validate import MAX_AGGREGATE_NODES, MAX_AGGREGATES, validate
 
 ROWS = [(u, "north", 18 + u % 70, float(u % 200)) for u in range(200)]
@@ -99,3 +101,18 @@ def test_too_many_distinct_ratio_targets_are_refused_before_any_search(
         session.plan(_select(n, "STDDEV(age * {i} + 1)", TARGET))
         assert len(calls) == n
         assert [r.kind for r in session.filter.store.records()] == ["budget"]
+
+
+def test_a_file_of_too_many_statements_is_refused_before_planning(
+    tiny_policy: TinyPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned: list[int] = []
+    real = workload_plan._plan_steps
+    monkeypatch.setattr(workload_plan, "_plan_steps", lambda *a: planned.append(1) or real(*a))
+    n = workload_plan.MAX_STATEMENTS
+    with closing(Session(tiny_policy(ROWS))) as session:
+        with pytest.raises(InputError, match="more than 20,000 statements"):
+            session.plan_workload(split_statements("SHOW dpsql.epsilon;\n" * (n + 1)))
+        assert planned == []
+        session.plan_workload(split_statements("SHOW dpsql.epsilon;\n" * 3))
+        assert planned == [1]
