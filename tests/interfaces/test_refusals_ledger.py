@@ -122,6 +122,10 @@ CASES: list[tuple[str, type[errors.DpsqlError], Callable[[Path], None], str, Any
     ("unsampled diagnosis", errors.BoundsError,
      _script("SET dpsql.diagnose = on;\nSET dpsql.diagnose_epsilon = 1e-20;\n"
              "SELECT COUNT(*) AS n FROM visits;"), POLICY, None),
+    ("unsampled partition selection", errors.BoundsError,
+     _query("EXPLAIN SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon = 1e-30, "
+            "max_groups_per_unit = 1000000) age, COUNT(*) AS n FROM visits GROUP BY age"),
+     POLICY, None),
     ("unsampled estimate", errors.BoundsError,
      _script("SET dpsql.epsilon = 1e-30;\nESTIMATE BOUNDS FOR visits.age;"), POLICY, None),
     ("bad epsilon", errors.ParameterError,
