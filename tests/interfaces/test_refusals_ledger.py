@@ -9,7 +9,9 @@ without a case here (or a reason in ``NOT_A_QUERY_REFUSAL``).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -103,6 +105,20 @@ def _altered_ledger(policy: Path) -> None:
     ledger.write_bytes(older)
 
 
+def _data_replaced(policy: Path) -> None:
+    """A query on a session whose data file was replaced (by rename) since it bound it, under
+    the same data version (the session reads a copy of the example data in tmp_path)."""
+    data = policy.parent / "visits.parquet"
+    shutil.copyfile(DATA, data)
+    text = policy.read_text(encoding="utf-8").replace(str(DATA), str(data), 1)
+    policy.write_text(text, encoding="utf-8")
+    with closing(Session(load_policy(policy))) as session:
+        fresh = policy.parent / "visits.new.parquet"
+        shutil.copyfile(DATA, fresh)
+        os.replace(fresh, data)
+        session.execute("SELECT COUNT(*) AS n FROM visits")
+
+
 def _budget_changed(policy: Path) -> None:
     text = policy.read_text(encoding="utf-8").replace("epsilon = 1.0", "epsilon = 2.0", 1)
     policy.write_text(text, encoding="utf-8")
@@ -137,6 +153,7 @@ CASES: list[tuple[str, type[errors.DpsqlError], Callable[[Path], None], str, Any
     ("file over the limit", errors.InputError, _cli("--max-bytes", "8", "{file}"), POLICY, None),
     ("output under a file", errors.OutputError, _cli("--output", "{file}/out", "{file}"), POLICY,
      None),
+    ("data replaced", errors.DataChangedError, _data_replaced, POLICY, None),
     ("budget changed since init", errors.PolicyError, _cli("{file}"), POLICY, _budget_changed),
     ("altered ledger", errors.LedgerError, _query("SELECT COUNT(*) AS n FROM visits"), POLICY,
      _altered_ledger),
