@@ -189,6 +189,9 @@ def _check_date_parts(select: exp.Select) -> None:
 # planning.py measures EXPLAIN's CPU time up to them).
 MAX_AGGREGATES = 24
 MAX_AGGREGATE_NODES = 320
+# Nodes of the whole query (a long IN list, many OR'ed conditions): each pass of planning
+# (analysis, totality, the bounded SQL, the cache keys) walks them all.
+MAX_NODES = 4000
 
 
 def _aggregates(select: exp.Select) -> tuple[int, int]:
@@ -202,6 +205,10 @@ def validate(select: exp.Select) -> None:
     if _depth(select) > MAX_DEPTH:
         raise UnsupportedQueryError(
             f"the query nests expressions more than {MAX_DEPTH} levels deep"
+        )
+    if sum(1 for _ in select.walk()) > MAX_NODES:
+        raise UnsupportedQueryError(
+            f"the query has more than {MAX_NODES:,} expression nodes; split it into smaller queries"
         )
     calls, nodes = _aggregates(select)
     if calls > MAX_AGGREGATES:

@@ -18,7 +18,7 @@ from dpsql.session import workload_plan
 from dpsql.session.session import Session
 from dpsql.sql.parse import parse_select
 from dpsql.sql.split import split_statements
-from dpsql.sql.validate import MAX_AGGREGATE_NODES, MAX_AGGREGATES, validate
+from dpsql.sql.validate import MAX_AGGREGATE_NODES, MAX_AGGREGATES, MAX_NODES, validate
 
 ROWS = [(u, "north", 18 + u % 70, float(u % 200)) for u in range(200)]
 TARGET = "WITH DIFFERENTIAL_PRIVACY OPTIONS(halfwidth = 2000, min_group = 8000)"
@@ -38,7 +38,13 @@ def _select(n: int, form: str, options: str = "") -> str:
     [
         (_select(MAX_AGGREGATES + 1, "SUM(spend + {i})"), "distinct aggregates"),
         (_select(MAX_AGGREGATES + 1, "COUNT(DISTINCT age + {i})"), "distinct aggregates"),
-        (_select(1, "SUM(CASE " + _whens(MAX_AGGREGATE_NODES // 4) + " END)"), "nodes"),
+        (_select(1, "SUM(CASE " + _whens(MAX_AGGREGATE_NODES // 4) + " END)"), "nodes in all"),
+        (
+            "SELECT COUNT(*) AS n FROM visits WHERE age IN ("
+            + ", ".join(str(i) for i in range(MAX_NODES))
+            + ")",
+            "more than 4,000 expression nodes",
+        ),
     ],
 )
 def test_a_statement_too_costly_to_plan_is_refused_on_its_text(
