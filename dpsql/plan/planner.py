@@ -16,8 +16,9 @@ from fractions import Fraction
 from dpsql.analyze.analysis import Analysis
 from dpsql.bound.rewrite import bounded_query
 from dpsql.bound.specs import Bounding, MeasurementSpec
-from dpsql.errors import InternalError, ParameterError, UnsupportedQueryError
+from dpsql.errors import BoundsError, InternalError, ParameterError, UnsupportedQueryError
 from dpsql.mechanisms.events import Composite, Event, joint_zcdp
+from dpsql.mechanisms.laplace import MAX_SCALE
 from dpsql.mechanisms.partition import partition_threshold
 from dpsql.mechanisms.selection_events import LaplacePartitionSelection
 from dpsql.plan import calibration
@@ -109,6 +110,13 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     if selection_at is not None:
         m = measurements[selection_at]
         assert m.scale is not None
+        if m.scale > MAX_SCALE:
+            # Refused before its threshold is searched: past what the sampler draws, the search
+            # would step through ~t·ln(L0/delta) candidates (an EXPLAIN that never ends).
+            raise BoundsError(
+                f"the noise of {m.label} would be too large to sample exactly; raise epsilon, "
+                "or lower the contribution limits"
+            )
         # The threshold takes the selection's share of delta (all of it with the Laplace).
         share = options.delta if options.mechanism == "laplace" else options.delta / 2
         threshold = partition_threshold(m.scale, l0, share)

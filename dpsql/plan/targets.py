@@ -49,7 +49,11 @@ from dpsql.plan.split import shares
 from dpsql.policy import Policy
 from dpsql.policy.numbers import MAX_QUERY_EPSILON, MAX_QUERY_RHO, decimal_text, decimal_up
 
-__all__ = ["Target", "solve"]
+__all__ = ["MAX_RATIO_TARGETS", "Target", "solve"]
+
+# Distinct ratio figures (AVG, VARIANCE, STDDEV under dpsql.min_group) one query's target binds:
+# each is a bisection over a grid of noisy values (benchmarks/planning.py).
+MAX_RATIO_TARGETS = 6
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,32 @@ class _Budgets:
         self.gaussian = base.options.mechanism == "gaussian"
         self.pure = {j for j, m in enumerate(self.ms) if m.exponential or j == base.selection_at}
         self.need: dict[int, Fraction] = {}
+        # A check's least budget by what it depends on (``_signature``): a query of many
+        # aggregates alike (250 STDDEVs of one column) bisects once, not once each.
+        self.solved: dict[tuple[object, ...], Fraction | None] = {}
+        self.searches = 0  # bisections run, for the tests
+
+    def _signature(self, check: Check, *parts: object) -> tuple[object, ...]:
+        """What the least budget of ``check`` is a function of: its figure's own parameters
+        (``Check.key``), its goal, and its measurements but for their names and budgets."""
+
+        def alike(m: Measurement) -> str:
+            return repr(replace(m, label="", spec=replace(m.spec, value=None), scale=None,
+                                sigma2=None))  # fmt: skip
+
+        shown = tuple(alike(self.ms[j]) for j in check.measurements)
+        gaussian = tuple(self.is_gaussian(j) for j in check.measurements)
+        return (check.key, check.goal, self.confidence, shown, gaussian, *parts)
+
+    def _least(self, signature: tuple[object, ...], fits: Callable[[Fraction], bool],
+               top: Fraction) -> Fraction | None:  # fmt: skip
+        if not signature[0]:  # a check of no key: its figure reads more than is known here
+            self.searches += 1
+            return _least(fits, top)
+        if signature not in self.solved:
+            self.searches += 1
+            self.solved[signature] = _least(fits, top)
+        return self.solved[signature]
 
     def is_gaussian(self, j: int) -> bool:
         return self.gaussian and j not in self.pure
@@ -156,7 +186,7 @@ class _Budgets:
             trial[j] = self.at(j, b)
             return check.figure(trial) <= check.goal
 
-        self.require(j, _least(fits, self.top(j)), check.label)
+        self.require(j, self._least(self._signature(check), fits, self.top(j)), check.label)
 
     def together(self, check: Check) -> None:
         """The check's measurements in the optimal split's proportions, scaled together until
@@ -176,7 +206,11 @@ class _Budgets:
         def fits(t: Fraction) -> bool:
             return check.figure(scaled(t)) <= check.goal
 
-        t = _least(fits, max(self.top(j) for j in check.measurements))
+        js = check.measurements
+        signature = self._signature(
+            check, tuple(rel[j] for j in js), tuple(self.need.get(j) for j in js)
+        )
+        t = self._least(signature, fits, max(self.top(j) for j in js))
         for j in check.measurements:
             self.require(j, None if t is None else _round_up(t * rel[j]), check.label)
 
@@ -244,7 +278,18 @@ def solve(
     confidence = options.confidence
     # At the query's own epsilon: what no target binds keeps its budget from here.
     budgets = _Budgets(calibrate(analysis, options, policy), confidence)
-    for check in _checks(analysis, budgets.base, target, confidence):
+    checks = _checks(analysis, budgets.base, target, confidence)
+    # A ratio's figure (with min_group) is searched over a grid of noisy values at each step of
+    # the bisection: refused before any search past this many distinct ones (those alike are
+    # solved once, ``_Budgets._signature``).
+    ratios = {budgets._signature(c) for c in checks if len(c.measurements) > 1}
+    if len(ratios) > MAX_RATIO_TARGETS:
+        raise ParameterError(
+            f"an accuracy target with dpsql.min_group binds more than {MAX_RATIO_TARGETS} "
+            "differently bounded AVG, VARIANCE or STDDEV aggregates in one query; ask them in "
+            "separate queries"
+        )
+    for check in checks:
         if len(check.measurements) == 1:
             budgets.one(check)
         else:

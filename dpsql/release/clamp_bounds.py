@@ -81,6 +81,13 @@ def walks(epsilon: Fraction) -> Walks:
     return Walks(epsilon, 2)
 
 
+def scales(epsilon: Fraction) -> tuple[Fraction, ...]:
+    """Every discrete Laplace scale the release draws at ``epsilon`` (checked before the
+    charge)."""
+    w = walks(epsilon)
+    return (w.threshold_scale, w.query_scale)
+
+
 def beyond(rows: Sequence[tuple[Any, ...]]) -> list[list[int]]:
     """Per side, the units beyond each rung (``above[i]``: units at an index above i)."""
     hist = [[0] * (TOP_INDEX + 1) for _ in range(2)]

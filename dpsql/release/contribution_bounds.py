@@ -115,6 +115,13 @@ def release(
     return tuple(LADDER[i] for i in stops)
 
 
+def scales(epsilon: Fraction, keys: Sequence[str]) -> tuple[Fraction, ...]:
+    """Every discrete Laplace scale the release draws at ``epsilon``: the count's and the
+    walks' (checked before the charge)."""
+    walks = Walks(epsilon * (1 - COUNT_SHARE), len(bounds_of(keys)))
+    return (1 / (epsilon * COUNT_SHARE), walks.threshold_scale, walks.query_scale)
+
+
 def describe(epsilon: Fraction, keys: Sequence[str]) -> str:
     """The mechanism's parameters, for the charge's label."""
     walks = Walks(epsilon * (1 - COUNT_SHARE), len(bounds_of(keys)))

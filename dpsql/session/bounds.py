@@ -22,8 +22,9 @@ from dpsql.accounting.budget.report import Charge
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
 from dpsql.engine.base import Engine
-from dpsql.errors import UndeclaredMechanismError
+from dpsql.errors import BoundsError, UndeclaredMechanismError
 from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.laplace import MAX_SCALE
 from dpsql.mechanisms.stated_events import PureDP
 from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
@@ -113,6 +114,15 @@ class Estimates:
                 policy, self.engine.catalog, table, statement.keys
             )
             label = f"count of units and {contribution_bounds.describe(epsilon, statement.keys)}"
+        # Every noise the release draws, checked before the charge: at a tiny epsilon a scale
+        # past what the exact sampler draws would fail after it (the charge would stand).
+        scales = (clamp_bounds.scales(epsilon) if statement.column is not None
+                  else contribution_bounds.scales(epsilon, statement.keys))  # fmt: skip
+        if any(scale > MAX_SCALE for scale in scales):
+            raise BoundsError(
+                "the noise of ESTIMATE BOUNDS would be too large to sample exactly at this "
+                "epsilon; raise dpsql.epsilon"
+            )
         # Binds on the schema alone, before the charge: a query that cannot run costs nothing.
         self.engine.check(sql, types=False)
         key = {"table": table, **what, "epsilon": str(epsilon), "policy": self.version(),

@@ -9,6 +9,7 @@ prints it. Nothing here charges or runs anything; the commands are in ``batch.py
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -20,7 +21,7 @@ from dpsql.accounting.ledger.store import MemoryLedger
 from dpsql.cache.families import family_key, released_family
 from dpsql.cache.releases import ReleaseCache
 from dpsql.engine.base import Engine
-from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, ParseError
+from dpsql.errors import BudgetExceededError, DpsqlError, InputError, InternalError, ParseError
 from dpsql.mechanisms.events import Composite, Event
 from dpsql.plan.diagnosis import without_default
 from dpsql.plan.plans import Plan
@@ -36,6 +37,7 @@ from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, pars
 from dpsql.sql.split import Piece
 
 __all__ = [
+    "MAX_STATEMENTS",
     "Session",
     "Step",
     "Workload",
@@ -45,6 +47,10 @@ __all__ = [
     "plan_workload",
     "statement_totals",
 ]
+
+
+# Statements in one file planned as a workload (``dpsql run``).
+MAX_STATEMENTS = 20_000
 
 
 class Session(Protocol):
@@ -153,6 +159,12 @@ def plan_workload(session: Session, pieces: Sequence[Piece]) -> Workload:
     statements whose own joint plan fits is planned, its steps after it "refused" (``--partial``
     runs it; without, nothing runs). Nothing is charged and the session's settings are left as they
     were."""
+    if len(pieces) > MAX_STATEMENTS:
+        # Refused on the count alone, before any statement is planned: planning is linear in the
+        # statements (benchmarks/planning.py), and the plan is free.
+        raise InputError(
+            f"the file has more than {MAX_STATEMENTS:,} statements; split it into several files"
+        )
     steps = _plan_steps(session, pieces)
     trial = _trial(session)
     whole = _joint(session, steps, trial)
@@ -359,7 +371,16 @@ def _plan_soon(
             estimate = session.estimates.plan(statement, session.settings())
             event = None if estimate.found is not None else estimate.event
             source = "charge" if event is not None else "cache"
-            return lambda: Step(piece, kind, None, source, settings=settings, event=event)
+            # Asked again in the file at the same epsilon (not fresh): served, free, from the
+            # estimate the first one records when it runs (post-processing of its release).
+            same = "estimate " + json.dumps(estimate.key, sort_keys=True)
+            note = ""
+            if event is not None and not session.settings().fresh:
+                if same in planned:
+                    event, source, note = None, "cache", f"statement {planned[same]}"
+                else:
+                    planned[same] = piece.number
+            return lambda: Step(piece, kind, None, source, note, settings=settings, event=event)
         return lambda: Step(piece, kind, settings=settings)
     fresh = session.settings().fresh  # as SET before this statement left it
     return lambda: _decide(session, piece, checked(), planned, settings, fresh=fresh)

@@ -183,11 +183,43 @@ def _check_date_parts(select: exp.Select) -> None:
             )
 
 
+# Distinct aggregate calls in one query, and the nodes of their expressions together: planning
+# costs grow with each (its bounds, grid and measurements; the bounded SQL the engine checks),
+# and EXPLAIN is free, so a query past either is refused on its text alone (benchmarks/
+# planning.py measures EXPLAIN's CPU time up to them).
+MAX_AGGREGATES = 24
+MAX_AGGREGATE_NODES = 320
+# Nodes of the whole query (a long IN list, many OR'ed conditions): each pass of planning
+# (analysis, totality, the bounded SQL, the cache keys) walks them all.
+MAX_NODES = 4000
+
+
+def _aggregates(select: exp.Select) -> tuple[int, int]:
+    """The distinct aggregate calls of ``select`` and their nodes in all."""
+    calls = {node.sql(): node for node in select.find_all(exp.AggFunc)}
+    return len(calls), sum(sum(1 for _ in node.walk()) for node in calls.values())
+
+
 def validate(select: exp.Select) -> None:
     """Raise ``UnsupportedQueryError`` at the first node that is not on the allow-list."""
     if _depth(select) > MAX_DEPTH:
         raise UnsupportedQueryError(
             f"the query nests expressions more than {MAX_DEPTH} levels deep"
+        )
+    if sum(1 for _ in select.walk()) > MAX_NODES:
+        raise UnsupportedQueryError(
+            f"the query has more than {MAX_NODES:,} expression nodes; split it into smaller queries"
+        )
+    calls, nodes = _aggregates(select)
+    if calls > MAX_AGGREGATES:
+        raise UnsupportedQueryError(
+            f"the query has more than {MAX_AGGREGATES} distinct aggregates; ask them in "
+            "separate queries"
+        )
+    if nodes > MAX_AGGREGATE_NODES:
+        raise UnsupportedQueryError(
+            f"the query's aggregates have more than {MAX_AGGREGATE_NODES} expression nodes in "
+            "all; ask them in separate queries"
         )
     for node in select.walk():
         assert isinstance(node, exp.Expression)

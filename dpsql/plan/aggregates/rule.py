@@ -85,6 +85,9 @@ class Check:
     measurements: tuple[int, ...]  # those the figure reads: scaled together when several
     figure: Figure
     goal: Fraction | float
+    # What the figure reads besides its measurements (the rule, the grid, the confidence...):
+    # two checks of one key on measurements alike need the same budget, solved once.
+    key: tuple[object, ...] = ()
 
 
 Setting = Literal["halfwidth", "rank_error"]
@@ -111,7 +114,15 @@ def _each_measurement(
 
     part = len(est.measurements) > 1
     return [
-        Check(label, ms[j].label if part else None, "±", (j,), figure(j), goal.value)
+        Check(
+            label,
+            ms[j].label if part else None,
+            "±",
+            (j,),
+            figure(j),
+            goal.value,
+            ("each", factor, goal.confidence),
+        )
         for j in est.measurements
     ]
 
@@ -143,6 +154,9 @@ class Ratio:
 
     width: RatioWidth
     setting: Setting = "halfwidth"
+    # What ``width`` reads of the estimate's grid (all of it, unless a rule says less: a
+    # variance's is the same on bounds shifted by a constant, so one solve serves them all).
+    grid_key: Callable[[Grid], object] = repr
 
     def checks(
         self, est: Estimate, label: str, ms: Sequence[Measurement], goal: Goal
@@ -155,8 +169,10 @@ class Ratio:
             return self.width(est, trial, goal.confidence, n)
 
         # Compared as floats: the width is one.
+        assert est.grid is not None
+        key = ("ratio", est.kind, self.grid_key(est.grid), n, goal.confidence)
         return [Check(label, None, f"± at >= {n} units", est.measurements, figure,
-                      float(goal.value))]  # fmt: skip
+                      float(goal.value), key)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -175,7 +191,8 @@ class Rank:
         def figure(trial: Sequence[Measurement]) -> float:
             return self.rank(trial[j], goal.confidence)
 
-        return [Check(label, None, "rank error (rows)", (j,), figure, goal.value)]
+        key = ("rank", est.kind, goal.confidence)
+        return [Check(label, None, "rank error (rows)", (j,), figure, goal.value, key)]
 
 
 Binding = Linear | Ratio | Rank

@@ -195,7 +195,7 @@ SPREADS = tuple(
         _measure,
         _spread,
         _weights,
-        Ratio(_width),
+        Ratio(_width, grid_key=lambda g: (g.width, g.step)),
         kind.upper() + "({arg})",
         bounds=_bounds,
     )

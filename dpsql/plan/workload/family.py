@@ -5,8 +5,9 @@ plan looks for statements that could share what they measure, all decided from p
 quantities only (the statements, the policy, the key domains' sizes), never from the data:
 
 * A **family** is a set of statements over the same rows before bounding (one table, the same
-  WHERE, the same settings apart from epsilon), with public key domains only, whose GROUP BY
-  keys are each a subset of one member's keys (the finest grouping, "fine" below). A key the
+  WHERE, the same settings apart from epsilon: the same L0, C and R), with public key domains
+  only, whose GROUP BY keys are each a subset of one member's keys (the finest grouping, "fine"
+  below). A key the
   fine grouping has and a coarser member lacks needs an other group (``SET dpsql.other_group =
   on``), so that no row outside its domain is dropped at the fine grouping that the coarser
   statement would have counted. When the statements' groupings do not nest, the fine grouping
@@ -182,7 +183,15 @@ def eligible(plan: Plan) -> bool:
 
 def rows_and_settings(plan: Plan) -> tuple[object, ...]:
     """What two statements must share to be bounded together: the rows before bounding and
-    every setting but epsilon and the contribution bounds (fixed by the fine grouping)."""
+    every setting but epsilon and the confidence, the contribution bounds L0, C and R included.
+    The family's rows are bounded once, at the fine statement's settings: a member that asked
+    for other bounds (C = 50 beside a C = 1) would be answered at bounds it did not ask for."""
+    o = plan.options
+    return (*_rows_and_other_settings(plan), o.max_groups_per_unit, o.max_rows_per_unit_per_group)
+
+
+def _rows_and_other_settings(plan: Plan) -> tuple[object, ...]:
+    """The rows before bounding and every setting but epsilon, L0 and C."""
     a, o = plan.analysis, plan.options
     where = a.where.sql(dialect=DIALECT) if a.where is not None else None
     options = replace(
@@ -252,12 +261,12 @@ def spec_text(plan: Plan, m: Measurement) -> str:
 
 def base_digest(plan: Plan) -> str:
     """What a statement must share with a family's fine plan to be answered from its release:
-    the rows before bounding and every setting but epsilon (``rows_and_settings``), and the
-    contribution bounds the analyst asked for (L0, C, R: the fine plan's are the family's
-    bounding)."""
+    the rows before bounding, every setting but epsilon and the contribution bounds (L0, C,
+    R). Its text is the one ledgers already keep: the bounds apart from the other settings."""
     o = plan.options
     bounds = (o.max_groups_per_unit, o.max_rows_per_unit_per_group, o.max_rows_per_unit)
-    return hashlib.sha256(repr((rows_and_settings(plan), bounds)).encode()).hexdigest()
+    rows = _rows_and_other_settings(plan)
+    return hashlib.sha256(repr((rows, bounds)).encode()).hexdigest()
 
 
 __all__ = ["MAX_FAMILY_CELLS", "MAX_LOSS", "Family", "Joint", "Member", "Taken", "eligible"]

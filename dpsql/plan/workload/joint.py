@@ -22,6 +22,7 @@ from sqlglot import exp
 
 from dpsql.bound.rewrite import bounded_query
 from dpsql.errors import DpsqlError, InternalError
+from dpsql.mechanisms.laplace import MAX_SCALE
 from dpsql.plan.plans import Plan
 from dpsql.plan.workload.family import (
     MAX_CANDIDATES,
@@ -172,6 +173,11 @@ def plan_family(  # noqa: PLR0915
         label = m.label + _level_label(fine, level)
         measured = replace(m, scale=scale, share=e / epsilon, label=label)
         chosen.append(Taken(kind.spec, level, measured, dimensions))
+    # A coarser level's share of the family's epsilon with its L0·C sensitivity can ask for
+    # noise no member's own plan does: past what the sampler draws, no family (the members'
+    # own plans were checked), rather than a failure after the charge.
+    if any(t.measurement.scale is not None and t.measurement.scale > MAX_SCALE for t in chosen):
+        return None
     eps_taken = [float(t.epsilon) for t in chosen]
     full = [0.0] * len(slots)
     it2 = iter(eps_taken)
