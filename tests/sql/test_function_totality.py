@@ -123,7 +123,11 @@ def _corpus_session(root: Path, data: dict[str, object]) -> Session:
                 "query_epsilon": "1",
                 "query_delta": "1e-9",
             },
-            "tables": {name: TABLE_SPEC for name in TABLE_ROWS},
+            # A database file's undeclared columns (s, t) are hidden unless the policy says so.
+            "tables": {
+                name: {**TABLE_SPEC, **({"expose_undeclared": True} if "database" in data else {})}
+                for name in TABLE_ROWS
+            },
         },
         base_dir=root,
     )
