@@ -61,9 +61,8 @@ COUNT = "SELECT COUNT(*) FROM visits WHERE age > %s"
 # Free and slow in the worker: a catalog query counting a three-way cross join of pg_proc
 # (3.7e10 rows), which DuckDB takes seconds over (6 s on a 2-core machine) and charges nothing.
 SLOW = "SELECT COUNT(*) FROM pg_catalog.pg_proc a, pg_catalog.pg_proc b, pg_catalog.pg_proc c"
-# The slowest statement to plan in pure Python that the text limits admit (an IN list of
-# 3,900 values, just under 4,000 expression nodes): about 0.4 s of planning on a 2-core
-# machine, which never looks at an interrupt.
+# A statement of the slowest kind to plan that the text limits admit (an IN list of 3,900
+# values, just under 4,000 expression nodes: about 0.4 s of pure-Python planning).
 SLOWER = "EXPLAIN VERBOSE SELECT COUNT(*) FROM visits WHERE age IN ({})".format(
     ", ".join(str(i) for i in range(3900))
 )
@@ -305,12 +304,10 @@ def test_a_cancel_request_interrupts_the_engine(serve: Callable[..., Served]) ->
 
 
 def test_a_worker_that_does_not_stop_is_killed_alone(serve: Callable[..., Served]) -> None:
-    """Planning is pure Python, which never looks at an interrupt: after the grace its worker
-    is killed, its connection ends with the engine failure's error, and no one else notices."""
-    # Cut 0.1 s in, after the worker has split the message (a few milliseconds; a cut before
-    # the statement starts is answered at once, with ERROR), and killed 0.2 s in, still in
-    # its planning (about 0.4 s on a 2-core machine).
-    served = serve(statement_timeout=0.1, interrupt_grace=0.1)
+    """A worker that does not answer an interrupt (pure-Python work, which never looks at one;
+    here a worker stopped by SIGSTOP, so that the test never races its timing) is killed after
+    the grace: its connection ends with the engine failure's error, and no one else notices."""
+    served = serve(statement_timeout=1.0, interrupt_grace=0.5)
     server = served.server.server
     assert server is not None
     with connect(served.port, "bob") as bob:
@@ -320,6 +317,8 @@ def test_a_worker_that_does_not_stop_is_killed_alone(serve: Callable[..., Served
         (worker,) = [c.worker for c in server.connections.values()
                      if c.worker and c.worker._process.pid not in before]  # fmt: skip
         pid = worker._process.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
         a = Running(served.port, "alice", SLOWER, conn=alice)
         a.finish(timeout=30)
         assert_engine_failure(a.error, severity="FATAL")
