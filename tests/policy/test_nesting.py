@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dpsql.errors import PolicyError
@@ -54,6 +54,13 @@ def test_a_deep_policy_file_is_a_policy_error(tmp_path: Path, shape: str, depth:
 
 @given(depth=st.integers(1, 3 * MAX_POLICY_DEPTH), shape=st.sampled_from(SHAPES))
 @settings(max_examples=40, deadline=None)
+@example(depth=MAX_POLICY_DEPTH - 1, shape="arrays")  # the edges, whatever hypothesis draws
+@example(depth=MAX_POLICY_DEPTH - 2, shape="arrays")
+@example(depth=MAX_POLICY_DEPTH - 1, shape="inline tables")
+@example(depth=MAX_POLICY_DEPTH, shape="dotted keys")
+@example(depth=MAX_POLICY_DEPTH + 1, shape="dotted keys")
+@example(depth=MAX_POLICY_DEPTH, shape="table header")
+@example(depth=MAX_POLICY_DEPTH - 1, shape="table header")
 def test_the_depth_rule_is_exact(depth: int, shape: str) -> None:
     """Up to the limit the nesting reaches validation (which refuses the unknown key ``x``);
     past it, the depth rule refuses first, whatever the spelling."""
@@ -61,8 +68,9 @@ def test_the_depth_rule_is_exact(depth: int, shape: str) -> None:
     from decimal import Decimal
 
     raw = tomllib.loads(BUDGET + nested(shape, depth), parse_float=Decimal)
-    # The line's own depth: one more for each array or table, counted from the top level.
-    deep = depth + (1 if shape in ("arrays", "inline tables") else 0)
+    # Levels from the top table to the value, which counts one: a line under [budget] is one
+    # level down; a dotted key of n parts makes n - 1 tables; a header's y = 1 sits in its last.
+    deep = depth + {"arrays": 2, "inline tables": 2, "dotted keys": 1, "table header": 1}[shape]
     with pytest.raises(PolicyError) as info:
         load_policy(raw)
     assert ("levels deep" in str(info.value)) == (deep > MAX_POLICY_DEPTH)
