@@ -24,7 +24,8 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -535,3 +536,25 @@ def raw_login(port: int, user: str, password: str | None = None) -> socket.socke
         assert kind not in (b"E", b""), error_fields(body)
         if kind == b"Z":
             return sock
+
+
+# -- waiting on a server -----------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``condition`` every 10 ms until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs (a zombie is gone too)."""
+    assert pid is not None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return stat.read().rpartition(")")[2].split()[0] != "Z"

@@ -25,6 +25,7 @@ import pytest
 from server_fixtures import (
     Dataset,
     ServerThread,
+    alive,
     charges,
     connect,
     error_fields,
@@ -33,6 +34,7 @@ from server_fixtures import (
     raw_login,
     read_backend,
     records,
+    wait_until,
     write_dataset,
     write_policy,
     write_users,
@@ -91,23 +93,6 @@ def serve(tmp_path: Path, dataset: Dataset, users: Path) -> Iterator[Callable[..
     yield make
     for server in started:
         server.stop()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
-
-
-def _alive(pid: int | None) -> bool:
-    assert pid is not None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        return stat.read().rpartition(")")[2].split()[0] != "Z"  # a zombie is gone too
 
 
 # -- the cap ---------------------------------------------------------------------------------
@@ -330,7 +315,7 @@ def test_a_client_that_does_not_read_is_dropped(
                 assert worker._queue.qsize() <= 3  # two frames read ahead, and an event
                 time.sleep(0.05)
             assert other.execute(SMALL).fetchall()
-        wait_until(lambda: not _alive(worker_pid), "the worker of the dropped client is gone")
+        wait_until(lambda: not alive(worker_pid), "the worker of the dropped client is gone")
     # What the loop held for it: under the high-water mark plus the frame written on top.
     assert 0 < held <= 2 * frame_bytes + 1024
     assert worker.largest_frame <= frame_bytes + PICKLE_OVERHEAD

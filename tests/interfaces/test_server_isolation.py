@@ -17,7 +17,6 @@ import signal
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 from server_fixtures import (
     Dataset,
     ServerThread,
+    alive,
     charges,
     connect,
     error_fields,
@@ -38,6 +38,7 @@ from server_fixtures import (
     read_backend,
     records,
     start_psql,
+    wait_until,
     write_dataset,
     write_policy,
     write_users,
@@ -111,13 +112,6 @@ def serve(tmp_path: Path, dataset: Dataset, users: Path) -> Iterator[Callable[..
     yield make
     for server in started:
         server.stop()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -324,23 +318,13 @@ def test_a_worker_that_does_not_stop_is_killed_alone(serve: Callable[..., Served
         assert_engine_failure(a.error, severity="FATAL")
         assert a.conn.closed
         assert worker.killed
-        wait_until(lambda: not _alive(pid), "the killed worker is gone")
+        wait_until(lambda: not alive(pid), "the killed worker is gone")
         # bob's connection, opened before, goes on; so do new ones.
         assert bob.execute(COUNT, [45]).fetchone() is not None
     out = psql(served.port, "alice", "SELECT COUNT(*) FROM visits WHERE age > 46;")
     assert out.returncode == 0, out.stderr
     assert [r.payload["query"][-2:] for r in charges(served.ledger)] == ["44", "45", "46"]
     Ledger(served.ledger).verify()
-
-
-def _alive(pid: int | None) -> bool:
-    assert pid is not None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        return stat.read().rpartition(")")[2].split()[0] != "Z"  # a zombie is gone too
 
 
 def test_shutdown_cuts_a_statement_that_outlasts_the_drain(
