@@ -3,9 +3,10 @@
     python benchmarks/workload.py              # the plan under both contracts, then 30 runs
     python benchmarks/workload.py --runs 0     # the plan only (a few seconds)
 
-For each contract (the example policy's L0 = 2, C = 10; and R = 10 rows per unit on top of
-it), it plans the file as one workload and prints, per statement, the predicted variance under
-the joint plan over the independent plan's and the predicted half-widths, then the sum of the
+For each contract (the example policy's L0 = 2, C = 10; and R = 10 rows per unit with L0 = 10
+on top of it), it plans the file as one workload and prints, per statement, the predicted
+variance under the joint plan over the independent plan's and the predicted half-widths, then
+the sum of the
 ratios over the charged statements (independent planning: one per statement) and the cost of
 both plans, which is the same. With ``--runs N`` it then releases the file N times jointly
 (a new session each time, with one salt) and N times statement by statement in one session
@@ -15,8 +16,8 @@ across runs, joint over independent, cell by cell, the median over the cells; fo
 STDDEV the spread of the estimate; cells of no spread in either plan are left out, and a
 statement of no spread at all, such as a quantile the exponential mechanism always puts at one
 grid point, counts 1), beside the planned ratio, and how far the joint answers' mean is from
-the independent answers' (the bias of bounding at a finer grouping, which the plan cannot
-see), and the released half-widths (the ``±`` an analyst reads) of the joint answers over the
+the independent answers' (zero but for the noise: each member is bounded as its own query
+is), and the released half-widths (the ``±`` an analyst reads) of the joint answers over the
 independent ones' (the median over the cells), with the time of one joint and one independent
 run.
 """
@@ -45,7 +46,13 @@ from dpsql.session.workloads import run_workload  # noqa: E402
 from dpsql.sql.split import split_statements  # noqa: E402
 
 FILE = ROOT / "benchmarks" / "workload.sql"
-CONTRACTS = {"L0C (L0 = 2, C = 10)": "", "R (R = 10)": "SET dpsql.max_rows_per_unit = 10;\n"}
+CONTRACTS = {
+    "L0C (L0 = 2, C = 10)": "",
+    # L0 >= R: every unit keeps R rows and each of them, so the total can share a family's.
+    "R (R = 10, L0 = 10)": (
+        "SET dpsql.max_rows_per_unit = 10;\nSET dpsql.max_groups_per_unit = 10;\n"
+    ),
+}
 
 
 def _session() -> Session:

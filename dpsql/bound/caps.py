@@ -1,6 +1,5 @@
-"""Keyed-hash caps on one unit's contribution: R's window over a unit's rows (``row_cap``), a
-workload family's choice of groups and rows (``picked``) and L0's ranking of a unit's groups
-(``kept``), each applied only to the units that exceed it.
+"""Keyed-hash caps on one unit's contribution: R's window over a unit's rows (``row_cap``) and
+L0's ranking of a unit's groups (``kept``), each applied only to the units that exceed it.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from sqlglot import exp
 from dpsql.bound.nodes import (
     Node,
     alias,
-    all_of,
     column,
     columns,
     cte,
@@ -119,34 +117,6 @@ def _weighted_row_cap(keys: Sequence[str], rows: exp.Expression, r: int) -> list
     ]
 
 
-def picked(shape: Shape) -> list[exp.CTE]:
-    """The CTEs ending in ``_picked`` (a workload family's bounding, ``Bounding.select_at``):
-    each unit keeps its L0 groups of the chosen keys, ranked by the keyed hash of (unit, those
-    keys) exactly as a query grouped by them alone ranks its groups (``kept``), then at most C
-    of its rows in each such group, ranked by the keyed hash of the row. Both depend on the
-    unit's own rows only; ties left in the row order are identical in every column a
-    measurement reads, so which copy is kept cannot change a total."""
-    bounding = shape.bounding
-    if bounding.select_at is None:
-        return []
-    chosen = [shape.keys[p] for p in bounding.select_at]
-    groups = select(columns(["_u", *chosen]), table("_rows"), group=columns(["_u", *chosen]))
-    ranking = None
-    if bounding.max_groups is not None:
-        order = [salted_hash(*columns(["_u", *chosen])), *columns(chosen)]
-        ranking = first_rows([column("_u")], order, bounding.max_groups)
-    on = all_of([same(column(k, "_rows"), column(k, "_gk")) for k in ["_u", *chosen]])
-    kept = select([star("_rows")], table("_rows"), joins=[join(table("_gk"), "SEMI", on=on)])
-    names = shape.row_columns
-    order = [salted_hash(column("_u"), *columns(names)), *columns(names)]
-    rows = first_rows(columns(["_u", *chosen]), order, bounding.max_rows)
-    return [
-        cte("_gs", groups),
-        cte("_gk", select([star()], table("_gs"), qualify=ranking)),
-        cte("_picked", select([star()], subquery(kept), qualify=rows)),
-    ]
-
-
 def kept(shape: Shape) -> list[exp.CTE]:
     """``_multi`` (if any) and ``_kept``: at most L0 groups per unit, ranked by a salted hash of
     (unit, keys), which depends only on the unit's own rows."""
@@ -165,4 +135,4 @@ def kept(shape: Shape) -> list[exp.CTE]:
     return [cte("_multi", multi), cte("_kept", _ranked_where_needed("_units", "_multi", window_))]
 
 
-__all__ = ["kept", "picked", "row_cap"]
+__all__ = ["kept", "row_cap"]

@@ -66,7 +66,6 @@ def pivot_cells(keys: Sequence[GroupKey], bounding: Bounding) -> list[Cell] | No
         bounding.max_groups is None
         or bounding.direct
         or bounding.max_total_rows is not None
-        or bounding.select_at is not None
         or any(v.listed or v.grid is not None for v in bounding.values)
         or not keys
     ):

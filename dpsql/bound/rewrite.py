@@ -6,8 +6,7 @@ The steps of DESIGN.md section 3, each a CTE built as a sqlglot tree by one func
 1. ``_rows`` (``relation``, ``rows``): the table's rows after WHERE, with the unit, the group
    keys and the raw values, every row-level expression made total; rows outside a public
    key's domain dropped or mapped onto its other group (``dpsql.bound.relation``). With a
-   total row cap R, each unit keeps R rows first (``dpsql.bound.caps.row_cap``); a workload
-   family's bounding picks its groups and rows next (``picked``).
+   total row cap R, each unit keeps R rows first (``dpsql.bound.caps.row_cap``).
 2. ``_vals`` (``vals``): values rounded to their grid and clamped to the grid-aligned bounds,
    as integers (``dpsql.bound.values``).
 3. ``_units``: per (unit, group): rows ``n``, non-NULL values ``n_i`` and exact integer sums;
@@ -41,7 +40,7 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis
 from dpsql.bound.aggregate import aggregated, answer, list_measures
-from dpsql.bound.caps import kept, picked, row_cap
+from dpsql.bound.caps import kept, row_cap
 from dpsql.bound.nodes import alias, column, columns, cte, select, table, with_ctes
 from dpsql.bound.per_unit import aggregates, capped, direct, listed
 from dpsql.bound.pivot import pivot_cells, pivoted
@@ -71,8 +70,7 @@ def vals(shape: Shape) -> list[exp.CTE]:
     for i, v in enumerate(shape.bounding.values):
         value = grid_units(i, v.grid) if v.grid is not None else counted(i, v.expr, shape.analysis)
         out.append(alias(value, f"_v{i}"))
-    source = "_picked" if shape.bounding.select_at is not None else "_rows"
-    return [cte("_vals", select(out, table(source)))]
+    return [cte("_vals", select(out, table("_rows")))]
 
 
 def units(shape: Shape) -> list[exp.CTE]:
@@ -101,7 +99,7 @@ def aggregate(shape: Shape) -> list[exp.CTE]:
 
 
 # The CTE steps in pipeline order; the answer (``dpsql.bound.aggregate.answer``) reads the last.
-STEPS: tuple[Step, ...] = (relation, rows, picked, vals, units, aggregate)
+STEPS: tuple[Step, ...] = (relation, rows, vals, units, aggregate)
 
 
 def bound_contributions(analysis: Analysis, bounding: Bounding) -> exp.Select:

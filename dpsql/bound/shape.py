@@ -49,12 +49,7 @@ class Shape:
         # Without values and with at most R key combinations, copies of a (unit, keys) row are
         # common: R's window then runs on those rows with their number of copies, _w. (A choice
         # of speed on public numbers only; the totals are the same either way.)
-        weighted = (
-            r is not None
-            and not bounding.values
-            and (size is not None and size <= r)
-            and bounding.select_at is None  # its row window reads rows, not weighted copies
-        )
+        weighted = r is not None and not bounding.values and (size is not None and size <= r)
         keys = tuple(f"_k{i}" for i in range(len(analysis.keys)))
         return cls(analysis, bounding, keys, tuple(squared), size, weighted)
 

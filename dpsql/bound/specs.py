@@ -62,9 +62,3 @@ class Bounding:
     # The rows come from one table read directly (no join, no subquery): a sum of counts of
     # its rows is at most its row count, which fits BIGINT (``values.measurement_sql``).
     one_table: bool = False
-    # A workload family's bounding (``dpsql.plan.workload.family``): the positions of the keys of
-    # one member's grouping (in that member's order). Each unit keeps its L0 groups of those keys,
-    # ranked by the keyed hash of (unit, those keys) as that member's own query ranks them, and
-    # at most C of its rows in each, by the keyed hash of the row; the aggregate at the finer
-    # grouping then reads the rows (``direct``).
-    select_at: tuple[int, ...] | None = None

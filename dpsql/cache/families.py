@@ -23,6 +23,8 @@ from dpsql.plan.workload.family import (
     eligible,
     key_descriptor,
     positions_among,
+    rows_text,
+    same_rows,
     spec_text,
 )
 from dpsql.plan.workload.model import Kind, level_map, member_kinds
@@ -74,6 +76,7 @@ def _description(family: Family) -> dict[str, Any]:
     kinds = member_kinds(family.sizes, family.members)
     return {
         "base": base_digest(family.fine),
+        "rows": rows_text(family.fine.bounding) if family.fine.bounding is not None else None,
         "keys": [key_descriptor(k) for k in family.fine.analysis.keys],
         "sizes": list(family.sizes),
         "specs": [spec_text(family.fine, m) for m in family.fine.measurements],
@@ -86,14 +89,18 @@ def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
     """``plan``'s answer from a family's release, when it is a linear function of the
     measurements released (None otherwise): the same rows before bounding, the same settings
     but epsilon, the same contribution bounds, its keys among the fine keys (an other group for
-    each fine key it lacks), and each of its measurements a kind the family measured at a level
-    holding its keys. Its cells are sums of the fine cells' least-squares values, and their
-    noise the combination of the released noises: post-processing, so free."""
+    each fine key it lacks), its own bounded rows the family's (``same_rows``), and each of its
+    measurements a kind the family measured at a level holding its keys. Its cells are sums of
+    the fine cells' least-squares values, and their noise the combination of the released
+    noises: post-processing, so free."""
     info = payload.get("derive")
     if info is None or not eligible(plan) or info["base"] != base_digest(plan):
         return None
     positions = positions_among(info["keys"], [key_descriptor(k) for k in plan.analysis.keys])
-    if positions is None:
+    # Only where the statement's own bounded rows are the family's: a count by month from
+    # rows bounded per (region, month) cell is not the month's own bounded count. (A release
+    # recorded without it, bounded at another member's grouping, derives nothing.)
+    if positions is None or not same_rows(info.get("rows"), len(info["keys"]), plan, positions):
         return None
     level = tuple(sorted(positions))
     index = {text: j for j, text in enumerate(info["specs"])}

@@ -256,9 +256,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
 
 
 def bounded_at(steps: Sequence[Step], family: Family) -> str:
-    """What bounds ``family``, for the plan: its fine statement's number, or its keys."""
-    if family.union:
-        return f"({family.grouping})"
+    """What bounds ``family``, for the plan: its fine statement's number."""
     return str(steps[family.fine_index].piece.number)
 
 

@@ -97,9 +97,7 @@ class FamilyRequest(Request[Released, dict[int, Result]]):
         family = self.family
         _, _, answered, released = measured
         members = ", ".join(str(m.index + 1) for m in family.members)
-        grouping = (
-            f"({family.grouping})" if family.union else f"of statement {family.fine_index + 1}"
-        )
+        grouping = f"of statement {family.fine_index + 1}"
         note = NOTE.format(members=members, grouping=grouping)
         return {
             i: replace(result(answered[i][0], release, charge, None), note=note)

@@ -1,7 +1,8 @@
 """Answers derived from a workload family's release (``dpsql.cache.families.derive``): a later
-statement whose plan is a linear function of the family's measurements (a level or an aggregate
-no member asked for, over the same rows, settings and bounds) is answered free, from the
-least-squares values, with the half-widths of its noise combination; anything else is charged."""
+statement whose plan is a linear function of the family's measurements (an aggregate no member
+asked for, over the same rows, settings and bounds, whose own bounded rows are the family's) is
+answered free, from the least-squares values, with the half-widths of its noise combination;
+anything else is charged, a coarser level of rows bounded per finer cell included."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from conftest import TinyPolicy, adds_up
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_workload import BAND, FILE, FUZZ_EXAMPLES, UNION_FILE, _rows, _workload
+from test_workload import BAND, FILE, FUZZ_EXAMPLES, _rows, _workload
 
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import budget_caps
@@ -26,83 +27,63 @@ from dpsql.policy import LedgerSpec, Policy
 from dpsql.session.session import Session
 from dpsql.session.workloads import run_workload
 
-FINE = f"SELECT region, {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY region, band"
 BY_BAND = f"SELECT {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY band"
-
-
-def _parts(rows: Any, key: int) -> dict[Any, list[float]]:
-    out: dict[Any, list[float]] = defaultdict(list)
-    for row in rows:
-        out[row[key]].append(row[-1])
-    return dict(out)
+# FILE's family measures, by region, the rows, and spend's non-NULL count, sum and centred sums.
+NOT_ASKED = "SELECT region, COUNT(spend) AS m, SUM(spend) AS s FROM visits GROUP BY region"
 
 
 def _released(session: Session, text: str) -> list[Any]:
     return [r for _, r in run_workload(session, _workload(session, text))]
 
 
-def test_the_fine_level_of_a_union_no_statement_asked_for_is_derived_free(
-    tiny_policy: TinyPolicy,
-) -> None:
-    """By region and by band, bounded at (region, band): that grouping asked later is a linear
-    function of the release. Its cells sum to both members' answers exactly (least squares),
-    each cell has a half-width (its noise combination), and it costs nothing."""
+def test_an_aggregate_no_statement_asked_for_is_derived_free(tiny_policy: TinyPolicy) -> None:
+    """The file asks for counts, SUM and AVG, and STDDEV of spend by region: a count of spend's
+    non-NULL values and its sum by region are measurements of the release. Derived, they cost
+    nothing, each cell has a half-width (its noise combination), and asked again they are the
+    same answer (the same release, the same least squares)."""
     with closing(Session(tiny_policy(_rows(21)))) as session:
-        results = _released(session, UNION_FILE)
-        spent = session.budget().epsilon_spent
-        charges = len(session.filter.charges)
-        fine = session.execute(FINE)
-        assert fine.charge is None and fine.cached_from is not None
-        assert "derived from release" in fine.note
-        family = next(r.seq for r in session.filter.store.records() if r.kind == RECORD_KIND)
-        assert fine.cached_from == family
-        assert session.budget().epsilon_spent == spent and len(session.filter.charges) == charges
-        assert all(acc[-1] is not None and acc[-1] > 0 for acc in fine.accuracy)
-        by_region, by_band = dict(results[3].rows), dict(results[4].rows)
-        for region, parts in _parts(fine.rows, 0).items():
-            adds_up(by_region[region], parts)
-        for band, parts in _parts(fine.rows, 1).items():
-            adds_up(by_band[band], parts)
-        # Asked again, the same answer (the same release, the same least squares).
-        assert session.execute(FINE).rows == fine.rows
-
-
-def test_a_coarser_level_no_statement_asked_for_is_derived_free(tiny_policy: TinyPolicy) -> None:
-    """The file asks by region and by (region, band): by band alone is the sum over regions of
-    the (region, band) answers. A SUM by band is not: the family measured sums by region only
-    (its base), so it is charged afresh."""
-    with closing(Session(tiny_policy(_rows(22), budget={"epsilon": "20"}))) as session:
         results = _released(session, FILE)
         spent = session.budget().epsilon_spent
-        derived = session.execute(BY_BAND)
-        assert derived.charge is None and "derived from release" in derived.note
-        fine = _parts(results[3].rows, 1)
-        assert set(dict(derived.rows)) == set(fine)
-        for band, n in derived.rows:
-            adds_up(n, fine[band])
-        # By band and by region are two partitions of one total, each shown at 0 or above.
-        by_region = [n for _, n in results[2].rows]
-        by_band = [n for _, n in derived.rows]
-        if all(n > 0 for n in by_region + by_band):
-            assert sum(by_band) == pytest.approx(sum(by_region), rel=1e-9, abs=1e-6)
-        assert session.budget().epsilon_spent == spent
-        summed = session.execute(f"SELECT {BAND} AS band, SUM(spend) FROM visits GROUP BY band")
-        assert summed.charge is not None
+        charges = len(session.filter.charges)
+        derived = session.execute(NOT_ASKED)
+        assert derived.charge is None and derived.cached_from is not None
+        assert "derived from release" in derived.note
+        family = next(r.seq for r in session.filter.store.records() if r.kind == RECORD_KIND)
+        assert derived.cached_from == family
+        assert session.budget().epsilon_spent == spent and len(session.filter.charges) == charges
+        assert all(a is not None and a > 0 for acc in derived.accuracy for a in acc[1:])
+        # The same sums the member SUM(spend), AVG(spend) was given.
+        assert {r[0]: r[2] for r in derived.rows} == {r[0]: r[1] for r in results[4].rows}
+        assert session.execute(NOT_ASKED).rows == derived.rows
+
+
+def test_a_coarser_level_is_charged_its_own_rows_are_not_the_family_s(
+    tiny_policy: TinyPolicy,
+) -> None:
+    """The family bounded its rows per region (L0 regions of a unit, C rows in each): the
+    total, or a count by band, bounds a unit per group of its own grouping, so it is not a sum
+    of the family's cells and is charged."""
+    with closing(Session(tiny_policy(_rows(22), budget={"epsilon": "20"}))) as session:
+        _released(session, FILE)
+        for query in ("SELECT COUNT(spend) AS m FROM visits", BY_BAND):
+            result = session.execute(query)
+            assert result.charge is not None and "derived" not in result.note
 
 
 @pytest.mark.parametrize(
     ("setting", "query"),
     [
-        ("", BY_BAND.replace("FROM visits", "FROM visits WHERE age > 30")),  # other rows
-        ("SET dpsql.max_groups_per_unit = 1", BY_BAND),  # other bounds
-        ("SET dpsql.max_rows_per_unit = 5", BY_BAND),  # other bounds (R)
-        ("SET dpsql.share = off", BY_BAND),
-        ("SET dpsql.fresh = on", BY_BAND),
-        ("SET dpsql.mechanism = 'gaussian'", BY_BAND),
+        ("", NOT_ASKED.replace("FROM visits", "FROM visits WHERE age > 30")),  # other rows
+        ("SET dpsql.max_groups_per_unit = 1", NOT_ASKED),  # other bounds
+        ("SET dpsql.max_rows_per_unit = 5", NOT_ASKED),  # other bounds (R)
+        ("SET dpsql.share = off", NOT_ASKED),
+        ("SET dpsql.fresh = on", NOT_ASKED),
+        ("SET dpsql.mechanism = 'gaussian'", NOT_ASKED),
         ("", "SELECT age, COUNT(*) FROM visits GROUP BY age"),  # not a fine key
-        # No other group: rows outside the domain would have been dropped at the fine grouping.
-        ("SET dpsql.other_group = off", "SELECT region, COUNT(*) FROM visits GROUP BY region"),
-        ("", f"SELECT {BAND} AS band, COUNT(DISTINCT user_id) FROM visits GROUP BY band"),
+        ("", BY_BAND),  # a key the family lacks
+        # No other group: another key's domain and other group than the family's.
+        ("SET dpsql.other_group = off", NOT_ASKED),
+        ("", "SELECT region, COUNT(DISTINCT user_id) FROM visits GROUP BY region"),
     ],
 )
 def test_a_statement_that_is_not_a_function_of_the_release_is_charged(
@@ -124,12 +105,12 @@ def test_a_derived_answer_survives_a_restart(tiny_policy: TinyPolicy, tmp_path: 
     Ledger.create(ledger, policy.dataset.id, budget=budget_caps(policy.budget))
     durable: Policy = policy.model_copy(update={"ledger": LedgerSpec(path=ledger)})
     with closing(Session(durable)) as session:
-        _released(session, UNION_FILE)
-        first = session.execute(FINE)
+        _released(session, FILE)
+        first = session.execute(NOT_ASKED)
+        assert first.charge is None
     with closing(Session(durable)) as later:
-        for setting in ("SET dpsql.max_rows_per_unit = 6", "SET dpsql.other_group = on"):
-            later.execute(setting)
-        again = later.execute(FINE)
+        later.execute("SET dpsql.other_group = on")
+        again = later.execute(NOT_ASKED)
         assert again.charge is None and again.rows == first.rows
         assert again.accuracy == first.accuracy
 
@@ -151,9 +132,17 @@ def _grouped(keys: Sequence[str]) -> str:
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(
     seed=st.integers(0, 10**6),
-    asked=st.lists(st.sampled_from(GROUPINGS), min_size=2, max_size=4, unique=True),
+    asked=st.lists(st.sampled_from([(), *GROUPINGS]), min_size=2, max_size=4, unique=True),
     later=st.sampled_from([(), *GROUPINGS]),
-    r=st.sampled_from(["", "SET dpsql.max_rows_per_unit = 6;\n"]),
+    # R <= C with L0 >= R: every unit keeps R rows and each of them, and the total of rows
+    # shares its family's rows.
+    r=st.sampled_from(
+        [
+            "",
+            "SET dpsql.max_rows_per_unit = 6;\n",
+            "SET dpsql.max_rows_per_unit = 6;\nSET dpsql.max_groups_per_unit = 6;\n",
+        ]
+    ),
 )
 def test_a_derived_answer_is_the_sum_of_the_family_fine_cells(
     tiny_policy: TinyPolicy,
@@ -163,8 +152,9 @@ def test_a_derived_answer_is_the_sum_of_the_family_fine_cells(
     r: str,
 ) -> None:
     """Generated files of counts at several groupings and a later count at any grouping: when
-    it is served from a family's release, it costs nothing and each of its cells is the sum of
-    the family's fine cells (as the fine grouping's own answer gives them) that it holds."""
+    it is served from a family's release, it costs nothing, each of its cells is the sum of
+    the family's fine cells (as the fine grouping's own answer gives them) that it holds, and
+    its own exact bounded counts are the sums of the family's exact bounded cells."""
     text = r + "SET dpsql.other_group = on;\n" + "".join(f"{_grouped(g)};\n" for g in asked)
     with closing(Session(tiny_policy(_rows(seed), budget={"epsilon": "40"}))) as session:
         workload = _workload(session, text)
@@ -187,6 +177,11 @@ def test_a_derived_answer_is_the_sum_of_the_family_fine_cells(
         fine_names = [texts[str(d[0])] for d in served.payload["derive"]["keys"]]
         fine = session.execute(_grouped(fine_names))
         assert fine.charge is None
+        own = session.engine.run(session.plan(_grouped(later)).engine_sql)[1]
+        exact: dict[tuple[Any, ...], int] = defaultdict(int)
+        for row in session.engine.run(session.plan(_grouped(fine_names)).engine_sql)[1]:
+            exact[tuple(row[fine_names.index(k)] for k in later)] += int(row[-1] or 0)
+        assert {tuple(r[:-1]): int(r[-1] or 0) for r in own} == dict(exact)
         position = [fine_names.index(k) for k in later]
         parts: dict[tuple[Any, ...], list[float]] = defaultdict(list)
         for row in fine.rows:

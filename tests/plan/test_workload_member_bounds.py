@@ -1,9 +1,8 @@
 """Workload members keep their own bounds: a statement of a ``dpsql run`` file that sets its own
 L0, C or R (or other settings that change the bounded rows) never joins a family bounded at
-another statement's settings. Statement sets with random SETs between the statements; for every
-family, each member's settings equal the fine plan's, and the member the units' groups are chosen
-at (its counts), or the member at the fine grouping when none is, measures, cell by cell, exactly
-the bounded totals of its own bounded query run alone (without a total row cap R)."""
+another statement's settings, nor at another grouping's. Statement sets with random SETs between
+the statements; for every family, each member's settings equal the fine plan's, and each member
+measures, cell by cell, exactly the bounded totals of its own bounded query run alone."""
 
 from __future__ import annotations
 
@@ -28,6 +27,10 @@ STATEMENTS = (
     "SELECT region, SUM(spend) AS s FROM visits GROUP BY region",
     f"SELECT {BAND} AS band, COUNT(*) AS n FROM visits GROUP BY band",
     f"SELECT region, {BAND} AS band, SUM(spend) AS s FROM visits GROUP BY region, band",
+    f"SELECT {BAND} AS band, region, COUNT(*) AS n FROM visits GROUP BY band, region",
+    "SELECT region, AVG(spend) AS a, COUNT(spend) AS m FROM visits GROUP BY region",
+    "SELECT region, STDDEV(spend) AS sd FROM visits GROUP BY region",
+    "SELECT SUM(spend) AS s FROM visits",
 )
 # Each setting that changes the bounded rows, with values of which some bind on the data.
 SETS = (
@@ -36,6 +39,7 @@ SETS = (
     "SET dpsql.max_rows_per_unit_per_group = 50",
     "SET dpsql.max_groups_per_unit = 1",
     "SET dpsql.max_groups_per_unit = 3",
+    "SET dpsql.max_groups_per_unit = 6",
     "SET dpsql.max_rows_per_unit = 6",
     "SET dpsql.max_rows_per_unit = 40",
     "SET dpsql.other_group = off",
@@ -123,20 +127,55 @@ def test_each_member_is_bounded_as_it_asked(
                 assert _bounds(plan.options) == _bounds(fine.options), text
                 for k, p in zip(plan.analysis.keys, member.positions, strict=True):
                     assert (k.other, k.other_text) == (keys[p].other, keys[p].other_text)
-            b = fine.bounding
-            assert b is not None
-            chosen = tuple(sorted(b.select_at)) if b.select_at is not None else None
-            fine_level = tuple(range(len(family.sizes)))
             for member in family.members:
-                # Exact where the family promises it (``joint._selected``): every measurement
-                # of a member at the fine grouping when no coarser one chooses the groups; the
-                # counts of the member whose grouping chooses them (its C rows by the keyed
-                # hash, where its sums alone would weigh a unit's rows, C times their mean).
-                # Not under a total row cap R: its window ranks a unit's rows by a keyed hash of
-                # the columns the bounded query reads, which the family's query reads more of.
-                counts = all(fine.measurements[s].spec.kind == "rows" for s in member.specs)
-                exact = (chosen is None and member.level == fine_level) or (
-                    member.level == chosen and counts
-                )
-                if exact and fine.options.max_rows_per_unit is None:
-                    assert _in_family(session, family, member) == _own(session, member), text
+                assert _in_family(session, family, member) == _own(session, member), text
+
+
+SAME_GROUPING = """SET dpsql.other_group = on;
+SELECT region, COUNT(*) AS n FROM visits GROUP BY region;
+SELECT region, SUM(spend) AS s, AVG(spend) AS a FROM visits GROUP BY region;
+SELECT region, STDDEV(spend) AS sd FROM visits GROUP BY region;
+SELECT region, {band} AS band, COUNT(*) AS n FROM visits GROUP BY region, band;
+SELECT COUNT(*) AS n FROM visits;
+""".replace("{band}", BAND)
+# R <= C and L0 >= R: every unit keeps R rows and each of them (the bounding is direct), so the
+# total of rows is the sum of the grouping's cells.
+R_DIRECT = """SET dpsql.other_group = on;
+SET dpsql.max_rows_per_unit = 6;
+SET dpsql.max_groups_per_unit = 6;
+SELECT COUNT(*) AS n FROM visits;
+SELECT region, COUNT(*) AS n FROM visits GROUP BY region;
+SELECT region, {band} AS band, COUNT(*) AS n FROM visits GROUP BY region, band;
+""".replace("{band}", BAND)
+
+
+def _shapes(tiny_policy: TinyPolicy, text: str) -> list[list[int]]:
+    with closing(Session(tiny_policy(_rows(7)))) as session:
+        workload = plan_workload(session, split_statements(text))
+        for family in workload.joint.families:
+            for member in family.members:
+                assert _in_family(session, family, member) == _own(session, member)
+        return [sorted(m.index for m in f.members) for f in workload.joint.families]
+
+
+def test_statements_of_one_grouping_share_and_others_do_not(tiny_policy: TinyPolicy) -> None:
+    # Bounded at (region, band), the counts by region and the total would be other rows than
+    # their own: L0 and C bound a unit per group of the grouping asked.
+    assert _shapes(tiny_policy, SAME_GROUPING) == [[1, 2, 3]]  # (0 is the SET)
+
+
+def test_the_total_of_rows_joins_a_grouping_whose_rows_are_all_kept(
+    tiny_policy: TinyPolicy,
+) -> None:
+    # R's window hashes the keys a query reads: (region, band) keeps other rows than region.
+    assert _shapes(tiny_policy, R_DIRECT) == [[3, 4]]
+
+
+def test_a_member_asking_other_bounds_is_answered_at_its_own(tiny_policy: TinyPolicy) -> None:
+    text = """SELECT region, COUNT(*) AS n FROM visits GROUP BY region;
+SELECT region, SUM(spend) AS s, AVG(spend) AS a FROM visits GROUP BY region;
+SELECT region, STDDEV(spend) AS sd FROM visits GROUP BY region;
+SET dpsql.max_rows_per_unit_per_group = 50;
+SELECT region, STDDEV(spend) AS sd FROM visits GROUP BY region;
+"""
+    assert _shapes(tiny_policy, text) == [[0, 1, 2]]

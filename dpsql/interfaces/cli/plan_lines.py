@@ -66,20 +66,10 @@ def plan_lines(session: Session, name: str, given: Sequence[Step] | Workload) ->
         for family in workload.joint.families:
             numbers = ", ".join(str(steps[m.index].piece.number) for m in family.members)
             at = bounded_at(steps, family)
-            grouping = (
-                f"({family.grouping}), the union of their keys"
-                if family.union
-                else (f"of statement {at}")
-            )
-            b = family.fine.bounding
-            chosen = ""
-            if b is not None and b.select_at is not None:
-                names = ", ".join(family.fine.analysis.keys[p].name for p in b.select_at)
-                chosen = f", each unit's L0 groups chosen at ({names}) with C rows in each"
             lines.append(
-                f"joint: statements {numbers} bounded once at the grouping {grouping} "
-                f"(L0 = {family.fine.max_groups}, C = {family.fine.max_rows}{chosen}); coarser "
-                "cells are sums of its cells, so their L1 = L2 = L0·C; measured:"
+                f"joint: statements {numbers} bounded once at the grouping of statement {at} "
+                f"(L0 = {family.fine.max_groups}, C = {family.fine.max_rows}), each member at "
+                "its own bounds; measured:"
             )
             for t in family.taken:
                 m = t.measurement

@@ -1,4 +1,4 @@
-"""A batch file planned as one workload: shared measurements, hierarchies and one budget.
+"""A batch file planned as one workload: shared measurements and one budget.
 
 Independent planning measures each statement on its own rows at its own epsilon. A workload
 plan looks for statements that could share what they measure, all decided from public
@@ -6,31 +6,30 @@ quantities only (the statements, the policy, the key domains' sizes), never from
 
 * A **family** is a set of statements over the same rows before bounding (one table, the same
   WHERE, the same settings apart from epsilon: the same L0, C and R), with public key domains
-  only, whose GROUP BY keys are each a subset of one member's keys (the finest grouping, "fine"
-  below). A key the
-  fine grouping has and a coarser member lacks needs an other group (``SET dpsql.other_group =
-  on``), so that no row outside its domain is dropped at the fine grouping that the coarser
-  statement would have counted. When the statements' groupings do not nest, the fine grouping
-  may be the union of their keys, which no statement asks for (``Family.union``); every
-  statement is then a coarser level of it.
-* The family's rows are **bounded once** (its L0, C and R; one bounded query at the fine
-  grouping for the union of the members' measurements), with the units' groups chosen at a
-  member's coarser grouping where L0 would rank fine cells (``_selected``): that member keeps
-  its own bounded counts, and the finer levels the same rows. A coarser cell is the sum of
-  fine cells, and a unit's kept rows (at most L0·C) may all fall in one coarser cell, so a
-  measurement of a coarser level has L1 = L2 = L0·C times the per-row bound (or R times it when
-  R binds): Hay, Rastogi, Miklau, Suciu, "Boosting the accuracy of differentially private
+  only, whose bounded rows are each exactly the rows the statement's own bounded query keeps
+  (``keeps_own_rows``): a member is never answered at another statement's bounds, nor at
+  another grouping's. L0 and C bound a unit per group of one grouping, and R's window ranks a
+  unit's rows by a keyed hash of the columns its query reads, so this holds for statements of
+  one grouping (the same key order where a keyed hash ranks), and for the total of rows when
+  every unit keeps R rows and each of them (R <= C, L0 >= R). A key of the family's grouping
+  that a member lacks (only the total's) needs its other group (``SET dpsql.other_group =
+  on``), so that no row outside its domain is dropped that the total would count.
+* The family's rows are **bounded once** (one bounded query at its grouping for the union of
+  the members' measurements). The total is the sum of the cells, and a unit's kept rows (at
+  most R) may all fall in one cell, so the total's measurement has L1 = L2 = R times the
+  per-row bound: Hay, Rastogi, Miklau, Suciu, "Boosting the accuracy of differentially private
   histograms through consistency" (VLDB 2010), bounded at the leaves.
-* Each measurement kind (a count, a sum on its grid, ...) is taken at the fine level and at any
-  member's level the plan chooses; the family's epsilon (the sum of its members' independent
-  epsilons) is split across the measurements taken to minimise the sum over members of
-  (weighted variance under the joint plan) / (under the member's independent plan), with no
-  member's variance above 1.21 times its independent one (a half-width at most 10% wider).
-  The weighted variance is ``dpsql.plan.split``'s objective (public weights).
+* Each measurement kind (a count, a sum on its grid, ...) is taken at the family's grouping
+  and, for the total, at the total level if the plan chooses; the family's epsilon (the sum of
+  its members' independent epsilons) is split across the measurements taken to minimise the
+  sum over members of (weighted variance under the joint plan) / (under the member's
+  independent plan), with no member's variance above 1.21 times its independent one (a
+  half-width at most 10% wider). The weighted variance is ``dpsql.plan.split``'s objective
+  (public weights).
 * Answers combine every level taken by weighted least squares
-(``dpsql.plan.workload.least_squares``),
-  in exact rationals: children sum to their parents exactly. The released values are not
-  rounded nor clamped at 0 (either would break the sums), and the output says so.
+  (``dpsql.plan.workload.least_squares``), in exact rationals: the cells sum to the total
+  exactly. The released values are not rounded nor clamped at 0 (either would break the sums),
+  and the output says so.
 
 A family is taken only when it predicts a lower objective than independent planning; members
 whose share would not gain are planned on their own. Everything else (quantiles, private keys,
@@ -50,6 +49,7 @@ from fractions import Fraction
 
 from sqlglot import exp
 
+from dpsql.bound.specs import Bounding
 from dpsql.mechanisms.events import Event
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.plans import Measurement, Plan
@@ -113,21 +113,6 @@ class Family:
     taken: tuple[Taken, ...]
     sizes: tuple[int, ...]  # the number of values of each fine key (its domain, other group)
     ratios: tuple[float, ...]  # per member: joint / independent weighted variance
-    # The fine grouping is no member's but the union of the members' keys (planned with the
-    # settings of a member of the most keys); ``fine_index`` is then the first member's.
-    union: bool = False
-
-    @property
-    def grouping(self) -> str:
-        """The fine grouping's keys, each by the name a member gives it."""
-        names = [k.name for k in self.fine.analysis.keys]
-        for member in reversed(self.members):
-            a = member.plan.analysis
-            for key, p in zip(a.keys, member.positions, strict=True):
-                shown = [o.name for o in a.outputs
-                         if isinstance(o.expr, exp.Column) and o.expr.name == key.name]  # fmt: skip
-                names[p] = shown[0] if shown else key.name
-        return ", ".join(names)
 
     def cells(self, level: Sequence[int]) -> int:
         return math.prod(self.sizes[p] for p in level)
@@ -241,6 +226,65 @@ def positions_among(
         if i not in out and not f[2]:
             return None
     return tuple(out)
+
+
+def keeps_own_rows(fine: Plan, member: Plan, positions: Sequence[int]) -> bool:
+    """Whether ``fine``'s bounded rows, summed up to the member's level, are exactly the
+    member's own bounded totals, decided from the two plans alone: a member is never answered
+    at bounds other than its own (``rows_and_settings`` keeps their settings equal; this keeps
+    the groupings the bounds apply to equal too). See ``same_rows``."""
+    if fine.bounding is None:
+        return False
+    return same_rows(rows_text(fine.bounding), len(fine.analysis.keys), member, positions)
+
+
+def rows_text(b: Bounding) -> dict[str, list[object]]:
+    """What of a bounding decides which rows each unit keeps, in JSON (a ledger record keeps
+    it): its steps, and the values R's window hashes."""
+    sample = None if b.sample is None else str(b.sample)
+    values: list[object] = [[v.expr.sql(dialect=DIALECT), repr(v.grid), v.role] for v in b.values]
+    return {"steps": [b.max_groups, b.max_rows, b.max_total_rows, b.direct, sample],
+            "values": values}  # fmt: skip
+
+
+def same_rows(
+    fine: dict[str, list[object]] | None, n: int, member: Plan, positions: Sequence[int]
+) -> bool:
+    """Whether a bounding of ``n`` keys (``rows_text``) keeps the rows ``member``'s own keeps,
+    its keys at ``positions`` among the bounding's. Either:
+
+    * the member is at the same grouping and bounds its rows with the same steps: the same L0
+      ranking by the keyed hash of (unit, keys) in the same key order, the same C cap of each
+      value on its own (``per_unit.capped``), and the same R window, whose keyed hash reads the
+      keys and the values (``caps.row_cap``), so only with the same values in the same order;
+    * or the member is the total of rows (``COUNT(*)`` with no key), whose own query skips R's
+      window and adds min(n, C) rows of each unit with C <= R, and the bounding keeps R rows of
+      each unit and every one of them (``direct``, R <= C): min(n, R) both.
+
+    L0 and C bound a unit per group of one grouping, and R's window hashes the columns one
+    query reads, so rows bounded at a finer grouping are another statement's rows: a coarser
+    statement is never answered from them."""
+    if fine is None or member.bounding is None:
+        return False
+    own = rows_text(member.bounding)
+    groups, _, window, direct, _ = fine["steps"]
+    if sorted(positions) == list(range(n)):
+        if fine["steps"] != own["steps"]:
+            return False
+        ordered = tuple(positions) == tuple(range(n))
+        if (groups is not None or window is not None) and not ordered:
+            return False
+        return window is None or fine["values"] == own["values"]
+    own_groups, own_rows, own_window, _, _ = own["steps"]
+    return (
+        not positions
+        and direct is True
+        and window is not None
+        and own_window is None
+        and own_groups is None
+        and own_rows == window
+        and all(m.spec.kind == "rows" for m in member.measurements)
+    )
 
 
 def spec_key(plan: Plan, m: Measurement) -> tuple[object, ...]:

@@ -1,13 +1,11 @@
 """A workload's joint plan: which statements share measurements, and the split of its epsilon.
 
 ``plan_joint`` looks, greedily and from public quantities only, for families among the
-statements to be charged (``dpsql.plan.workload.family`` says who may share and why):
-the fine grouping and the members with the largest predicted gain first, then the union of
-the groupings' keys when no member's grouping holds the others'. ``plan_family`` bounds the
-members once at the fine grouping (``_selected``: the units' groups chosen at a member's
-coarser grouping), chooses which measurements to take at which level and splits the family's
-epsilon over them by the variance model (``dpsql.plan.workload.model``), in exact rationals
-summing to the members' own epsilons.
+statements to be charged (``dpsql.plan.workload.family`` says who may share and why): each
+grouping's first statement as the family's, with the members that keep their own bounded rows
+there, the family of the largest predicted gain first. ``plan_family`` chooses which
+measurements to take at which level and splits the family's epsilon over them by the variance
+model (``dpsql.plan.workload.model``), in exact rationals summing to the members' own epsilons.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from typing import cast
 
 from sqlglot import exp
 
-from dpsql.bound.rewrite import bounded_query
 from dpsql.errors import DpsqlError, InternalError
 from dpsql.mechanisms.laplace import MAX_SCALE
 from dpsql.plan.plans import Plan
@@ -35,6 +32,7 @@ from dpsql.plan.workload.family import (
     Member,
     Taken,
     eligible,
+    keeps_own_rows,
     key_text,
     member_positions,
     rows_and_settings,
@@ -65,19 +63,6 @@ def synthetic(fine: Plan, members: Sequence[Plan]) -> exp.Select:
     return _grouped(fine, [k.expr.copy() for k in fine.analysis.keys], aggregates)
 
 
-def union_select(plans: Sequence[Plan]) -> exp.Select:
-    """A count over the rows of ``plans[0]`` grouped by the union of the plans' keys (in
-    order of first appearance): the grouping of a family that no statement asks for."""
-    keys: list[exp.Expression] = []
-    seen: set[str] = set()
-    for plan in plans:
-        for k in plan.analysis.keys:
-            if key_text(k) not in seen:
-                seen.add(key_text(k))
-                keys.append(k.expr.copy())
-    return _grouped(plans[0], keys, [exp.Count(this=exp.Star())])
-
-
 def _grouped(
     source: Plan, keys: Sequence[exp.Expression], aggregates: Sequence[exp.Expression]
 ) -> exp.Select:
@@ -99,7 +84,6 @@ def plan_family(  # noqa: PLR0915
     fine_index: int,
     members: Sequence[Member],
     sizes: Sequence[int],
-    union: bool = False,
 ) -> Family | None:
     """The best split for these members bounded at ``fine``, or None if it gains nothing."""
     fine_level = tuple(range(len(fine.analysis.keys)))
@@ -145,6 +129,7 @@ def plan_family(  # noqa: PLR0915
     if not value <= (1 - MIN_GAIN) * len(members) or max(ratios) > float(MAX_LOSS):
         return None
     shares = _exact_shares([eps[s] for s in range(len(slots)) if taken[s]], epsilon)
+    names = _key_names(fine, members)
     chosen = []
     it = iter(shares)
     for s, (k, i) in enumerate(slots):
@@ -155,22 +140,14 @@ def plan_family(  # noqa: PLR0915
         level = kind.levels[i]
         e = next(it)
         # One unit moves at most L0 cells of any level (its L0 fine cells, summed up): the
-        # accountants that read a one-coordinate mechanism never see one here. With its groups
-        # chosen at a coarser grouping, L0 of those, but any of its rows (at most L0·C, and R)
-        # may fall in a cell of its own at another level.
+        # accountants that read a one-coordinate mechanism never see one here.
         dimensions = fine.measurements[kind.spec].groups
-        picked_at = fine.bounding.select_at if fine.bounding is not None else None
-        if picked_at is not None and level != tuple(sorted(picked_at)):
-            rows = fine.max_groups * fine.max_rows
-            if fine.options.max_rows_per_unit is not None:
-                rows = min(rows, fine.options.max_rows_per_unit)
-            dimensions = min(rows, math.prod(sizes[p] for p in level))
         if level != fine_level:
             # A coarser cell may hold all of a unit's L0 fine cells: L1 = L2 = L0·C·(row bound),
             # or R·(row bound) when R binds (Hay et al. 2010, bounded at the leaves).
             m = replace(m, groups=1, per_group=m.sensitivity, row_bound=None)
         scale = Fraction(m.sensitivity) / e
-        label = m.label + _level_label(fine, level)
+        label = m.label + _level_label(names, level)
         measured = replace(m, scale=scale, share=e / epsilon, label=label)
         chosen.append(Taken(kind.spec, level, measured, dimensions))
     # A coarser level's share of the family's epsilon with its L0·C sensitivity can ask for
@@ -187,47 +164,24 @@ def plan_family(  # noqa: PLR0915
     _, ratios = model.objective(full, taken)
     if sum(t.epsilon for t in chosen) != epsilon:
         raise InternalError("the family's epsilon is not its members' sum")
-    # A union's grouping is no member's: the family goes by its first member (members of two
-    # families are disjoint, so the index names one family).
-    index = members[0].index if union else fine_index
-    return Family(fine, index, tuple(members), tuple(chosen), tuple(sizes), tuple(ratios), union)
+    return Family(fine, fine_index, tuple(members), tuple(chosen), tuple(sizes), tuple(ratios))
 
 
-def _selected(fine: Plan, members: Sequence[Member], sizes: Sequence[int]) -> Plan:
-    """``fine`` with its units' groups chosen at a member's coarser grouping (``Bounding.
-    select_at``), when its L0 ranking would run: each unit keeps the L0 groups of that grouping
-    its member's own query keeps (the same keyed hash), and C rows in each, so that member's
-    counts are its own bounded counts, and the finer levels keep those rows too, where L0
-    counted the fine cells before (a unit touching 3 region-months of 2 regions lost a third
-    of its rows under L0 = 2). The sensitivities stay: a unit still adds at most L0·C rows (and
-    R), at most C to any cell of a level that refines the chosen grouping. The grouping is the
-    one the most members refine, then the one of fewest cells (public quantities only)."""
-    b = fine.bounding
-    if b is None or b.direct or b.max_groups is None:
-        return fine
-    fine_level = tuple(range(len(sizes)))
-    best: tuple[tuple[int, int], tuple[int, ...]] | None = None
-    for member in members:
-        level = member.level
-        if not level or level == fine_level:
-            continue
-        refining = sum(1 for other in members if set(level) <= set(other.level))
-        rank = (-refining, math.prod(sizes[p] for p in level))
-        if best is None or rank < best[0]:
-            best = (rank, member.positions)
-    if best is None:
-        return fine
-    bounding = replace(b, select_at=best[1], direct=True)
-    names = ", ".join(fine.analysis.keys[p].name for p in best[1])
-    why = (f"groups chosen at ({names}): a unit keeps L0 = {b.max_groups} of them and C = "
-           f"{b.max_rows} rows in each, then the finer cells sum those rows")  # fmt: skip
-    return replace(fine, bounding=bounding, engine_sql=bounded_query(fine.analysis, bounding),
-                   skipped=(*fine.skipped, why))  # fmt: skip
+def _level_label(names: Sequence[str], level: Sequence[int]) -> str:
+    return f" by ({', '.join(names[p] for p in level)})" if level else " in total"
 
 
-def _level_label(fine: Plan, level: Sequence[int]) -> str:
-    names = [fine.analysis.keys[p].name for p in level]
-    return f" by ({', '.join(names)})" if names else " in total"
+def _key_names(fine: Plan, members: Sequence[Member]) -> list[str]:
+    """The family's keys, each by the name a member's output gives it (an expression's alias,
+    where the bounded query's own name is internal)."""
+    names = [k.name for k in fine.analysis.keys]
+    for member in reversed(members):
+        a = member.plan.analysis
+        for key, p in zip(a.keys, member.positions, strict=True):
+            shown = [o.name for o in a.outputs
+                     if isinstance(o.expr, exp.Column) and o.expr.name == key.name]  # fmt: skip
+            names[p] = shown[0] if shown else key.name
+    return names
 
 
 def _exact_shares(eps: Sequence[float], total: Fraction) -> list[Fraction]:
@@ -258,20 +212,14 @@ def plan_joint(plans: Sequence[Plan | None], plan_select: PlanSelect) -> Joint:
         pool = list(indices)[:MAX_CANDIDATES]
         while len(pool) >= 2:
             best: Family | None = None
-            # The fine grouping is a maximal one: a statement whose keys another's include
-            # bounds a family that the other's could hold too (with it as a member). Two
-            # statements of one key set bound the same family: the first is tried.
+            # Each key set is tried as the fine grouping once (its first statement): a member
+            # keeps its own bounded rows only at its own grouping (``keeps_own_rows``).
             keysets = {i: frozenset(key_text(k) for k in _plan(plans, i).analysis.keys)
                        for i in pool}  # fmt: skip
-            maximal = [f for f in pool if not any(keysets[f] < keysets[g] for g in pool)]
-            maximal = [f for n, f in enumerate(maximal)
-                       if keysets[f] not in {keysets[g] for g in maximal[:n]}]  # fmt: skip
-            for f in maximal:
+            firsts = [f for n, f in enumerate(pool)
+                      if keysets[f] not in {keysets[g] for g in pool[:n]}]  # fmt: skip
+            for f in firsts:
                 family = _try(plans, f, pool, plan_select)
-                if family is not None and (best is None or _gain(family) > _gain(best)):
-                    best = family
-            if len(maximal) >= 2:
-                family = _try_union(plans, maximal, pool, plan_select)
                 if family is not None and (best is None or _gain(family) > _gain(best)):
                     best = family
             if best is None:
@@ -296,70 +244,41 @@ def _gain(family: Family) -> float:
     return len(family.members) - sum(family.ratios)
 
 
-def _try_union(
-    plans: Sequence[Plan | None],
-    maximal: Sequence[int],
-    pool: Sequence[int],
-    plan_select: PlanSelect,
-) -> Family | None:
-    """The family bounded at the union of the maximal groupings' keys, with the settings of
-    the first statement of most keys."""
-    ordered = sorted(maximal, key=lambda i: -len(_plan(plans, i).analysis.keys))
-    # The union's cells are the base of every kind that spans two of the groupings: refused
-    # before planning it when there are more than the exact least squares takes.
-    sizes: dict[str, int] = {}
-    for i in ordered:
-        for k in _plan(plans, i).analysis.keys:
-            sizes[key_text(k)] = len(k.domain or ()) + int(k.other)
-    if math.prod(sizes.values()) > MAX_FAMILY_CELLS:
-        return None
-    try:
-        grouping = plan_select(union_select([_plan(plans, i) for i in ordered]), ordered[0])
-    except DpsqlError:
-        return None
-    return _try(plans, ordered[0], pool, plan_select, grouping)
-
-
 def _try(
-    plans: Sequence[Plan | None],
-    f: int,
-    pool: Sequence[int],
-    plan_select: PlanSelect,
-    grouping: Plan | None = None,
+    plans: Sequence[Plan | None], f: int, pool: Sequence[int], plan_select: PlanSelect
 ) -> Family | None:
-    """The family bounded at statement f's grouping (or at ``grouping``), pruned while a
-    member loses."""
-    fine_plan = plans[f] if grouping is None else grouping
-    assert fine_plan is not None
+    """The family bounded at statement f's grouping, of the statements that keep their own
+    bounded rows there (``keeps_own_rows``), pruned while a member loses."""
+    own = _plan(plans, f)
     candidates = []
     for i in pool:
-        p = plans[i]
-        assert p is not None
-        pos = member_positions(fine_plan, p)
-        if pos is not None:
+        p = _plan(plans, i)
+        pos = member_positions(own, p)
+        if pos is not None and keeps_own_rows(own, p, pos):
             candidates.append((i, p, pos))
     if len(candidates) < 2:
         return None
     try:
-        fine = plan_select(synthetic(fine_plan, [p for _, p, _ in candidates]), f)
+        fine = plan_select(synthetic(own, [p for _, p, _ in candidates]), f)
     except DpsqlError:
         return None
-    if not eligible(fine) or len(fine.analysis.keys) != len(fine_plan.analysis.keys):
+    if not eligible(fine) or len(fine.analysis.keys) != len(own.analysis.keys):
         return None
     index = {spec_key(fine, m): j for j, m in enumerate(fine.measurements)}
     members = []
     for i, p, pos in candidates:
         specs = [index.get(spec_key(p, m)) for m in p.measurements]
-        if any(s is None for s in specs):
+        # Checked again on the bounding that measures them all, which reads every member's
+        # values: a member whose rows it would not keep as its own query does is left out.
+        if any(s is None for s in specs) or not keeps_own_rows(fine, p, pos):
             continue
         members.append(Member(i, p, pos, tuple(s for s in specs if s is not None)))
     sizes = tuple(len(k.domain or ()) + int(k.other) for k in fine.analysis.keys)
-    fine = _selected(fine, members, sizes)
     best: Family | None = None
     current = members
     fine_level = tuple(range(len(fine.analysis.keys)))
     while len(current) >= 2:
-        family = plan_family(fine, f, current, sizes, grouping is not None)
+        family = plan_family(fine, f, current, sizes)
         if family is not None and (best is None or _gain(family) > _gain(best)):
             best = family
         if family is not None and max(family.ratios) < 1 - MIN_GAIN:
