@@ -17,7 +17,8 @@ The cells, each ``--seconds`` long:
 
 * **idle**: B alone, measured first (and again at the end);
 * **catalog load**: ``--clients`` raw connections, each sending the load query, reading its
-  answer whole (and dropping it) and sending it again;
+  answer whole (and dropping it) and sending it again (threads of a process of their own, so
+  that B's client never waits for their interpreter lock);
 * **slow readers**: ``--clients`` raw connections, each sending the load query once and never
   reading (a receive buffer of 4 KiB), closed with a reset at the end of the cell.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import multiprocessing
 import os
 import socket
 import statistics
@@ -47,6 +49,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantiles import example_data
@@ -104,26 +107,31 @@ def _query(sql: str) -> bytes:
 
 
 def read_answer(sock: socket.socket, buffer: bytearray) -> tuple[int, bool]:
-    """Read messages up to ReadyForQuery: the answer's bytes, and whether it was an error."""
-    size, failed = 0, False
+    """Read messages up to ReadyForQuery: the answer's bytes, and whether it was an error.
+    (Parsed by offset: the client's own CPU is not what is measured.)"""
+    size, failed, pos = 0, False, 0
     while True:
-        while len(buffer) < 5:
+        while len(buffer) - pos < 5:
             chunk = sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionError("the server closed the connection")
             buffer += chunk
-        kind = buffer[:1]
-        (length,) = struct.unpack_from("!i", buffer, 1)
-        while len(buffer) < 1 + length:
+        kind = buffer[pos]
+        (length,) = struct.unpack_from("!i", buffer, pos + 1)
+        while len(buffer) - pos < 1 + length:
             chunk = sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionError("the server closed the connection")
             buffer += chunk
-        del buffer[: 1 + length]
+        pos += 1 + length
         size += 1 + length
-        failed = failed or kind == b"E"
-        if kind == b"Z":
+        failed = failed or kind == ord("E")
+        if kind == ord("Z"):
+            del buffer[:pos]
             return size, failed
+        if pos > 1 << 20:
+            del buffer[:pos]
+            pos = 0
 
 
 class Load:
@@ -172,6 +180,38 @@ class Load:
                 thread.join(timeout=60)
 
 
+def _load_process(asked: tuple[int, list[str], str, bool], ready: Any, stop: Any, out: Any) -> None:
+    load = Load(*asked)
+    ready.set()
+    stop.wait()
+    load.end()
+    out.put((list(load.answers), load.errors))
+
+
+class LoadProcess:
+    """``Load`` in a process of its own: B's client measures the server, not the wait for
+    the interpreter lock that ten reading threads beside it would hold."""
+
+    def __init__(self, port: int, users: list[str], query: str, read: bool):
+        context = multiprocessing.get_context("fork")
+        self.ready, self.stop, self.out = context.Event(), context.Event(), context.Queue()
+        self.process = context.Process(
+            target=_load_process,
+            args=((port, users, query, read), self.ready, self.stop, self.out),
+            daemon=True,
+        )
+        self.process.start()
+        if not self.ready.wait(120):
+            raise RuntimeError("the load clients did not log in")
+        self.answers: list[int] = []
+        self.errors = 0
+
+    def end(self) -> None:
+        self.stop.set()
+        self.answers, self.errors = self.out.get(timeout=120)
+        self.process.join(timeout=60)
+
+
 @dataclass
 class Cell:
     kind: str
@@ -195,7 +235,7 @@ def cell(served: Served, args: argparse.Namespace, kind: str, read: bool | None)
     load = None
     if read is not None:
         users = [f"analyst{i + 1}" for i in range(args.clients)]
-        load = Load(served.port, users, args.query, read)
+        load = LoadProcess(served.port, users, args.query, read)
     sampler = Sampler(served.process.pid)
     cpu = cpu_seconds(served.process.pid)
     latencies: list[float] = []

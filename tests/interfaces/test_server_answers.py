@@ -221,17 +221,22 @@ def test_the_cap_stops_a_catalog_answer_while_it_is_fetched() -> None:
 def test_catalog_answers_are_fetched_and_encoded_at_low_priority(
     monkeypatch: pytest.MonkeyPatch, stream: bool
 ) -> None:
-    """Every catalog batch is fetched and encoded on the worker's niced thread: ten clients
-    asking for the largest free answer must yield the CPU to other connections' statements."""
+    """Every catalog batch is fetched and encoded on a worker thread of lowered priority: ten
+    clients asking for the largest free answer must yield the CPU to other connections'
+    statements. The first batches at nice +10; once the answer is past ``BULK_BYTES``, the
+    rest in the idle class, on a second thread (an unprivileged thread cannot raise its own
+    priority back)."""
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, int]] = []
     encode = answers._values
 
     def spy(row: Any, oids: Any) -> Any:
-        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
+        policy = os.sched_getscheduler(0)
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0), policy))
         return encode(row, oids)
 
     monkeypatch.setattr(answers, "_values", spy)
+    monkeypatch.setattr(answers, "BULK_BYTES", 100_000)  # a batch of 1,024 rows is ~400 KB
     catalog = Catalog({"visits": {"user_id": "BIGINT", "region": "VARCHAR"}})
     try:
         answer = answers.catalog_answer(catalog, WIDE.format(3000), None, 64 << 20, stream=stream)
@@ -239,8 +244,13 @@ def test_catalog_answers_are_fetched_and_encoded_at_low_priority(
     finally:
         catalog.close()
     assert len(seen) == 3000
-    assert {nice for _, nice in seen} == {min(19, base + answers.NICE)}
-    assert threading.get_native_id() not in {tid for tid, _ in seen}
+    assert threading.get_native_id() not in {tid for tid, _, _ in seen}
+    first, rest = seen[:1024], seen[1024:]
+    assert {(nice, policy) for _, nice, policy in first} == {
+        (min(19, base + answers.NICE), os.SCHED_OTHER)
+    }
+    assert {(nice, policy) for _, nice, policy in rest} == {(19, os.SCHED_IDLE)}
+    assert {tid for tid, _, _ in first}.isdisjoint({tid for tid, _, _ in rest})
 
 
 # -- frames ----------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ from dpsql.interfaces.pgwire.statements import Answer, AnswerRows, AnswerTooLarg
 __all__ = ["catalog_answer"]
 
 NICE = 10  # the catalog thread's niceness: about a tenth of the CPU weight of other work
+# Past this many bytes a catalog answer is bulk (psql's, the BI tools' and the drivers' catalog
+# answers are a few KB): its next batches are fetched and encoded at the idle priority.
+BULK_BYTES = 1 << 20
 T = TypeVar("T")
 Chunk = tuple[list[bytes], AnswerTooLarge | None]  # a batch's rows, and the cap if passed
 
@@ -67,7 +70,7 @@ def catalog_answer(
                 yield from chunk[0]
                 if chunk[1] is not None:
                     raise chunk[1]
-                chunk = _LOW.run(following)
+                chunk = (_BULK if counted.size > BULK_BYTES else _LOW).run(following)
         finally:
             batches.close()  # the catalog's connection, free for the next statement
 
@@ -78,29 +81,40 @@ def catalog_answer(
 
 
 class _LowPriority:
-    """One thread of the worker process, its scheduling priority lowered once (nice +10), that
-    runs the free catalog answers' fetching and encoding: ten clients each asking for the
-    largest catalog answer kept both cores busy, and an analyst's small query on another
-    connection waited behind them (p95 5-14x idle). Raising a thread's nice needs no privilege;
-    where the system refuses it, the thread runs at the usual priority."""
+    """One thread of the worker process, its scheduling priority lowered once, that runs the
+    free catalog answers' fetching and encoding: ten clients each asking for the largest
+    catalog answer kept both cores busy, and an analyst's small query on another connection
+    waited behind them (p95 5-14x idle). ``_LOW`` runs at nice +10, about a tenth of the CPU
+    weight of other work; ``_BULK``, an answer's batches past ``BULK_BYTES``, in the idle
+    class (SCHED_IDLE: only when no other work wants the core), so that bulk free answers
+    never slow a charged one (p95 within 2x idle, benchmarks/server_load.py) while the small
+    ones clients need keep a share. Lowering a thread's priority needs no privilege (raising
+    it back would: hence two threads); where the system refuses, the thread runs at nice +19,
+    or at the usual priority."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: bool) -> None:
+        self._idle = idle
         self._pool: ThreadPoolExecutor | None = None
         self._pid = 0
 
     def run(self, function: Callable[..., T], *args: Any) -> T:
         if self._pool is None or self._pid != os.getpid():  # one per process (workers fork)
-            self._pool = ThreadPoolExecutor(1, "dpsql-catalog", initializer=_lower_priority)
+            name = "dpsql-catalog-bulk" if self._idle else "dpsql-catalog"
+            self._pool = ThreadPoolExecutor(1, name, initializer=self._lower)
             self._pid = os.getpid()
         return self._pool.submit(function, *args).result()
 
+    def _lower(self) -> None:
+        tid = threading.get_native_id()
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, tid, 19 if self._idle else NICE)
+        if self._idle:
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
-def _lower_priority() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
-
-_LOW = _LowPriority()
+_LOW = _LowPriority(idle=False)
+_BULK = _LowPriority(idle=True)
 
 
 def _values(row: tuple[Any, ...], oids: Sequence[int]) -> list[bytes | None]:
