@@ -3,7 +3,8 @@
 ``tests/interfaces/fixtures/catalog_sessions/`` holds, per client, the statements it sent to a
 real PostgreSQL 15 server (how they were recorded: the README.md there): psql's backslash
 commands, SQLAlchemy's reflection and pandas' ``read_sql`` over psycopg, the PostgreSQL JDBC
-driver's ``DatabaseMetaData`` (what DBeaver and Metabase call), and Metabase's own sync queries.
+driver's ``DatabaseMetaData`` (what DBeaver and Metabase call), and, rendered from their source,
+DBeaver's own navigator queries and Metabase's own sync queries.
 Each statement is sent again, with its recorded parameters, over a real psycopg connection: each
 is answered, and nothing is charged. These sessions are where the allow-list of catalog
 functions comes from (``dpsql.interfaces.pgwire.catalog_objects``).
@@ -20,7 +21,7 @@ import pytest
 from server_fixtures import ServerThread, connect, records, write_dataset, write_policy, write_users
 
 SESSIONS = Path(__file__).parent / "fixtures" / "catalog_sessions"
-CLIENTS = ("psql", "psql_completion", "sqlalchemy", "psycopg", "jdbc", "metabase")
+CLIENTS = ("psql", "psql_completion", "sqlalchemy", "psycopg", "jdbc", "metabase", "dbeaver")
 
 
 def recorded(client: str) -> list[dict[str, Any]]:

@@ -47,7 +47,14 @@ _EMPTY_RELATIONS: Mapping[str, tuple[tuple[str, str], ...]] = {
         "prattrs:SMALLINT[]",
         "pg_publication_namespace": "oid:BIGINT pnpubid:BIGINT pnnspid:BIGINT",
         "pg_extension": "oid:BIGINT extname:VARCHAR extowner:BIGINT extnamespace:BIGINT "
-        "extrelocatable:BOOLEAN extversion:VARCHAR",
+        "extrelocatable:BOOLEAN extversion:VARCHAR extconfig:BIGINT[] extcondition:VARCHAR[]",
+        # DBeaver: the database's and roles' descriptions, a table's policies, the extensions
+        # available (none: the catalog has no shared object, policy or extension)
+        "pg_shdescription": "objoid:BIGINT classoid:BIGINT description:VARCHAR",
+        "pg_policies": "schemaname:VARCHAR tablename:VARCHAR policyname:VARCHAR "
+        "permissive:VARCHAR roles:VARCHAR[] cmd:VARCHAR qual:VARCHAR with_check:VARCHAR",
+        "pg_available_extensions": "name:VARCHAR default_version:VARCHAR "
+        "installed_version:VARCHAR comment:VARCHAR",
         "pg_matviews": "schemaname:VARCHAR matviewname:VARCHAR matviewowner:VARCHAR "
         "tablespace:VARCHAR hasindexes:BOOLEAN ispopulated:BOOLEAN definition:VARCHAR",
         "pg_opclass": "oid:BIGINT opcmethod:BIGINT opcname:VARCHAR opcnamespace:BIGINT "
@@ -66,7 +73,8 @@ _EMPTY_RELATIONS: Mapping[str, tuple[tuple[str, str], ...]] = {
         "pg_aggregate": "aggfnoid:BIGINT aggkind:VARCHAR",
         "pg_language": "oid:BIGINT lanname:VARCHAR",
         "pg_foreign_server": "oid:BIGINT srvname:VARCHAR",
-        "pg_foreign_data_wrapper": "oid:BIGINT fdwname:VARCHAR",
+        "pg_foreign_data_wrapper": "oid:BIGINT fdwname:VARCHAR fdwowner:BIGINT "
+        "fdwhandler:BIGINT fdwvalidator:BIGINT fdwacl:VARCHAR[] fdwoptions:VARCHAR[]",
         "pg_conversion": "oid:BIGINT conname:VARCHAR connamespace:BIGINT conowner:BIGINT "
         "conforencoding:INTEGER contoencoding:INTEGER conproc:VARCHAR condefault:BOOLEAN",
         "pg_cast": "oid:BIGINT castsource:BIGINT casttarget:BIGINT",
@@ -101,11 +109,12 @@ _INFORMATION_SCHEMA = frozenset(
 # The allow-list of functions a catalog query may call, by the lower-case SQL name (sqlglot's typed
 # nodes by their SQL name), each with the recorded client sessions that call it
 # (tests/interfaces/fixtures/catalog_sessions/: psql, SQLAlchemy and pandas over psycopg, the
-# JDBC driver of DBeaver and Metabase, Metabase's own sync). A catalog query is free, so nothing
-# here may make an answer larger than the catalog it reads: no row generator with bounds of the
-# query's choosing (generate_series is checked, ``catalog_bounds``), no width amplifier (repeat,
-# lpad, md5 ...); the aggregates and string builders clients need are capped by the rewrite.
-_PSQL, _SA, _JDBC, _MB = "psql", "sqlalchemy", "jdbc", "metabase"
+# JDBC driver of DBeaver and Metabase, DBeaver's navigator, Metabase's own sync). A catalog query
+# is free, so nothing here may make an answer larger than the catalog it reads: no row generator
+# with bounds of the query's choosing (generate_series is checked, ``catalog_bounds``), no width
+# amplifier (repeat, lpad, md5 ...); the aggregates and string builders clients need are capped
+# by the rewrite.
+_PSQL, _SA, _JDBC, _MB, _DBV = "psql", "sqlalchemy", "jdbc", "metabase", "dbeaver"
 _SIZES = "answered 0: psql's \\d+ and BI tools' size probes"
 _SCALAR = "plain scalar or aggregate, output no larger than its input"
 CATALOG_FUNCTIONS: Mapping[str, str] = {
@@ -133,6 +142,9 @@ CATALOG_FUNCTIONS: Mapping[str, str] = {
     **{name: f"{_PSQL}, {_MB}" for name in ("col_description",)},
     **{name: f"{_JDBC}, {_MB}" for name in ("trim",)},
     **{name: _MB for name in ("format",)},
+    # DBeaver's navigator, the indexes of a table or schema: an index's scan count, a number per
+    # index, and the catalog has no index (answered 0, as the relation sizes)
+    **{name: _DBV for name in ("pg_stat_get_numscans",)},
     # the JDBC driver's primary keys and index columns, Metabase's indexes: unnest with positions
     **{name: f"{_JDBC}, {_MB}" for name in ("_pg_expandarray",)},
     **{name: f"{_PSQL}, {_MB}" for name in ("lower",)},  # psql: its tab completion
