@@ -1,0 +1,716 @@
+"""Contribution bounds against an oracle: the relative error of dpsql's answers under the bounds
+it runs with today (estimated by ``ESTIMATE BOUNDS``, or the example policy's fixed ones) beside
+an oracle that picks the best bound knowing the data.
+
+    python benchmarks/bounds.py              # 50 seeds, 3 epsilons, 3 generators: about 7 min
+    python benchmarks/bounds.py --quick      # 5 seeds, epsilon 1: about 20 s
+    python benchmarks/bounds.py --seeds 20 --epsilons 0.5 1 --generators heavy_zipf
+
+Generators (data set ``s`` of a generator numbered ``k`` is drawn from numpy's
+``default_rng([seed + s, k])``, ``--seed`` the base, default 0): 10,000 units (``user_id``, the
+policy's privacy unit), a public key ``grp`` of 8 values ``g0`` .. ``g7`` (declared as the
+column's ``public_values``), and ``amount``, log-normal (log-mean 3, log-sd 1: median 20)
+clipped to [0, 100] when generated and declared with ``lower = 0``, ``upper = 100`` (no value
+lies outside them: the bias measured is that of the contribution bounds alone). A unit's rows
+are ``floor(X)`` for X Pareto with minimum 1 and index alpha (``P(rows >= k) = k^-alpha``),
+capped at 2^16 rows (seeds 0-49: the cap reached by one unit of ``heavy``, three of
+``heavy_zipf``):
+
+* ``heavy``: alpha = 1.2, each row's group uniform over the 8 groups (seeds 0-49: 39,149 to
+  106,444 rows per data set, median 48,500; the largest unit a median 3,005 rows);
+* ``light``: alpha = 2, groups uniform (15,831 to 17,239 rows, median 16,386; the largest unit
+  110);
+* ``heavy_zipf``: alpha = 1.2, each row's group Zipf(1.1) over the 8 groups (P(g_i) proportional
+  to (i + 1)^-1.1: g0 40%, g7 4%; 39,905 to 179,174 rows, median 49,114).
+
+Queries: ``COUNT(*)``, ``SUM(amount)`` and ``COUNT(DISTINCT user_id)``, each in total and
+``GROUP BY grp``; epsilon 0.1, 0.5 and 1 (``--epsilons``). The metric, per output (the total, or
+one group): |estimate - truth| / max(truth, 1), truth the unbounded answer computed with numpy
+on the generated rows; the median over the seeds (``--seeds``, default 50), then the median over
+the query's outputs. Every route answers every (data set, query, epsilon) once.
+
+Routes (the columns; each is a ``Route``: given a data set, a query and epsilon, the released
+value of each output and the bounds it ran with; a future route plugs in beside them):
+
+* ``oracle`` spends the whole epsilon on the answer with the bound that minimises the metric,
+  chosen per (generator, query, epsilon) knowing the data: for every candidate bound it computes
+  each data set's bounded exact totals with numpy, as dpsql bounds them (R: a uniformly random R
+  of each unit's rows; L0: a uniformly random L0 of each unit's groups, where dpsql ranks them by
+  a salted hash; C: a count keeps min(n, C) of a unit's n rows in a group, a sum is scaled to
+  S·C/n when n > C), and the sensitivity dpsql's planner gives them (docs/sql.md): a total
+  COUNT under R alone (C = R, L0 = 1) has L1 sensitivity R, a total SUM 100·R; a grouped COUNT
+  under (L0, C) has min(L0, 8)·C (L0 is capped by the 8 public groups), a grouped SUM
+  100·min(L0, 8)·C; COUNT(DISTINCT user_id) has 1 per group, so min(L0, 8) grouped and 1 in
+  total, where no bound changes anything (the oracle has nothing to choose: "none"). Candidates
+  are the powers of 2 from 1 to 2^16: 17 values of R for the totals, the 17 × 17 grid of (L0, C)
+  for the grouped COUNT and SUM, 17 values of L0 for the grouped COUNT(DISTINCT). The choice:
+  ``--draws`` (default 100) Laplace noises of scale 1 per data set and output, shared by every
+  candidate (common random numbers) and scaled by its sensitivity / epsilon; the candidate of
+  the least metric over all of them (per output the median over seeds × draws, then the median
+  over outputs; ties to the smallest bound) wins. Its reported error then comes from one fresh,
+  independent draw per data set (as every other route's), so the figure is not selected on its
+  own noise: a discrete Laplace (numpy, the difference of two geometric variables) of scale
+  sensitivity / epsilon on the counts, as dpsql draws, and a continuous Laplace on the sums
+  (dpsql's discrete Laplace on a grid of 2^-14 is that, to within the grid).
+* ``estimate_bounds`` is today's dpsql with no contribution bounds in the policy: a new
+  ``Session`` per (data set, query, epsilon), ``SET dpsql.fresh = on``, then ``ESTIMATE BOUNDS
+  FOR visits`` (R, for a total) or ``ESTIMATE BOUNDS FOR visits GROUP BY grp`` (L0 and C, for a
+  grouped query), charged at ``--estimate-share`` (default 0.1) of the query's epsilon on top
+  of it (the route spends 1.1 epsilon in all), then the query at epsilon through dpsql. With R
+  alone dpsql takes C = L0 = R (a total's sensitivity R); with L0 and C the planner's min(L0,
+  8)·C. dpsql's own noise.
+* ``example_policy``: the contribution bounds of ``examples/policy.toml`` (its
+  ``max_groups_per_unit``, ``max_rows_per_unit_per_group`` and ``max_rows_per_unit`` if any:
+  L0 = 2, C = 10, no R) declared for the generated table, the query through dpsql at epsilon
+  (one ``Session`` per data set, ``SET dpsql.fresh = on``). The example's column bounds are for
+  its own columns (spend, age); ``amount`` keeps its declared [0, 100] in every route.
+
+dpsql runs under a policy of total epsilon 10,000 (the most a policy accepts) with the default
+diagnosis off (``budget.diagnose = false``: it is charged beside the query and changes no
+released value). Printed: a Markdown table per (generator, epsilon), one row per query: each
+route's median relative error, its ratio to the oracle's and the bounds it ran with (the median
+over the seeds of each bound dpsql's plan used; for the oracle, its choice). Cells a route could
+not answer count as refusals, shown in the cell. Written as JSON into ``benchmarks/results/``
+(per output medians, the oracle's metric for every candidate, the refusals' messages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from run import HERE, write_results  # noqa: E402
+
+from dpsql.errors import DpsqlError  # noqa: E402
+from dpsql.policy import Policy, load_policy  # noqa: E402
+from dpsql.release.result import Result  # noqa: E402
+from dpsql.session.session import Session  # noqa: E402
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+UNITS = 10_000
+GROUPS = tuple(f"g{i}" for i in range(8))
+ROW_CAP = 2**16  # the most rows one unit has
+LOWER, UPPER = 0, 100  # amount's declared bounds; its values are clipped to them
+POWERS = tuple(2**k for k in range(17))  # the oracle's candidates, 1 .. 2^16
+EPSILONS = ("0.1", "0.5", "1")
+QUICK_EPSILONS = ("1",)
+BUDGET = "10000"  # the largest total epsilon a policy accepts
+EXAMPLE_POLICY = ROOT / "examples" / "policy.toml"
+
+
+# -- data --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generator:
+    name: str
+    number: int  # mixed into every data set's seed
+    alpha: float  # Pareto index of the rows per unit
+    zipf: float | None  # Zipf exponent of a row's group; None: uniform
+    about: str
+
+    def draw(self, seed: int) -> tuple[IntArray, IntArray, FloatArray]:
+        """(unit, group, amount) per row, the units 0 .. UNITS - 1 in order, each with >= 1 row."""
+        rng = np.random.default_rng([seed, self.number])
+        # numpy's pareto is Lomax: 1 + it is Pareto with minimum 1, P(X >= k) = k^-alpha.
+        x = np.minimum(1.0 + rng.pareto(self.alpha, UNITS), float(ROW_CAP))
+        rows = np.floor(x).astype(np.int64)
+        unit = np.repeat(np.arange(UNITS, dtype=np.int64), rows)
+        n = len(unit)
+        if self.zipf is None:
+            group = rng.integers(0, len(GROUPS), n).astype(np.int64)
+        else:
+            p = np.arange(1, len(GROUPS) + 1, dtype=np.float64) ** -self.zipf
+            group = rng.choice(len(GROUPS), n, p=p / p.sum()).astype(np.int64)
+        amount = np.clip(rng.lognormal(3.0, 1.0, n), LOWER, UPPER)
+        return unit, group, amount
+
+
+GENERATORS = {
+    g.name: g
+    for g in (
+        Generator("heavy", 1, 1.2, None, "rows per unit Pareto(1.2), groups uniform"),
+        Generator("light", 2, 2.0, None, "rows per unit Pareto(2), groups uniform"),
+        Generator("heavy_zipf", 3, 1.2, 1.1, "rows per unit Pareto(1.2), groups Zipf(1.1)"),
+    )
+}
+
+
+@dataclass
+class DataSet:
+    """One generated table, its Parquet file (written when a dpsql route first asks), and what
+    routes keep per data set (sessions, the oracle's bounded totals), dropped by ``close``."""
+
+    generator: Generator
+    seed: int
+    folder: Path
+    unit: IntArray
+    group: IntArray
+    amount: FloatArray
+    sessions: dict[str, Session] = field(default_factory=dict)
+    kept: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return len(self.unit)
+
+    @property
+    def path(self) -> Path:
+        path = self.folder / f"{self.generator.name}-{self.seed}.parquet"
+        if not path.exists():
+            table = pa.table(
+                {
+                    "user_id": pa.array(self.unit, type=pa.int64()),
+                    "grp": pa.array(np.asarray(GROUPS)[self.group], type=pa.string()),
+                    "amount": pa.array(self.amount, type=pa.float64()),
+                }
+            )
+            pq.write_table(table, path)
+        return path
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
+        self.kept.clear()
+        self.path.unlink(missing_ok=True)
+
+
+# -- queries -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Query:
+    aggregate: str  # as written in SQL
+    kind: str  # "rows", "sum" or "units"
+    grouped: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.aggregate}{' by grp' if self.grouped else ''}"
+
+    @property
+    def sql(self) -> str:
+        if self.grouped:
+            return f"SELECT grp, {self.aggregate} FROM visits GROUP BY grp"
+        return f"SELECT {self.aggregate} FROM visits"
+
+    def truth(self, data: DataSet) -> FloatArray:
+        """The unbounded answer, one value per output (the total, or g0 .. g7)."""
+        if not self.grouped:
+            if self.kind == "rows":
+                return np.array([float(data.rows)])
+            if self.kind == "sum":
+                return np.array([float(data.amount.sum())])
+            return np.array([float(len(np.unique(data.unit)))])
+        k = len(GROUPS)
+        if self.kind == "rows":
+            return np.bincount(data.group, minlength=k).astype(np.float64)
+        if self.kind == "sum":
+            return np.bincount(data.group, weights=data.amount, minlength=k).astype(np.float64)
+        pairs = np.unique(data.unit * k + data.group)
+        return np.bincount(pairs % k, minlength=k).astype(np.float64)
+
+
+QUERIES = tuple(
+    Query(aggregate, kind, grouped)
+    for grouped in (False, True)
+    for aggregate, kind in (
+        ("COUNT(*)", "rows"),
+        ("SUM(amount)", "sum"),
+        ("COUNT(DISTINCT user_id)", "units"),
+    )
+)
+
+
+# -- routes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """A route's answer to one query: the released value per output (None: refused, with the
+    reason), and the bounds it ran with (L0, C, R)."""
+
+    values: tuple[float, ...] | None
+    bounds: dict[str, int]
+    refused: str | None = None
+
+
+class Route(Protocol):
+    name: str
+
+    def prepare(
+        self, datasets: Sequence[DataSet], queries: Sequence[Query], epsilons: Sequence[str]
+    ) -> None:
+        """Called once per generator with its data sets, before any ``release``."""
+
+    def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
+        """The released value of each of the query's outputs at ``epsilon``."""
+
+
+def _policy(data: DataSet, bounds: dict[str, int]) -> Policy:
+    """A policy over the data set's file, with these contribution bounds (none: {})."""
+    return load_policy(
+        {
+            "dataset": {"id": f"bounds-{data.generator.name}-{data.seed}", "data_version": "1"},
+            "data": {"tables": {"visits": str(data.path)}},
+            "budget": {
+                "epsilon": BUDGET,
+                "delta": "0.000001",
+                "query_epsilon": "1",
+                "query_delta": "0.00000001",
+                "diagnose": False,
+            },
+            "tables": {
+                "visits": {
+                    "privacy_unit": "user_id",
+                    **bounds,
+                    "columns": {
+                        "amount": {"lower": LOWER, "upper": UPPER},
+                        "grp": {"public_values": list(GROUPS)},
+                    },
+                }
+            },
+        },
+        base_dir=data.folder,
+    )
+
+
+def _released(result: Result, query: Query) -> Release:
+    plan = result.plan
+    assert plan is not None
+    bounds = {"L0": plan.max_groups, "C": plan.max_rows}
+    if plan.options.max_rows_per_unit is not None:
+        bounds["R"] = plan.options.max_rows_per_unit
+    if not query.grouped:
+        value = result.rows[0][0]
+        return Release((math.nan if value is None else float(value),), bounds)
+    by_key = {r[0]: r[1] for r in result.rows}
+    values = tuple(math.nan if by_key.get(g) is None else float(by_key[g]) for g in GROUPS)
+    return Release(values, bounds)
+
+
+class EstimateBounds:
+    """Today's dpsql, no contribution bounds in the policy: ESTIMATE BOUNDS, then the query."""
+
+    name = "estimate_bounds"
+
+    def __init__(self, share: Decimal) -> None:
+        self.share = share
+
+    def prepare(
+        self, datasets: Sequence[DataSet], queries: Sequence[Query], epsilons: Sequence[str]
+    ) -> None:
+        pass
+
+    def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
+        s = Session(_policy(data, {}))
+        try:
+            s.execute("SET dpsql.fresh = on")
+            statement = "ESTIMATE BOUNDS FOR visits"
+            if query.grouped:
+                statement += " GROUP BY grp"
+            s.execute(statement, epsilon=str(Decimal(epsilon) * self.share))
+            return _released(s.execute(query.sql, epsilon=epsilon), query)
+        except DpsqlError as e:
+            return Release(None, {}, f"{type(e).__name__}: {e}")
+        finally:
+            s.close()
+
+
+def example_bounds() -> dict[str, int]:
+    """The contribution bounds examples/policy.toml declares for its table."""
+    table = tomllib.loads(EXAMPLE_POLICY.read_text())["tables"]["visits"]
+    names = ("max_groups_per_unit", "max_rows_per_unit_per_group", "max_rows_per_unit")
+    return {k: int(table[k]) for k in names if k in table}
+
+
+class ExamplePolicy:
+    """The example policy's fixed contribution bounds, declared for the generated table."""
+
+    name = "example_policy"
+
+    def __init__(self) -> None:
+        self.bounds = example_bounds()
+
+    def prepare(
+        self, datasets: Sequence[DataSet], queries: Sequence[Query], epsilons: Sequence[str]
+    ) -> None:
+        pass
+
+    def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
+        s = data.sessions.get(self.name)
+        if s is None:
+            s = data.sessions[self.name] = Session(_policy(data, self.bounds))
+            s.execute("SET dpsql.fresh = on")
+        try:
+            return _released(s.execute(query.sql, epsilon=epsilon), query)
+        except DpsqlError as e:
+            return Release(None, {}, f"{type(e).__name__}: {e}")
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The oracle's candidate bounds for one query on one data set: their bounds, L1
+    sensitivity (value units) and the exact bounded totals, one row per candidate."""
+
+    bounds: tuple[dict[str, int], ...]
+    sensitivity: FloatArray  # (candidates,)
+    bounded: FloatArray  # (candidates, outputs)
+
+
+def _label(bounds: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in bounds.items()) or "none"
+
+
+def _ranks(owner: IntArray, rng: np.random.Generator) -> IntArray:
+    """Each item's rank, uniformly random, among the items of its owner (owners sorted)."""
+    order = np.lexsort((rng.random(len(owner)), owner))
+    counts = np.bincount(owner)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    ranks = np.empty(len(owner), dtype=np.int64)
+    ranks[order] = np.arange(len(owner)) - starts
+    return ranks
+
+
+def candidates(data: DataSet) -> dict[Query, Candidates]:
+    """The candidates of every query on ``data``: R for the totals, (L0, C) grouped."""
+    rng = np.random.default_rng([data.seed, data.generator.number, 1])
+    k = len(GROUPS)
+    out: dict[Query, Candidates] = {}
+    # Totals under R alone (C = R, L0 = 1): a random R of each unit's rows.
+    rank = _ranks(data.unit, rng)
+    sums = np.cumsum(np.bincount(rank, weights=data.amount))
+    counts = np.cumsum(np.bincount(rank))
+    at = np.minimum(np.array(POWERS), len(sums)) - 1
+    rs = tuple({"R": r} for r in POWERS)
+    powers = np.array(POWERS, dtype=np.float64)
+    by = {q.kind: q for q in QUERIES if not q.grouped}
+    out[by["rows"]] = Candidates(rs, powers, counts[at].astype(np.float64)[:, None])
+    out[by["sum"]] = Candidates(rs, UPPER * powers, sums[at][:, None])
+    units = float(len(np.unique(data.unit)))
+    out[by["units"]] = Candidates(({},), np.array([1.0]), np.array([[units]]))
+    # Grouped under (L0, C): a random L0 of each unit's groups, min(n, C) rows, sums scaled.
+    pairs, inverse, n = np.unique(data.unit * k + data.group, return_inverse=True,
+                                  return_counts=True)  # fmt: skip
+    s = np.bincount(inverse, weights=data.amount)
+    owner, group = pairs // k, pairs % k
+    group_rank = _ranks(owner, rng)
+    l0s = [min(l0, k) for l0 in POWERS]  # L0 is capped by the public groups
+    grid_count = np.empty((len(POWERS), len(POWERS), k))
+    grid_sum = np.empty_like(grid_count)
+    grid_units = np.empty((len(POWERS), k))
+    for i, l0 in enumerate(l0s):
+        if i and l0 == l0s[i - 1]:  # L0 >= 8 keeps every group, as L0 = 8 does
+            grid_count[i] = grid_count[i - 1]
+            grid_sum[i] = grid_sum[i - 1]
+            grid_units[i] = grid_units[i - 1]
+            continue
+        keep = group_rank < l0
+        g, nk, sk = group[keep], n[keep], s[keep]
+        grid_units[i] = np.bincount(g, minlength=k)
+        for j, c in enumerate(POWERS):
+            grid_count[i, j] = np.bincount(g, weights=np.minimum(nk, c), minlength=k)
+            scaled = np.where(nk <= c, sk, sk * c / nk)
+            grid_sum[i, j] = np.bincount(g, weights=scaled, minlength=k)
+    by = {q.kind: q for q in QUERIES if q.grouped}
+    lc = tuple({"L0": a, "C": c} for a in POWERS for c in POWERS)
+    rows = np.array([min(a, k) * c for a in POWERS for c in POWERS], dtype=np.float64)
+    size = len(POWERS) ** 2
+    out[by["rows"]] = Candidates(lc, rows, grid_count.reshape(size, k))
+    out[by["sum"]] = Candidates(lc, UPPER * rows, grid_sum.reshape(size, k))
+    l0_only = tuple({"L0": a} for a in POWERS)
+    out[by["units"]] = Candidates(l0_only, np.array(l0s, dtype=np.float64), grid_units)
+    return out
+
+
+def discrete_laplace(scale: float, size: int, rng: np.random.Generator) -> FloatArray:
+    """P(x) proportional to exp(-|x| / scale) on the integers: the difference of two geometric
+    variables of p = 1 - exp(-1/scale)."""
+    p = -math.expm1(-1.0 / scale)
+    return (rng.geometric(p, size) - rng.geometric(p, size)).astype(np.float64)
+
+
+def _micro(epsilon: str) -> int:
+    """Epsilon in millionths, for a seed."""
+    return int(Decimal(epsilon) * 10**6)
+
+
+@dataclass
+class Choice:
+    index: int
+    bounds: dict[str, int]
+    objective: dict[str, float]  # the selection metric of every candidate, by its label
+
+
+class Oracle:
+    """The bound of least error per (generator, query, epsilon), knowing the data."""
+
+    name = "oracle"
+
+    def __init__(self, draws: int) -> None:
+        self.draws = draws
+        self.choices: dict[tuple[str, Query, str], Choice] = {}
+
+    @staticmethod
+    def _candidates(data: DataSet) -> dict[Query, Candidates]:
+        if "oracle" not in data.kept:
+            data.kept["oracle"] = candidates(data)
+        found: dict[Query, Candidates] = data.kept["oracle"]
+        return found
+
+    def prepare(
+        self, datasets: Sequence[DataSet], queries: Sequence[Query], epsilons: Sequence[str]
+    ) -> None:
+        generator = datasets[0].generator
+        for qi, query in enumerate(queries):
+            grids = [self._candidates(d)[query] for d in datasets]
+            truth = np.stack([query.truth(d) for d in datasets])  # (seeds, outputs)
+            bounded = np.stack([g.bounded for g in grids])  # (seeds, candidates, outputs)
+            seeds, outputs = truth.shape
+            denominator = np.maximum(truth, 1.0)[:, None, :]
+            for epsilon in epsilons:
+                rng = np.random.default_rng(
+                    [generator.number, qi, _micro(epsilon), datasets[0].seed, 2]
+                )
+                z = rng.laplace(size=(seeds, self.draws, outputs))
+                objective = np.empty(len(grids[0].bounds))
+                for c in range(len(objective)):
+                    scale = grids[0].sensitivity[c] / float(epsilon)
+                    bias = (bounded[:, c, :] - truth)[:, None, :]
+                    error = np.abs(bias + scale * z) / denominator
+                    per_output = np.median(error.reshape(seeds * self.draws, outputs), axis=0)
+                    objective[c] = float(np.median(per_output))
+                best = int(np.argmin(objective))  # the first of equals: the smallest bound
+                self.choices[(generator.name, query, epsilon)] = Choice(
+                    best,
+                    grids[0].bounds[best],
+                    {_label(b): float(v) for b, v in zip(grids[0].bounds, objective, strict=True)},
+                )
+
+    def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
+        choice = self.choices[(data.generator.name, query, epsilon)]
+        grid = self._candidates(data)[query]
+        scale = float(grid.sensitivity[choice.index]) / float(epsilon)
+        rng = np.random.default_rng(
+            [data.seed, data.generator.number, QUERIES.index(query), _micro(epsilon), 3]
+        )
+        exact = grid.bounded[choice.index]
+        if query.kind == "sum":
+            noise = rng.laplace(scale=scale, size=len(exact))
+        else:
+            noise = discrete_laplace(scale, len(exact), rng)
+        return Release(tuple(float(v) for v in exact + noise), dict(choice.bounds))
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One route's answers to one (generator, query, epsilon): relative errors per seed and
+    output (NaN where refused), the bounds per seed, the refusals."""
+
+    errors: list[FloatArray] = field(default_factory=list)
+    bounds: list[dict[str, int]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def per_output(self) -> list[float]:
+        stacked = np.stack(self.errors)  # (seeds, outputs)
+        out = []
+        for col in stacked.T:
+            known = col[~np.isnan(col)]
+            out.append(float(np.median(known)) if len(known) else math.nan)
+        return out
+
+    def error(self) -> float:
+        known = [e for e in self.per_output() if not math.isnan(e)]
+        return statistics.median(known) if known else math.nan
+
+    def median_bounds(self) -> dict[str, float]:
+        names = [n for n in ("L0", "C", "R") if any(n in b for b in self.bounds)]
+        return {n: float(statistics.median([b[n] for b in self.bounds if n in b])) for n in names}
+
+
+def shown_bounds(query: Query, bounds: dict[str, float], oracle: bool) -> str:
+    """The bounds that can change the query's answer, as ``L0=2, C=10``."""
+    if not bounds:
+        return "none"
+    if not query.grouped:
+        names = ["R"] if "R" in bounds else ["C"]
+        if query.kind == "units":
+            return "none" if oracle else "(none binds)"
+    else:
+        names = ["L0", "C", "R"] if query.kind != "units" else ["L0"]
+    return ", ".join(f"{n}={bounds[n]:g}" for n in names if n in bounds)
+
+
+def run_generator(
+    generator: Generator,
+    seeds: Sequence[int],
+    epsilons: Sequence[str],
+    routes: Sequence[Route],
+    folder: Path,
+) -> tuple[dict[tuple[Query, str, str], Cell], list[int]]:
+    datasets = []
+    for seed in seeds:
+        unit, group, amount = generator.draw(seed)
+        datasets.append(DataSet(generator, seed, folder, unit, group, amount))
+    cells: dict[tuple[Query, str, str], Cell] = {}
+    for route in routes:
+        route.prepare(datasets, QUERIES, epsilons)
+    for data in datasets:
+        truths = {q: q.truth(data) for q in QUERIES}
+        for epsilon in epsilons:
+            for query in QUERIES:
+                truth = truths[query]
+                for route in routes:
+                    cell = cells.setdefault((query, epsilon, route.name), Cell())
+                    released = route.release(data, query, epsilon)
+                    if released.values is None:
+                        cell.errors.append(np.full(len(truth), math.nan))
+                        cell.refused.append(released.refused or "refused")
+                        continue
+                    values = np.array(released.values)
+                    if np.isnan(values).any():  # an output released as NULL: a miss
+                        cell.refused.append("an output without a value")
+                    cell.errors.append(np.abs(values - truth) / np.maximum(truth, 1.0))
+                    cell.bounds.append(released.bounds)
+        data.close()
+    return cells, [d.rows for d in datasets]
+
+
+def table(
+    generator: Generator,
+    epsilon: str,
+    cells: dict[tuple[Query, str, str], Cell],
+    routes: Sequence[Route],
+    oracle: Oracle,
+) -> list[str]:
+    others = [r for r in routes if r.name != "oracle"]
+    head = ["query", "oracle", "oracle's bounds"]
+    for r in others:
+        head += [r.name, "÷ oracle", f"{r.name} bounds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for query in QUERIES:
+        best = cells[(query, epsilon, "oracle")].error()
+        choice = oracle.choices[(generator.name, query, epsilon)]
+        row = [query.name, f"{best:.3g}", shown_bounds(query, dict(choice.bounds), True)]
+        for r in others:
+            cell = cells[(query, epsilon, r.name)]
+            err = cell.error()
+            text = f"{err:.3g}"
+            if cell.refused:
+                text += f" ({len(cell.refused)}/{len(cell.errors)} refused)"
+            ratio = f"{err / best:.2f}x" if best > 0 else "-"  # an exact oracle: no ratio
+            row += [text, ratio, shown_bounds(query, cell.median_bounds(), False)]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=50, help="data sets per generator")
+    parser.add_argument("--seed", type=int, default=0, help="the first data set's seed")
+    parser.add_argument("--epsilons", nargs="+", default=list(EPSILONS))
+    parser.add_argument("--generators", nargs="+", choices=list(GENERATORS),
+                        default=list(GENERATORS))  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="5 seeds, epsilon 1")
+    parser.add_argument("--estimate-share", type=Decimal, default=Decimal("0.1"),
+                        help="ESTIMATE BOUNDS's epsilon, a share of the query's")  # fmt: skip
+    parser.add_argument("--draws", type=int, default=100, help="the oracle's noises per seed")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    seeds = 5 if args.quick else args.seeds
+    epsilons = list(QUICK_EPSILONS) if args.quick else [str(Decimal(e)) for e in args.epsilons]
+    started = dt.datetime.now(dt.UTC)
+    start = time.perf_counter()
+    oracle = Oracle(args.draws)
+    routes: list[Route] = [oracle, EstimateBounds(args.estimate_share), ExamplePolicy()]
+    print(
+        f"{seeds} seeds from {args.seed}, epsilons {', '.join(epsilons)}, "
+        f"ESTIMATE BOUNDS at {args.estimate_share} of epsilon, example bounds {example_bounds()}"
+    )
+    results: list[dict[str, Any]] = []
+    rows_per_set: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.generators:
+            generator = GENERATORS[name]
+            began = time.perf_counter()
+            cells, rows = run_generator(
+                generator, range(args.seed, args.seed + seeds), epsilons, routes, Path(tmp)
+            )
+            rows_per_set[name] = rows
+            seconds = time.perf_counter() - began
+            for epsilon in epsilons:
+                print(
+                    f"\n### {name} ({generator.about}), epsilon {epsilon}\n\n"
+                    f"{seeds} data sets of {min(rows):,} to {max(rows):,} rows (median "
+                    f"{statistics.median(rows):,.0f}); {seconds:.0f} s for the generator\n"
+                )
+                print("\n".join(table(generator, epsilon, cells, routes, oracle)))
+                for query in QUERIES:
+                    choice = oracle.choices[(name, query, epsilon)]
+                    entry: dict[str, Any] = {
+                        "generator": name,
+                        "epsilon": epsilon,
+                        "query": query.name,
+                        "sql": query.sql,
+                        "oracle_bounds": choice.bounds,
+                        "oracle_objective": choice.objective,
+                    }
+                    best = cells[(query, epsilon, "oracle")].error()
+                    for route in routes:
+                        cell = cells[(query, epsilon, route.name)]
+                        entry[route.name] = {
+                            "error": cell.error(),
+                            "ratio": cell.error() / best if best > 0 else math.nan,
+                            "per_output": cell.per_output(),
+                            "bounds": cell.median_bounds(),
+                            "refused": len(cell.refused),
+                            "messages": sorted(set(cell.refused)),
+                        }
+                    results.append(entry)
+    elapsed = time.perf_counter() - start
+    print(f"\n({elapsed:.0f} s)")
+    write_results(
+        args.results_dir,
+        "bounds",
+        started,
+        seeds,
+        results,
+        seed=args.seed,
+        epsilons=epsilons,
+        generators={n: GENERATORS[n].about for n in args.generators},
+        rows_per_data_set=rows_per_set,
+        estimate_share=str(args.estimate_share),
+        oracle_draws=args.draws,
+        example_bounds=example_bounds(),
+        seconds=round(elapsed, 1),
+    )
+
+
+if __name__ == "__main__":
+    main()
