@@ -65,6 +65,17 @@ value of each output and the bounds it ran with; a future route plugs in beside 
   (one ``Session`` per data set, ``SET dpsql.fresh = on``). The example's column bounds are for
   its own columns (spend, age); ``amount`` keeps its declared [0, 100] in every route.
 
+Simulated candidate routes (``bounds_routes.py``; ``--routes`` picks the routes beside the
+oracle, every one by default): numpy simulations of mechanisms that could choose a bound
+privately per query, not dpsql features. Each spends a share s (0.1 or 0.25, both run as
+variants) of epsilon choosing R (totals) or C under L0 = 8 (grouped) from the powers of 2 with
+a differentially private mechanism on a rank statistic, then answers at (1 - s)·epsilon from the
+oracle's exact bounded totals with dpsql's sensitivity and noise: ``em_rank``, ``em_overshoot``,
+``svt_down``, ``svt_up``, ``r2t`` (the totals), ``all_groups_em`` and ``all_groups_svt_up``
+(grouped; the grouped COUNT(DISTINCT) under L0 = 8 as ``all_groups``). After the generators
+come every variant's ratio to the oracle and a table per (generator, epsilon) with, per route,
+the variant of the least geometric mean ratio over the whole run.
+
 dpsql runs under a policy of total epsilon 10,000 (the most a policy accepts) with the default
 diagnosis off (``budget.diagnose = false``: it is charged beside the query and changes no
 released value). Printed: a Markdown table per (generator, epsilon), one row per query: each
@@ -99,6 +110,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bounds_routes import MECHANISMS, ROUTES, Mechanism, geometric_mean, stats  # noqa: E402
 from run import HERE, write_results  # noqa: E402
 
 from dpsql.errors import DpsqlError  # noqa: E402
@@ -525,6 +537,40 @@ class Oracle:
         return Release(tuple(float(v) for v in exact + noise), dict(choice.bounds))
 
 
+class Simulated:
+    """A simulated candidate mechanism of ``bounds_routes`` (numpy; not a dpsql feature): the
+    oracle's exact bounded totals, the bound chosen privately at a share of epsilon."""
+
+    def __init__(self, mechanism: Mechanism) -> None:
+        self.mechanism = mechanism
+        self.name = mechanism.name
+
+    def prepare(
+        self, datasets: Sequence[DataSet], queries: Sequence[Query], epsilons: Sequence[str]
+    ) -> None:
+        pass
+
+    def applies(self, query: Query) -> bool:
+        return self.mechanism.applies(query.kind, query.grouped)
+
+    def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
+        if "sim" not in data.kept:
+            data.kept["sim"] = stats(data.unit, data.group, data.amount)
+        bounded = Oracle._candidates(data)[query].bounded
+        if query.grouped and query.kind == "units":
+            bounded = bounded[3:4]  # L0 = 8
+        elif query.grouped:
+            bounded = bounded[3 * len(POWERS) : 4 * len(POWERS)]  # L0 = 8, C on the ladder
+        rng = np.random.default_rng(
+            [data.seed, data.generator.number, QUERIES.index(query), _micro(epsilon), 4,
+             self.mechanism.seed()]
+        )  # fmt: skip
+        values, bounds = self.mechanism.answer(
+            data.kept["sim"], query.kind, bounded, float(epsilon), rng
+        )
+        return Release(tuple(float(v) for v in values), bounds)
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -587,6 +633,8 @@ def run_generator(
             for query in QUERIES:
                 truth = truths[query]
                 for route in routes:
+                    if isinstance(route, Simulated) and not route.applies(query):
+                        continue
                     cell = cells.setdefault((query, epsilon, route.name), Cell())
                     released = route.release(data, query, epsilon)
                     if released.values is None:
@@ -609,7 +657,7 @@ def table(
     routes: Sequence[Route],
     oracle: Oracle,
 ) -> list[str]:
-    others = [r for r in routes if r.name != "oracle"]
+    others = [r for r in routes if r.name != "oracle" and not isinstance(r, Simulated)]
     head = ["query", "oracle", "oracle's bounds"]
     for r in others:
         head += [r.name, "÷ oracle", f"{r.name} bounds"]
@@ -630,6 +678,72 @@ def table(
     return lines
 
 
+Cells = dict[tuple[Query, str, str], Cell]
+
+
+def _ratio(cells: Cells, query: Query, epsilon: str, name: str) -> float:
+    best = cells[(query, epsilon, "oracle")].error()
+    return cells[(query, epsilon, name)].error() / best if best > 0 else math.nan
+
+
+def pick_variants(runs: dict[str, Cells], simulated: Sequence[Simulated]) -> dict[str, Simulated]:
+    """Per candidate route, its variant of the least geometric mean ratio to the oracle over
+    every cell of the run it answers (one setting per route, not one per cell)."""
+    scores: dict[str, list[tuple[float, Simulated]]] = {}
+    for sim in simulated:
+        ratios = [
+            _ratio(cells, q, e, sim.name) for cells in runs.values() for (q, e, n) in cells
+            if n == sim.name
+        ]  # fmt: skip
+        scores.setdefault(sim.mechanism.route, []).append((geometric_mean(ratios), sim))
+    return {route: min(found, key=lambda x: x[0])[1] for route, found in scores.items()}
+
+
+def simulated_table(
+    generator: Generator, epsilon: str, cells: Cells, chosen: dict[str, Simulated], oracle: Oracle
+) -> list[str]:
+    head = ["query", "oracle", "oracle's bounds"]
+    for route in chosen:
+        head += [route, "÷ oracle", "bounds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for query in QUERIES:
+        best = cells[(query, epsilon, "oracle")].error()
+        choice = oracle.choices[(generator.name, query, epsilon)]
+        row = [query.name, f"{best:.3g}", shown_bounds(query, dict(choice.bounds), True)]
+        for sim in chosen.values():
+            cell = cells.get((query, epsilon, sim.name))
+            if cell is None:
+                row += ["", "", ""]
+                continue
+            ratio = _ratio(cells, query, epsilon, sim.name)
+            shown = shown_bounds(query, cell.median_bounds(), True)
+            if query.kind == "units":
+                shown += " (all_groups)"
+            row += [f"{cell.error():.3g}", f"{ratio:.2f}x", shown]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def variants_table(
+    runs: dict[str, Cells], simulated: Sequence[Simulated], epsilons: Sequence[str]
+) -> list[str]:
+    """Every variant's ratio to the oracle, the geometric mean over the generators, per (query,
+    epsilon); the last column over every cell (the figure a route's variant is picked by)."""
+    queries = [q for q in QUERIES if q.kind != "units"]
+    head = ["variant"] + [f"{q.name} ε={e}" for q in queries for e in epsilons] + ["all"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for sim in simulated:
+        row, every = [sim.name], []
+        for q in queries:
+            for e in epsilons:
+                ratios = [_ratio(c, q, e, sim.name) for c in runs.values() if (q, e, sim.name) in c]
+                every += ratios
+                row.append(f"{geometric_mean(ratios):.2f}" if ratios else "")
+        row.append(f"{geometric_mean(every):.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=50, help="data sets per generator")
@@ -641,6 +755,10 @@ def main() -> None:
     parser.add_argument("--estimate-share", type=Decimal, default=Decimal("0.1"),
                         help="ESTIMATE BOUNDS's epsilon, a share of the query's")  # fmt: skip
     parser.add_argument("--draws", type=int, default=100, help="the oracle's noises per seed")
+    names = ["estimate_bounds", "example_policy", *ROUTES]
+    parser.add_argument("--routes", nargs="+", choices=names, default=names,
+                        help="the routes beside the oracle (simulated: " + ", ".join(ROUTES)
+                        + ")")  # fmt: skip
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args()
     seeds = 5 if args.quick else args.seeds
@@ -648,7 +766,15 @@ def main() -> None:
     started = dt.datetime.now(dt.UTC)
     start = time.perf_counter()
     oracle = Oracle(args.draws)
-    routes: list[Route] = [oracle, EstimateBounds(args.estimate_share), ExamplePolicy()]
+    routes: list[Route] = [oracle]
+    if "estimate_bounds" in args.routes:
+        routes.append(EstimateBounds(args.estimate_share))
+    if "example_policy" in args.routes:
+        routes.append(ExamplePolicy())
+    simulated = [Simulated(m) for m in MECHANISMS if m.route in args.routes]
+    routes += simulated
+    runs: dict[str, Cells] = {}
+    dpsql_routes = any(not isinstance(r, Simulated) for r in routes[1:])
     print(
         f"{seeds} seeds from {args.seed}, epsilons {', '.join(epsilons)}, "
         f"ESTIMATE BOUNDS at {args.estimate_share} of epsilon, example bounds {example_bounds()}"
@@ -663,14 +789,16 @@ def main() -> None:
                 generator, range(args.seed, args.seed + seeds), epsilons, routes, Path(tmp)
             )
             rows_per_set[name] = rows
+            runs[name] = cells
             seconds = time.perf_counter() - began
             for epsilon in epsilons:
-                print(
-                    f"\n### {name} ({generator.about}), epsilon {epsilon}\n\n"
-                    f"{seeds} data sets of {min(rows):,} to {max(rows):,} rows (median "
-                    f"{statistics.median(rows):,.0f}); {seconds:.0f} s for the generator\n"
-                )
-                print("\n".join(table(generator, epsilon, cells, routes, oracle)))
+                if dpsql_routes:
+                    print(
+                        f"\n### {name} ({generator.about}), epsilon {epsilon}\n\n"
+                        f"{seeds} data sets of {min(rows):,} to {max(rows):,} rows (median "
+                        f"{statistics.median(rows):,.0f}); {seconds:.0f} s for the generator\n"
+                    )
+                    print("\n".join(table(generator, epsilon, cells, routes, oracle)))
                 for query in QUERIES:
                     choice = oracle.choices[(name, query, epsilon)]
                     entry: dict[str, Any] = {
@@ -683,6 +811,8 @@ def main() -> None:
                     }
                     best = cells[(query, epsilon, "oracle")].error()
                     for route in routes:
+                        if (query, epsilon, route.name) not in cells:
+                            continue
                         cell = cells[(query, epsilon, route.name)]
                         entry[route.name] = {
                             "error": cell.error(),
@@ -693,6 +823,17 @@ def main() -> None:
                             "messages": sorted(set(cell.refused)),
                         }
                     results.append(entry)
+    chosen = pick_variants(runs, simulated)
+    if simulated:
+        print("\n## Candidate selection mechanisms (simulated: numpy, not dpsql features)")
+        print("\nEach variant's error ÷ the oracle's (geometric mean over the generators):\n")
+        print("\n".join(variants_table(runs, simulated, epsilons)))
+        print("\nPer route the variant of the least 'all': " + ", ".join(
+            s.name for s in chosen.values()))  # fmt: skip
+        for name, cells in runs.items():
+            for epsilon in epsilons:
+                print(f"\n**{name}, epsilon {epsilon}**\n")
+                print("\n".join(simulated_table(GENERATORS[name], epsilon, cells, chosen, oracle)))
     elapsed = time.perf_counter() - start
     print(f"\n({elapsed:.0f} s)")
     write_results(
@@ -709,6 +850,8 @@ def main() -> None:
         oracle_draws=args.draws,
         example_bounds=example_bounds(),
         seconds=round(elapsed, 1),
+        routes=[r.name for r in routes],
+        simulated_chosen={route: s.name for route, s in chosen.items()},
     )
 
 
