@@ -13,13 +13,13 @@ wrong size, is refused with a PolicyError.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import stat
 from pathlib import Path
 
 from dpsql.errors import PolicyError
+from dpsql.interfaces.pgwire.users import write_private
 
 SECRET_BYTES = 32
 SUFFIX = ".mock-secret"
@@ -59,27 +59,7 @@ def _read(path: Path) -> bytes:
 
 def _create(path: Path) -> None:
     """Write a new secret under ``path`` unless a file is there already (then keep that one)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
-            os.write(fd, secrets.token_bytes(SECRET_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)  # atomic, and never over an existing secret
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    except OSError:
-        raise PolicyError(f"the mock secret file {path} could not be written") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    write_private(path, secrets.token_bytes(SECRET_BYTES), "mock secret file", replace=False)
 
 
 def load_mock_secret(users_file: str | os.PathLike[str]) -> bytes:

@@ -137,27 +137,41 @@ def save_users(path: str | os.PathLike[str], users: Mapping[str, User]) -> None:
         },
     }
     text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    write_private(path, text.encode("utf-8"), "users file")
+
+
+def write_private(path: Path, data: bytes, what: str, *, replace: bool = True) -> None:
+    """Write ``data`` to ``path``, mode 0600 whatever the umask, through a temporary file that
+    is flushed before it takes the name (a crash never leaves a short file under it), then the
+    folder flushed. ``replace``: over the file there, atomically; otherwise only if there is
+    none (a link, which fails on an existing name: the file there is kept). A failure is a
+    PolicyError naming ``what`` and the path."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
-            with os.fdopen(fd, "wb", closefd=False) as handle:
-                handle.write(text.encode("utf-8"))
-                handle.flush()
-                os.fsync(handle.fileno())
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
         folder = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(folder)
         finally:
             os.close(folder)
     except OSError:
+        raise PolicyError(f"the {what} {path} could not be written") from None
+    finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise PolicyError(f"the users file {path} could not be written") from None
 
 
 @contextlib.contextmanager
