@@ -39,6 +39,7 @@ from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.accounting.ledger.store import create_ledger
 from dpsql.interfaces.pgwire.config import Limits, ServerConfig
+from dpsql.interfaces.pgwire.connection import Connection
 from dpsql.interfaces.pgwire.server import DpsqlServer
 from dpsql.interfaces.pgwire.users import add_user
 from dpsql.interfaces.pgwire.worker import start_forkserver
@@ -295,6 +296,48 @@ _LISTENING = re.compile(r"listening on [\d.]+:(\d+)")
 
 
 @dataclass
+class Served:
+    """A test's server (``servers``), with its own ledger."""
+
+    server: ServerThread
+    ledger: Path
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def connection(self, pid: int) -> Connection:
+        assert self.server.server is not None
+        return self.server.server.connections[pid]
+
+    def busy(self) -> bool:
+        """Whether some connection's worker is running a request (the server's own view)."""
+        server = self.server.server
+        assert server is not None
+        return any(c.busy for c in list(server.connections.values()))
+
+
+@contextlib.contextmanager
+def servers(folder: Path, dataset: Dataset, users: Path) -> Iterator[Callable[..., Served]]:
+    """A factory of servers, each with its own ledger under ``folder`` and its ``Limits``
+    (``max_connections`` 8 unless given), all stopped at the end."""
+    started: list[ServerThread] = []
+
+    def make(**limits: Any) -> Served:
+        policy, ledger = write_policy(folder / f"server{len(started)}", dataset)
+        limits.setdefault("max_connections", 8)
+        server = ServerThread(policy, users, limits=Limits(**limits)).start()
+        started.append(server)
+        return Served(server, ledger)
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
+
+
+@dataclass
 class ServeProcess:
     """A running ``dpsql serve``: the process, its port, and its stderr (read by a thread)."""
 
@@ -505,6 +548,20 @@ def read_until_closed(sock: socket.socket) -> list[tuple[bytes, bytes]]:
         seen.append((kind, body))
 
 
+def client_final(password: str, first_bare: str, server_first: str) -> bytes:
+    """SCRAM-SHA-256's client-final message (RFC 5802, 3), without channel binding."""
+    attrs = dict(item.split("=", 1) for item in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(
+        "sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+    )
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth_message = f"{first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.digest(hashlib.sha256(client_key).digest(), auth_message, "sha256")
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
 def raw_login(port: int, user: str, password: str | None = None) -> socket.socket:
     """A socket past startup and SCRAM-SHA-256 authentication, at ReadyForQuery."""
     password = PASSWORDS[user] if password is None else password
@@ -518,19 +575,7 @@ def raw_login(port: int, user: str, password: str | None = None) -> socket.socke
     sock.sendall(frame(b"p", b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first))
     kind, body = read_backend(sock)
     assert kind == b"R" and struct.unpack_from("!i", body)[0] == 11, (kind, body)
-    server_first = body[4:].decode()
-    attrs = dict(item.split("=", 1) for item in server_first.split(","))
-    salted = hashlib.pbkdf2_hmac(
-        "sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
-    )
-    client_key = hmac.digest(salted, b"Client Key", "sha256")
-    stored_key = hashlib.sha256(client_key).digest()
-    without_proof = f"c=biws,r={attrs['r']}"
-    auth_message = f"{first_bare},{server_first},{without_proof}".encode()
-    signature = hmac.digest(stored_key, auth_message, "sha256")
-    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-    final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
-    sock.sendall(frame(b"p", final))
+    sock.sendall(frame(b"p", client_final(password, first_bare, body[4:].decode())))
     while True:
         kind, body = read_backend(sock)
         assert kind not in (b"E", b""), error_fields(body)

@@ -16,7 +16,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import psycopg
 import pytest
 from server_fixtures import (
     Dataset,
-    ServerThread,
+    Served,
     alive,
     charges,
     connect,
@@ -34,16 +33,14 @@ from server_fixtures import (
     raw_login,
     read_backend,
     records,
+    servers,
     wait_until,
     write_dataset,
-    write_policy,
     write_users,
 )
 
 from dpsql.interfaces.pgwire import answers
 from dpsql.interfaces.pgwire.catalog import Catalog
-from dpsql.interfaces.pgwire.config import Limits
-from dpsql.interfaces.pgwire.connection import Connection
 from dpsql.interfaces.pgwire.statements import AnswerRows, AnswerTooLarge, engine_failure
 
 # About 450 bytes a row, and no catalog function called (only catalog relations are read).
@@ -52,20 +49,6 @@ SMALL = "SELECT relname FROM pg_catalog.pg_class ORDER BY relname"
 COUNT = "SELECT COUNT(*) FROM visits WHERE age > %s"
 GROUPS = "SELECT region, COUNT(*) FROM visits GROUP BY region"
 PICKLE_OVERHEAD = 200  # bytes of a frame's tuple around its wire bytes
-
-
-@dataclass
-class Served:
-    server: ServerThread
-    ledger: Path
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    def connection(self, pid: int) -> Connection:
-        assert self.server.server is not None
-        return self.server.server.connections[pid]
 
 
 @pytest.fixture(scope="module")
@@ -81,18 +64,8 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def serve(tmp_path: Path, dataset: Dataset, users: Path) -> Iterator[Callable[..., Served]]:
     """A factory of servers with their own ledger and ``Limits``, stopped after the test."""
-    started: list[ServerThread] = []
-
-    def make(**limits: Any) -> Served:
-        policy, ledger = write_policy(tmp_path / f"server{len(started)}", dataset)
-        limits.setdefault("max_connections", 8)
-        server = ServerThread(policy, users, limits=Limits(**limits)).start()
-        started.append(server)
-        return Served(server, ledger)
-
-    yield make
-    for server in started:
-        server.stop()
+    with servers(tmp_path, dataset, users) as make:
+        yield make
 
 
 # -- the cap ---------------------------------------------------------------------------------

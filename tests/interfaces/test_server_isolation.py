@@ -18,7 +18,6 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -27,7 +26,7 @@ import psycopg
 import pytest
 from server_fixtures import (
     Dataset,
-    ServerThread,
+    Served,
     alive,
     charges,
     connect,
@@ -37,6 +36,7 @@ from server_fixtures import (
     raw_login,
     read_backend,
     records,
+    servers,
     start_psql,
     wait_until,
     write_dataset,
@@ -71,22 +71,6 @@ SLOWER = "EXPLAIN VERBOSE SELECT COUNT(*) FROM visits WHERE age IN ({})".format(
 LONG_RUN = "SELECT COUNT(*) FROM visits, " + ", ".join(f"regions AS r{i}" for i in range(10))
 
 
-@dataclass
-class Served:
-    server: ServerThread
-    ledger: Path
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    def busy(self) -> bool:
-        """Whether some connection's worker is running a request (the server's own view)."""
-        server = self.server.server
-        assert server is not None
-        return any(c.busy for c in list(server.connections.values()))
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     return write_dataset(tmp_path_factory.mktemp("data"))
@@ -99,19 +83,9 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def serve(tmp_path: Path, dataset: Dataset, users: Path) -> Iterator[Callable[..., Served]]:
-    """A factory of servers with their own ledger (and ``Limits``), stopped after the test."""
-    started: list[ServerThread] = []
-
-    def make(**limits: Any) -> Served:
-        policy, ledger = write_policy(tmp_path / f"server{len(started)}", dataset)
-        limits.setdefault("max_connections", 8)
-        server = ServerThread(policy, users, limits=Limits(**limits)).start()
-        started.append(server)
-        return Served(server, ledger)
-
-    yield make
-    for server in started:
-        server.stop()
+    """A factory of servers with their own ledger and ``Limits``, stopped after the test."""
+    with servers(tmp_path, dataset, users) as make:
+        yield make
 
 
 @contextlib.contextmanager

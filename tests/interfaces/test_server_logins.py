@@ -10,8 +10,6 @@ address (libpq cannot) or stop mid-exchange. The throttle's arithmetic is tested
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import os
 import secrets
 import socket
@@ -27,6 +25,7 @@ from server_fixtures import (
     PASSWORDS,
     Dataset,
     ServerThread,
+    client_final,
     connect,
     error_fields,
     frame,
@@ -106,17 +105,7 @@ def attempt(port: int, user: str, password: str, source: str = "127.0.0.1") -> s
         opened = _server_first(sock, user)
         if isinstance(opened, dict):
             return opened["C"]
-        first_bare, server_first = opened
-        attrs = dict(item.split("=", 1) for item in server_first.split(","))
-        salted = hashlib.pbkdf2_hmac(
-            "sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
-        )
-        client_key = hmac.digest(salted, b"Client Key", "sha256")
-        without_proof = f"c=biws,r={attrs['r']}"
-        auth = f"{first_bare},{server_first},{without_proof}".encode()
-        signature = hmac.digest(hashlib.sha256(client_key).digest(), auth, "sha256")
-        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-        sock.sendall(frame(b"p", f"{without_proof},p={base64.b64encode(proof).decode()}".encode()))
+        sock.sendall(frame(b"p", client_final(password, *opened)))
         while True:
             kind, body = read_backend(sock)
             if kind == b"E":
