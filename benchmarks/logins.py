@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
-import hashlib
-import hmac
 import secrets
 import socket
 import statistics
@@ -46,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import write_results
 from server import PASSWORD, write_policy, write_users
-from server_stall import Served, _frame
+from server_stall import Served, _frame, client_final
 
 HERE = Path(__file__).resolve().parent
 
@@ -92,18 +90,7 @@ def login(port: int, user: str, password: str, source: str) -> str:
             kind, body = _read(sock)
             if kind != b"R":
                 return _code(body) if kind == b"E" else "closed"
-            server_first = body[4:].decode()
-            attrs = dict(item.split("=", 1) for item in server_first.split(","))
-            salted = hashlib.pbkdf2_hmac(
-                "sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
-            )
-            key = hmac.digest(salted, b"Client Key", "sha256")
-            without = f"c=biws,r={attrs['r']}"
-            signature = hmac.digest(
-                hashlib.sha256(key).digest(), f"{bare},{server_first},{without}".encode(), "sha256"
-            )
-            proof = base64.b64encode(bytes(a ^ b for a, b in zip(key, signature, strict=True)))
-            sock.sendall(_frame(b"p", f"{without},p={proof.decode()}".encode()))
+            sock.sendall(_frame(b"p", client_final(password, bare, body[4:].decode())))
             while True:
                 kind, body = _read(sock)
                 if kind == b"E":

@@ -136,6 +136,20 @@ def _exactly(sock: socket.socket, count: int) -> bytes:
     return data
 
 
+def client_final(password: str, first_bare: str, server_first: str) -> bytes:
+    """SCRAM-SHA-256's client-final message (RFC 5802, 3), without channel binding."""
+    attrs = dict(item.split("=", 1) for item in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(
+        "sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+    )
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    without_proof = f"c=biws,r={attrs['r']}"
+    message = f"{first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.digest(hashlib.sha256(client_key).digest(), message, "sha256")
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
 def login(port: int, user: str) -> tuple[socket.socket, int, int]:
     """A socket past SCRAM-SHA-256 at ReadyForQuery, and the backend's (pid, key)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -147,16 +161,7 @@ def login(port: int, user: str) -> tuple[socket.socket, int, int]:
     first = ("n,," + first_bare).encode()
     sock.sendall(_frame(b"p", b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first))
     server_first = _read(sock)[1][4:].decode()
-    attrs = dict(item.split("=", 1) for item in server_first.split(","))
-    salted = hashlib.pbkdf2_hmac(
-        "sha256", PASSWORD.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
-    )
-    client_key = hmac.digest(salted, b"Client Key", "sha256")
-    without_proof = f"c=biws,r={attrs['r']}"
-    message = f"{first_bare},{server_first},{without_proof}".encode()
-    signature = hmac.digest(hashlib.sha256(client_key).digest(), message, "sha256")
-    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-    sock.sendall(_frame(b"p", f"{without_proof},p={base64.b64encode(proof).decode()}".encode()))
+    sock.sendall(_frame(b"p", client_final(PASSWORD, first_bare, server_first)))
     pid = key = 0
     while True:
         kind, body = _read(sock)
