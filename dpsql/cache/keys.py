@@ -94,6 +94,12 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
         # A release on a sample answers only a query on a sample at the same rate.
         "sample": str(plan.sample.rate) if plan.sample is not None else None,
     }
+    if plan.auto is not None:
+        # Bounds chosen per query: the release answers the request (auto, its share and
+        # walks), never the values chosen, which its record keeps (``record_auto``).
+        au = plan.auto
+        core["auto"] = [str(au.share), str(au.epsilon), [c.bound for c in au.choices],
+                        [f"{c.table}.{c.column}" for c in au.choices if c.column]]  # fmt: skip
     if plan.diagnosis is not None:
         # A diagnosed release holds its histogram: only a release of the same diagnosis serves
         # a diagnosed query, and an undiagnosed one is keyed apart (charged afresh: safe).

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Literal
 
 from dpsql.accounting.ledger.store import Store
@@ -147,6 +148,40 @@ class ReleaseCache:
             payload["diagnosis"] = list(noisy.diagnosis)
         # Post-processing of the charged release: unsynced (a crash may lose it and the query
         # is then charged afresh; the charge itself was synced before the engine ran).
+        self.store.append("release", payload, synced=False)
+
+    def lookup_auto(self, k: Keys) -> tuple[Noisy, int, dict[str, object]] | None:
+        """The release of a query whose bounds were chosen per query (``dpsql.plan.auto``),
+        under its request's exact key, with the values it chose; nothing else serves it, and
+        it serves nothing else."""
+        with self._lock:
+            self._refresh()
+            found = self._exact.get(k.exact)
+        if found is None or "chosen" not in found[1]:
+            return None
+        chosen: dict[str, object] = {}
+        for name, value in found[1]["chosen"].items():
+            chosen[name] = (
+                (Fraction(value[0]), Fraction(value[1])) if isinstance(value, list) else int(value)
+            )
+        return stored_noisy(found[1]), found[0], chosen
+
+    def record_auto(
+        self, k: Keys, noisy: Noisy, charge_seq: int, query: str, chosen: dict[str, object]
+    ) -> None:
+        """Store a release whose bounds were chosen per query, with the chosen values: its core
+        and rows keys are its own, so no other plan is derived from it (its rows are bounded by
+        values another plan does not know)."""
+        payload = _payload(k, noisy, charge_seq, query)
+        if payload is None:
+            return
+        payload["core"] = payload["rows"] = "auto:" + k.exact
+        payload["totals"] = [list(t) for t in noisy.totals]
+        payload["chosen"] = {
+            name: [str(v[0]), str(v[1])] if isinstance(v, tuple) else v
+            for name, v in chosen.items()
+        }
+        # Post-processing of the charged release: unsynced, like any release record.
         self.store.append("release", payload, synced=False)
 
     def record_member(  # noqa: PLR0917

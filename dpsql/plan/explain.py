@@ -26,6 +26,12 @@ __all__ = ["explain"]
 def explain(plan: Plan, verbose: bool = False) -> list[str]:
     """EXPLAIN's lines of ``plan`` (module docstring)."""
     confidence = plan.options.confidence
+    if plan.auto is not None:
+        # Bounds chosen after the charge: no chosen value, sensitivity or ± before it.
+        lines = plan.explain(sql=verbose)
+        if not verbose:
+            lines[-1] = "(EXPLAIN VERBOSE: the selection's SQL)"
+        return lines
     if verbose:
         lines = plan.explain(sql=True)
         at = len(plan.head()) + len(plan.skipped)

@@ -4,7 +4,7 @@ the estimates computed from them, partition selection, and EXPLAIN's account of 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
@@ -17,6 +17,7 @@ from dpsql.bound.grid import Grid
 from dpsql.bound.rewrite import bound_contributions, parse_bounded
 from dpsql.bound.specs import Bounding, MeasurementSpec
 from dpsql.mechanisms.events import Composite
+from dpsql.plan.auto import AutoBounds
 from dpsql.plan.sample import Sample
 from dpsql.policy import DeclaredMechanism, Mechanism
 from dpsql.policy.numbers import decimal_text
@@ -217,6 +218,13 @@ class Plan:
     # pre-charge check, which only spares the analyst a charge for a query that cannot run,
     # is left out.
     binds: bool = False
+    # Bounds chosen after the charge (``dpsql.plan.auto``): this plan is then the answer's at the
+    # top candidates, for EXPLAIN, the charge and the cache key; ``replan`` plans the answer at
+    # the chosen values (a pure function of them and of what this plan was made from).
+    auto: AutoBounds | None = None
+    replan: Callable[[Mapping[str, object]], Plan] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def epsilon(self) -> Fraction:
@@ -244,10 +252,15 @@ class Plan:
         a = self.analysis
         rows = self.options.max_rows_per_unit
         source = ", ".join(a.tables) if a.base else f"{', '.join(a.tables)} (joined or derived)"
+        bounds = (
+            f"bounds: L0 = {self.max_groups} group(s) per unit, C = {self.max_rows} row(s) per "
+            "unit and group" + (f", R = {rows} row(s) per unit in total" if rows else "")
+        )
+        if self.auto is not None:
+            bounds = "bounds: chosen for this query (auto), see below; the rest as declared"
         lines = [
             f"table {source}: privacy unit {a.unit}; user-level, add/remove one unit",
-            f"bounds: L0 = {self.max_groups} group(s) per unit, C = {self.max_rows} row(s) per "
-            "unit and group" + (f", R = {rows} row(s) per unit in total" if rows else ""),
+            bounds,
             "keys: " + (", ".join(_explain_key(k) for k in a.keys) or "none (one global group)"),
         ]
         if any(k.other for k in a.keys):
@@ -282,6 +295,16 @@ class Plan:
         """EXPLAIN VERBOSE's lines, exact; with ``sql``, the bounded SQL pretty-printed at the
         end (``dpsql.plan.explain`` adds each measurement's ± and makes the concise form)."""
         lines = self.head()
+        if self.auto is not None:
+            # The answer's sensitivities and scales follow the chosen values: none is shown.
+            lines.extend(self.auto.explain())
+            lines.extend(auto_line(m) for m in self.measurements)
+            lines.append(self.cost_line())
+            lines.append("selection SQL (the answer's bounded SQL is built after the choice):")
+            if sql and self.auto.sql is not None:
+                text = parse_bounded(self.auto.sql).sql(dialect=DIALECT, pretty=True)
+                lines.extend("  " + line for line in text.splitlines())
+            return lines
         lines.extend(f"skipped: {why}" for why in self.skipped)
         lines.extend(measurement_line(m) for m in self.measurements)
         lines.extend(self.selection_lines())
@@ -313,6 +336,18 @@ def share_text(m: Measurement, of: str) -> str:
     if m.share is None or m.share == 1:
         return ""
     return f", share {float(m.share):.4g} of the query's {of}"
+
+
+def auto_line(m: Measurement) -> str:
+    """A measurement of an answer whose bounds are chosen after the charge: its mechanism and
+    epsilon, never a sensitivity or scale (they follow the chosen values)."""
+    if m.exponential:
+        return f"measurement {m.label}: exponential mechanism, epsilon {decimal_text(m.epsilon)}"
+    return (
+        f"measurement {m.label}: discrete Laplace, epsilon {decimal_text(m.epsilon)} at these "
+        "bounds (the split follows the chosen values; the sum does not); its ± comes with the "
+        "answer"
+    )
 
 
 def measurement_line(m: Measurement) -> str:

@@ -39,6 +39,7 @@ from dpsql.noise.sparse_vector import Walks, above_threshold
 from dpsql.policy import Policy
 from dpsql.sql.parse import DIALECT
 
+SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2
 UNITS_BEYOND = 6  # k·epsilon: units each bound may leave beyond it, up to the noise
 RECORD_KIND = "bounds"  # ledger records of estimated bounds (post-processing, never charged)
 
@@ -103,9 +104,13 @@ def beyond(rows: Sequence[tuple[Any, ...]]) -> list[list[int]]:
     return out
 
 
-def release(epsilon: Fraction, rows: Sequence[tuple[Any, ...]]) -> tuple[Fraction, Fraction]:
-    """The noisy bounds from the engine's histogram (charged before this runs)."""
-    k = Fraction(units_beyond(epsilon))
+def release(
+    epsilon: Fraction, rows: Sequence[tuple[Any, ...]], target: Fraction | None = None
+) -> tuple[Fraction, Fraction]:
+    """The noisy bounds from the engine's histogram (charged before this runs); ``target``:
+    aimed at queries at that epsilon, ``k = √2/target`` units beyond each bound (the trade-off
+    of ``dpsql.plan.auto``), else ``units_beyond(epsilon)``."""
+    k = Fraction(units_beyond(epsilon)) if target is None else SQRT2 / target
     upper_index, lower_mirrored = above_threshold(walks(epsilon), beyond(rows), [k, k])
     return from_release(TOP_INDEX - lower_mirrored, upper_index)
 

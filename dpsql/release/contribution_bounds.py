@@ -23,6 +23,7 @@ event of the statement's epsilon).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -35,6 +36,7 @@ from dpsql.policy.numbers import MAX_CONTRIBUTION_BOUND
 from dpsql.sql.parse import DIALECT
 
 QUANTILE = Fraction(95, 100)
+SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2
 COUNT_SHARE = Fraction(1, 5)  # of the statement's epsilon, to the count of units
 RECORD_KIND = "contribution_bounds"  # ledger records (post-processing, never charged)
 ROWS = "max_rows_per_unit"
@@ -59,6 +61,26 @@ def rung_index(value: int) -> int:
         if value <= rung:
             return i
     return len(LADDER) - 1
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How an estimate sets its bounds: at the ``quantile`` of the units' values, or (None)
+    by the bias-noise trade-off for queries at epsilon ``target`` (``dpsql.plan.auto``)."""
+
+    quantile: Fraction | None = None
+    target: Fraction | None = None
+
+    def units_beyond(self) -> Fraction:
+        """k = √2/target: the units the trade-off leaves beyond a row cap."""
+        assert self.target is not None
+        return SQRT2 / self.target
+
+    def text(self) -> str:
+        if self.quantile is not None:
+            return f"quantile {self.quantile.numerator}/{self.quantile.denominator}"
+        assert self.target is not None
+        return f"trade-off for epsilon {self.target.numerator}/{self.target.denominator}"
 
 
 def bounds_of(keys: Sequence[str]) -> tuple[str, ...]:
@@ -92,17 +114,11 @@ def bounds_query(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) 
     return contributions_query(unit, table, keys).sql(dialect=DIALECT)
 
 
-def release(
-    epsilon: Fraction, keys: Sequence[str], rows: Sequence[tuple[Any, ...]]
-) -> tuple[int, ...]:
-    """The noisy bounds from the engine's histograms (charged before this runs)."""
-    count = len(bounds_of(keys))
+def _above(rows: Sequence[tuple[Any, ...]], count: int) -> list[list[int]]:
+    """Per bound, the units beyond each rung of ``LADDER``."""
     hist = [[0] * len(LADDER) for _ in range(count)]
     for bound, value, units in rows:
         hist[int(bound)][rung_index(int(value))] += int(units)
-    # Every unit has one value for each bound: the first histogram counts the units.
-    n = sum(hist[0]) + int(discrete_laplace(1 / (epsilon * COUNT_SHARE), 1)[0])
-    threshold = (1 - QUANTILE) * max(n, 0)
     above = []
     for h in hist:
         left, row = sum(h), []
@@ -110,19 +126,76 @@ def release(
             left -= units
             row.append(left)
         above.append(row)
+    return above
+
+
+def release(
+    epsilon: Fraction,
+    keys: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    rule: Rule | None = None,
+) -> tuple[int, ...]:
+    """The noisy bounds from the engine's histograms (charged before this runs), by ``rule``
+    (None: the 95% quantile)."""
+    rule = rule or Rule(quantile=QUANTILE)
+    count = len(bounds_of(keys))
+    above = _above(rows, count)
+    if rule.quantile is None:
+        # The bias-noise trade-off (dpsql.plan.auto): each walk aims at k units beyond its
+        # bound; L0's walk first, since C's k is L0·k. Sequential walks of epsilon/count each.
+        k, each = rule.units_beyond(), epsilon / count
+        stops, l0 = [], 1
+        for i in range(count):
+            target = k * l0 if i == 1 else k
+            (stop,) = above_threshold(Walks(each, 1), [above[i]], [target])
+            stops.append(stop)
+            l0 = LADDER[stop]
+        return tuple(LADDER[i] for i in stops)
+    # Every unit has one value for each bound: the first histogram counts the units.
+    n = sum(int(u) for b, _, u in rows if int(b) == 0)
+    n += int(discrete_laplace(1 / (epsilon * COUNT_SHARE), 1)[0])
+    threshold = (1 - rule.quantile) * max(n, 0)
     walks = Walks(epsilon * (1 - COUNT_SHARE), count)
     stops = above_threshold(walks, above, [threshold] * count)
     return tuple(LADDER[i] for i in stops)
 
 
-def scales(epsilon: Fraction, keys: Sequence[str]) -> tuple[Fraction, ...]:
+def scales(
+    epsilon: Fraction, keys: Sequence[str], rule: Rule | None = None
+) -> tuple[Fraction, ...]:
     """Every discrete Laplace scale the release draws at ``epsilon``: the count's and the
     walks' (checked before the charge)."""
-    walks = Walks(epsilon * (1 - COUNT_SHARE), len(bounds_of(keys)))
+    count = len(bounds_of(keys))
+    if rule is not None and rule.quantile is None:
+        walks = Walks(epsilon / count, 1)
+        return (walks.threshold_scale, walks.query_scale)
+    walks = Walks(epsilon * (1 - COUNT_SHARE), count)
     return (1 / (epsilon * COUNT_SHARE), walks.threshold_scale, walks.query_scale)
 
 
-def describe(epsilon: Fraction, keys: Sequence[str]) -> str:
+def describe(epsilon: Fraction, keys: Sequence[str], rule: Rule | None = None) -> str:
     """The mechanism's parameters, for the charge's label."""
-    walks = Walks(epsilon * (1 - COUNT_SHARE), len(bounds_of(keys)))
+    count = len(bounds_of(keys))
+    if rule is not None and rule.quantile is None:
+        walks = Walks(epsilon / count, 1)
+        return f"{count} sequential {walks.describe()}"
+    walks = Walks(epsilon * (1 - COUNT_SHARE), count)
     return f"{walks.describe()} (count noise scale {float(1 / (epsilon * COUNT_SHARE)):.4g})"
+
+
+def cuts(keys: Sequence[str], values: Sequence[int], rule: Rule) -> str:
+    """What each bound is expected to cut, for the estimate's note (post-processing)."""
+    names = bounds_of(keys)
+    if rule.quantile is not None:
+        share = f"{float(1 - rule.quantile):.4g}"
+        return "; ".join(f"{n} = {v}: about {share} of the units lie beyond it (they lose rows)"
+                         for n, v in zip(names, values, strict=True))  # fmt: skip
+    k = rule.units_beyond()
+    parts = []
+    for i, (name, value) in enumerate(zip(names, values, strict=True)):
+        aim = k * values[0] if i == 1 else k
+        what = "units whose largest group has more rows" if i == 1 else (
+            "units in more groups" if keys else "units with more rows")  # fmt: skip
+        parts.append(f"{name} = {value}: aimed at about {float(aim):.3g} {what} (they lose rows)")
+    target = f"{float(rule.target or 0):.4g}"
+    return "; ".join(parts) + f"; the least error of a Laplace total at epsilon {target}"

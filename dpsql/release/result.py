@@ -52,6 +52,10 @@ class Result:
     # How the answer was computed when it is not from measurements of its own (a workload's
     # least squares, ``dpsql.plan.workload.family``): shown beside the table.
     note: str = ""
+    # What the answer's bounds are, shown by every interface beside the cost: the values chosen
+    # privately for it (``dpsql.bounds = auto``, DP outputs released with it), or what an
+    # estimate's bounds are expected to cut (``ESTIMATE BOUNDS``).
+    bounds_note: str = ""
 
     def __repr__(self) -> str:
         shown = ", ".join(self.columns[:6]) + (", ..." if len(self.columns) > 6 else "")
@@ -268,6 +272,8 @@ def summary(result: Result) -> str:
         cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
     elif result.diagnosis is not None:
         cost += f"; {result.diagnosis.summary()}"
+    if result.bounds_note:
+        cost += f"; {result.bounds_note}"
     return cost
 
 

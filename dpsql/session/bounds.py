@@ -51,6 +51,7 @@ class Estimate(Request[dict[str, object], Result]):
     epsilon: Fraction
     details: Mapping[str, object]
     found: Record | None  # a released estimate of the same key (None: fresh, or none yet)
+    rule: contribution_bounds.Rule | None = None  # contribution bounds: how they are set
 
     def lookup(self, pipeline: Pipeline) -> Result | None:
         if self.found is None:
@@ -58,15 +59,15 @@ class Estimate(Request[dict[str, object], Result]):
         # Serving a released estimate again is post-processing: recorded, never charged.
         seq = self.found.payload["charge"]
         pipeline.reserve(self.query, seq)
-        return _estimate_result(self.found.payload, None, int(seq))
+        return _estimate_result(self.found.payload, None, int(seq), self.cuts(self.found.payload))
 
     def measure(self, engine: Engine) -> dict[str, object]:
         _, rows = engine.run(self.sql)
         if self.statement.column is not None:
-            lower, upper = clamp_bounds.release(self.epsilon, rows)
+            lower, upper = clamp_bounds.release(self.epsilon, rows, self.statement.target)
             return {"lower": str(lower), "upper": str(upper)}
         keys = self.statement.keys
-        values = contribution_bounds.release(self.epsilon, keys, rows)
+        values = contribution_bounds.release(self.epsilon, keys, rows, self.rule)
         return dict(zip(contribution_bounds.bounds_of(keys), values, strict=True))
 
     def record(self, pipeline: Pipeline, charge: Charge, measured: dict[str, object]) -> None:
@@ -75,7 +76,22 @@ class Estimate(Request[dict[str, object], Result]):
         pipeline.budget.store.append(self.kind, payload, pipeline.analyst)
 
     def publish(self, pipeline: Pipeline, charge: Charge, measured: dict[str, object]) -> Result:
-        return _estimate_result({**self.key, "charge": charge.seq, **measured}, charge, None)
+        payload = {**self.key, "charge": charge.seq, **measured}
+        return _estimate_result(payload, charge, None, self.cuts(payload))
+
+    def cuts(self, payload: Mapping[str, Any]) -> str:
+        """What each bound is expected to cut (post-processing of the released values)."""
+        if self.rule is None:
+            target = self.statement.target
+            if target is None:
+                aim = str(clamp_bounds.units_beyond(self.epsilon))
+            else:
+                aim = f"{float(clamp_bounds.SQRT2 / target):.3g}"
+            return (f"lower and upper aimed at about {aim} units with a value beyond each "
+                    "(their values are clamped to it)")  # fmt: skip
+        keys = self.statement.keys
+        values = [int(payload[n]) for n in contribution_bounds.bounds_of(keys)]
+        return contribution_bounds.cuts(keys, values, self.rule)
 
 
 class Estimates:
@@ -103,21 +119,28 @@ class Estimates:
             )
         table = statement.table.lower()
         what: dict[str, object]
+        rule = None
         if statement.column is not None:
             column = statement.column.lower()
             kind, what = clamp_bounds.RECORD_KIND, {"column": column}
             sql = clamp_bounds.bounds_query(policy, self.engine.catalog, table, column)
             label = clamp_bounds.walks(epsilon).describe()
+            # None matches the records of the default rule (written before targets existed).
+            what["target"] = None if statement.target is None else str(statement.target)
         else:
+            rule = _rule(statement, settings)
             kind, what = contribution_bounds.RECORD_KIND, {"keys": list(statement.keys)}
+            what["rule"] = rule.text()
             sql = contribution_bounds.bounds_query(
                 policy, self.engine.catalog, table, statement.keys
             )
-            label = f"count of units and {contribution_bounds.describe(epsilon, statement.keys)}"
+            label = contribution_bounds.describe(epsilon, statement.keys, rule)
+            if rule.quantile is not None:
+                label = "count of units and " + label
         # Every noise the release draws, checked before the charge: at a tiny epsilon a scale
         # past what the exact sampler draws would fail after it (the charge would stand).
         scales = (clamp_bounds.scales(epsilon) if statement.column is not None
-                  else contribution_bounds.scales(epsilon, statement.keys))  # fmt: skip
+                  else contribution_bounds.scales(epsilon, statement.keys, rule))  # fmt: skip
         if any(scale > MAX_SCALE for scale in scales):
             raise BoundsError(
                 "the noise of ESTIMATE BOUNDS would be too large to sample exactly at this "
@@ -133,7 +156,7 @@ class Estimates:
         found = None if settings.fresh else self._released(kind, key)
         event = Composite((PureDP(epsilon, "ESTIMATE BOUNDS: " + label),))
         return Estimate(statement, kind, key, sql, _canonical(statement, epsilon), event,
-                        epsilon, details, found)  # fmt: skip
+                        epsilon, details, found, rule)  # fmt: skip
 
     def chose(self, plan: Plan, asked: frozenset[str]) -> bool:
         """Whether every bound the plan's diagnosis flags is one dpsql chose: each contribution
@@ -241,6 +264,14 @@ def _with_estimates(
     return policy.model_copy(update={"tables": tables})
 
 
+def _rule(statement: EstimateBounds, settings: Settings) -> contribution_bounds.Rule:
+    """How contribution bounds are set: at the stated quantile, else by the trade-off for
+    queries at the stated epsilon (the session's epsilon, which later queries default to)."""
+    if statement.quantile is not None:
+        return contribution_bounds.Rule(quantile=statement.quantile)
+    return contribution_bounds.Rule(target=statement.target or settings.epsilon)
+
+
 def _canonical(statement: EstimateBounds, epsilon: Fraction) -> str:
     """The statement as the ledger names it, with its epsilon."""
     if statement.column is not None:
@@ -248,11 +279,15 @@ def _canonical(statement: EstimateBounds, epsilon: Fraction) -> str:
     else:
         keys = f" GROUP BY {', '.join(statement.keys)}" if statement.keys else ""
         what = statement.table + keys
+    if statement.target is not None:
+        what += f" FOR EPSILON {decimal_text(statement.target)}"
+    if statement.quantile is not None:
+        what += f" AT QUANTILE {decimal_text(statement.quantile)}"
     return f"ESTIMATE BOUNDS FOR {what} WITH epsilon = {decimal_text(epsilon)}"
 
 
 def _estimate_result(
-    payload: Mapping[str, Any], charge: Charge | None, cached: int | None
+    payload: Mapping[str, Any], charge: Charge | None, cached: int | None, note: str = ""
 ) -> Result:
     """The rows of an estimate: ``(table, column, lower, upper)`` for clamps, ``(table, bound,
     value)`` for contribution bounds, one row per bound."""
@@ -272,5 +307,5 @@ def _estimate_result(
     return Result(
         columns, types, rows,
         accuracy=tuple((None,) * len(columns) for _ in rows),
-        charge=charge, cached_from=cached,
+        charge=charge, cached_from=cached, bounds_note=note,
     )  # fmt: skip

@@ -36,6 +36,8 @@ class Settings:
     max_groups_per_unit: int | None
     max_rows_per_unit_per_group: int | None
     max_rows_per_unit: int | None
+    bounds: str
+    bounds_share: Fraction
     confidence: float
     mechanism: Mechanism
     rho: Fraction | None

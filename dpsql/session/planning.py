@@ -21,11 +21,12 @@ from dpsql.engine.base import Engine
 from dpsql.errors import UnsupportedQueryError
 from dpsql.noise.measure import check_samplable
 from dpsql.plan.planner import plan_query
-from dpsql.plan.plans import Plan
+from dpsql.plan.plans import Plan, QueryOptions
 from dpsql.plan.targets import solve
 from dpsql.policy import Policy
 from dpsql.policy.files import FileSet
 from dpsql.release.post import check_post_processing
+from dpsql.session import auto
 from dpsql.session.effective import Settings
 from dpsql.session.probes import Probes
 from dpsql.sql.options import check_privacy_unit
@@ -50,6 +51,7 @@ def prepare(
     inline: Mapping[str, object],
     policy: Policy,
     probes: Probes,
+    chosen: Mapping[str, object] | None = None,
 ) -> Plan:
     """The plan of a SELECT under ``settings`` and ``policy`` (with the bounds estimated so
     far), before the engine's check of its bounded SQL (``check_soon``). ``inline``: the
@@ -57,16 +59,40 @@ def prepare(
     against the table's."""
     engine = probes.engine
     # TABLESAMPLE is dpsql's to interpret, never the engine's (dpsql.analyze.sample).
+    original = select
     select, sampled, sampled_tables = take_sample(select)
     bound = bind_parameters(select, params)
     validate(bound)
+    # Bounds a query may choose (dpsql.session.auto): clamps at their widest candidates, so
+    # that it can be analysed before any is chosen; after the choice, at the chosen values.
+    filled: frozenset[tuple[str, str]] = frozenset()
+    analysed = policy
+    if auto.wanted(settings, policy):
+        analysed, filled = auto.placeholders(policy, settings, engine.catalog)
+        if chosen is not None:
+            analysed = auto.with_chosen(analysed, chosen)
     analysis = probes.engine_values(
-        analyze(bound, policy, engine.catalog, engine.describe),
+        analyze(bound, analysed, engine.catalog, engine.describe),
         other=settings.other_group,
         label=settings.other_label,
     )
     check_privacy_unit(inline, analysis.unit)
     options = settings.query_options(analysis.spec, policy)
+    if auto.wanted(settings, policy):
+        needs = auto.needs(analysis, options, filled)
+        if (not needs.bounds and not needs.clamps) or not auto.opted_in(
+            settings, policy, analysis, needs
+        ):
+            if filled:  # nothing to choose: the policy's own bounds (or its refusal)
+                return prepare(original, params, settings=replace(settings, bounds="declared"),
+                               inline=inline, policy=_declared(policy), probes=probes)  # fmt: skip
+        else:
+            rate = settings.sample_rate
+            sampling = sampled is not None or (rate is not None and implemented(rate) < 1)
+            auto.refuse(options, settings, sampling, needs)
+            args = (original, params, settings, inline, policy, probes)
+            return _auto_plan(analysis, options, needs, analysed, bound=bound, args=args,
+                              chosen=chosen)  # fmt: skip
     rate = sampled if sampled is not None else settings.sample_rate
     if rate is not None and implemented(rate) < 1:
         clause = sampled_tables if sampled is not None else None
@@ -86,6 +112,51 @@ def prepare(
         plan = replace(plan, binds=True)
     check_samplable(plan)
     return plan
+
+
+def _declared(policy: Policy) -> Policy:
+    """``policy`` with no table's bounds left to dpsql: what a query that chooses none runs."""
+    tables = {n: t.model_copy(update={"bounds": None}) if t.bounds is not None else t
+              for n, t in policy.tables.items()}  # fmt: skip
+    return policy.model_copy(update={"tables": tables})
+
+
+def _auto_plan(
+    analysis: Analysis,
+    options: QueryOptions,
+    needs: auto.Needs,
+    analysed: Policy,
+    *,
+    bound: Any,
+    args: tuple[Any, Any, Settings, Mapping[str, object], Policy, Probes],
+    chosen: Mapping[str, object] | None,
+) -> Plan:
+    """The plan of a query that chooses bounds: at the top candidates, with the choices' plan
+    and the charged event (``chosen`` None); else the answer at the chosen values."""
+    original, params, settings, inline, policy, probes = args
+    share = settings.bounds_share
+    answer = auto.answer_options(options, needs, share)
+    query = bound.sql(dialect=DIALECT)
+    if chosen is not None:
+        plan = plan_query(analysis, auto.with_bounds(answer, chosen), analysed, query=query)
+        check_samplable(plan)
+        return plan
+    plan = plan_query(analysis, answer, analysed, query=query)
+    check_samplable(plan)  # the top candidates: the most noise any choice gives
+    planned = auto.plan_choices(plan, needs, share, options.epsilon, policy)
+    if not planned.choices:
+        # Nothing to walk (L0 every public combination, or distinct units only): the answer
+        # takes the whole epsilon at those fixed values.
+        whole = auto.with_bounds(replace(answer, epsilon=options.epsilon), dict(planned.fixed))
+        plan = plan_query(analysis, whole, analysed, query=query)
+        check_samplable(plan)
+        return plan
+
+    def replan(values: Mapping[str, object]) -> Plan:
+        return prepare(original, params, settings=settings, inline=inline, policy=policy,
+                       probes=probes, chosen=values)  # fmt: skip
+
+    return replace(plan, auto=planned, event=planned.event(plan.event), replan=replan)
 
 
 def check_sample(

@@ -38,6 +38,7 @@ from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.release.post import accuracy_columns
 from dpsql.release.result import Result, _with_accuracy
 from dpsql.session import planning, workload_plan, workloads
+from dpsql.session.auto import AutoRequest
 from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues, show_rows
 from dpsql.session.pipeline import Pipeline, QueryRequest
@@ -321,10 +322,17 @@ class Session:
         # A default diagnosis is never a reason to charge a query the cache answers without it.
         bare = without_default(plan)
         keys = partial(cache.keys, bare, self.policy, self.policy_version())
-        request = QueryRequest(
-            plan, planned.keys, planned.details, fresh=settings.fresh, shared=settings.share,
-            bare=None if bare is plan else (bare, keys), files=planned.files,
-        )  # fmt: skip
+        request: QueryRequest
+        if plan.auto is not None and plan.replan is not None:
+            # Bounds chosen after the charge (dpsql.session.auto): served again only from the
+            # release of the same request, with the values it chose.
+            request = AutoRequest(plan, planned.keys, planned.details, plan.replan,
+                                  fresh=settings.fresh, files=planned.files)  # fmt: skip
+        else:
+            request = QueryRequest(
+                plan, planned.keys, planned.details, fresh=settings.fresh, shared=settings.share,
+                bare=None if bare is plan else (bare, keys), files=planned.files,
+            )  # fmt: skip
         result = self.pipeline.release(request)
         return result if extra is None else _with_accuracy(result, extra)
 

@@ -96,6 +96,15 @@ def word(name: str, words: tuple[str, ...], message: str) -> Callable[[object], 
     return check
 
 
+bounds = word("bounds", ("declared", "auto"), "bounds must be 'declared' or 'auto'")
+DEFAULT_BOUNDS_SHARE = Fraction(1, 4)  # of a query's epsilon, choosing its bounds under auto
+
+
+def bounds_share(value: object) -> Fraction:
+    share = check_epsilon(value, "bounds_share", Fraction(1, 2))
+    return share
+
+
 mechanism = word("mechanism", ("laplace", "gaussian"), "mechanism must be 'laplace' or 'gaussian'")
 _split_word = word(
     "split", (*SPLITS, *ALIASES), "split must be 'min_max_ratio', 'min_total_variance' or 'even'"

@@ -92,6 +92,30 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        "bounds",
+        checks.bounds,
+        lambda p: "declared",
+        default_text="`declared` (a table's policy `bounds` opts it in)",
+        values="`declared` or `auto`",
+        doc=(
+            "`auto`: the contribution bounds and clamps the query needs that nothing declares "
+            "(policy, SET, estimate) are chosen privately for this query at "
+            "`dpsql.bounds_share` of its epsilon ([below](#bounds-chosen-per-query)); "
+            "`declared`: such a bound is refused unless the table's policy says `bounds`"
+        ),
+    ),
+    Setting(
+        "bounds_share",
+        checks.bounds_share,
+        lambda p: checks.DEFAULT_BOUNDS_SHARE,
+        default_text="0.25",
+        values="0 < s ≤ 0.5, exact decimal",
+        doc=(
+            "under `auto`, the share of the query's epsilon spent choosing its bounds, split "
+            "evenly among the choices; the rest answers the query"
+        ),
+    ),
+    Setting(
         "confidence",
         checks.confidence,
         lambda p: checks.DEFAULT_CONFIDENCE,

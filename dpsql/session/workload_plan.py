@@ -21,7 +21,14 @@ from dpsql.accounting.ledger.store import MemoryLedger
 from dpsql.cache.families import family_key, released_family
 from dpsql.cache.releases import ReleaseCache
 from dpsql.engine.base import Engine
-from dpsql.errors import BudgetExceededError, DpsqlError, InputError, InternalError, ParseError
+from dpsql.errors import (
+    BudgetExceededError,
+    DpsqlError,
+    InputError,
+    InternalError,
+    ParseError,
+    UnsupportedQueryError,
+)
 from dpsql.mechanisms.events import Composite, Event
 from dpsql.plan.diagnosis import without_default
 from dpsql.plan.plans import Plan
@@ -391,6 +398,14 @@ def _decide(
     if known.explain:  # planned, so a bad EXPLAIN refuses the file like a bad query
         return Step(piece, "explain", settings=settings)
     plan, keys = known.plan, known.keys
+    if plan.auto is not None:
+        # Its answer is planned after its walks run, so it cannot join one charge planned
+        # before any statement runs (nor a family): refused with the file, nothing charged.
+        raise UnsupportedQueryError(
+            f"statement {piece.number} chooses its bounds per query (dpsql.bounds = auto), "
+            "which a file planned as one cannot plan ahead; declare the bounds, run ESTIMATE "
+            "BOUNDS first, or run the statement alone"
+        )
     if not fresh:
         hit = session.cache.lookup(plan, keys, bool(settings.get("share", True)))
         if hit is not None:

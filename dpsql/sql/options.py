@@ -43,6 +43,8 @@ KEYS: Mapping[str, str] = MappingProxyType(
         # BigQuery's max_rows_contributed bounds a unit's rows across all groups: dpsql's R.
         "max_rows_contributed": "max_rows_per_unit",
         "max_rows_per_unit": "max_rows_per_unit",
+        "bounds": "bounds",
+        "bounds_share": "bounds_share",
         "mechanism": "mechanism",
         "rho": "rho",
         "sigma": "sigma",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 import sqlglot
 from sqlglot import exp
@@ -115,6 +116,11 @@ class EstimateBounds:
     table: str
     column: str | None = None
     keys: tuple[str, ...] = ()
+    # ``FOR EPSILON e``: aimed at queries at epsilon e (the bias-noise trade-off); ``AT QUANTILE
+    # q``: each contribution bound at the q quantile of the units' values. Neither: the trade-off
+    # at the session's epsilon for contribution bounds, today's rule for clamps.
+    target: Fraction | None = None
+    quantile: Fraction | None = None
 
 
 Statement = Query | Explain | SetOption | ShowOption | EstimateBounds
@@ -122,7 +128,8 @@ Statement = Query | Explain | SetOption | ShowOption | EstimateBounds
 
 _ESTIMATE_FORMS = (
     "write ESTIMATE BOUNDS FOR table.column (clamping bounds), ESTIMATE BOUNDS FOR table "
-    "(a row cap) or ESTIMATE BOUNDS FOR table GROUP BY column, ... (group and row caps)"
+    "(a row cap) or ESTIMATE BOUNDS FOR table GROUP BY column, ... (group and row caps), "
+    "each optionally followed by FOR EPSILON e or AT QUANTILE q"
 )
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 
@@ -135,7 +142,47 @@ def _is_name(token: Token) -> bool:
     )
 
 
+_TAILS = "FOR EPSILON e (aimed at queries at epsilon e) or AT QUANTILE q"
+
+
+def _tail(tokens: list[Token]) -> tuple[list[Token], Fraction | None, Fraction | None]:
+    """The statement's tokens before ``FOR EPSILON e`` or ``AT QUANTILE q``, and e or q."""
+    for i, token in enumerate(tokens):
+        # After BOUNDS FOR table: a tail follows a name, never a comma or GROUP BY.
+        after_name = i > 2 and tokens[i - 1].token_type not in (TokenType.COMMA,
+                                                                 TokenType.GROUP_BY)  # fmt: skip
+        is_for = token.token_type == TokenType.FOR
+        is_at = token.text.upper() == "AT" and token.token_type != TokenType.IDENTIFIER
+        if not (is_for or is_at) or not after_name:
+            continue
+        word = "EPSILON" if is_for else "QUANTILE"
+        tail = tokens[i + 1 :]
+        if len(tail) != 2 or tail[0].text.upper() != word or tail[1].token_type != TokenType.NUMBER:
+            raise ParseError(f"ESTIMATE BOUNDS ends with {_TAILS}, a number literal")
+        try:
+            value = Fraction(tail[1].text) if len(tail[1].text) <= 32 else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ParseError(f"ESTIMATE BOUNDS ends with {_TAILS}, a number literal")
+        return tokens[:i], (value if is_for else None), (None if is_for else value)
+    return tokens, None, None
+
+
 def _parse_estimate(tokens: list[Token]) -> EstimateBounds:
+    tokens, target, quantile = _tail(tokens)
+    statement = _parse_estimate_target(tokens)
+    if target is not None and not 0 < target <= 20:
+        raise ParseError("ESTIMATE BOUNDS ... FOR EPSILON takes an epsilon in (0, 20]")
+    if quantile is not None:
+        if statement.column is not None:
+            raise ParseError("ESTIMATE BOUNDS FOR table.column has no AT QUANTILE form")
+        if not Fraction(1, 2) <= quantile < 1:
+            raise ParseError("ESTIMATE BOUNDS ... AT QUANTILE takes a quantile in [0.5, 1)")
+    return replace(statement, target=target, quantile=quantile)
+
+
+def _parse_estimate_target(tokens: list[Token]) -> EstimateBounds:
     if not tokens or tokens[0].text.upper() != "BOUNDS":
         raise ParseError(f"ESTIMATE is incomplete: {_ESTIMATE_FORMS}")
     rest = tokens[1:]

@@ -166,7 +166,7 @@ BASIC_STATEMENTS: tuple[str | tuple[str, dict[str, Any]], ...] = (
     "SELECT region, age, COUNT(*) FROM visits GROUP BY region, age",
     # Bounds estimated from the data, then used and served again.
     "ESTIMATE BOUNDS FOR visits.age",
-    "ESTIMATE BOUNDS FOR visits GROUP BY region",
+    "ESTIMATE BOUNDS FOR visits GROUP BY region AT QUANTILE 0.95",
     "ESTIMATE BOUNDS FOR visits.age",
     "EXPLAIN VERBOSE SELECT region, AVG(spend) FROM visits GROUP BY region",
     "SHOW dpsql.budget",

@@ -231,6 +231,8 @@ def _run(
             echo("\n".join(_text_table(result)))
             if result.note:
                 echo(result.note)
+            if result.bounds_note:
+                echo(result.bounds_note)
             for line in _covers(result):
                 echo(line)
     echo(_summary(session, done, skipped))

@@ -12,6 +12,7 @@ group's ``Config`` (``context.py``) and never import ``cli`` (no import cycle).
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import click
@@ -21,8 +22,11 @@ from dpsql.accounting.ledger.ledger import BUDGET_RECORD, Ledger
 from dpsql.accounting.ledger.store import budget_caps, create_ledger
 from dpsql.errors import LedgerError, OutputError
 from dpsql.interfaces.cli.context import Config, pass_config
-from dpsql.interfaces.cli.params import TEXT, _decimal
+from dpsql.interfaces.cli.params import EPSILON, TEXT, _decimal
+from dpsql.interfaces.cli.setup_bounds import setup_statements
 from dpsql.policy import Policy
+from dpsql.policy.numbers import decimal_text
+from dpsql.session.session import Session
 
 __all__ = ["export", "init", "ledger", "pin_budget", "verify"]
 
@@ -57,12 +61,28 @@ def _write(text: str, output: Path | None) -> None:
 
 
 @click.command()
+@click.option(
+    "--estimate-bounds",
+    "estimate",
+    type=EPSILON,
+    default=None,
+    help="Then spend this epsilon estimating the bounds the policy leaves unset.",
+)
+@click.option(
+    "--for-epsilon",
+    "target",
+    type=EPSILON,
+    default=None,
+    help="The epsilon of the queries those bounds are for (default: budget.query_epsilon).",
+)
 @pass_config
-def init(config: Config) -> None:
+def init(config: Config, estimate: Fraction | None, target: Fraction | None) -> None:
     """Create the ledger named by the policy's [ledger] section (refuses to overwrite).
 
     Its first record pins the policy's budget: the caps, the deciding filter and its fixed
-    parameters, the analysts' shares. Sessions refuse a policy that disagrees with it.
+    parameters, the analysts' shares. Sessions refuse a policy that disagrees with it. With
+    --estimate-bounds, the bounds the policy leaves unset are then estimated (ESTIMATE BOUNDS,
+    charged to the new ledger, aimed at queries at --for-epsilon).
     """
     policy = config.policy()
     ledger = create_ledger(policy, config.analyst)
@@ -77,6 +97,29 @@ def init(config: Config) -> None:
     click.echo(f"ledger: {ledger.path}")
     click.echo(f"anchor: {ledger.anchor}")
     ledger.close()  # the connection is not left to the garbage collector
+    if estimate is not None:
+        _estimate(config, estimate, target or policy.budget.query_epsilon)
+
+
+def _estimate(config: Config, epsilon: Fraction, target: Fraction) -> None:
+    """``init --estimate-bounds``: each statement of ``setup_statements`` at an equal part of
+    ``epsilon``, charged as the owner; each estimate printed with what it cuts."""
+    session = Session(config.policy(), config.analyst)
+    try:
+        statements = setup_statements(session.policy, session.engine.catalog, target)
+        if not statements:
+            click.echo("bounds: the policy declares every bound; nothing estimated")
+            return
+        each = epsilon / len(statements)
+        for sql in statements:
+            result = session.execute(sql, epsilon=each)
+            for row in result.rows:
+                click.echo("estimated " + " ".join(str(v) for v in row))
+            click.echo(f"  {result.bounds_note}")
+        spent = decimal_text(each * len(statements))
+        click.echo(f"bounds: {len(statements)} estimate(s), epsilon {spent} charged in all")
+    finally:
+        session.close()
 
 
 @click.group()

@@ -286,6 +286,8 @@ def to_answer(result: Result, cap: int) -> Answer:
             notice += f"; ± covers {covers(result.diagnosis, result.plan)}"
         if result.diagnosis is not None:
             notice += f"; diagnosis: {result.diagnosis.describe()}"
+        if result.bounds_note:
+            notice += f"; {result.bounds_note}"
         flagged = noise_names(result)
         if flagged:
             notice += "; mostly noise (± at least the value) in: " + ", ".join(flagged)

@@ -174,7 +174,11 @@ class Shell:
         if result.plan is None:  # SHOW: a setting, nothing released
             return self._show(table)
         shown: list[RenderableType] = [table, Text(self._caption(result))]
-        if result.diagnosis is not None or any(w is not None for r in result.accuracy for w in r):
+        if (
+            result.diagnosis is not None
+            or result.bounds_note
+            or any(w is not None for r in result.accuracy for w in r)
+        ):
             shown.append(Text(self._covers(result)))
         return self._show(*shown)
 
@@ -196,6 +200,8 @@ class Shell:
         line = f"±: {covers(result)}"
         if result.diagnosis is not None:
             line += f"\ndiagnosis: {result.diagnosis.describe()}"
+        if result.bounds_note:
+            line += f"\n{result.bounds_note}"
         return line
 
     # -- meta-commands --------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""Bounds chosen per query (``dpsql.bounds = auto``, or a table's policy ``bounds``): the plan.
+
+A query whose contribution bounds or clamps nothing declares (the policy, a SET, an estimate)
+may leave them to dpsql, which spends a share ``s`` of the query's epsilon choosing them from
+its own rows under differential privacy, then answers with the rest. Everything here is public:
+which bounds are chosen, each choice's epsilon and the rank it aims at, the ladder of
+candidates, and the charged event; the choice itself runs after the charge
+(``dpsql.release.auto_bounds``). EXPLAIN shows this plan and never a chosen value.
+
+**The trade-off.** A bound B cuts what lies beyond it (a bias) and scales the noise (a spread).
+For a total COUNT under a row cap R, the bias is ``Σ_u (n_u − R)+``, whose derivative in R is
+minus the number of units with more than R rows, and the noise's standard deviation is
+``σ₁·R``, where ``σ₁ = √2/ε_j`` is the deviation of a discrete Laplace at sensitivity 1 (ε_j the
+measurement's epsilon). Their sum is least near the R with about ``k = σ₁`` units above it.
+For the per-group cap C under L0 groups, each of G groups has deviation ``σ₁·L0·C``, so the
+summed error is least near the C with about ``G·L0·σ₁`` (unit, group) cells above it. A clamp's
+upper bound U aims at ``σ₁`` units with a value beyond it (each cut unit loses at least a
+row's excess, so this errs high: a bound too high costs noise linearly, one too low costs every
+row beyond it).
+
+**The choice** (``Choice``) walks a ladder of candidates upward and stops at the first with at
+most about k units (or cells) beyond it: AboveThreshold over monotone counts
+(``dpsql.noise.sparse_vector``; Lyu, Su and Li 2017), the same walk as ``ESTIMATE BOUNDS``. L0
+over a public domain of at most ``ALL_GROUPS`` key combinations is every combination, a public
+fact, and costs nothing.
+
+**The charge.** One ``PureDP`` event of the choices' epsilon (sequential composition of pure
+mechanisms, Dwork and Roth 2014, Theorem 3.16), beside one event of the answer's
+(1 − s)·epsilon: ``PureDP`` for a pure answer, ``ApproxDP`` with partition selection. The answer
+is planned again with the chosen bounds, and any bounds give a Laplace plan of exactly that
+epsilon and delta (its split across measurements may differ; the sum does not), so the charge
+is fixed before anything is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from dpsql.mechanisms.events import Composite
+from dpsql.mechanisms.stated_events import ApproxDP, PureDP
+from dpsql.policy.numbers import decimal_text
+
+ROWS = "max_rows_per_unit"
+GROUPS = "max_groups_per_unit"
+ROWS_PER_GROUP = "max_rows_per_unit_per_group"
+CLAMPS = "clamps"
+ALL_GROUPS = 64  # L0 is every public key combination up to this many (free); else chosen
+TOP = 65536  # the largest contribution bound a choice returns (2^16)
+LADDER_TEXT = "1, 2, 3, 4, 6, 8, 12, ..., 65536"
+
+
+def _ladder() -> tuple[int, ...]:
+    rungs: set[int] = set()
+    power = 1
+    while power <= TOP:
+        rungs.update(r for r in (power, 3 * power // 2) if 1 <= r <= TOP)
+        power *= 2
+    return tuple(sorted(rungs))
+
+
+LADDER = _ladder()  # powers of two and 1.5 times them, 1 to 2^16: 33 candidates
+SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2 (a Pell convergent)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One bound chosen by a walk up a ladder: ``bound`` (ROWS, GROUPS, ROWS_PER_GROUP, or
+    CLAMPS for a column's lower and upper), the walk's ``epsilon``, and what it counts:
+    ``statistic`` ``units`` (units whose value exceeds the rung: rows for R, groups for L0, the
+    largest group's rows for C) or ``cells`` ((unit, group) cells with more rows than the rung,
+    sensitivity the G public key combinations a unit can touch). ``table``/``column``: a
+    clamp's column."""
+
+    bound: str
+    epsilon: Fraction
+    statistic: str = "units"
+    sensitivity: int = 1
+    table: str = ""
+    column: str = ""
+
+    def target(self, noise: Fraction, l0: int, groups: int | None) -> Fraction:
+        """k, the count of units (cells) beyond the bound the walk stops at (module
+        docstring); ``noise``: σ₁, ``l0``: the L0 of the answer (known before C's walk)."""
+        if self.bound == ROWS_PER_GROUP:
+            return (groups if self.statistic == "cells" and groups else 1) * l0 * noise
+        return noise
+
+    def explain(self, noise: Fraction, l0: int | None, groups: int | None) -> str:
+        what = {
+            ROWS: "max_rows_per_unit (R): units with more rows than the rung",
+            GROUPS: "max_groups_per_unit (L0): units in more groups than the rung",
+            ROWS_PER_GROUP: (
+                "max_rows_per_unit_per_group (C): (unit, group) cells with more rows than the rung"
+                if self.statistic == "cells"
+                else "max_rows_per_unit_per_group (C): units whose largest group has more rows "
+                "than the rung"
+            ),
+            CLAMPS: f"lower and upper of {self.table}.{self.column}: units with a value beyond "
+            "the rung, on each side",
+        }[self.bound]
+        if self.bound == ROWS_PER_GROUP and l0 is None:
+            k = f"{_num(self.target(noise, 1, groups))}·L0 (L0 as chosen)"
+        else:
+            k = _num(self.target(noise, l0 or 1, groups))
+        ladder = "0 and ±m·2^e up to ±2^52" if self.bound == CLAMPS else LADDER_TEXT
+        one = f", one unit moves it by <= {self.sensitivity}" if self.sensitivity > 1 else ""
+        return (
+            f"auto bound {what}{one}; the first rung of {ladder}, walking up, with at most about "
+            f"k = {k} beyond it (sparse vector, epsilon {_num(self.epsilon)})"
+        )
+
+
+@dataclass(frozen=True)
+class AutoBounds:
+    """The bounds a query chooses, all public: the selection's share and epsilon, the answer's
+    epsilon, each walk, L0 fixed to every public key combination (or None), and the answer's
+    σ₁ the targets are read from. ``sql``: the engine's histograms of the query's relation for
+    the contribution walks (``dpsql.bound.selection``), ``clamp_sql`` one per clamped column."""
+
+    share: Fraction
+    epsilon: Fraction
+    answer_epsilon: Fraction
+    choices: tuple[Choice, ...]
+    fixed: tuple[tuple[str, int], ...]  # bounds set without a walk (public facts, free)
+    groups: int | None
+    noise: Fraction
+    sql: str | None
+    clamp_sql: tuple[str, ...]
+
+    @property
+    def fixed_l0(self) -> int | None:
+        return dict(self.fixed).get(GROUPS)
+
+    def explain(self) -> list[str]:
+        lines = [
+            f"auto bounds: share {decimal_text(self.share)} of the query's epsilon chooses them "
+            f"(epsilon {_num(self.epsilon)}, split evenly among the walks), the rest answers "
+            f"(epsilon {_num(self.answer_epsilon)}); the chosen values are released with the "
+            "answer, never shown here"
+        ]
+        for name, value in self.fixed:
+            why = (
+                "every public key combination"
+                if name == GROUPS
+                else "the query measures distinct units only, which it does not change"
+            )
+            lines.append(f"auto bound {name} = {value}: {why} (a public fact: free)")
+        lines.extend(c.explain(self.noise, self.fixed_l0, self.groups) for c in self.choices)
+        lines.append(
+            f"auto bounds: targets k from the answer's noise, sigma_1 = sqrt(2)/epsilon_j = "
+            f"{_num(self.noise)} per unit of sensitivity"
+        )
+        return lines
+
+    def event(self, answer: Composite) -> Composite:
+        """The charged event: the walks' PureDP beside the answer's stated loss (module
+        docstring), whatever bounds the walks choose."""
+        stated = (
+            PureDP(answer.epsilon, "the answer, at the bounds chosen")
+            if answer.delta == 0
+            else ApproxDP(answer.epsilon, answer.delta, "the answer, at the bounds chosen")
+        )
+        walks = PureDP(self.epsilon, "auto bounds: " + ", ".join(c.bound for c in self.choices))
+        # A clamp's walk reads its whole column, not one cell's units: no parallel composition.
+        cell = None if any(c.bound == CLAMPS for c in self.choices) else answer.cell
+        return Composite((walks, stated), None, cell)
+
+
+def noise_per_unit(epsilons: list[Fraction]) -> Fraction:
+    """σ₁ of the answer's most precise Laplace measurement: √2/ε_j (erring towards a higher
+    bound, since the noisiest measurement's target would cut more)."""
+    return SQRT2 / max(epsilons)
+
+
+def _num(value: Fraction) -> str:
+    text = decimal_text(value)
+    return text if len(text) <= 8 else f"{float(value):.4g}"
+
+
+__all__ = [
+    "ALL_GROUPS",
+    "CLAMPS",
+    "GROUPS",
+    "LADDER",
+    "ROWS",
+    "ROWS_PER_GROUP",
+    "TOP",
+    "AutoBounds",
+    "Choice",
+    "noise_per_unit",
+]

@@ -1,0 +1,133 @@
+"""``ESTIMATE BOUNDS ... FOR EPSILON e`` (the bias-noise trade-off, the default for contribution
+bounds), ``AT QUANTILE q`` (the rule before it), and ``dpsql init --estimate-bounds``.
+
+The trade-off's row cap aims at about ``k = √2/e`` units with more rows: on data where 30 units
+have 50 rows and the rest 1-3, the 95% quantile cuts all 30 heavy units (R = 3 or 4), while the
+trade-off keeps them whole at e = 1 (k = 1.4 < 30: R reaches 64) and still cuts them at a tiny
+e (k = 141 > 30: the noise of a cap at 64 would cost more than the rows it keeps).
+"""
+
+from __future__ import annotations
+
+import shutil
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import TinyPolicy
+
+from dpsql import errors
+from dpsql.interfaces.cli import main as cli
+from dpsql.policy import Policy
+from dpsql.release import contribution_bounds
+from dpsql.session.session import Session
+from dpsql.sql.parse import EstimateBounds, parse_statement
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = [(u, "east", 30, 1.0) for u in range(30) for _ in range(50)]
+LIGHT = [(u, "west", 30, 1.0) for u in range(30, 1030) for _ in range(1 + u % 3)]
+
+
+def _undeclared(tiny_policy: TinyPolicy, rows: list[tuple[Any, ...]]) -> Policy:
+    base = tiny_policy(rows, budget={"epsilon": "1000"})
+    visits = base.tables["visits"].model_copy(
+        update={"max_groups_per_unit": None, "max_rows_per_unit_per_group": None}
+    )
+    return base.model_copy(update={"tables": {**base.tables, "visits": visits}})
+
+
+def test_the_tails_parse() -> None:
+    assert parse_statement("ESTIMATE BOUNDS FOR visits FOR EPSILON 0.5") == EstimateBounds(
+        "visits", target=Fraction(1, 2)
+    )
+    assert parse_statement(
+        "ESTIMATE BOUNDS FOR visits GROUP BY region, at AT QUANTILE 0.9"
+    ) == EstimateBounds("visits", keys=("region", "at"), quantile=Fraction(9, 10))
+    for bad in (
+        "ESTIMATE BOUNDS FOR visits FOR EPSILON",
+        "ESTIMATE BOUNDS FOR visits FOR EPSILON -1",
+        "ESTIMATE BOUNDS FOR visits FOR EPSILON 21",
+        "ESTIMATE BOUNDS FOR visits AT QUANTILE 1",
+        "ESTIMATE BOUNDS FOR visits AT QUANTILE 0.4",
+        "ESTIMATE BOUNDS FOR visits.spend AT QUANTILE 0.9",
+        "ESTIMATE BOUNDS FOR visits FOR QUANTILE 0.9",
+    ):
+        with pytest.raises(errors.ParseError):
+            parse_statement(bad)
+
+
+def test_the_trade_off_keeps_heavy_units_a_quantile_cuts(tiny_policy: TinyPolicy) -> None:
+    session = Session(_undeclared(tiny_policy, HEAVY + LIGHT))
+    quantile = [
+        session.execute("ESTIMATE BOUNDS FOR visits AT QUANTILE 0.95", fresh=True).rows[0][2]
+        for _ in range(5)
+    ]
+    assert all(v <= 4 for v in quantile), quantile
+    wide = [
+        session.execute("ESTIMATE BOUNDS FOR visits FOR EPSILON 1", fresh=True).rows[0][2]
+        for _ in range(5)
+    ]
+    assert all(v >= 48 for v in wide), wide
+    result = session.execute("ESTIMATE BOUNDS FOR visits FOR EPSILON 0.01", epsilon=5)
+    assert result.rows[0][2] <= 6
+    assert "aimed at about 141 units with more rows" in result.bounds_note
+
+
+def test_the_default_is_the_trade_off_at_the_session_epsilon(tiny_policy: TinyPolicy) -> None:
+    session = Session(_undeclared(tiny_policy, HEAVY + LIGHT))
+    result = session.execute("ESTIMATE BOUNDS FOR visits")
+    assert result.charge is not None and result.charge.epsilon == 1
+    assert "aimed at about 1.41 units" in result.bounds_note
+    # The same statement and rule again: served free; another rule is another release.
+    assert session.execute("ESTIMATE BOUNDS FOR visits FOR EPSILON 1").charge is None
+    assert session.execute("ESTIMATE BOUNDS FOR visits FOR EPSILON 0.5").charge is not None
+    assert session.execute("ESTIMATE BOUNDS FOR visits AT QUANTILE 0.95").charge is not None
+    # Clamps: the default keeps its rule; FOR EPSILON is another release.
+    clamps = session.execute("ESTIMATE BOUNDS FOR visits.spend")
+    assert "about 6 units" in clamps.bounds_note
+    target = session.execute("ESTIMATE BOUNDS FOR visits.spend FOR EPSILON 1")
+    assert target.charge is not None and "about 1.41 units" in target.bounds_note
+
+
+def test_the_walks_cost_what_the_statement_says() -> None:
+    rule = contribution_bounds.Rule(target=Fraction(1, 2))
+    # Two sequential walks at half the epsilon each, no count of units.
+    assert contribution_bounds.scales(Fraction(1), ("region",), rule) == (
+        Fraction(5),
+        Fraction(10, 3),
+    )
+    assert len(contribution_bounds.scales(Fraction(1), ("region",))) == 3
+
+
+def test_init_estimates_what_the_policy_leaves_unset(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(ROOT / "examples" / "data" / "visits.parquet", data / "visits.parquet")
+    text = (ROOT / "examples" / "durable.toml").read_text(encoding="utf-8")
+    for line in (
+        "max_groups_per_unit = 2        # L0: GROUP BY groups one user may touch\n",
+        "max_rows_per_unit_per_group = 10   # C: rows one user may contribute to a group\n",
+        "[tables.visits.columns.spend]\nlower = 0\nupper = 200\n",
+    ):
+        assert line in text
+        text = text.replace(line, "")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(text, encoding="utf-8")
+    runner = CliRunner()
+    args = ["--policy", str(policy), "--analyst", "owner", "init"]
+    out = runner.invoke(cli.cli, [*args, "--estimate-bounds", "1", "--for-epsilon", "0.5"])
+    assert out.exit_code == 0, out.output
+    assert "estimated visits max_rows_per_unit " in out.output
+    assert "estimated visits max_groups_per_unit " in out.output
+    assert "estimated visits spend " in out.output
+    assert "bounds: 3 estimate(s), epsilon 1 charged in all" in out.output
+    session = Session(policy)
+    try:
+        assert session.budget().epsilon_spent == 1
+        # The estimates fill the policy: a query needs no bound of its own now.
+        result = session.execute("SELECT region, SUM(spend) FROM visits GROUP BY region")
+        assert result.charge is not None and result.bounds_note == ""
+    finally:
+        session.close()
