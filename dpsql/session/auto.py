@@ -150,6 +150,24 @@ def needs(analysis: Analysis, options: QueryOptions, filled: frozenset[tuple[str
     return Needs(tuple(bounds), tuple(clamps))
 
 
+def stray(
+    analysis: Analysis, filled: frozenset[tuple[str, str]], n: Needs, referenced: set[str]
+) -> None:
+    """A join or subquery reading a column whose clamps would be chosen, other than as the
+    argument of its own SUM or AVG (say, through a per-unit subquery's SUM): its bounds would
+    be the widest candidates, not a choice. Refused, as without ``auto``."""
+    if analysis.base:
+        return
+    tables = {t.lower() for t in analysis.tables}
+    for table, column in sorted(filled):
+        if table in tables and column in referenced and (table, column) not in n.clamps:
+            raise BoundsError(
+                f"column {column} has no lower/upper bound in the policy, and dpsql.bounds = "
+                "auto chooses only the clamps of the columns a top-level SUM, AVG or variance "
+                "reads; declare them"
+            )
+
+
 def refuse(options: QueryOptions, settings: Settings, sampled: bool, n: Needs) -> None:
     """What ``auto`` does not cover, refused on public facts before anything is charged."""
     what = ", ".join([*n.bounds, *(f"{t}.{c}" for t, c in n.clamps)])
@@ -336,6 +354,7 @@ __all__ = [
     "placeholders",
     "plan_choices",
     "refuse",
+    "stray",
     "wanted",
     "with_bounds",
     "with_chosen",

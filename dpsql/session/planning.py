@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from sqlglot import exp
+
 from dpsql.analyze.analysis import Analysis
 from dpsql.analyze.analyze import analyze
 from dpsql.analyze.binds import provably_binds
@@ -90,6 +92,9 @@ def prepare(
             rate = settings.sample_rate
             sampling = sampled is not None or (rate is not None and implemented(rate) < 1)
             auto.refuse(options, settings, sampling, needs)
+            auto.stray(
+                analysis, filled, needs, {c.name.lower() for c in bound.find_all(exp.Column)}
+            )
             args = (original, params, settings, inline, policy, probes)
             return _auto_plan(analysis, options, needs, analysed, bound=bound, args=args,
                               chosen=chosen)  # fmt: skip

@@ -378,3 +378,19 @@ def test_every_interface_shows_the_chosen_values(make_policy: MakePolicy) -> Non
     assert result.bounds_note in summary(result)  # notebooks, dpsql query, repr
     answer = to_answer(result, 1000)
     assert answer.notice is not None and result.bounds_note in answer.notice  # the server
+
+
+def test_a_column_read_through_a_subquery_keeps_needing_declared_bounds(
+    make_policy: MakePolicy,
+) -> None:
+    """Its clamps are not chosen (only a top-level SUM's are): refused, as without auto,
+    rather than planned at the widest candidates (the analysis carries no bounds out of a
+    per-unit subquery; ``dpsql.session.auto.stray`` refuses it before the analysis could)."""
+    s = _session(make_policy(_rows()))
+    s.execute("SET dpsql.bounds = auto")
+    sql = "SELECT AVG(m) FROM (SELECT user_id, AVG(spend) AS m FROM visits GROUP BY user_id)"
+    with pytest.raises(BoundsError, match="spend"):
+        s.execute(sql)
+    assert s.budget().epsilon_spent == 0
+    # A top-level SUM's column is chosen as usual.
+    assert s.execute("SELECT SUM(spend) FROM visits").bounds_note
