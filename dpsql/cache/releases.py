@@ -166,8 +166,14 @@ class ReleaseCache:
             )
         return stored_noisy(found[1]), found[0], chosen
 
-    def record_auto(
-        self, k: Keys, noisy: Noisy, charge_seq: int, query: str, chosen: dict[str, object]
+    def record_auto(  # noqa: PLR0917
+        self,
+        k: Keys,
+        noisy: Noisy,
+        charge_seq: int,
+        query: str,
+        chosen: dict[str, object],
+        bounded_sql: str,
     ) -> None:
         """Store a release whose bounds were chosen per query, with the chosen values: its core
         and rows keys are its own, so no other plan is derived from it (its rows are bounded by
@@ -177,6 +183,7 @@ class ReleaseCache:
             return
         payload["core"] = payload["rows"] = "auto:" + k.exact
         payload["totals"] = [list(t) for t in noisy.totals]
+        payload["bounded_sql"] = bounded_sql  # the answer's, at the chosen values
         payload["chosen"] = {
             name: [str(v[0]), str(v[1])] if isinstance(v, tuple) else v
             for name, v in chosen.items()

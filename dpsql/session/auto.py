@@ -332,7 +332,9 @@ class AutoRequest(QueryRequest):
         return measure(plan, answer_rows)
 
     def record(self, pipeline: Pipeline, charge: Charge, measured: Noisy) -> None:
-        pipeline.cache.record_auto(self.keys, measured, charge.seq, self.plan.query, self.chosen)
+        assert self.answered is not None
+        pipeline.cache.record_auto(self.keys, measured, charge.seq, self.plan.query, self.chosen,
+                                   self.answered.engine_sql)  # fmt: skip
 
     def publish(self, pipeline: Pipeline, charge: Charge, measured: Noisy) -> Result:
         plan = self.answered

@@ -274,7 +274,9 @@ class Session:
         header = plan.explain(sql=False)
         return {
             "plan": [line for line in header if not line.startswith("  ")],
-            "bounded_sql": plan.engine_sql,
+            # Bounds chosen after the charge: what runs first is the walks' query; the answer's
+            # bounded SQL is recorded with its release (dpsql.cache.releases.record_auto).
+            "bounded_sql": plan.engine_sql if plan.auto is None else (plan.auto.sql or ""),
             **({"diagnosis_sql": plan.diagnosis.engine_sql} if plan.diagnosis is not None else {}),
             "engine": self.engine.name,  # the bounded SQL is DuckDB's; Spark runs its lowering
             "policy_version": self.policy_version(),

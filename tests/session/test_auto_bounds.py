@@ -12,6 +12,7 @@ the monotone sparse vector, Lyu, Su and Li 2017, Theorem 4; the walk itself is t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -119,6 +120,12 @@ def test_a_query_chooses_its_bounds_at_its_epsilon(
         assert name in result.bounds_note
     assert result.plan is not None and result.plan.auto is None  # the answer's own plan
     assert result.plan.epsilon == Fraction(3, 4)
+    # The ledger keeps what ran: the walks' query with the charge, the answer's with its release.
+    records = s.filter.store.records()
+    release = next(r for r in reversed(records) if r.kind == "release").payload
+    assert release["bounded_sql"] == result.plan.engine_sql and release["chosen"]
+    charged = next(r for r in records if r.seq == result.charge.seq).payload
+    assert "_pu" in json.dumps(charged)  # the walks' histograms (dpsql.bound.selection)
     # Served again free, with the same values; fresh pays again.
     again = s.execute(sql)
     assert again.charge is None and again.cached_from is not None
