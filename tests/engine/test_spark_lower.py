@@ -16,7 +16,6 @@ import datetime as dt
 import math
 import random
 import re
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -539,18 +538,17 @@ def test_every_golden_bounded_query_lowers(path: Path, catalog: dict[str, dict[s
     assert "$salt" not in text and (":salt" in text) == ("$salt" in path.read_text())
 
 
-def test_lowering_is_cached_pure_and_fast() -> None:
+def test_lowering_is_cached_and_pure() -> None:
+    """A repeat is a cache hit, counted rather than timed (a timed assertion fails on a loaded
+    machine; the speed is benchmarks/'s to measure)."""
     path = GOLDEN / "golden_breadth" / "quantiles.bounded.sql"
     catalog = corpus_catalogs()[-1][1]
     sql = path.read_text()
-    start = time.perf_counter()
-    first = lower(sql + " ", catalog)  # a text not lowered before: parsed and lowered anew
-    assert time.perf_counter() - start < 1.0  # some 50 ms; generous for a loaded machine
     first = lower(sql, catalog)
-    start = time.perf_counter()
+    hits = spark_lower._lower_cached.cache_info().hits
     for _ in range(100):
         assert lower(sql, catalog) == first
-    assert time.perf_counter() - start < 0.1  # cached: well under a millisecond a call
+    assert spark_lower._lower_cached.cache_info().hits == hits + 100
     # A pure function of both inputs: another catalog is another lowering.
     other = {**catalog, "visits": {**catalog["visits"], "extra": "DOUBLE"}}
     assert lower("SELECT * FROM visits", other) != lower("SELECT * FROM visits", catalog)
