@@ -221,6 +221,9 @@ class Plan:
     # Bounds chosen after the charge (``dpsql.plan.auto``): this plan is then the answer's at the
     # top candidates, for EXPLAIN, the charge and the cache key; ``replan`` plans the answer at
     # the chosen values (a pure function of them and of what this plan was made from).
+    # The key types its post-processing was bound with before the charge (the engine's, by
+    # ``dpsql.session.planning.check_soon``); None where no check typed them.
+    key_types: tuple[str, ...] | None = field(default=None, compare=False)
     auto: AutoBounds | None = None
     replan: Callable[[Mapping[str, object]], Plan] | None = field(
         default=None, compare=False, repr=False

@@ -103,14 +103,15 @@ def _typed_keys(plan: Plan) -> str:
     the registered Python values would otherwise be typed by their values (a BIGINT key of
     small values as INTEGER), or as text after a durable cache's round trip."""
     keys = plan.analysis.keys
-    names = [f"_k{i}" for i, key in enumerate(keys) if key.engine_type is not None]
-    if not names:
+    checked = plan.key_types or ()
+    types = [
+        key.engine_type or (checked[i] if i < len(checked) else None) for i, key in enumerate(keys)
+    ]
+    # A private key is cast too, to the type the check bound it in: with no group released its
+    # column is empty, and an empty column has no type (YEAR(k) would not bind).
+    casts = ", ".join(f"CAST(_k{i} AS {t}) AS _k{i}" for i, t in enumerate(types) if t)
+    if not casts:
         return "_released"
-    casts = ", ".join(
-        f"CAST(_k{i} AS {key.engine_type}) AS _k{i}"
-        for i, key in enumerate(keys)
-        if key.engine_type is not None
-    )
     return f"(SELECT * REPLACE ({casts}) FROM _released)"
 
 

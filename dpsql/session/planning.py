@@ -210,7 +210,7 @@ def files_read(engine: Engine, plan: Plan) -> FileSet:
     return engine.files.only({a.table, *a.tables, *domains})
 
 
-def check_soon(engine: Engine, plan: Plan, soon: bool) -> Callable[[], None]:
+def check_soon(engine: Engine, plan: Plan, soon: bool) -> Callable[[], list[str]]:
     """Bind the bounded SQL and the post-processing: a query that cannot be typed is rejected
     before the charge, on the schema alone. The engine's part starts now; the function returned
     waits for it and binds the post-processing over the key types.
@@ -230,12 +230,13 @@ def check_soon(engine: Engine, plan: Plan, soon: bool) -> Callable[[], None]:
         described = engine.check(plan.engine_sql, types=not public)
         wait = lambda: described  # noqa: E731
 
-    def finish() -> None:
+    def finish() -> list[str]:
         described = wait()
         types = [t for t in known if t is not None] if public else described[: len(known)]
         check_post_processing(plan, types)
         if plan.diagnosis is not None:
             # The diagnosis's SQL binds before the charge too, on the schema alone.
             engine.check(plan.diagnosis.engine_sql, types=False)
+        return types
 
     return finish

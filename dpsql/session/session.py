@@ -18,6 +18,7 @@ never privacy. A rejected query is never charged.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -228,10 +229,16 @@ class Session:
         key = self.plan_key(sql, params, options, current=False)
 
         def finish() -> Planned:
-            checked()
-            keys = cache.keys(plan, self.policy, self.policy_version())
+            types = checked()
+            typed = plan
+            if len(types) == len(plan.analysis.keys) and plan.auto is None:
+                # The key types the post-processing was bound with: a private key's released
+                # column is typed by them even when no group is released (an empty column
+                # has no type of its own).
+                typed = replace(plan, key_types=tuple(types))
+            keys = cache.keys(typed, self.policy, self.policy_version())
             verbose = isinstance(statement, Explain) and statement.verbose
-            done = Planned(explain, plan, keys, self.details(plan), verbose, files)
+            done = Planned(explain, typed, keys, self.details(typed), verbose, files)
             if key is not None:
                 self._plans.keep(key, done)
             return done
