@@ -56,6 +56,15 @@ class Walks:
         )
 
 
+def beyond_each(histogram: Sequence[int]) -> list[int]:
+    """From how many units sit at each rung, how many lie beyond each (a walk's counts)."""
+    left, out = sum(histogram), []
+    for n in histogram:
+        left -= n
+        out.append(left)
+    return out
+
+
 def above_threshold(
     walks: Walks, counts: Sequence[Sequence[int]], thresholds: Sequence[Fraction]
 ) -> list[int]:

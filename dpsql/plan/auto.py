@@ -50,16 +50,24 @@ TOP = 65536  # the largest contribution bound a choice returns (2^16)
 LADDER_TEXT = "1, 2, 3, 4, 6, 8, 12, ..., 65536"
 
 
-def _ladder() -> tuple[int, ...]:
-    rungs: set[int] = set()
-    power = 1
-    while power <= TOP:
-        rungs.update(r for r in (power, 3 * power // 2) if 1 <= r <= TOP)
+def ladder(top: int) -> tuple[int, ...]:
+    """The powers of two and 1.5 times them from 1 up to ``top``, and ``top`` itself."""
+    rungs, power = {top}, 1
+    while power <= top:
+        rungs.update(r for r in (power, 3 * power // 2) if 1 <= r <= top)
         power *= 2
     return tuple(sorted(rungs))
 
 
-LADDER = _ladder()  # powers of two and 1.5 times them, 1 to 2^16: 33 candidates
+def rung_index(value: int, rungs: tuple[int, ...]) -> int:
+    """The index of the smallest rung at or above ``value`` (the top for anything beyond)."""
+    for i, rung in enumerate(rungs):
+        if value <= rung:
+            return i
+    return len(rungs) - 1
+
+
+LADDER = ladder(TOP)  # powers of two and 1.5 times them, 1 to 2^16: 33 candidates
 SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2 (a Pell convergent)
 
 
@@ -188,5 +196,7 @@ __all__ = [
     "TOP",
     "AutoBounds",
     "Choice",
+    "ladder",
     "noise_per_unit",
+    "rung_index",
 ]

@@ -20,32 +20,29 @@ from typing import Any
 
 from dpsql.bound.estimates import TOP_INDEX
 from dpsql.bound.selection import CELL_ROWS, LARGEST_GROUP, UNIT_GROUPS, UNIT_ROWS
-from dpsql.noise.sparse_vector import Walks, above_threshold
-from dpsql.plan.auto import CLAMPS, GROUPS, LADDER, ROWS, ROWS_PER_GROUP, AutoBounds, Choice
+from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each
+from dpsql.plan.auto import (
+    CLAMPS,
+    GROUPS,
+    LADDER,
+    ROWS,
+    ROWS_PER_GROUP,
+    AutoBounds,
+    Choice,
+    rung_index,
+)
 from dpsql.release import clamp_bounds
 
 # Which histogram of ``dpsql.bound.selection`` each walk reads.
 _STATISTIC = {ROWS: UNIT_ROWS, GROUPS: UNIT_GROUPS, ROWS_PER_GROUP: LARGEST_GROUP}
 
 
-def rung_index(value: int) -> int:
-    """The smallest rung at or above ``value`` (the top for anything beyond)."""
-    for i, rung in enumerate(LADDER):
-        if value <= rung:
-            return i
-    return len(LADDER) - 1
-
-
 def beyond(histogram: Mapping[int, int]) -> list[int]:
     """For each rung, how many units (cells) have a value above it."""
     counts = [0] * len(LADDER)
     for value, n in histogram.items():
-        counts[rung_index(value)] += n
-    out, left = [], sum(counts)
-    for n in counts:
-        left -= n
-        out.append(left)
-    return out
+        counts[rung_index(value, LADDER)] += n
+    return beyond_each(counts)
 
 
 def _statistic(choice: Choice) -> int:
@@ -115,4 +112,4 @@ def _text(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
 
 
-__all__ = ["beyond", "choose", "describe", "rung_index", "scales", "walk"]
+__all__ = ["beyond", "choose", "describe", "scales", "walk"]

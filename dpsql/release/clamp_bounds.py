@@ -35,11 +35,11 @@ from typing import Any
 from dpsql.analyze.scope import NUMERIC
 from dpsql.bound.estimates import TOP_INDEX, candidate, extremes_query
 from dpsql.errors import SchemaError, UnsupportedQueryError
-from dpsql.noise.sparse_vector import Walks, above_threshold
+from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each
+from dpsql.plan.auto import noise_per_unit
 from dpsql.policy import Policy
 from dpsql.sql.parse import DIALECT
 
-SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2
 UNITS_BEYOND = 6  # k·epsilon: units each bound may leave beyond it, up to the noise
 RECORD_KIND = "bounds"  # ledger records of estimated bounds (post-processing, never charged)
 
@@ -94,14 +94,7 @@ def beyond(rows: Sequence[tuple[Any, ...]]) -> list[list[int]]:
     hist = [[0] * (TOP_INDEX + 1) for _ in range(2)]
     for side, index, count in rows:
         hist[int(side)][int(index)] += int(count)
-    out = []
-    for h in hist:
-        above, total = [], sum(h)
-        for count in h:
-            total -= count
-            above.append(total)
-        out.append(above)
-    return out
+    return [beyond_each(h) for h in hist]
 
 
 def release(
@@ -110,7 +103,7 @@ def release(
     """The noisy bounds from the engine's histogram (charged before this runs); ``target``:
     aimed at queries at that epsilon, ``k = √2/target`` units beyond each bound (the trade-off
     of ``dpsql.plan.auto``), else ``units_beyond(epsilon)``."""
-    k = Fraction(units_beyond(epsilon)) if target is None else SQRT2 / target
+    k = Fraction(units_beyond(epsilon)) if target is None else noise_per_unit([target])
     upper_index, lower_mirrored = above_threshold(walks(epsilon), beyond(rows), [k, k])
     return from_release(TOP_INDEX - lower_mirrored, upper_index)
 

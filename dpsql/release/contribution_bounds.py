@@ -30,13 +30,14 @@ from typing import Any
 from dpsql.bound.estimates import contributions_query
 from dpsql.errors import ParseError, SchemaError, UnsupportedQueryError
 from dpsql.noise.laplace import discrete_laplace
-from dpsql.noise.sparse_vector import Walks, above_threshold
+from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each
+from dpsql.plan import auto
+from dpsql.plan.auto import ladder
 from dpsql.policy import Policy
 from dpsql.policy.numbers import MAX_CONTRIBUTION_BOUND
 from dpsql.sql.parse import DIALECT
 
 QUANTILE = Fraction(95, 100)
-SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2
 COUNT_SHARE = Fraction(1, 5)  # of the statement's epsilon, to the count of units
 RECORD_KIND = "contribution_bounds"  # ledger records (post-processing, never charged)
 ROWS = "max_rows_per_unit"
@@ -44,23 +45,12 @@ GROUPS = "max_groups_per_unit"
 ROWS_PER_GROUP = "max_rows_per_unit_per_group"
 
 
-def _ladder() -> tuple[int, ...]:
-    rungs, power = {MAX_CONTRIBUTION_BOUND}, 1
-    while power <= MAX_CONTRIBUTION_BOUND:
-        rungs.update(r for r in (power, 3 * power // 2) if 1 <= r <= MAX_CONTRIBUTION_BOUND)
-        power *= 2
-    return tuple(sorted(rungs))
-
-
-LADDER = _ladder()  # 1, 2, 3, 4, 6, 8, 12, ..., 786432, 1000000
+LADDER = ladder(MAX_CONTRIBUTION_BOUND)  # 1, 2, 3, 4, 6, 8, 12, ..., 786432, 1000000
 
 
 def rung_index(value: int) -> int:
     """The index of the smallest rung at or above ``value`` (the top for anything beyond)."""
-    for i, rung in enumerate(LADDER):
-        if value <= rung:
-            return i
-    return len(LADDER) - 1
+    return auto.rung_index(value, LADDER)
 
 
 @dataclass(frozen=True)
@@ -74,7 +64,7 @@ class Rule:
     def units_beyond(self) -> Fraction:
         """k = √2/target: the units the trade-off leaves beyond a row cap."""
         assert self.target is not None
-        return SQRT2 / self.target
+        return auto.noise_per_unit([self.target])
 
     def text(self) -> str:
         if self.quantile is not None:
@@ -119,14 +109,7 @@ def _above(rows: Sequence[tuple[Any, ...]], count: int) -> list[list[int]]:
     hist = [[0] * len(LADDER) for _ in range(count)]
     for bound, value, units in rows:
         hist[int(bound)][rung_index(int(value))] += int(units)
-    above = []
-    for h in hist:
-        left, row = sum(h), []
-        for units in h:
-            left -= units
-            row.append(left)
-        above.append(row)
-    return above
+    return [beyond_each(h) for h in hist]
 
 
 def release(

@@ -26,6 +26,7 @@ from dpsql.errors import BoundsError, UndeclaredMechanismError
 from dpsql.mechanisms.events import Composite
 from dpsql.mechanisms.laplace import MAX_SCALE
 from dpsql.mechanisms.stated_events import PureDP
+from dpsql.plan.auto import noise_per_unit
 from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
 from dpsql.policy.numbers import decimal_text
@@ -86,7 +87,7 @@ class Estimate(Request[dict[str, object], Result]):
             if target is None:
                 aim = str(clamp_bounds.units_beyond(self.epsilon))
             else:
-                aim = f"{float(clamp_bounds.SQRT2 / target):.3g}"
+                aim = f"{float(noise_per_unit([target])):.3g}"
             return (f"lower and upper aimed at about {aim} units with a value beyond each "
                     "(their values are clamped to it)")  # fmt: skip
         keys = self.statement.keys
