@@ -70,10 +70,15 @@ def _may(settings: Settings, policy: Policy, table: str, name: str) -> bool:
 
 
 def placeholders(
-    policy: Policy, settings: Settings, catalog: Mapping[str, Mapping[str, str]]
+    policy: Policy,
+    settings: Settings,
+    catalog: Mapping[str, Mapping[str, str]],
+    named: frozenset[str],
 ) -> tuple[Policy, frozenset[tuple[str, str]]]:
-    """``policy`` with the widest clamps for every numeric column that declares none, in each
-    private table whose clamps may be chosen, and which (table, column) were filled."""
+    """``policy`` with the widest clamps for every numeric column the statement names
+    (``named``) that declares none, in each private table whose clamps may be chosen, and which
+    (table, column) were filled. A statement naming no such column is analysed once, as
+    without ``auto``."""
     tables = dict(policy.tables)
     filled = set()
     for name, spec in policy.tables.items():
@@ -84,7 +89,7 @@ def placeholders(
             column = raw.lower()
             declared = columns.get(column)
             numeric = ctype.lower() in NUMERIC or ctype.lower().startswith("decimal")
-            if not numeric or column == spec.privacy_unit:
+            if not numeric or column == spec.privacy_unit or column not in named:
                 continue
             if declared is not None and declared.bounds is not None:
                 continue
@@ -151,7 +156,7 @@ def needs(analysis: Analysis, options: QueryOptions, filled: frozenset[tuple[str
 
 
 def stray(
-    analysis: Analysis, filled: frozenset[tuple[str, str]], n: Needs, referenced: set[str]
+    analysis: Analysis, filled: frozenset[tuple[str, str]], n: Needs, referenced: frozenset[str]
 ) -> None:
     """A join or subquery reading a column whose clamps would be chosen, other than as the
     argument of its own SUM or AVG (say, through a per-unit subquery's SUM): its bounds would

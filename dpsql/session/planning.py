@@ -68,9 +68,10 @@ def prepare(
     # Bounds a query may choose (dpsql.session.auto): clamps at their widest candidates, so
     # that it can be analysed before any is chosen; after the choice, at the chosen values.
     filled: frozenset[tuple[str, str]] = frozenset()
-    analysed = policy
+    analysed, named = policy, frozenset[str]()
     if auto.wanted(settings, policy):
-        analysed, filled = auto.placeholders(policy, settings, engine.catalog)
+        named = frozenset(c.name.lower() for c in bound.find_all(exp.Column))
+        analysed, filled = auto.placeholders(policy, settings, engine.catalog, named)
         if chosen is not None:
             analysed = auto.with_chosen(analysed, chosen)
     analysis = probes.engine_values(
@@ -92,9 +93,7 @@ def prepare(
             rate = settings.sample_rate
             sampling = sampled is not None or (rate is not None and implemented(rate) < 1)
             auto.refuse(options, settings, sampling, needs)
-            auto.stray(
-                analysis, filled, needs, {c.name.lower() for c in bound.find_all(exp.Column)}
-            )
+            auto.stray(analysis, filled, needs, named)
             args = (original, params, settings, inline, policy, probes)
             return _auto_plan(analysis, options, needs, analysed, bound=bound, args=args,
                               chosen=chosen)  # fmt: skip
