@@ -243,11 +243,13 @@ def test_each_walks_counts_move_by_its_sensitivity_on_neighbours(
     extra: list[tuple[int, int]],
 ) -> None:
     base = tmp_path_factory.mktemp("nb")
-    rows = [(u, TINY_REGIONS[g], 30, float(v)) for u, unit in enumerate(units) for g, v in unit]
-    more = rows + [(len(units), TINY_REGIONS[g], 30, float(v)) for g, v in extra]
+    rows = [(u, TINY_REGIONS[g], 20 + g, float(v)) for u, unit in enumerate(units) for g, v in unit]
+    more = rows + [(len(units), TINY_REGIONS[g], 20 + g, float(v)) for g, v in extra]
     queries = {
         "SELECT COUNT(*) FROM visits WHERE spend > 50": 1,
         "SELECT region, SUM(spend) FROM visits GROUP BY region": 5,
+        # A private key: L0's walk on the units' groups, then C's on their largest group.
+        "SELECT age, COUNT(*) FROM visits GROUP BY age": 1,
     }
     counts = []
     for i, data in enumerate((rows, more)):
@@ -262,13 +264,22 @@ def test_each_walks_counts_move_by_its_sensitivity_on_neighbours(
             {
                 "dataset": {"id": "nb", "data_version": "1"},
                 "data": {"tables": {"visits": str(path)}},
-                "budget": {"epsilon": "10", "query_epsilon": "1", "diagnose": False},
+                "budget": {
+                    "epsilon": "10",
+                    "delta": "0.5",
+                    "query_epsilon": "1",
+                    "query_delta": "0.000001",
+                    "diagnose": False,
+                },
                 "tables": {"visits": table},
             },
             base_dir=base,
         )
         s = _session(policy)
         counts.append({sql: _walk_counts(s, sql) for sql in queries})
+    assert {GROUPS, ROWS_PER_GROUP} <= counts[0][
+        "SELECT age, COUNT(*) FROM visits GROUP BY age"
+    ].keys()
     for sql, cells in queries.items():
         d, d2 = counts[0][sql], counts[1][sql]
         assert d.keys() == d2.keys()
@@ -401,3 +412,14 @@ def test_a_column_read_through_a_subquery_keeps_needing_declared_bounds(
     assert s.budget().epsilon_spent == 0
     # A top-level SUM's column is chosen as usual.
     assert s.execute("SELECT SUM(spend) FROM visits").bounds_note
+
+
+def test_a_chosen_clamp_gives_up_a_cells_parallel_composition(make_policy: MakePolicy) -> None:
+    """A clamp's walk reads its whole column, not one cell's units: the query's event claims no
+    cell; R's walk reads the cell's rows only, and the cell stays (docs/privacy.md)."""
+    s = _session(make_policy(_rows(), {"constant_per_unit": ["region"]}))
+    s.execute("SET dpsql.bounds = auto")
+    counted = s.execute("SELECT COUNT(*) FROM visits WHERE region = 'east'")
+    summed = s.execute("SELECT SUM(spend) FROM visits WHERE region = 'east'")
+    assert counted.charge is not None and counted.charge.event.cell is not None
+    assert summed.charge is not None and summed.charge.event.cell is None

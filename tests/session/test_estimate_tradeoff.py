@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import TinyPolicy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpsql import errors
 from dpsql.interfaces.cli import main as cli
@@ -28,6 +30,7 @@ from dpsql.sql.parse import EstimateBounds, parse_statement
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = [(u, "east", 30, 1.0) for u in range(30) for _ in range(50)]
 LIGHT = [(u, "west", 30, 1.0) for u in range(30, 1030) for _ in range(1 + u % 3)]
+REGIONS = ("east", "west", "north")
 
 
 def _undeclared(tiny_policy: TinyPolicy, rows: list[tuple[Any, ...]]) -> Policy:
@@ -131,3 +134,29 @@ def test_init_estimates_what_the_policy_leaves_unset(tmp_path: Path) -> None:
         assert result.charge is not None and result.bounds_note == ""
     finally:
         session.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    units=st.lists(
+        st.lists(st.sampled_from(REGIONS), min_size=1, max_size=9), min_size=1, max_size=8
+    ),
+    extra=st.lists(st.sampled_from(REGIONS), min_size=1, max_size=9),
+)
+def test_each_trade_off_walk_reads_counts_one_unit_moves_by_one(
+    tiny_policy: TinyPolicy, units: list[list[str]], extra: list[str]
+) -> None:
+    """The trade-off's walks (R; then L0 and C, one after the other) read the engine's counts of
+    units beyond each rung: on D and D' (one unit more) each moves by 0 or 1, up (Lyu, Su and
+    Li 2017, Theorem 4's premise; the walk is tested in tests/noise)."""
+    rows = [(u, r, 30, 1.0) for u, regions in enumerate(units) for r in regions]
+    more = [*rows, *((len(units), r, 30, 1.0) for r in extra)]
+    for keys in ((), ("region",)):
+        counts = []
+        for data in (rows, more):
+            policy = _undeclared(tiny_policy, data)
+            session = Session(policy)
+            sql = contribution_bounds.bounds_query(policy, session.engine.catalog, "visits", keys)
+            counts.append(contribution_bounds._above(session.engine.run(sql)[1], len(keys) + 1))
+        for walk, walk2 in zip(*counts, strict=True):
+            assert all(0 <= b - a <= 1 for a, b in zip(walk, walk2, strict=True))
