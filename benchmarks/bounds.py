@@ -393,6 +393,23 @@ def _released(result: Result, query: Query) -> Release:
     return Release(values, bounds, clamps=clamps)
 
 
+def _fresh_session(
+    policy: Policy, first: Sequence[tuple[str, str | None]], query: Query, epsilon: str
+) -> Release:
+    """A new ``Session`` with ``SET dpsql.fresh = on``, the statements ``first`` (each at its
+    epsilon, or the session's), then the query at ``epsilon``; a refusal is the release."""
+    s = Session(policy)
+    try:
+        s.execute("SET dpsql.fresh = on")
+        for statement, at in first:
+            s.execute(statement, epsilon=at)
+        return _released(s.execute(query.sql, epsilon=epsilon), query)
+    except DpsqlError as e:
+        return Release(None, {}, f"{type(e).__name__}: {e}")
+    finally:
+        s.close()
+
+
 class EstimateBounds:
     """dpsql with no contribution bounds in the policy: ESTIMATE BOUNDS, then the query; at
     the 95% quantile (``estimate_bounds``, the rule before the trade-off) or by the trade-off
@@ -409,19 +426,10 @@ class EstimateBounds:
         pass
 
     def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
-        s = Session(_policy(data, {}))
-        try:
-            s.execute("SET dpsql.fresh = on")
-            statement = "ESTIMATE BOUNDS FOR visits"
-            if query.grouped:
-                statement += " GROUP BY grp"
-            statement += f" FOR EPSILON {epsilon}" if self.tradeoff else " AT QUANTILE 0.95"
-            s.execute(statement, epsilon=str(Decimal(epsilon) * self.share))
-            return _released(s.execute(query.sql, epsilon=epsilon), query)
-        except DpsqlError as e:
-            return Release(None, {}, f"{type(e).__name__}: {e}")
-        finally:
-            s.close()
+        statement = "ESTIMATE BOUNDS FOR visits" + (" GROUP BY grp" if query.grouped else "")
+        statement += f" FOR EPSILON {epsilon}" if self.tradeoff else " AT QUANTILE 0.95"
+        first = (statement, str(Decimal(epsilon) * self.share))
+        return _fresh_session(_policy(data, {}), [first], query, epsilon)
 
 
 def example_bounds() -> dict[str, int]:
@@ -473,15 +481,8 @@ class Auto:
         return query.kind == "sum" or not self.clamps
 
     def release(self, data: DataSet, query: Query, epsilon: str) -> Release:
-        s = Session(_policy(data, {}, clamps=not self.clamps))
-        try:
-            s.execute("SET dpsql.fresh = on")
-            s.execute("SET dpsql.bounds = auto")
-            return _released(s.execute(query.sql, epsilon=epsilon), query)
-        except DpsqlError as e:
-            return Release(None, {}, f"{type(e).__name__}: {e}")
-        finally:
-            s.close()
+        first = [("SET dpsql.bounds = auto", None)]
+        return _fresh_session(_policy(data, {}, clamps=not self.clamps), first, query, epsilon)
 
 
 @dataclass(frozen=True)
