@@ -10,7 +10,9 @@ by at most ``sensitivity`` and all in one direction (adding a unit never lowers 
 one never raises it): *monotone* queries, for which query noise of scale ``c·Δ/ε2`` suffices
 (their Theorem 4 and section 3.4) beside threshold noise of scale ``Δ/ε1``, for ``ε1 + ε2``-DP
 in all. The split ``ε1 : ε2 = 2 : 3`` is the rational nearest their optimum ``1 : c^(2/3)`` for
-two walks, and fine for one.
+two walks, and fine for one; a walk may state its own (``Walks.threshold_share``: the walks aimed
+at a bias-noise trade-off give the threshold 3/5, ``dpsql.plan.auto``), any split being
+``ε1 + ε2``-DP.
 
 The noise is the exact discrete Laplace (``dpsql.noise.laplace``): the proof shifts the
 threshold noise by Δ and the stopping query's noise by at most Δ, integers both, and a discrete
@@ -38,16 +40,17 @@ class Walks:
     epsilon: Fraction
     count: int
     sensitivity: int = 1
+    threshold_share: Fraction = THRESHOLD_SHARE  # ε1/ε, in (0, 1)
 
     @property
     def threshold_scale(self) -> Fraction:
         """Δ/ε1."""
-        return self.sensitivity / (self.epsilon * THRESHOLD_SHARE)
+        return self.sensitivity / (self.epsilon * self.threshold_share)
 
     @property
     def query_scale(self) -> Fraction:
         """c·Δ/ε2 (monotone queries)."""
-        return self.count * self.sensitivity / (self.epsilon * (1 - THRESHOLD_SHARE))
+        return self.count * self.sensitivity / (self.epsilon * (1 - self.threshold_share))
 
     def describe(self) -> str:
         return (
@@ -72,7 +75,12 @@ def above_threshold(
 
     ``counts[w][i]``: units beyond rung i of walk w (non-increasing in i); ``thresholds[w]``:
     the public (or earlier released) count each walk stops at, up to the noise."""
-    if len(counts) != walks.count or len(thresholds) != walks.count or walks.epsilon <= 0:
+    if (
+        len(counts) != walks.count
+        or len(thresholds) != walks.count
+        or walks.epsilon <= 0
+        or not 0 < walks.threshold_share < 1
+    ):
         raise InternalError("the sparse vector's walks do not match its parameters")
     rho = int(discrete_laplace(walks.threshold_scale, 1)[0])
     # All of them drawn now, read or not: the draws do not depend on where a walk stops.

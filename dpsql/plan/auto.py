@@ -20,9 +20,15 @@ row beyond it).
 
 **The choice** (``Choice``) walks a ladder of candidates upward and stops at the first with at
 most about k units (or cells) beyond it: AboveThreshold over monotone counts
-(``dpsql.noise.sparse_vector``; Lyu, Su and Li 2017), the same walk as ``ESTIMATE BOUNDS``. L0
-over a public domain of at most ``ALL_GROUPS`` key combinations is every combination, a public
-fact, and costs nothing.
+(``dpsql.noise.sparse_vector``; Lyu, Su and Li 2017), the same walk as ``ESTIMATE BOUNDS ... FOR
+EPSILON``, with 3/5 of its epsilon on the threshold (``TRADEOFF_THRESHOLD``). Where the walk
+cannot resolve its target (its threshold noise's scale exceeds k, as for a total at the default
+share), it **overshoots by one rung** (``overshoot``): the first rung whose noisy count dips to
+the threshold is the least of many noisy counts, so the walk errs low, and a cap one rung (1.33
+to 1.5 times) too high costs at most that factor in noise where one too low costs every row
+beyond it (``benchmarks/README.md``, bounds, has the measured gain). Grouped walks under a
+larger L0, whose target is L0·G times larger, resolve it and do not step. L0 over a public domain of at most ``ALL_GROUPS`` key combinations is
+every combination, a public fact, and costs nothing.
 
 **The charge.** One ``PureDP`` event of the choices' epsilon (sequential composition of pure
 mechanisms, Dwork and Roth 2014, Theorem 3.16), beside one event of the answer's
@@ -69,6 +75,14 @@ def rung_index(value: int, rungs: tuple[int, ...]) -> int:
 
 LADDER = ladder(TOP)  # powers of two and 1.5 times them, 1 to 2^16: 33 candidates
 SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2 (a Pell convergent)
+TRADEOFF_THRESHOLD = Fraction(3, 5)  # a trade-off walk's threshold share of its epsilon
+
+
+def overshoot(epsilon: Fraction, sensitivity: int, target: Fraction) -> int:
+    """How many rungs a trade-off walk of ``epsilon`` steps past its stop: 1 where its threshold
+    noise's scale, Δ/(3/5·ε), exceeds the target k (it cannot resolve k), else 0 (module
+    docstring). Public: it reads parameters only; stepping is post-processing of the stop."""
+    return 1 if sensitivity / (epsilon * TRADEOFF_THRESHOLD) > target else 0
 
 
 @dataclass(frozen=True)
@@ -113,9 +127,16 @@ class Choice:
             k = _num(self.target(noise, l0 or 1, groups))
         ladder = "0 and ±m·2^e up to ±2^52" if self.bound == CLAMPS else LADDER_TEXT
         one = f", one unit moves it by <= {self.sensitivity}" if self.sensitivity > 1 else ""
+        step = ""
+        if self.bound == ROWS_PER_GROUP and l0 is None:
+            step = " (then one rung higher where the walk's noise exceeds k)"
+        elif self.bound != CLAMPS and overshoot(
+            self.epsilon, self.sensitivity, self.target(noise, l0 or 1, groups)
+        ):
+            step = ", then one rung higher (the walk's noise exceeds k: it overshoots)"
         return (
             f"auto bound {what}{one}; the first rung of {ladder}, walking up, with at most about "
-            f"k = {k} beyond it (sparse vector, epsilon {_num(self.epsilon)})"
+            f"k = {k} beyond it{step} (sparse vector, epsilon {_num(self.epsilon)})"
         )
 
 
@@ -194,9 +215,11 @@ __all__ = [
     "ROWS",
     "ROWS_PER_GROUP",
     "TOP",
+    "TRADEOFF_THRESHOLD",
     "AutoBounds",
     "Choice",
     "ladder",
     "noise_per_unit",
+    "overshoot",
     "rung_index",
 ]

@@ -2,7 +2,8 @@
 ``dpsql.plan.auto``).
 
 Each contribution bound is the first rung of ``dpsql.plan.auto.LADDER``, walking up, at which the
-noisy count of units (or cells) beyond it is at most the noisy target k: AboveThreshold over
+noisy count of units (or cells) beyond it is at most the noisy target k (one rung higher where
+the walk cannot resolve k: ``dpsql.plan.auto.overshoot``): AboveThreshold over
 counts that one unit moves by at most the walk's sensitivity, all in one direction (adding a
 unit never lowers one), with the monotone-query noise of Lyu, Su and Li (VLDB 2017, Theorem 4)
 from ``dpsql.noise.sparse_vector``; a walk that never stops gives the top rung. L0 is chosen
@@ -27,8 +28,10 @@ from dpsql.plan.auto import (
     LADDER,
     ROWS,
     ROWS_PER_GROUP,
+    TRADEOFF_THRESHOLD,
     AutoBounds,
     Choice,
+    overshoot,
     rung_index,
 )
 from dpsql.release import clamp_bounds
@@ -49,10 +52,26 @@ def _statistic(choice: Choice) -> int:
     return CELL_ROWS if choice.statistic == "cells" else _STATISTIC[choice.bound]
 
 
+def tradeoff_walk(
+    epsilon: Fraction, sensitivity: int, above: Sequence[int], target: Fraction
+) -> int:
+    """The index a bias-noise trade-off walk chooses on a ladder of ``len(above)`` rungs: where
+    AboveThreshold stops, one rung higher where it cannot resolve ``target``
+    (``dpsql.plan.auto.overshoot``; post-processing of the stop). Charged before this runs."""
+    walks = Walks(epsilon, 1, sensitivity, TRADEOFF_THRESHOLD)
+    (stop,) = above_threshold(walks, [list(above)], [target])
+    return min(stop + overshoot(epsilon, sensitivity, target), len(above) - 1)
+
+
+def tradeoff_scales(epsilon: Fraction, sensitivity: int = 1) -> list[Fraction]:
+    """The discrete Laplace scales of one trade-off walk."""
+    walks = Walks(epsilon, 1, sensitivity, TRADEOFF_THRESHOLD)
+    return [walks.threshold_scale, walks.query_scale]
+
+
 def walk(choice: Choice, above: Sequence[int], target: Fraction) -> int:
-    """One walk's stopping rung (charged before this runs)."""
-    walks = Walks(choice.epsilon, 1, choice.sensitivity)
-    return LADDER[above_threshold(walks, [list(above)], [target])[0]]
+    """One walk's chosen rung (charged before this runs)."""
+    return LADDER[tradeoff_walk(choice.epsilon, choice.sensitivity, above, target)]
 
 
 def choose(
@@ -91,8 +110,11 @@ def scales(auto: AutoBounds) -> list[Fraction]:
     """Every discrete Laplace scale the walks draw (checked before the charge)."""
     out = []
     for choice in auto.choices:
-        w = Walks(choice.epsilon, 2 if choice.bound == CLAMPS else 1, choice.sensitivity)
-        out += [w.threshold_scale, w.query_scale]
+        if choice.bound == CLAMPS:
+            w = Walks(choice.epsilon, 2, choice.sensitivity)
+            out += [w.threshold_scale, w.query_scale]
+        else:
+            out += tradeoff_scales(choice.epsilon, choice.sensitivity)
     return out
 
 
@@ -112,4 +134,12 @@ def _text(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
 
 
-__all__ = ["beyond", "choose", "describe", "scales", "walk"]
+__all__ = [
+    "beyond",
+    "choose",
+    "describe",
+    "scales",
+    "tradeoff_scales",
+    "tradeoff_walk",
+    "walk",
+]

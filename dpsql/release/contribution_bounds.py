@@ -35,6 +35,7 @@ from dpsql.plan import auto
 from dpsql.plan.auto import ladder
 from dpsql.policy import Policy
 from dpsql.policy.numbers import MAX_CONTRIBUTION_BOUND
+from dpsql.release import auto_bounds
 from dpsql.sql.parse import DIALECT
 
 QUANTILE = Fraction(95, 100)
@@ -130,7 +131,7 @@ def release(
         stops, l0 = [], 1
         for i in range(count):
             target = k * l0 if i == 1 else k
-            (stop,) = above_threshold(Walks(each, 1), [above[i]], [target])
+            stop = auto_bounds.tradeoff_walk(each, 1, above[i], target)
             stops.append(stop)
             l0 = LADDER[stop]
         return tuple(LADDER[i] for i in stops)
@@ -150,8 +151,7 @@ def scales(
     walks' (checked before the charge)."""
     count = len(bounds_of(keys))
     if rule is not None and rule.quantile is None:
-        walks = Walks(epsilon / count, 1)
-        return (walks.threshold_scale, walks.query_scale)
+        return tuple(auto_bounds.tradeoff_scales(epsilon / count))
     walks = Walks(epsilon * (1 - COUNT_SHARE), count)
     return (1 / (epsilon * COUNT_SHARE), walks.threshold_scale, walks.query_scale)
 
@@ -160,8 +160,8 @@ def describe(epsilon: Fraction, keys: Sequence[str], rule: Rule | None = None) -
     """The mechanism's parameters, for the charge's label."""
     count = len(bounds_of(keys))
     if rule is not None and rule.quantile is None:
-        walks = Walks(epsilon / count, 1)
-        return f"{count} sequential {walks.describe()}"
+        walks = Walks(epsilon / count, 1, 1, auto.TRADEOFF_THRESHOLD)
+        return f"{count} sequential {walks.describe()}, each one rung higher where it overshoots"
     walks = Walks(epsilon * (1 - COUNT_SHARE), count)
     return f"{walks.describe()} (count noise scale {float(1 / (epsilon * COUNT_SHARE)):.4g})"
 

@@ -34,7 +34,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpsql.noise.sparse_vector import Walks, above_threshold
+from dpsql.noise.sparse_vector import THRESHOLD_SHARE, Walks, above_threshold
+from dpsql.plan.auto import TRADEOFF_THRESHOLD
 
 Ladders = tuple[tuple[int, ...], ...]
 Dist = dict[tuple[int, ...], Decimal]
@@ -42,6 +43,7 @@ Dist = dict[tuple[int, ...], Decimal]
 _CTX = Context(prec=40)
 TRUNCATION_DIGITS = 12  # P(|ρ| > r) < 10^-12: the absolute slack of every comparison
 EPSILONS = (Fraction(1, 2), Fraction(1), Fraction(2))
+SHARES = (THRESHOLD_SHARE, TRADEOFF_THRESHOLD)  # the threshold's share: ESTIMATE's, the trade-off's
 ALPHA = 1e-6  # false-failure rate of each sampled test
 
 
@@ -145,12 +147,17 @@ def worst_single_walk_loss(walks: Walks, top: int = 3) -> float:
 # --- exact neighbour checks --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("sensitivity", [1, 2])
 @pytest.mark.parametrize("epsilon", EPSILONS)
-def test_every_small_neighbour_pair_within_epsilon(epsilon: Fraction, sensitivity: int) -> None:
-    worst = worst_single_walk_loss(Walks(epsilon, 1, sensitivity))
+def test_every_small_neighbour_pair_within_epsilon(
+    epsilon: Fraction, sensitivity: int, share: Fraction
+) -> None:
+    worst = worst_single_walk_loss(Walks(epsilon, 1, sensitivity, share))
     assert worst <= epsilon  # pure ε-DP (Lyu, Su, Li 2017, Thm 4, monotone queries)
-    assert worst >= 0.7 * float(epsilon)  # the enumeration reaches the near-worst pairs
+    # The enumeration reaches the near-worst pairs: measured 0.74-0.84 of epsilon at the 2/5
+    # share, 0.59-0.71 at 3/5 (more on the threshold: 4-rung walks realise less of the queries').
+    assert worst >= (0.7 if share == THRESHOLD_SHARE else 0.55) * float(epsilon)
 
 
 class HalvedQueryNoise(Walks):
@@ -180,7 +187,10 @@ def test_checker_flags_query_noise_ignoring_the_walk_count(epsilon: Fraction) ->
 def neighbours(draw: st.DrawFn) -> tuple[Walks, Ladders, Ladders, tuple[Fraction, ...]]:
     """Walks and two neighbouring ladders of 3-6 rungs per walk, with thresholds."""
     sensitivity = draw(st.sampled_from((1, 2)))
-    walks = Walks(draw(st.sampled_from(EPSILONS)), draw(st.sampled_from((1, 2))), sensitivity)
+    share = draw(st.sampled_from(SHARES))
+    walks = Walks(
+        draw(st.sampled_from(EPSILONS)), draw(st.sampled_from((1, 2))), sensitivity, share
+    )
     sign = draw(st.sampled_from((1, -1)))
     d, d2, thresholds = [], [], []
     for _ in range(walks.count):
@@ -275,9 +285,10 @@ def measured_epsilon(walks: Walks, runs: int) -> float:
 
 
 @pytest.mark.statistical
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("epsilon", EPSILONS)
-def test_audit_never_exceeds_the_charged_epsilon(epsilon: Fraction) -> None:
-    assert measured_epsilon(Walks(epsilon, 1, 1), AUDIT_RUNS) <= epsilon
+def test_audit_never_exceeds_the_charged_epsilon(epsilon: Fraction, share: Fraction) -> None:
+    assert measured_epsilon(Walks(epsilon, 1, 1, share), AUDIT_RUNS) <= epsilon
 
 
 @pytest.mark.statistical

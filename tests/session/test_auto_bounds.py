@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -30,8 +31,18 @@ from dpsql.errors import BoundsError, PolicyError, UnsupportedQueryError
 from dpsql.interfaces.pgwire.statements import to_answer
 from dpsql.mechanisms.stated_events import PureDP
 from dpsql.noise.sparse_vector import Walks
-from dpsql.plan.auto import CLAMPS, GROUPS, ROWS, ROWS_PER_GROUP
+from dpsql.plan.auto import (
+    CLAMPS,
+    GROUPS,
+    LADDER,
+    ROWS,
+    ROWS_PER_GROUP,
+    TRADEOFF_THRESHOLD,
+    Choice,
+    overshoot,
+)
 from dpsql.policy import Policy, load_policy
+from dpsql.release import auto_bounds
 from dpsql.release.auto_bounds import beyond, choose
 from dpsql.release.clamp_bounds import beyond as clamp_beyond
 from dpsql.release.result import summary
@@ -188,6 +199,23 @@ def test_explain_is_public_and_runs_nothing(make_policy: MakePolicy) -> None:
     assert any("k = " in line and "epsilon" in line for line in lines)
     assert not any("noise ±" in line for line in lines)
     assert any(line.startswith("selection SQL") for line in verbose)
+    # A total's row cap cannot resolve its k at the default share: EXPLAIN says it overshoots.
+    assert any("max_rows_per_unit (R)" in line and "one rung higher" in line for line in verbose)
+
+
+def test_the_walk_draws_what_its_exact_distribution_says() -> None:
+    """``auto_bounds.walk`` (threshold share 3/5, one rung of overshoot where its noise exceeds
+    k) against the exact distribution of ``_walk_distribution``, 4,000 draws: a wrong share, a
+    missing or extra step, moves some rung's frequency by more than 0.05 (binomial sd <= 0.008)."""
+    above = [900, 400, 60, 12, 5, 2, 1, 0, 0, 0]
+    for epsilon in (Fraction(1, 4), Fraction(8)):
+        choice = Choice(ROWS, epsilon)
+        target = Fraction(3)
+        assert overshoot(epsilon, 1, target) == (epsilon < 1)
+        exact = _walk_distribution(above, target, epsilon)
+        seen = Counter(auto_bounds.walk(choice, above, target) for _ in range(4000))
+        for i, p in enumerate(exact):
+            assert abs(seen.get(LADDER[i], 0) / 4000 - p) < 0.05, (epsilon, i)
 
 
 def test_what_auto_does_not_cover_is_refused_before_the_charge(make_policy: MakePolicy) -> None:
@@ -298,10 +326,11 @@ def _tail(p: float, m: int) -> float:
 
 
 def _walk_distribution(above: list[int], target: Fraction, epsilon: Fraction) -> list[float]:
-    """The exact distribution of a walk's stopping rung (``dpsql.release.auto_bounds.walk``),
-    summed over the threshold noise rho within 60 of its scale (the rest: below 1e-25)."""
+    """The exact distribution of a walk's chosen rung (``dpsql.release.auto_bounds.walk``: the
+    stop, one rung higher where the walk overshoots), summed over the threshold noise rho within
+    60 of its scale (the rest: below 1e-25)."""
 
-    walks = Walks(epsilon, 1)
+    walks = Walks(epsilon, 1, 1, TRADEOFF_THRESHOLD)
     pt = math.exp(-1 / float(walks.threshold_scale))
     pq = math.exp(-1 / float(walks.query_scale))
     span = int(60 * walks.threshold_scale)
@@ -317,6 +346,9 @@ def _walk_distribution(above: list[int], target: Fraction, epsilon: Fraction) ->
                 break
             out[i] += weight * go * stop
             go *= 1 - stop
+    step = overshoot(epsilon, 1, target)
+    if step:  # the top rung keeps what steps past it
+        out = [0.0] * step + out[: -step - 1] + [sum(out[-step - 1 :])]
     return out
 
 

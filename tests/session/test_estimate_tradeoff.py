@@ -96,10 +96,11 @@ def test_the_default_is_the_trade_off_at_the_session_epsilon(tiny_policy: TinyPo
 
 def test_the_walks_cost_what_the_statement_says() -> None:
     rule = contribution_bounds.Rule(target=Fraction(1, 2))
-    # Two sequential walks at half the epsilon each, no count of units.
+    # Two sequential walks at half the epsilon each, no count of units; 3/5 of each walk's
+    # epsilon on its threshold.
     assert contribution_bounds.scales(Fraction(1), ("region",), rule) == (
-        Fraction(5),
         Fraction(10, 3),
+        Fraction(5),
     )
     assert len(contribution_bounds.scales(Fraction(1), ("region",))) == 3
 
