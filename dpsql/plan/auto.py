@@ -27,8 +27,9 @@ share), it **overshoots by one rung** (``overshoot``): the first rung whose nois
 the threshold is the least of many noisy counts, so the walk errs low, and a cap one rung (1.33
 to 1.5 times) too high costs at most that factor in noise where one too low costs every row
 beyond it (``benchmarks/README.md``, bounds, has the measured gain). Grouped walks under a
-larger L0, whose target is L0·G times larger, resolve it and do not step. L0 over a public domain of at most ``ALL_GROUPS`` key combinations is
-every combination, a public fact, and costs nothing.
+larger L0, whose target is L0·G times larger, resolve it and do not step. L0 over a public
+domain of at most ``ALL_GROUPS`` key combinations is every combination, a public fact, and
+costs nothing.
 
 **The charge.** One ``PureDP`` event of the choices' epsilon (sequential composition of pure
 mechanisms, Dwork and Roth 2014, Theorem 3.16), beside one event of the answer's
