@@ -8,6 +8,11 @@ exactly where c is a p-quantile of the rows (a variant of OpenDP's
 coarse grid). Sensitivity sketch: adding a row moves n by one and each count by at most one, so
 b·#{x < c} - a·n moves by b - a or -a, a·n - b·#{x <= c} by a - b or a; max(·, ·, 0) is
 1-Lipschitz, so every score moves by at most max(a, b - a) = ``score_sensitivity(p)``.
+
+**Shifted target.** ``shift`` (an integer number of rows, public) moves the target rank to
+p·n + shift: the score is then b times the distance from p·n + shift to the ranks c spans, and
+its sensitivity is the same (the target still moves by a per row; the shift is a constant). A
+quantile interval's endpoints are such shifted quantiles (``dpsql.plan.aggregates.quantiles``).
 """
 
 from __future__ import annotations
@@ -72,7 +77,9 @@ def _bin_counts(
     return offsets, counts
 
 
-def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fraction) -> list[int]:
+def quantile_scores(
+    histogram: Mapping[int, int], lower: int, upper: int, p: Fraction, shift: int = 0
+) -> list[int]:
     """Integer quantile scores of the candidates lower, lower + 1, ..., upper (lower is better).
 
     ``histogram[c]`` is the number of rows on candidate c. With p = a/b in lowest terms and n
@@ -86,8 +93,11 @@ def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fra
     Runs in O(K + len(histogram)) with prefix sums, in int64 when b·n < 2**63 (n = number of
     rows) and with Python integers otherwise.
 
-    Raises ParameterError for an invalid p, lower or upper, and ValueError for a histogram key
-    outside [lower, upper] or a negative count.
+    With ``shift`` the target rank is p·n + shift (module docstring): every a·n above reads
+    a·n + b·shift, and the sensitivity is unchanged.
+
+    Raises ParameterError for an invalid p, lower, upper or shift, and ValueError for a
+    histogram key outside [lower, upper] or a negative count.
     """
     p = _check_p(p)
     lower = check_int(lower, "lower")
@@ -97,14 +107,15 @@ def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fra
     size = upper - lower + 1
     if size > MAX_CANDIDATES:
         raise ParameterError(f"a quantile grid may have at most {MAX_CANDIDATES} candidates")
+    shift = check_int(shift, "shift")
     a, b = p.numerator, p.denominator
     offsets, counts = _bin_counts(histogram, lower, upper)
     total = sum(counts)
-    if b * total < INT64_LIMIT:  # every |(b - a)·below - a·above| <= b·n fits in int64
+    target = a * total + b * shift  # b times the target rank p·n + shift
+    if b * (total + abs(shift)) < INT64_LIMIT:  # every b·below - target and the rest fit
         binned = np.zeros(size, dtype=np.int64)
         binned[np.asarray(offsets, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
         below = np.cumsum(binned) - binned
-        target = a * total
         # b·(distance from p·n to [below, below + tied]); a row moves it by <= max(a, b - a).
         low = b * below - target
         high = target - b * (below + binned)
@@ -115,6 +126,6 @@ def quantile_scores(histogram: Mapping[int, int], lower: int, upper: int, p: Fra
         binned_list[offset] = count
     below_list = itertools.accumulate(binned_list[:-1], initial=0)
     return [
-        max(b * lo - a * total, a * total - b * (lo + n), 0)
+        max(b * lo - target, target - b * (lo + n), 0)
         for lo, n in zip(below_list, binned_list, strict=True)
     ]

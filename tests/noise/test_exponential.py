@@ -43,13 +43,15 @@ NAMED_P = [Fraction(0), Fraction(1), Fraction(1, 2), Fraction(1, 3)]
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def brute_force_scores(histogram: dict[int, int], lower: int, upper: int, p: Fraction) -> list[int]:
-    """The definition, row by row: b·dist(p·n, [#{x < c}, #{x <= c}]) for p = a/b."""
+def brute_force_scores(
+    histogram: dict[int, int], lower: int, upper: int, p: Fraction, shift: int = 0
+) -> list[int]:
+    """The definition, row by row: b·dist(p·n + shift, [#{x < c}, #{x <= c}]) for p = a/b."""
     rows = [key for key, count in histogram.items() for _ in range(count)]
     a, b = p.numerator, p.denominator
-    n = len(rows)
+    t = a * len(rows) + b * shift
     return [
-        max(b * sum(x < c for x in rows) - a * n, a * n - b * sum(x <= c for x in rows), 0)
+        max(b * sum(x < c for x in rows) - t, t - b * sum(x <= c for x in rows), 0)
         for c in range(lower, upper + 1)
     ]
 
@@ -113,13 +115,13 @@ def histograms(draw: st.DrawFn) -> tuple[dict[int, int], int, int]:
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(histograms(), p_values)
+@given(histograms(), p_values, st.integers(-30, 30))
 def test_quantile_scores_match_brute_force(
-    case: tuple[dict[int, int], int, int], p: Fraction
+    case: tuple[dict[int, int], int, int], p: Fraction, shift: int
 ) -> None:
     histogram, lower, upper = case
-    assert quantile_scores(histogram, lower, upper, p) == brute_force_scores(
-        histogram, lower, upper, p
+    assert quantile_scores(histogram, lower, upper, p, shift) == brute_force_scores(
+        histogram, lower, upper, p, shift
     )
 
 
@@ -175,22 +177,23 @@ def test_score_sensitivity_values(p: Fraction, expected: int) -> None:
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(histograms(), p_values, st.data())
+@given(histograms(), p_values, st.data(), st.integers(-30, 30))
 def test_score_sensitivity_bounds_add_and_remove(
-    case: tuple[dict[int, int], int, int], p: Fraction, data: st.DataObject
+    case: tuple[dict[int, int], int, int], p: Fraction, data: st.DataObject, shift: int
 ) -> None:
+    """Also for a shifted target (an interval's endpoint): the shift is public, a constant."""
     histogram, lower, upper = case
-    before = quantile_scores(histogram, lower, upper, p)
+    before = quantile_scores(histogram, lower, upper, p, shift)
     row = data.draw(st.integers(lower, upper))
     added = dict(histogram)
     added[row] = added.get(row, 0) + 1
-    after = quantile_scores(added, lower, upper, p)
+    after = quantile_scores(added, lower, upper, p, shift)
     assert max(abs(x - y) for x, y in zip(before, after, strict=True)) <= score_sensitivity(p)
     present = [k for k, n in histogram.items() if n > 0]
     if present:
         removed = dict(histogram)
         removed[data.draw(st.sampled_from(present))] -= 1
-        after = quantile_scores(removed, lower, upper, p)
+        after = quantile_scores(removed, lower, upper, p, shift)
         assert max(abs(x - y) for x, y in zip(before, after, strict=True)) <= score_sensitivity(p)
 
 
