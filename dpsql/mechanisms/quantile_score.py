@@ -10,9 +10,14 @@ b·#{x < c} - a·n moves by b - a or -a, a·n - b·#{x <= c} by a - b or a; max(
 1-Lipschitz, so every score moves by at most max(a, b - a) = ``score_sensitivity(p)``.
 
 **Shifted target.** ``shift`` (an integer number of rows, public) moves the target rank to
-p·n + shift: the score is then b times the distance from p·n + shift to the ranks c spans, and
-its sensitivity is the same (the target still moves by a per row; the shift is a constant). A
-quantile interval's endpoints are such shifted quantiles (``dpsql.plan.aggregates.quantiles``).
+p·n + shift, with |shift| public rows padded at the grid's edge on the side of the shift (the
+lowest candidate for a negative shift, the highest for a positive one): the score is b times the
+distance from the target to the ranks c spans in the padded rows. The padding makes the edge a
+zero-score candidate whenever the target falls beyond the data, so the best score is always 0
+(which the exponential mechanism's utility bound needs); elsewhere it is the distance from
+p·n + shift in the data. Its sensitivity is the same: the padding and the shift are constants,
+and the target still moves by a per row. A quantile interval's endpoints are such shifted
+quantiles.
 """
 
 from __future__ import annotations
@@ -93,8 +98,8 @@ def quantile_scores(
     Runs in O(K + len(histogram)) with prefix sums, in int64 when b·n < 2**63 (n = number of
     rows) and with Python integers otherwise.
 
-    With ``shift`` the target rank is p·n + shift (module docstring): every a·n above reads
-    a·n + b·shift, and the sensitivity is unchanged.
+    With ``shift`` the target rank is p·n + shift, |shift| rows padded at the edge on its side
+    (module docstring); the sensitivity is unchanged.
 
     Raises ParameterError for an invalid p, lower, upper or shift, and ValueError for a
     histogram key outside [lower, upper] or a negative count.
@@ -119,13 +124,20 @@ def quantile_scores(
         # b·(distance from p·n to [below, below + tied]); a row moves it by <= max(a, b - a).
         low = b * below - target
         high = target - b * (below + binned)
+        if shift < 0:  # |shift| rows padded at the lowest candidate: none lies below it
+            low[0] = -a * total
+        elif shift > 0:  # shift rows padded at the highest: they count up to it
+            high[-1] = target - b * (total + shift)
         scores: list[int] = np.maximum(np.maximum(low, high), 0).tolist()
         return scores
     binned_list = [0] * size
     for offset, count in zip(offsets, counts, strict=True):
         binned_list[offset] = count
-    below_list = itertools.accumulate(binned_list[:-1], initial=0)
-    return [
-        max(b * lo - target, target - b * (lo + n), 0)
-        for lo, n in zip(below_list, binned_list, strict=True)
-    ]
+    below_list = list(itertools.accumulate(binned_list[:-1], initial=0))
+    lows = [b * lo - target for lo in below_list]
+    highs = [target - b * (lo + n) for lo, n in zip(below_list, binned_list, strict=True)]
+    if shift < 0:
+        lows[0] = -a * total
+    elif shift > 0:
+        highs[-1] = target - b * (total + shift)
+    return [max(lo, hi, 0) for lo, hi in zip(lows, highs, strict=True)]

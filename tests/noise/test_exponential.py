@@ -46,10 +46,13 @@ NAMED_P = [Fraction(0), Fraction(1), Fraction(1, 2), Fraction(1, 3)]
 def brute_force_scores(
     histogram: dict[int, int], lower: int, upper: int, p: Fraction, shift: int = 0
 ) -> list[int]:
-    """The definition, row by row: b·dist(p·n + shift, [#{x < c}, #{x <= c}]) for p = a/b."""
+    """The definition, row by row: b·dist(p·n + shift, [#{x < c}, #{x <= c}]) for p = a/b, over
+    the rows and |shift| rows padded at ``lower`` (a negative shift: the target rank p·n of the
+    padded rows) or at ``upper`` (positive: p·n + shift)."""
     rows = [key for key, count in histogram.items() for _ in range(count)]
     a, b = p.numerator, p.denominator
-    t = a * len(rows) + b * shift
+    t = a * len(rows) + b * max(shift, 0)
+    rows += [lower if shift < 0 else upper] * abs(shift)
     return [
         max(b * sum(x < c for x in rows) - t, t - b * sum(x <= c for x in rows), 0)
         for c in range(lower, upper + 1)
@@ -189,6 +192,7 @@ def test_score_sensitivity_bounds_add_and_remove(
     added[row] = added.get(row, 0) + 1
     after = quantile_scores(added, lower, upper, p, shift)
     assert max(abs(x - y) for x, y in zip(before, after, strict=True)) <= score_sensitivity(p)
+    assert min(before) == 0 == min(after)  # the best candidate scores 0, shifted or not
     present = [k for k, n in histogram.items() if n > 0]
     if present:
         removed = dict(histogram)
