@@ -77,10 +77,13 @@ def _number(value: object) -> str:
     return "NULL" if value is None else str(value)
 
 
-def _cell(value: object, half_width: float | None) -> str:
-    if half_width is None:
+def _cell(value: object, accuracy: float | tuple[float, float] | None) -> str:
+    if accuracy is None:
         return _number(value)
-    width = int(half_width) if float(half_width).is_integer() else half_width
+    if isinstance(accuracy, tuple):  # a quantile's interval: asymmetric, never a ±
+        low, high = accuracy
+        return f"{_number(value)} in [{_number(low)}, {_number(high)}]"
+    width = int(accuracy) if float(accuracy).is_integer() else accuracy
     return f"{_number(value)} ± {_number(width)}"
 
 
@@ -118,7 +121,9 @@ def run(
     ]
     cost = f"epsilon {spent_text(result.charge.epsilon)}, delta {spent_text(result.charge.delta)}"
     print(f"\n## {title}\n   {sql}" + (f"   -- parameters {tuple(params)}" if params else ""))
-    print(f"   cost: {cost}; ± is the {cursor.confidence:.0%} noise half-width\n")
+    intervals = any(isinstance(a, tuple) for row in cursor.accuracy for a in row)
+    said = "; [lo, hi] holds the quantile of the kept rows" if intervals else ""
+    print(f"   cost: {cost}; ± is the {cursor.confidence:.0%} noise half-width{said}\n")
     print(table(columns, rows) if rows else "(no group passed partition selection)")
     if result.diagnosis is not None:
         # The ± covers the noise; what the bounds cut is said beside it (docs/reading.md).

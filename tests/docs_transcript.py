@@ -33,6 +33,8 @@ MASKS = (
     (re.compile(r"\bpid \d+"), "pid <pid>"),
     # A ratio's half-width is computed from its noisy parts; a count's is public.
     (re.compile(r"± \d+\.\d+"), "± <from noisy values>"),
+    # A quantile's interval is drawn by the mechanism: noisy values too.
+    (re.compile(r" in \[-?[\d.]+, -?[\d.]+\]"), " in [<from noisy values>]"),
 )
 PSQL_PROMPT = re.compile(r"^(\w+)[=-]> (.*)$")
 PROMPT = "DOCS-PROMPT> "

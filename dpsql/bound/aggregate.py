@@ -48,8 +48,11 @@ def list_measures(shape: Shape) -> list[exp.CTE]:
     quantile's exponential mechanism or the number of distinct values."""
     out = []
     keys = shape.keys
+    source = _sources(shape)
     for j, spec in shape.listed.items():
         assert spec.value is not None
+        if source[j] != j:
+            continue  # a quantile interval's end reads its quantile's histogram
         i = spec.value
         if shape.bounding.direct:
             # Each unit has at most C rows per group: its list would be all its values, whole.
@@ -68,18 +71,32 @@ def list_measures(shape: Shape) -> list[exp.CTE]:
     return out
 
 
+def _sources(shape: Shape) -> dict[int, int]:
+    """For each listed measurement, the one whose CTE it reads: the first quantile of the same
+    value (the value and its interval's ends share one histogram), else itself."""
+    first: dict[int, int] = {}
+    out = {}
+    for j, spec in shape.listed.items():
+        if spec.kind == "quantile" and spec.value is not None:
+            out[j] = first.setdefault(spec.value, j)
+        else:
+            out[j] = j
+    return out
+
+
 def answer(shape: Shape) -> exp.Select:
     """The answer: ``_agg`` with each listed measurement joined in; with public keys only,
     every combination of their domains, a group with no row counting 0 (a quantile's missing
     histogram stays NULL)."""
     keys, listed = shape.keys, shape.listed
+    source = _sources(shape)
     outputs: list[Node] = columns(keys, "_agg")
     outputs += [
-        alias(column("_h", f"_x{j}"), f"_m{j}") if j in listed else column(f"_m{j}", "_agg")
+        alias(column("_h", f"_x{source[j]}"), f"_m{j}") if j in listed else column(f"_m{j}", "_agg")
         for j in range(len(shape.bounding.measurements))
     ]
     joins = []
-    for j in listed:
+    for j in sorted(set(source.values())):
         tests = [same(column(k, "_agg"), column(k, f"_x{j}")) for k in keys]
         joins.append(join(table(f"_x{j}"), side="LEFT", on=all_of(tests) if tests else exp.true()))
     final = select(outputs, table("_agg"), joins=joins)

@@ -42,6 +42,16 @@ class MeasurementSpec:
     kind: MeasurementKind
     value: int | None = None
     p: Fraction | None = None  # the order of a quantile
+    # A quantile interval's endpoint: -1 the lower, +1 the upper (0: the quantile itself), drawn
+    # to cover the quantile with probability ``confidence`` (dpsql.plan.aggregates.quantiles).
+    side: int = 0
+    confidence: float | None = None
+
+    @property
+    def slot(self) -> Fraction:
+        """Its part of an even split: half for an interval's endpoint (the two of a quantile
+        take what one measurement would; ``dpsql.plan.sensitivity``)."""
+        return Fraction(1, 2) if self.side else Fraction(1)
 
 
 @dataclass(frozen=True)

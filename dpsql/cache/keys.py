@@ -55,7 +55,7 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
     value, grid = (
         values.get(m.spec.value, (None, None)) if m.spec.value is not None else (None, None)
     )
-    return {
+    out = {
         "kind": m.spec.kind,
         "p": str(m.spec.p) if m.spec.p is not None else None,  # MIN and MAX differ only here
         "value": value,
@@ -65,6 +65,12 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
         "scale": str(m.scale) if m.scale is not None else None,
         "sigma2": str(m.sigma2) if m.sigma2 is not None else None,
     }
+    if m.spec.side:
+        # A quantile interval's end: which, and the coverage it was drawn for (a release's
+        # interval is fixed when drawn; another confidence is another measurement).
+        out["side"] = m.spec.side
+        out["confidence"] = repr(m.spec.confidence)
+    return out
 
 
 def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:

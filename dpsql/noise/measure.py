@@ -23,6 +23,7 @@ from dpsql.mechanisms.quantile_score import quantile_scores
 from dpsql.noise.exponential import exponential_mechanism
 from dpsql.noise.gaussian import discrete_gaussian
 from dpsql.noise.laplace import discrete_laplace
+from dpsql.plan.aggregates.quantiles import endpoint_shift
 from dpsql.plan.plans import Diagnosis, Measurement, Plan
 
 __all__ = ["Noisy", "check_samplable", "measure", "measure_diagnosis"]
@@ -44,10 +45,12 @@ def _quantiles(histograms: list[Any], m: Measurement) -> list[int]:
     grid = m.grid
     assert grid is not None
     gamma = 1 / (2 * m.scale)  # weights exp(-score/(2·scale)): epsilon = sensitivity/scale
+    # An interval's end aims a public number of rows beyond the target (quantiles module).
+    shift = m.spec.side * endpoint_shift(m) if m.spec.side else 0
     chosen = []
     for histogram in histograms:
         counts = {int(k): int(v) for k, v in (histogram or {}).items()}
-        scores = quantile_scores(counts, grid.lower, grid.upper, m.spec.p)
+        scores = quantile_scores(counts, grid.lower, grid.upper, m.spec.p, shift)
         chosen.append(grid.lower + exponential_mechanism(scores, gamma))
     return chosen
 

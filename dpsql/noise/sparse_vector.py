@@ -23,6 +23,7 @@ before the walk, whether it is read or not, so the number of draws depends on th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -57,6 +58,23 @@ class Walks:
             f"sparse vector, {self.count} walk(s), threshold noise scale "
             f"{float(self.threshold_scale):.4g}, query noise scale {float(self.query_scale):.4g}"
         )
+
+
+def tail(scale: Fraction, probability: float) -> int:
+    """The least integer m >= 0 with P(Z > m) <= ``probability`` for Z discrete Laplace of
+    ``scale``: P(Z > m) = p^(m+1)/(1 + p), p = exp(-1/scale)."""
+    p = math.exp(-1 / float(scale))
+    return max(math.ceil(math.log(probability * (1 + p)) / math.log(p) * (1 + 1e-12)) - 1, 0)
+
+
+def overrun(walks: Walks, rungs: int, beta: float) -> int:
+    """t such that, with probability at least 1 − ``beta``, every walk stops at a rung with at
+    most its threshold + t units beyond it: a walk stops where count <= threshold + ν_i − ρ, so
+    t bounds max_i ν_i (a union over the ``rungs`` of every walk) plus −ρ, at ``beta``/2 each.
+    Public numbers only."""
+    return tail(walks.query_scale, beta / 2 / (rungs * walks.count)) + tail(
+        walks.threshold_scale, beta / 2
+    )
 
 
 def beyond_each(histogram: Sequence[int]) -> list[int]:

@@ -16,9 +16,10 @@ from dpsql.sql.parse import DIALECT
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, confidence: float = 0.95) -> None:
         self.values: list[ValueSpec] = []
         self.specs: list[MeasurementSpec] = []
+        self.confidence = confidence  # a quantile interval's coverage (public: a setting)
 
     def value(self, expr: exp.Expression, grid: Grid | None, role: ValueRole = "value") -> int:
         key = expr.sql(DIALECT)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from dpsql.plan.aggregates.quantiles import endpoint_shift
 from dpsql.plan.estimators import half_width
 from dpsql.plan.plans import Measurement, Plan, share_text
 from dpsql.policy.numbers import decimal_text
@@ -54,7 +55,17 @@ def explain(plan: Plan, verbose: bool = False) -> list[str]:
 def _concise(m: Measurement) -> str:
     share = share_text(m, "Gaussian rho" if m.sigma2 is not None else "epsilon")
     if m.exponential:
-        return f"measurement {m.label}: exponential mechanism, epsilon {_short(m.epsilon)}{share}"
+        aim = ""
+        if m.spec.side:
+            # A quantile interval's end (public: its scale, grid, p and the confidence).
+            where = "below" if m.spec.side < 0 else "above"
+            aim = (
+                f", aimed {endpoint_shift(m)} rows {where} the target rank (covers at "
+                f"{m.spec.confidence:.4g})"
+            )
+        return (
+            f"measurement {m.label}: exponential mechanism, epsilon {_short(m.epsilon)}{aim}{share}"
+        )
     if m.scale is not None:
         return f"measurement {m.label}: discrete Laplace, epsilon {_short(m.epsilon)}{share}"
     return f"measurement {m.label}: discrete Gaussian, rho {_short(m.rho)}{share}"

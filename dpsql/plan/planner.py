@@ -58,7 +58,7 @@ def calibrate(analysis: Analysis, options: QueryOptions, policy: Policy) -> Cali
     """The measurements of ``analysis`` and their noise under ``options``; raises
     ``BoundsError`` or ``ParameterError`` (nothing is charged)."""
     l0, c = _group_bounds(analysis, options)
-    builder = _Builder()
+    builder = _Builder(options.confidence)
     estimates = _estimates(analysis, builder)
     private_keys = bool(analysis.keys) and not all(k.public for k in analysis.keys)
     if private_keys and options.declared is not None:

@@ -37,7 +37,8 @@ def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) ->
     arg = values[spec.value].expr.sql(DIALECT) if spec.value is not None else ""
     if spec.kind == "quantile":
         assert spec.p is not None  # a quantile always has its rank
-        return f"QUANTILE({arg}, {decimal_text(spec.p)})"
+        end = {-1: " interval's lower end", 1: " interval's upper end"}.get(spec.side, "")
+        return f"QUANTILE({arg}, {decimal_text(spec.p)}){end}"
     if spec.kind == "distinct":
         return f"COUNT(DISTINCT {arg})"
     if spec.kind == "rows":
@@ -126,19 +127,22 @@ def _laplace(
 ) -> Calibrated:
     """Discrete Laplace on every measurement (sequential composition, Dwork and Roth 2014,
     Theorem 3.16): scale_j = L1_j/epsilon_j with Σ epsilon_j = epsilon exactly. Pure parts
-    (partition selection, quantiles) take epsilon/k each, the rest is split by ``shares``."""
+    (partition selection, quantiles) take their slot of an even split each (epsilon/k, an
+    interval's end half of it), the rest is split by ``shares``."""
     k = len(builder.specs)
     _check_budgets(options, k)
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
     free = [j for j in range(k) if j not in pure]
+    slots = _slots(builder)
     if options.budgets is not None:
         # An accuracy target's own epsilon_j per measurement (dpsql.plan.targets), summing to
         # the query's epsilon.
         share = {j: b / options.epsilon for j, b in enumerate(options.budgets)}
     else:
-        share = {j: Fraction(1, k) for j in pure}
-        rest = Fraction(len(free), k)
+        whole = sum(slots, Fraction(0))
+        share = {j: slots[j] / whole for j in pure}
+        rest = len(free) / whole
         split = shares(base, estimates, free, False, options.split)
         share.update({j: rest * s for j, s in split.items()})
     if sum(share.values(), Fraction(0)) != 1:
@@ -151,6 +155,12 @@ def _laplace(
         measurements.append(measured)
         events.append(_pure_event(measured))
     return measurements, events, None
+
+
+def _slots(builder: _Builder) -> list[Fraction]:
+    """Each measurement's part of an even split: 1, or 1/2 for a quantile interval's end
+    (``MeasurementSpec.slot``). All 1 without an interval: epsilon/k each."""
+    return [spec.slot for spec in builder.specs]
 
 
 def _check_budgets(options: QueryOptions, k: int) -> None:
@@ -188,12 +198,14 @@ def _gaussian(
     _check_budgets(options, k)
     # Partition selection and quantiles are pure-epsilon mechanisms: each takes epsilon/k.
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
-    eps_sel = options.epsilon * len(pure) / k
+    slots = _slots(builder)
+    whole = sum(slots, Fraction(0))
+    eps_sel = options.epsilon * sum((slots[j] for j in pure), Fraction(0)) / whole
     delta_sel = options.delta / 2 if selection is not None else Fraction(0)
     eps_g, delta_g = options.epsilon - eps_sel, options.delta - delta_sel
     gaussian = [j for j in range(k) if j not in pure]
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
-    pure_eps = {j: eps_sel / len(pure) for j in pure}
+    pure_eps = {j: options.epsilon * slots[j] / whole for j in pure}
     if options.budgets is not None:
         # An accuracy target's own budget per measurement (dpsql.plan.targets): epsilon_j for
         # the pure parts, rho_j for the Gaussians; the query's loss is their composition.
@@ -225,7 +237,7 @@ def _gaussian(
     for j, m in enumerate(base):
         if j in pure:
             scale = Fraction(m.sensitivity) / pure_eps[j]
-            shown = None if options.budgets is not None else Fraction(1, k)
+            shown = None if options.budgets is not None else slots[j] / whole
             measurements.append(replace(m, scale=scale, share=shown))
             events.append(_pure_event(replace(m, scale=scale)))
         else:

@@ -35,7 +35,7 @@ from typing import Any
 from dpsql.analyze.scope import NUMERIC
 from dpsql.bound.estimates import TOP_INDEX, candidate, extremes_query
 from dpsql.errors import SchemaError, UnsupportedQueryError
-from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each
+from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each, overrun
 from dpsql.plan.auto import noise_per_unit
 from dpsql.policy import Policy
 from dpsql.sql.parse import DIALECT
@@ -80,6 +80,12 @@ def bounds_query(policy: Policy, catalog: Any, table: str, column: str) -> str:
 def walks(epsilon: Fraction) -> Walks:
     """Both walks at the estimate's epsilon, sensitivity 1 (one value per unit and side)."""
     return Walks(epsilon, 2)
+
+
+def uncertainty(epsilon: Fraction, confidence: float) -> int:
+    """How many units beyond its aim each bound may cut, at ``confidence`` (both walks: the
+    shared threshold noise and every rung's query noise, ``sparse_vector.overrun``)."""
+    return overrun(walks(epsilon), TOP_INDEX + 1, 1 - confidence)
 
 
 def scales(epsilon: Fraction) -> tuple[Fraction, ...]:

@@ -22,6 +22,7 @@ event of the statement's epsilon).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,7 +31,7 @@ from typing import Any
 from dpsql.bound.estimates import contributions_query
 from dpsql.errors import ParseError, SchemaError, UnsupportedQueryError
 from dpsql.noise.laplace import discrete_laplace
-from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each
+from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each, overrun, tail
 from dpsql.plan import auto
 from dpsql.plan.auto import ladder
 from dpsql.policy import Policy
@@ -166,19 +167,60 @@ def describe(epsilon: Fraction, keys: Sequence[str], rule: Rule | None = None) -
     return f"{walks.describe()} (count noise scale {float(1 / (epsilon * COUNT_SHARE)):.4g})"
 
 
-def cuts(keys: Sequence[str], values: Sequence[int], rule: Rule) -> str:
-    """What each bound is expected to cut, for the estimate's note (post-processing)."""
+def cuts(
+    keys: Sequence[str],
+    values: Sequence[int],
+    rule: Rule,
+    epsilon: Fraction | None = None,
+    confidence: float = 0.95,
+) -> str:
+    """What each bound is expected to cut, for the estimate's note, and with the statement's
+    ``epsilon`` how many units it cuts at most at ``confidence`` (``uncertainty``): all
+    post-processing of the released values and public numbers."""
     names = bounds_of(keys)
+    at_most = uncertainty(epsilon, keys, rule, confidence) if epsilon is not None else None
     if rule.quantile is not None:
         share = f"{float(1 - rule.quantile):.4g}"
+        worst = (
+            ""
+            if at_most is None
+            else (
+                f"; at {confidence:.4g} confidence at most {share} of the units and {at_most} more"
+            )
+        )
         return "; ".join(f"{n} = {v}: about {share} of the units lie beyond it (they lose rows)"
-                         for n, v in zip(names, values, strict=True))  # fmt: skip
+                         f"{worst}" for n, v in zip(names, values, strict=True))  # fmt: skip
     k = rule.units_beyond()
     parts = []
     for i, (name, value) in enumerate(zip(names, values, strict=True)):
         aim = k * values[0] if i == 1 else k
         what = "units whose largest group has more rows" if i == 1 else (
             "units in more groups" if keys else "units with more rows")  # fmt: skip
-        parts.append(f"{name} = {value}: aimed at about {float(aim):.3g} {what} (they lose rows)")
+        worst = (
+            ""
+            if at_most is None
+            else (f"; at {confidence:.4g} confidence at most {int(aim) + at_most}")
+        )
+        parts.append(
+            f"{name} = {value}: aimed at about {float(aim):.3g} {what} (they lose rows){worst}"
+        )
     target = f"{float(rule.target or 0):.4g}"
     return "; ".join(parts) + f"; the least error of a Laplace total at epsilon {target}"
+
+
+def uncertainty(epsilon: Fraction, keys: Sequence[str], rule: Rule, confidence: float) -> int:
+    """How many units beyond its aim a bound may cut, at ``confidence``, for every bound of the
+    statement at once: each walk stops at a rung with at most its threshold + t units beyond it
+    (``sparse_vector.overrun``; an overshooting walk's chosen rung is higher still, so cuts no
+    more). Under a quantile the threshold is (1 − q) times the noisy count of units, whose noise
+    adds (1 − q)·|Z| (a third of 1 − confidence each: the count's two tails, the walks)."""
+    count = len(bounds_of(keys))
+    beta = 1 - confidence
+    if rule.quantile is None:
+        walks = Walks(epsilon / count, 1, 1, auto.TRADEOFF_THRESHOLD)
+        return overrun(walks, len(LADDER), beta / count)
+    walks = Walks(epsilon * (1 - COUNT_SHARE), count)
+    count_noise = tail(1 / (epsilon * COUNT_SHARE), beta / 6)  # |Z| at beta/3 over both tails
+    return overrun(walks, len(LADDER), beta / 3 * 2) + math.ceil(
+        float(1 - rule.quantile) * count_noise
+    )

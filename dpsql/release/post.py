@@ -28,12 +28,24 @@ from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, UnsupportedQueryError
 from dpsql.noise.measure import Noisy, measure
 from dpsql.plan.aggregates.registry import rule_of
 from dpsql.plan.plans import Estimate, Plan
+from dpsql.release.cells import (
+    ACCURACY_SUFFIX,
+    INTERVAL_SUFFIX,
+    NOISE_SUFFIX,
+    Accuracy,
+    accuracy_columns,
+    accuracy_of,
+    bare_aggregates,
+    mostly_noise,
+)
 from dpsql.sql.parse import DIALECT
 from dpsql.sql.totality import total
 
 __all__ = [
     "ACCURACY_SUFFIX",
+    "INTERVAL_SUFFIX",
     "NOISE_SUFFIX",
+    "Accuracy",
     "Release",
     "accuracy_columns",
     "check_post_processing",
@@ -49,12 +61,12 @@ def _sql(node: Any) -> str:
 
 @dataclass(frozen=True)
 class Release:
-    """The released table: column names and DuckDB types, rows, per-cell half-widths."""
+    """The released table: column names and DuckDB types, rows, per-cell accuracy."""
 
     columns: tuple[str, ...]
     types: tuple[str, ...]
     rows: tuple[tuple[Any, ...], ...]
-    accuracy: tuple[tuple[float | None, ...], ...]
+    accuracy: tuple[tuple[Accuracy, ...], ...]
     confidence: float
     # Per cell: the value is mostly noise (``mostly_noise``); False where no ± is known.
     noise: tuple[tuple[bool, ...], ...] = ()
@@ -77,6 +89,9 @@ def _post_sql(plan: Plan, hw_columns: list[int | None]) -> str:
         f'{_sql(total(o.expr))} AS "{o.name.replace(chr(34), chr(34) * 2)}"' for o in a.outputs
     ]
     select += [f"_a{i}_hw" if i is not None else "NULL" for i in hw_columns]
+    select += [
+        f"_a{i}_{end}" if i is not None else "NULL" for i in hw_columns for end in ("lo", "hi")
+    ]
     sql = f"SELECT {', '.join(select)} FROM _noisy"
     if a.having is not None:
         sql += f" WHERE {_sql(total(a.having))} IS TRUE"
@@ -126,7 +141,7 @@ def _published_sql(plan: Plan) -> str:
     kept = _PUBLISHED.get(id(plan))
     if kept is not None and kept[0] is plan:
         return kept[1]
-    sql = _post_sql(plan, _bare_aggregate(plan))
+    sql = _post_sql(plan, bare_aggregates(plan))
     sql = sql.replace("FROM _noisy", f"FROM {_typed_keys(plan)} AS _noisy", 1)
     if len(_PUBLISHED) >= _MAX_PUBLISHED:
         _PUBLISHED.pop(next(iter(_PUBLISHED)), None)
@@ -156,7 +171,9 @@ def check_post_processing(plan: Plan, key_types: list[str]) -> None:
         )
         columns.append(f"CAST(NULL AS {'BIGINT' if exact else 'DOUBLE'}) AS _a{i}")
         columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hw")
-    sql = _post_sql(plan, _bare_aggregate(plan))
+        columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_lo")
+        columns.append(f"CAST(NULL AS DOUBLE) AS _a{i}_hi")
+    sql = _post_sql(plan, bare_aggregates(plan))
     empty = f"(SELECT {', '.join(columns)} WHERE false) AS _noisy"
     text = "DESCRIBE " + sql.replace("FROM _noisy", f"FROM {empty}", 1)
     # The text reads an empty table of literal types only: its outcome is a function of the
@@ -190,14 +207,21 @@ def _scaled(plan: Plan, estimate: Estimate) -> float | None:
 
 def _estimates(
     plan: Plan, noisy: list[list[int]], confidence: float
-) -> tuple[list[Any], list[Any]]:
-    """Each aggregate's released values and half-widths over the released groups, by its
-    kind's estimator; a total on a sample, with its half-width, times 1/q when asked."""
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """Each aggregate's released values, half-widths and intervals (lows, highs; NaN where it
+    has none) over the released groups, by its kind's rule; a total on a sample, with its
+    half-width, times 1/q when asked."""
     values: list[Any] = []
     widths: list[Any] = []
+    intervals: list[Any] = []
     for est in plan.estimates:
         rule = rule_of(est.kind)
         value, width = rule.estimator(est, plan.measurements, noisy, confidence)
+        n = len(np.asarray(width))
+        if rule.interval is not None:
+            intervals.append(rule.interval(est, plan.measurements, noisy))
+        else:
+            intervals.append((np.full(n, np.nan), np.full(n, np.nan)))
         factor = _scaled(plan, est)
         if factor is not None:
             value, width = np.asarray(value, dtype=np.float64) * factor, width * factor
@@ -205,7 +229,7 @@ def _estimates(
             value = _at_least_zero(value)
         values.append(value)
         widths.append(width)
-    return values, widths
+    return values, widths, intervals
 
 
 def _at_least_zero(value: Any) -> Any:
@@ -219,50 +243,13 @@ def _at_least_zero(value: Any) -> Any:
     return np.where(array < 0, np.zeros_like(array), array)
 
 
-ACCURACY_SUFFIX = " ±"
-NOISE_SUFFIX = " noise"
-
-
-def accuracy_columns(plan: Plan) -> list[tuple[int, str, str]]:
-    """For ``SET dpsql.accuracy_columns = on``: (output index, half-width column, flag column)
-    added after each output that is exactly an aggregate: ``<name> ±``, the half-width, and
-    ``<name> noise``, whether the value is mostly noise (``mostly_noise``). A name that would
-    repeat a result column's (or another one's), in any letter case, takes the first free
-    number: ``<name> ± 2``, ``<name> noise 2``... (a function of the query's text only)."""
-    names = [o.name for o in plan.analysis.outputs]
-    seen = {name.lower() for name in names}
-
-    def free(base: str) -> str:
-        name, n = base, 1
-        while name.lower() in seen:
-            n += 1
-            name = f"{base} {n}"
-        seen.add(name.lower())
-        return name
-
-    return [
-        (i, free(names[i] + ACCURACY_SUFFIX), free(names[i] + NOISE_SUFFIX))
-        for i, agg in enumerate(_bare_aggregate(plan))
-        if agg is not None
-    ]
-
-
-def _bare_aggregate(plan: Plan) -> list[int | None]:
-    """For each output, the aggregate it is exactly (alias aside), else None."""
-    result: list[int | None] = []
-    for o in plan.analysis.outputs:
-        name = o.expr.name if o.expr.key == "column" else ""
-        result.append(int(name[2:]) if name.startswith("_a") else None)
-    return result
-
-
 def publish(plan: Plan, noisy: Noisy) -> Release:
     """Post-processing only: estimates, accuracy, outputs, HAVING, ORDER BY, LIMIT."""
     confidence = plan.options.confidence
-    values, widths = _estimates(plan, [list(c) for c in noisy.totals], confidence)
+    values, widths, intervals = _estimates(plan, [list(c) for c in noisy.totals], confidence)
     for i in noisy.derived:
         widths[i] = np.full(len(noisy.keys[0]) if noisy.keys else 1, np.nan)
-    direct = _direct(plan, noisy.keys, values, widths)
+    direct = _direct(plan, noisy.keys, values, widths, intervals)
     if direct is not None:
         return direct
     table: dict[str, Any] = {
@@ -271,6 +258,7 @@ def publish(plan: Plan, noisy: Noisy) -> Release:
     for i, (value, width) in enumerate(zip(values, widths, strict=True)):
         table[f"_a{i}"] = value
         table[f"_a{i}_hw"] = width
+        table[f"_a{i}_lo"], table[f"_a{i}_hi"] = intervals[i]
     scratch = _scratch().cursor()
     try:
         scratch.register("_released", table)
@@ -283,7 +271,13 @@ def publish(plan: Plan, noisy: Noisy) -> Release:
         scratch.close()
     n_out = len(plan.analysis.outputs)
     rows = tuple(tuple(r[:n_out]) for r in out)
-    accuracy = tuple(tuple(_width(w) for w in r[n_out:]) for r in out)
+    accuracy = tuple(
+        tuple(
+            accuracy_of(w, r[2 * n_out + 2 * j], r[2 * n_out + 2 * j + 1])
+            for j, w in enumerate(r[n_out : 2 * n_out])
+        )
+        for r in out
+    )
     return Release(
         columns=tuple(o.name for o in plan.analysis.outputs),
         types=tuple(str(d[1]) for d in description[:n_out]),
@@ -329,7 +323,11 @@ def _picks_only(plan: Plan) -> bool:
 
 
 def _direct(
-    plan: Plan, keys: tuple[tuple[Any, ...], ...], values: list[Any], widths: list[Any]
+    plan: Plan,
+    keys: tuple[tuple[Any, ...], ...],
+    values: list[Any],
+    widths: list[Any],
+    intervals: list[Any],
 ) -> Release | None:
     """The release computed in Python where the post-processing only picks columns, sorts and
     slices (no expression, no HAVING): the same columns, types, rows, order and half-widths as
@@ -380,10 +378,14 @@ def _direct(
         order = order[a.offset :]
     if a.limit is not None:
         order = order[: a.limit]
-    hw = _bare_aggregate(plan)
+    hw = bare_aggregates(plan)
     rows = tuple(tuple(columns[p][r] for p in picked if p is not None) for r in order)
     accuracy = tuple(
-        tuple(None if i is None else _width(float(widths[i][r])) for i in hw) for r in order
+        tuple(
+            None if i is None else accuracy_of(widths[i][r], intervals[i][0][r], intervals[i][1][r])
+            for i in hw
+        )
+        for r in order
     )
     return Release(
         columns=tuple(o.name for o in a.outputs),
@@ -402,42 +404,18 @@ def _sort_key(value: Any) -> Any:
     return (0, value) if isinstance(value, float) else value
 
 
-def mostly_noise(value: Any, width: float | None, bounds: tuple[float, float] | None) -> bool:
-    """A published value that is mostly noise: its ± is at least its own magnitude, or its
-    interval spans the whole range its estimate is clamped to. Read from the published value,
-    its half-width and public bounds only (post-processing)."""
-    if width is None or value is None or isinstance(value, bool):
-        return False
-    try:
-        v = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    if not math.isfinite(v) or not math.isfinite(width):
-        return False
-    if width >= abs(v):
-        return True
-    return bounds is not None and v - width <= bounds[0] and v + width >= bounds[1]
-
-
 def _flags(
-    plan: Plan, rows: tuple[tuple[Any, ...], ...], accuracy: tuple[tuple[float | None, ...], ...]
+    plan: Plan, rows: tuple[tuple[Any, ...], ...], accuracy: tuple[tuple[Accuracy, ...], ...]
 ) -> tuple[tuple[bool, ...], ...]:
     """``mostly_noise`` of each published cell (False for a key or an expression's value)."""
     bounds = [
         None if i is None else rule_of(plan.estimates[i].kind).bounds(plan.estimates[i])
-        for i in _bare_aggregate(plan)
+        for i in bare_aggregates(plan)
     ]
     return tuple(
         tuple(mostly_noise(v, w, b) for v, w, b in zip(row, widths, bounds, strict=True))
         for row, widths in zip(rows, accuracy, strict=True)
     )
-
-
-def _width(value: Any) -> float | None:
-    """NaN marks an unknown half-width (a derived estimate); it is reported as None."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return float(value)
 
 
 def release(plan: Plan, rows: list[tuple[Any, ...]]) -> Release:

@@ -18,18 +18,24 @@ from __future__ import annotations
 import datetime
 import html
 import importlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from decimal import ROUND_CEILING, Decimal
 from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.budget.report import Charge
 from dpsql.plan.plans import Plan
 from dpsql.release import diagnosis
+from dpsql.release.cells import (
+    INTERVALS_COVER,
+    NOISE_MARK,
+    Accuracy,
+    cell,
+    half_width,
+    interval_text,
+)
 from dpsql.release.diagnosis import Diagnosed
-from dpsql.release.post import ACCURACY_SUFFIX, NOISE_SUFFIX
+from dpsql.release.post import ACCURACY_SUFFIX, INTERVAL_SUFFIX, NOISE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,8 @@ class Result:
     columns: tuple[str, ...]
     types: tuple[str, ...]
     rows: tuple[tuple[Any, ...], ...]
-    accuracy: tuple[tuple[float | None, ...], ...] = ()
+    # Per cell: a half-width (±), a quantile's interval (lo, hi), or None (``Accuracy``).
+    accuracy: tuple[tuple[Accuracy, ...], ...] = ()
     # Per cell: True where the published value is mostly noise (``dpsql.release.post``).
     noise: tuple[tuple[bool, ...], ...] = ()
     confidence: float | None = None
@@ -79,13 +86,14 @@ def _with_accuracy(result: Result, extra: Sequence[tuple[int, str, str]]) -> Res
         types.append(dtype)
         if i in after:
             columns.extend(after[i])
-            types.extend(("DOUBLE", "BOOLEAN"))
+            interval = after[i][0].startswith(name + INTERVAL_SUFFIX)
+            types.extend(("VARCHAR" if interval else "DOUBLE", "BOOLEAN"))
     rows, accuracy, noise = [], [], []
     for r, row in enumerate(result.rows):
         widths = result.accuracy[r] if r < len(result.accuracy) else ()
         flags = result.noise[r] if r < len(result.noise) else ()
         out: list[Any] = []
-        kept: list[float | None] = []
+        kept: list[Accuracy] = []
         marked: list[bool] = []
         for i, value in enumerate(row):
             width = widths[i] if i < len(widths) else None
@@ -94,7 +102,7 @@ def _with_accuracy(result: Result, extra: Sequence[tuple[int, str, str]]) -> Res
             kept.append(width)
             marked.append(flag)
             if i in after:
-                out.extend((width, flag))
+                out.extend((interval_text(width) if isinstance(width, tuple) else width, flag))
                 kept.extend((None, None))  # these columns have no half-width of their own
                 marked.extend((False, False))
         rows.append(tuple(out))
@@ -137,7 +145,10 @@ def cost_metadata(result: Result) -> dict[str, str]:
         meta["epsilon"] = meta["delta"] = "0"
         meta["cached_from"] = str(result.cached_from)
     if result.confidence is not None:
-        meta["accuracy"] = "half-widths of the noise only, not confidence intervals of the truth"
+        meta["accuracy"] = (
+            "half-widths of the noise only, not confidence intervals of the truth; a "
+            "quantile's interval covers the quantile of the kept rows"
+        )
     if result.diagnosis is not None:
         meta["diagnosis"] = result.diagnosis.describe()
     return meta
@@ -147,8 +158,9 @@ def columns(
     result: Result, rows: Sequence[Sequence[Any]], accuracy: bool, noise: bool = False
 ) -> list[tuple[str, str, list[Any]]]:
     """(name, DuckDB type, values) of each output column, and with ``accuracy`` the ± columns
-    after the columns that have half-widths; with ``noise`` too, after each ± column a
-    BOOLEAN ``<name> noise`` column, true where the value is mostly noise."""
+    after the columns that have half-widths (a quantile's ``<name> interval low`` and ``<name>
+    interval high``); with ``noise`` too, after them a BOOLEAN ``<name> noise`` column, true
+    where the value is mostly noise."""
     start = len(result.rows) - len(rows)  # ``rows`` are the last ones (a cursor's remainder)
     widths = result.accuracy[start:] if result.accuracy else ()
     flags = result.noise[start:] if result.noise else ()
@@ -156,12 +168,19 @@ def columns(
     for i, (name, dtype) in enumerate(zip(result.columns, result.types, strict=True)):
         out.append((name, dtype, [row[i] for row in rows]))
         column = [w[i] if i < len(w) else None for w in widths]
-        if accuracy and any(w is not None for w in column):
+        if not accuracy or all(w is None for w in column):
+            continue
+        if any(isinstance(w, tuple) for w in column):
+            # A quantile's interval: its two ends, never a ± (``Accuracy``).
+            for end, suffix in ((0, " low"), (1, " high")):
+                ends = [w[end] if isinstance(w, tuple) else None for w in column]
+                out.append((name + INTERVAL_SUFFIX + suffix, "DOUBLE", ends))
+        else:
             out.append((name + ACCURACY_SUFFIX, "DOUBLE", column))
-            if noise:
-                marked = [bool(f[i]) if i < len(f) else False for f in flags]
-                marked += [False] * (len(rows) - len(marked))
-                out.append((name + NOISE_SUFFIX, "BOOLEAN", marked))
+        if noise:
+            marked = [bool(f[i]) if i < len(f) else False for f in flags]
+            marked += [False] * (len(rows) - len(marked))
+            out.append((name + NOISE_SUFFIX, "BOOLEAN", marked))
     return out
 
 
@@ -268,13 +287,26 @@ def summary(result: Result) -> str:
         cost = f"served from the cache (release #{result.cached_from}), no charge"
     else:
         cost = "nothing was charged"
-    if result.confidence is not None and any(w is not None for r in result.accuracy for w in r):
+    forms = {isinstance(w, tuple) for r in result.accuracy for w in r if w is not None}
+    if result.confidence is not None and False in forms:
         cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
-    elif result.diagnosis is not None:
+    if result.confidence is not None and True in forms:
+        cost += f"; [lo, hi] at {intervals_confidence(result):.4g} confidence: {INTERVALS_COVER}"
+    if (result.confidence is None or not forms) and result.diagnosis is not None:
         cost += f"; {result.diagnosis.summary()}"
     if result.bounds_note:
         cost += f"; {result.bounds_note}"
     return cost
+
+
+def intervals_confidence(result: Result) -> float:
+    """The confidence a result's quantile intervals were drawn at (fixed when drawn: a cached
+    interval keeps its own), else the result's."""
+    if result.plan is not None:
+        for m in result.plan.measurements:
+            if m.spec.side and m.spec.confidence is not None:
+                return m.spec.confidence
+    return result.confidence or 0.0
 
 
 def covers(result: Result) -> str:
@@ -321,56 +353,10 @@ def _midnight(value: Any) -> bool:
     )
 
 
-NOISE_MARK = " (mostly noise)"
-
-
 def noise_names(result: Result) -> list[str]:
     """The columns holding a value that is mostly noise in some row, in column order."""
     flagged = {i for row in result.noise for i, f in enumerate(row) if f}
     return [name for i, name in enumerate(result.columns) if i in flagged]
-
-
-def cell(value: Any, width: float | None, noise: bool = False) -> str:
-    """``value ± half-width`` as every text interface prints it (the shell, ``dpsql run`` and
-    ``dpsql query`` tables, notebooks): the value rounded to the precision its accuracy
-    supports, the half-width at the same precision rounded **up**, so that rounding never
-    makes an answer look more accurate than it is.
-
-    A value that is mostly noise (``noise``) is marked so wherever it is read.
-
-    >>> cell(1234.56, 12.4), cell(0.5123, 0.0123), cell(7, None), cell(2.0, 0.25)
-    ('1235 ± 13', '0.512 ± 0.013', '7', '2.00 ± 0.25')
-    >>> cell(0, 40755.2, noise=True)
-    '0 ± 40756 (mostly noise)'
-    """
-    return _cell(value, width) + (NOISE_MARK if noise else "")
-
-
-def _cell(value: Any, width: float | None) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if width is None or not math.isfinite(width):
-        return f"{value:.6g}" if isinstance(value, float) else str(value)
-    digits = 0 if width >= 10 or width <= 0 else min(6, 1 - math.floor(math.log10(width)))
-    up = math.ceil(Decimal(repr(float(width))).scaleb(digits)) / Decimal(10) ** digits
-    return f"{value:.{digits}f} ± {float(up):.{digits}f}"
-
-
-def half_width(value: float, digits: int = 4) -> str:
-    """A half-width as people read it, to ``digits`` significant digits, rounded **up** (so
-    that rounding never makes an answer look more accurate than it is).
-
-    >>> half_width(12.3441), half_width(0.000123456), half_width(150.0), half_width(2e7)
-    ('12.35', '0.0001235', '150', '2e+07')
-    """
-    if not math.isfinite(value) or value <= 0:
-        return f"{value:.{digits}g}"
-    exponent = math.floor(math.log10(value)) - digits + 1
-    scaled = Decimal(repr(value)).scaleb(-exponent)
-    up = int(scaled.to_integral_value(rounding=ROUND_CEILING))
-    return f"{float(Decimal(up).scaleb(exponent)):.{digits}g}"
 
 
 def _shown(value: Any) -> str:
@@ -380,12 +366,15 @@ def _shown(value: Any) -> str:
 
 
 __all__ = [
+    "INTERVALS_COVER",
     "NOISE_MARK",
     "cell",
     "columns",
     "cost_metadata",
     "covers",
     "half_width",
+    "interval_text",
+    "intervals_confidence",
     "noise_names",
     "shown_rows",
     "summary",

@@ -53,6 +53,7 @@ class Estimate(Request[dict[str, object], Result]):
     details: Mapping[str, object]
     found: Record | None  # a released estimate of the same key (None: fresh, or none yet)
     rule: contribution_bounds.Rule | None = None  # contribution bounds: how they are set
+    confidence: float = 0.95  # of the note's "at most" (post-processing: no cost)
 
     def lookup(self, pipeline: Pipeline) -> Result | None:
         if self.found is None:
@@ -85,14 +86,16 @@ class Estimate(Request[dict[str, object], Result]):
         if self.rule is None:
             target = self.statement.target
             if target is None:
-                aim = str(clamp_bounds.units_beyond(self.epsilon))
+                k = Fraction(clamp_bounds.units_beyond(self.epsilon))
             else:
-                aim = f"{float(noise_per_unit([target])):.3g}"
-            return (f"lower and upper aimed at about {aim} units with a value beyond each "
-                    "(their values are clamped to it)")  # fmt: skip
+                k = noise_per_unit([target])
+            most = int(k) + clamp_bounds.uncertainty(self.epsilon, self.confidence)
+            return (f"lower and upper aimed at about {float(k):.3g} units with a value beyond "
+                    f"each (their values are clamped to it); at {self.confidence:.4g} "
+                    f"confidence at most {most} beyond each")  # fmt: skip
         keys = self.statement.keys
         values = [int(payload[n]) for n in contribution_bounds.bounds_of(keys)]
-        return contribution_bounds.cuts(keys, values, self.rule)
+        return contribution_bounds.cuts(keys, values, self.rule, self.epsilon, self.confidence)
 
 
 class Estimates:
@@ -157,7 +160,7 @@ class Estimates:
         found = None if settings.fresh else self._released(kind, key)
         event = Composite((PureDP(epsilon, "ESTIMATE BOUNDS: " + label),))
         return Estimate(statement, kind, key, sql, _canonical(statement, epsilon), event,
-                        epsilon, details, found, rule)  # fmt: skip
+                        epsilon, details, found, rule, float(settings.confidence))  # fmt: skip
 
     def chose(self, plan: Plan, asked: frozenset[str]) -> bool:
         """Whether every bound the plan's diagnosis flags is one dpsql chose: each contribution

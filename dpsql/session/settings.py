@@ -121,7 +121,10 @@ SETTINGS: tuple[Setting, ...] = (
         lambda p: checks.DEFAULT_CONFIDENCE,
         default_text="0.95",
         values="0.5 to 0.9999",
-        doc="the confidence of the accuracy half-widths (no privacy cost)",
+        doc=(
+            "the confidence of the accuracy half-widths (no privacy cost), and the coverage a "
+            "quantile's interval is drawn at (another confidence is another release)"
+        ),
     ),
     Setting(
         "mechanism",
@@ -192,7 +195,8 @@ SETTINGS: tuple[Setting, ...] = (
         values="`true`/`on` or `false`/`off`",
         doc=(
             "`true`: after each output that is an aggregate, a column `<name> ±` (DOUBLE) with the "
-            "half-width of that value at `dpsql.confidence` (noise only) and a column "
+            "half-width of that value at `dpsql.confidence` (noise only; a quantile's "
+            "`<name> interval`, VARCHAR `[lo, hi]`) and a column "
             "`<name> noise` (BOOLEAN), true where the value is mostly noise, for clients that "
             "show columns only (psql, BI tools); a name that would repeat a result column's, in "
             "any letter case, takes the first free number (`<name> ± 2`, `<name> noise 2`). On "

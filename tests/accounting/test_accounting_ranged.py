@@ -354,8 +354,11 @@ def test_the_quantile_event_epsilon_is_its_bounded_range(
         plan = session.plan(sql)
     finally:
         session.close()
-    (m,) = [x for x in plan.measurements if x.exponential]
-    (event,) = [e for e in plan.event.events if isinstance(e, Exponential)]
+    # The quantile itself (its interval's two ends are the same mechanism, at their own scale).
+    m, *ends = [x for x in plan.measurements if x.exponential]
+    event, *end_events = [e for e in plan.event.events if isinstance(e, Exponential)]
+    assert [x.spec.side for x in ends] == [-1, 1] and len(end_events) == 2
+    assert all(e.epsilon == x.sensitivity / x.scale for e, x in zip(end_events, ends, strict=True))
     assert m.scale is not None and m.grid is not None
     drawn: list[Fraction] = []
     monkeypatch.setattr(release, "exponential_mechanism", lambda s, g: drawn.append(g) or 0)

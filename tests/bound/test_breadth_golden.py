@@ -47,6 +47,7 @@ from sqlglot import exp
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.errors import QueryError, UnsupportedQueryError
 from dpsql.mechanisms.quantile_score import quantile_scores
+from dpsql.plan.aggregates.quantiles import sides
 from dpsql.plan.plans import Measurement, Plan
 from dpsql.policy import Policy, load_policy
 from dpsql.session.session import Session
@@ -440,7 +441,7 @@ class Case:
     """A golden query: its Python meaning and the effective bounds its plan must have."""
 
     relation: Callable[[Data], list[Row]]
-    refs: tuple[Ref, ...]
+    refs: tuple[Ref, ...]  # one per aggregate; ``measured`` one per measurement
     key: Callable[[Row], Key] = lambda r: ()
     domain: Sequence[Key] | None = None
     options: Mapping[str, object] = field(default_factory=dict)
@@ -449,6 +450,18 @@ class Case:
     exceeds: bool = True
     # Measurements the heavy unit moves by exactly their L1 sensitivity (beyond COUNT(*)).
     tight: tuple[int, ...] = ()
+
+
+def per_measurement(case: Case) -> tuple[Ref, ...]:
+    """One reference per measurement of the plan: a quantile is measured with its interval's
+    ends (``dpsql.plan.aggregates.quantiles``), which read the same histogram."""
+    out: list[Ref] = []
+    for ref in case.refs:
+        out.append(ref)
+        if ref.kind == "quantile":
+            assert ref.p is not None
+            out.extend([ref] * len(sides(ref.p)))
+    return tuple(out)
 
 
 CASES: dict[str, Case] = {
@@ -602,13 +615,14 @@ def reference(case: Case, data: Data, l0: int, c: int) -> dict[Key, list[Any]]:
     assert max(per_unit.values()) <= l0
     totals: dict[Key, list[Any]] = {}
     for (_, key), rows in groups.items():
-        acc = totals.setdefault(key, [ref.empty() for ref in case.refs])
-        for j, ref in enumerate(case.refs):
+        acc = totals.setdefault(key, [ref.empty() for ref in per_measurement(case)])
+        for j, ref in enumerate(per_measurement(case)):
             acc[j] = combine(acc[j], ref.contribution(rows, c))
     for key in case.domain or []:
-        totals.setdefault(key, [ref.empty() for ref in case.refs])
+        totals.setdefault(key, [ref.empty() for ref in per_measurement(case)])
     return {
-        k: [ref.finish(v) for ref, v in zip(case.refs, vs, strict=True)] for k, vs in totals.items()
+        k: [ref.finish(v) for ref, v in zip(per_measurement(case), vs, strict=True)]
+        for k, vs in totals.items()
     }
 
 
@@ -835,8 +849,8 @@ def test_plan_bounds_and_grids(name: str, within: Session) -> None:
     l0, c = case.bounds
     assert (plan.max_groups, plan.max_rows) == (l0, c)
     r = case.options.get("max_rows_per_unit")
-    assert [m.spec.kind for m in plan.measurements] == [ref.kind for ref in case.refs]
-    for m, ref in zip(plan.measurements, case.refs, strict=True):
+    assert [m.spec.kind for m in plan.measurements] == [ref.kind for ref in per_measurement(case)]
+    for m, ref in zip(plan.measurements, per_measurement(case), strict=True):
         assert m.groups == l0
         assert m.unit == ref.unit(), m.label
         per_group = 1 if ref.kind == "units" else c * ref.per_row()

@@ -218,7 +218,7 @@ def test_each_format_per_statement_and_combined(policy: Path, tmp_path: Path, fm
         assert {"statement", "columns", "rows", "accuracy", "noise"} <= set(docs[0])
     elif fmt == "csv":
         lines = target.read_text(encoding="utf-8").splitlines()
-        assert lines[0] == "statement,row,column,value,accuracy,noise"
+        assert lines[0] == "statement,row,column,value,accuracy,noise,low,high"
         assert len(lines) == 1 + 10 + 1 + 1  # 5 rows x 2 columns, one mean, one setting
     else:
         count = duckdb.sql(f"SELECT COUNT(*) FROM '{target}'").fetchall()

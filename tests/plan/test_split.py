@@ -167,13 +167,15 @@ def test_even_gives_equal_shares_and_the_same_charge(tiny_policy: TinyPolicy) ->
 def test_pure_parts_keep_their_even_share(tiny_policy: TinyPolicy) -> None:
     s = _session(tiny_policy)
     plan = _plan(s, "SELECT MEDIAN(age), SUM(spend), COUNT(*) FROM visits")
-    q = next(m for m in plan.measurements if m.exponential)
-    assert q.share == Fraction(1, 3)
-    assert q.epsilon == Fraction(1, 3)
+    # The median's value takes one slot of an even split, its interval's two ends half a slot
+    # each (four slots with SUM and COUNT): 1/4, 1/8 and 1/8, the rest split between the two.
+    q, low, high = (m for m in plan.measurements if m.exponential)
+    assert (q.share, low.share, high.share) == (Fraction(1, 4), Fraction(1, 8), Fraction(1, 8))
+    assert q.epsilon == Fraction(1, 4) and low.epsilon == high.epsilon == Fraction(1, 8)
     assert sum(m.share for m in plan.measurements if m.share is not None) == 1
     g = _plan(s, "SELECT MEDIAN(age), SUM(spend), COUNT(*) FROM visits", mechanism="gaussian")
-    q = next(m for m in g.measurements if m.exponential)
-    assert q.epsilon == Fraction(1, 3)
+    q, low, high = (m for m in g.measurements if m.exponential)
+    assert q.epsilon == Fraction(1, 4) and low.epsilon == high.epsilon == Fraction(1, 8)
     gaussian = [m for m in g.measurements if not m.exponential]
     assert sum(m.share for m in gaussian if m.share is not None) == 1
 

@@ -61,6 +61,7 @@ from scipy import stats
 from dpsql.mechanisms.quantile_score import quantile_scores
 from dpsql.noise.exponential import exponential_mechanism_samples, exponential_probabilities
 from dpsql.noise.laplace import discrete_laplace
+from dpsql.plan.aggregates.quantiles import endpoint_shift
 from dpsql.plan.plans import Measurement, Plan
 from dpsql.policy import Policy, load_policy
 from dpsql.session.session import Session
@@ -547,11 +548,16 @@ def _gamma(m: Measurement, factor: Fraction = Fraction(1)) -> Fraction:
     return 1 / (2 * m.scale * factor)
 
 
+def _scores(histogram: Mapping[int, int], m: Measurement) -> list[int]:
+    """The scores release._quantiles draws from: an interval's end with its public shift."""
+    assert m.grid is not None and m.spec.p is not None
+    shift = m.spec.side * endpoint_shift(m) if m.spec.side else 0
+    return quantile_scores(histogram, m.grid.lower, m.grid.upper, m.spec.p, shift)
+
+
 def _distribution(histogram: Mapping[int, int], m: Measurement, gamma: Fraction) -> list[float]:
     """The exact output distribution of release._quantiles on one group's histogram."""
-    assert m.grid is not None and m.spec.p is not None
-    scores = quantile_scores(histogram, m.grid.lower, m.grid.upper, m.spec.p)
-    return exponential_probabilities(scores, gamma)
+    return exponential_probabilities(_scores(histogram, m), gamma)
 
 
 def _log_ratio(p: list[float], q: list[float]) -> float:
@@ -622,8 +628,11 @@ def test_quantile_exact_loss_within_epsilon(data: str, neighbours: Neighbours) -
         assert median.spec.p == Fraction(1, 2)
         assert sum(losses[0]) >= 0.98 * float(median.epsilon), losses
     else:
-        moved = zip(real.measurements, losses, strict=True)
-        assert all(sum(g) >= 0.1 * float(m.epsilon) for m, g in moved), losses
+        # The values' measurements; an interval's ends aim Δ rows off the target, where the
+        # extreme unit moves their scores less (each still moves: its loss is above 0).
+        moved = list(zip(real.measurements, losses, strict=True))
+        assert all(sum(g) >= 0.1 * float(m.epsilon) for m, g in moved if not m.spec.side), losses
+        assert all(sum(g) > 0 for m, g in moved if m.spec.side), losses
 
 
 @pytest.mark.parametrize("data", QUANTILE_DATA)
@@ -686,12 +695,7 @@ def _sampled(real: Plan, histograms: list[Histograms], mass: float) -> list[Samp
             p, q = (_distribution(h, m, gamma) for h in hists)
             chosen = _threshold_events(p, q, mass)
             # The sampler release uses: exponential_mechanism draws one of these.
-            draws = [
-                exponential_mechanism_samples(
-                    quantile_scores(h, m.grid.lower, m.grid.upper, m.spec.p), gamma, EM_DRAWS
-                )
-                for h in hists
-            ]
+            draws = [exponential_mechanism_samples(_scores(h, m), gamma, EM_DRAWS) for h in hists]
             events = tuple(
                 np.stack([d <= t if below else d >= t for d in draws]) for t, below, _ in chosen
             )
@@ -735,19 +739,22 @@ def test_quantile_sampled_removed_bounding_is_detected(data: str, neighbours: Ne
     """Negative control: the sampled check on histograms with the bounding removed (L0 = C =
     10**6), gamma of the real plan, must find a violation in every measurement, with events of
     numerator mass >= CONTROL_MASS. Each measurement has a group whose event's exact ratio is
-    >= 1.4·e^epsilon_j (checked; 1.44-4.2x measured). For the weakest (wide's median: 1.44x,
-    >= 4,000 expected hits on the numerator side and >= 2,300 on the other) the certified bound
-    falls below e^epsilon_j only if the estimate is off by more than 8 standard errors
-    (< 1e-15; measured: certified ratio 1.15-1.30·e^epsilon_j).
+    >= 1.2·e^epsilon_j (checked; 1.25-4.2x measured since the value shares its epsilon with its
+    interval's ends, 1.44-4.2x before). For the weakest (wide's median, 1.25x) the certified
+    bound still lies above e^epsilon_j (measured: certified ratio 1.02-1.08·e^epsilon_j for it,
+    up to 1.30 for the others).
     """
     real, histograms = _quantile_inputs(neighbours, data, LOOSE)
     sampled = _sampled(real, histograms, CONTROL_MASS)
     found = _sampled_violations(sampled)
-    for m in real.measurements:
+    # The values' measurements: an interval's end aims Δ rows off the target rank, where even
+    # the unbounded unit moves its probabilities little on these data (1.05x at most on wide);
+    # the exact check above and tests/release/test_quantile_intervals.py cover the ends.
+    for m in (m for m in real.measurements if not m.spec.side):
         mine = [
             (f[1], max(s.exact) / math.exp(s.epsilon))
             for f, s in zip(found, sampled, strict=True)
             if s.label.startswith(m.label + " ")
         ]
-        assert max(excess for _, excess in mine) >= 1.4, (m.label, mine)
+        assert max(excess for _, excess in mine) >= 1.2, (m.label, mine)
         assert max(worst for worst, _ in mine) > 1.0, (m.label, mine, found)

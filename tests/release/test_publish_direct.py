@@ -191,8 +191,11 @@ def test_the_fast_path_is_taken_where_it_applies(plans: dict[tuple[str, bool], P
     for (sql, other), plan in plans.items():
         keys = tuple((v,) for v in [_domain(plan, i)[0] for i in range(len(plan.analysis.keys))])
         noisy = Noisy(tuple(k for k in keys), tuple((1,) for _ in plan.measurements))
-        values, widths = release_post._estimates(plan, [list(c) for c in noisy.totals], 0.95)
-        taken[sql, other] = release_post._direct(plan, noisy.keys, values, widths) is not None
+        values, widths, intervals = release_post._estimates(
+            plan, [list(c) for c in noisy.totals], 0.95
+        )
+        direct = release_post._direct(plan, noisy.keys, values, widths, intervals)
+        taken[sql, other] = direct is not None
     assert all(taken[sql, o] for sql in DIRECT for o in (False, True))
     assert not any(taken[sql, o] for sql in THROUGH_SQL for o in (False, True))
 

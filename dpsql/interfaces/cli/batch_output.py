@@ -30,7 +30,7 @@ import duckdb
 
 from dpsql.errors import OutputError
 from dpsql.policy.numbers import exact
-from dpsql.release.result import Result, cell, covers, shown_rows
+from dpsql.release.result import INTERVALS_COVER, Result, cell, covers, shown_rows
 from dpsql.release.result import columns as result_columns
 from dpsql.session.workload_plan import Step
 
@@ -69,8 +69,10 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
         "epsilon": exact(_cost(result)[0]),
         "delta": exact(_cost(result)[1]),
         "cached_from": result.cached_from,
-        # What the ± covers: the noise only, never the bias of the bounds.
+        # What the ± covers: the noise only, never the bias of the bounds; a quantile's
+        # accuracy is an interval [lo, hi] (below), with what it covers.
         "accuracy_covers": covers(result),
+        "intervals_cover": INTERVALS_COVER if _has_interval(result) else None,
         "diagnosis": result.diagnosis.as_dict() if result.diagnosis is not None else None,
     }
 
@@ -85,11 +87,19 @@ def _long_rows(done: Sequence[tuple[Step, Result]]) -> Iterator[tuple[Any, ...]]
                 half = accuracy[j] if j < len(accuracy) else None
                 text = None if value is None else str(_plain(value))
                 noisy = bool(flags[j]) if j < len(flags) else False
-                yield step.piece.number, i + 1, result.columns[j], text, half, noisy
+                # A quantile's interval fills low and high; a ± fills accuracy.
+                low, high = half if isinstance(half, tuple) else (None, None)
+                half = None if isinstance(half, tuple) else half
+                yield step.piece.number, i + 1, result.columns[j], text, half, noisy, low, high
+
+
+def _has_interval(result: Result) -> bool:
+    return any(isinstance(w, tuple) for row in result.accuracy for w in row)
 
 
 LONG = (("statement", "INTEGER"), ("row", "INTEGER"), ("column", "VARCHAR"),
-        ("value", "VARCHAR"), ("accuracy", "DOUBLE"), ("noise", "BOOLEAN"))  # fmt: skip
+        ("value", "VARCHAR"), ("accuracy", "DOUBLE"), ("noise", "BOOLEAN"),
+        ("low", "DOUBLE"), ("high", "DOUBLE"))  # fmt: skip
 
 
 def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> str:

@@ -23,6 +23,7 @@ from dpsql.interfaces.dbapi.errors import (
 )
 from dpsql.policy import Policy, load_policy
 from dpsql.release.diagnosis import Diagnosed
+from dpsql.release.post import Accuracy
 from dpsql.release.result import Result, covers, to_arrow, to_pandas
 from dpsql.session.session import Session
 
@@ -150,8 +151,10 @@ class Cursor:
         return -1 if self._result is None or not self._result.columns else len(self._result.rows)
 
     @property
-    def accuracy(self) -> tuple[tuple[float | None, ...], ...]:
-        """Per row, per column: the half-width of the noise interval (None where no noise)."""
+    def accuracy(self) -> tuple[tuple[Accuracy, ...], ...]:
+        """Per row, per column: the half-width of the noise interval (None where no noise);
+        for MEDIAN, quantiles, MIN and MAX an interval ``(lo, hi)`` that covers the quantile of
+        the kept rows at the confidence (asymmetric: never a half-width)."""
         return self._result.accuracy if self._result is not None else ()
 
     @property

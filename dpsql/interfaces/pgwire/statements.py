@@ -15,7 +15,7 @@ from fractions import Fraction
 from dpsql import errors
 from dpsql.interfaces.pgwire import protocol as pg
 from dpsql.release.diagnosis import covers
-from dpsql.release.result import Result, noise_names
+from dpsql.release.result import INTERVALS_COVER, Result, interval_text, noise_names
 from dpsql.session.session import VERSION
 
 # The server_version clients see: PostgreSQL 15 features (what psql and drivers test for).
@@ -271,7 +271,8 @@ def to_answer(result: Result, cap: int) -> Answer:
     if result.charge is not None or result.cached_from is not None:
         source = "charged" if result.charge is not None else "served from the cache, free"
         widths = [
-            f"{name} ± {width:.6g}"
+            f"{name} in {interval_text(width)}" if isinstance(width, tuple)
+            else f"{name} ± {width:.6g}"
             for name, width in zip(result.columns, result.accuracy[0] if result.accuracy else (),
                                    strict=False)
             if width is not None
@@ -280,7 +281,11 @@ def to_answer(result: Result, cap: int) -> Answer:
         shown = bool(widths) and len(result.rows) == 1
         sampled = result.plan is not None and result.plan.sample is not None
         if shown:
-            notice += f"; {result.confidence:.0%} half-widths: " + ", ".join(widths)
+            intervals = any(isinstance(w, tuple) for w in result.accuracy[0])
+            what = "accuracy" if intervals else "half-widths"
+            notice += f"; {result.confidence:.0%} {what}: " + ", ".join(widths)
+            if intervals:
+                notice += f"; [lo, hi]: {INTERVALS_COVER}"
         if shown or result.diagnosis is not None or sampled:
             # What the ± covers, never a confidence interval of the true value.
             notice += f"; ± covers {covers(result.diagnosis, result.plan)}"

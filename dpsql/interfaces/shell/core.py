@@ -32,7 +32,15 @@ from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
 from dpsql.plan.explain import explain
 from dpsql.policy.numbers import exact
-from dpsql.release.result import Result, cell, covers, shown_rows
+from dpsql.release.post import Accuracy
+from dpsql.release.result import (
+    INTERVALS_COVER,
+    Result,
+    cell,
+    covers,
+    intervals_confidence,
+    shown_rows,
+)
 from dpsql.session.session import Session
 
 __all__ = ["Shell"]
@@ -58,7 +66,7 @@ def _error(message: str) -> str:
     return "Error: " + " ".join(message.split()) + "\n"
 
 
-def _cell(value: Any, width: float | None, noise: bool = False) -> str:
+def _cell(value: Any, width: Accuracy, noise: bool = False) -> str:
     """``value ± half-width`` as every text interface prints it (``cell``), marked when it is
     mostly noise."""
     return cell(value, width, noise)
@@ -191,13 +199,22 @@ class Shell:
             return f"{rows}; nothing was charged"
         charge = result.charge
         cost = f"charged epsilon {_num(charge.epsilon)}, delta {_num(charge.delta)}"
-        confidence = f"; ± at {result.confidence:.4g} confidence" if result.confidence else ""
+        forms = {isinstance(w, tuple) for r in result.accuracy for w in r if w is not None}
+        confidence = ""
+        if result.confidence and False in forms:
+            confidence += f"; ± at {result.confidence:.4g} confidence"
+        if result.confidence and True in forms:
+            confidence += f"; [lo, hi] at {intervals_confidence(result):.4g} confidence"
         return f"{rows}{confidence}; {cost} (ledger record #{charge.seq})"
 
     @staticmethod
     def _covers(result: Result) -> str:
-        """What the ± covers, and with a diagnosis its every figure."""
-        line = f"±: {covers(result)}"
+        """What the ± and the intervals cover, and with a diagnosis its every figure."""
+        forms = {isinstance(w, tuple) for r in result.accuracy for w in r if w is not None}
+        lines = [f"±: {covers(result)}"] if False in forms or not forms else []
+        if True in forms:
+            lines.append(f"[lo, hi]: {INTERVALS_COVER}")
+        line = "\n".join(lines)
         if result.diagnosis is not None:
             line += f"\ndiagnosis: {result.diagnosis.describe()}"
         if result.bounds_note:

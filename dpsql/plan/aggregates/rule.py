@@ -56,6 +56,10 @@ class Builder(Protocol):
     def measure(self, spec: MeasurementSpec) -> int:
         """The index of the measurement ``spec``."""
 
+    @property
+    def confidence(self) -> float:
+        """The query's confidence (a quantile interval's coverage)."""
+
 
 # (the aggregate, the query's builder) -> its estimate, its measurements added to the builder
 Measure = Callable[[Aggregate, Builder], Estimate]
@@ -71,6 +75,10 @@ NonNegative = Callable[[Estimate], bool]
 Bounds = Callable[[Estimate], "tuple[float, float] | None"]
 # the measurements, with budgets under trial -> the figure a target bounds
 Figure = Callable[[Sequence[Measurement]], "Fraction | float"]
+# (estimate, the plan's measurements, their noisy totals) -> the interval (lows, highs) each
+# released value's truth lies in with probability >= the confidence its measurements were drawn
+# at, in value units (a quantile's: ``dpsql.plan.aggregates.quantiles``)
+Intervals = Callable[[Estimate, Sequence[Measurement], Sequence[npt.ArrayLike]], Released]
 
 
 @dataclass(frozen=True)
@@ -186,7 +194,7 @@ class Rank:
     def checks(
         self, est: Estimate, label: str, ms: Sequence[Measurement], goal: Goal
     ) -> list[Check]:
-        (j,) = est.measurements
+        j = est.measurements[0]  # the quantile (its interval's endpoints follow it)
 
         def figure(trial: Sequence[Measurement]) -> float:
             return self.rank(trial[j], goal.confidence)
@@ -212,6 +220,7 @@ class AggregateRule:
     exact: bool = False
     nonnegative: NonNegative = lambda est: False
     bounds: Bounds = lambda est: None
+    interval: Intervals | None = None  # released instead of a half-width, when set
 
     def name(self, agg: Aggregate) -> str:
         """How EXPLAIN's target lines name ``agg``."""

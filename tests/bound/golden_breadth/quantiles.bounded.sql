@@ -105,31 +105,7 @@ WITH _dom0 AS (
   )
   GROUP BY
     _k0
-), _x1 AS (
-  SELECT
-    _k0,
-    HISTOGRAM(_b) AS _h
-  FROM (
-    SELECT
-      _k0,
-      UNNEST(_l0) AS _b
-    FROM _capped
-  )
-  GROUP BY
-    _k0
-), _x2 AS (
-  SELECT
-    _k0,
-    HISTOGRAM(_b) AS _h
-  FROM (
-    SELECT
-      _k0,
-      UNNEST(_l1) AS _b
-    FROM _capped
-  )
-  GROUP BY
-    _k0
-), _x3 AS (
+), _x6 AS (
   SELECT
     _k0,
     HISTOGRAM(_b) AS _h
@@ -154,7 +130,13 @@ SELECT
   _f._m0 AS _m0,
   _f._m1 AS _m1,
   _f._m2 AS _m2,
-  _f._m3 AS _m3
+  _f._m3 AS _m3,
+  _f._m4 AS _m4,
+  _f._m5 AS _m5,
+  _f._m6 AS _m6,
+  _f._m7 AS _m7,
+  _f._m8 AS _m8,
+  _f._m9 AS _m9
 FROM (
   SELECT
     *
@@ -164,17 +146,19 @@ LEFT JOIN (
   SELECT
     _agg._k0,
     _x0._h AS _m0,
-    _x1._h AS _m1,
-    _x2._h AS _m2,
-    _x3._h AS _m3
+    _x0._h AS _m1,
+    _x0._h AS _m2,
+    _x0._h AS _m3,
+    _x0._h AS _m4,
+    _x0._h AS _m5,
+    _x6._h AS _m6,
+    _x6._h AS _m7,
+    _x6._h AS _m8,
+    _x6._h AS _m9
   FROM _agg
   LEFT JOIN _x0
     ON _agg._k0 IS NOT DISTINCT FROM _x0._k0
-  LEFT JOIN _x1
-    ON _agg._k0 IS NOT DISTINCT FROM _x1._k0
-  LEFT JOIN _x2
-    ON _agg._k0 IS NOT DISTINCT FROM _x2._k0
-  LEFT JOIN _x3
-    ON _agg._k0 IS NOT DISTINCT FROM _x3._k0
+  LEFT JOIN _x6
+    ON _agg._k0 IS NOT DISTINCT FROM _x6._k0
 ) AS _f
   ON _d._k0 IS NOT DISTINCT FROM _f._k0

@@ -93,7 +93,8 @@ WITH _rows AS (
 SELECT
   _agg._m0,
   _agg._m1,
-  _x2._h AS _m2
+  _x2._h AS _m2,
+  _x2._h AS _m3
 FROM _agg
 LEFT JOIN _x2
   ON TRUE
