@@ -4,6 +4,7 @@ old default, once called ``optimal``).
 
     python benchmarks/accuracy.py                  # about 2 s
     python benchmarks/accuracy.py --mechanism gaussian
+    python benchmarks/accuracy.py --intervals      # quantile intervals: about 1 min
 
 Three data sets, written in a temporary folder and generated here (none was used to choose the
 rule):
@@ -22,6 +23,14 @@ epsilon), and their ratio, with k the query's measurements: the default keeps ea
 most k (√k under zCDP), where the old rule can give a count a sliver of the budget. Beside
 them, the median absolute error of each output against the true value (the bounding's bias
 included), over the groups. Every release is a fresh one (charged to a large test budget).
+
+``--intervals``: the interval of each order statistic (``MEDIAN``, ``QUANTILE_CONT(x, 0.9)``,
+``MIN``, ``MAX``) beside its true error, on tables of one row per unit (L0 = C = 1) of five
+shapes generated here (uniform, log-normal, bimodal, heavy ties: three values, all values
+equal), x in [0, 1000], at n = 200, 2,000, 20,000 and 200,000 units and epsilon 1 (one query per
+aggregate, a fresh release each, ``--repeats`` times): the median width hi − lo, the median
+|released − true| (the true quantile of the rows, numpy's inverted CDF), their ratio, and the
+share of releases whose interval held the truth (the construction guarantees 0.95).
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
+import numpy.typing as npt
 
 from dpsql.policy import load_policy
 from dpsql.session.session import Session
@@ -224,11 +235,93 @@ def query_lines(s: Session, con: duckdb.DuckDBPyConnection, sql: str, mechanism:
     return lines
 
 
+SHAPES = ("uniform", "lognormal", "bimodal", "ties", "equal")
+SIZES = (200, 2_000, 20_000, 200_000)
+ORDERS = (("MEDIAN(x)", 0.5), ("QUANTILE_CONT(x, 0.9)", 0.9), ("MIN(x)", 0.0), ("MAX(x)", 1.0))
+
+
+def shape_values(
+    shape: str, n: int, rng: np.random.Generator, upper: float = 1000.0
+) -> npt.NDArray[np.float64]:
+    """n values in [0, upper] of one shape (also ``tests/release/test_quantile_intervals.py``'s
+    data: drawn on [0, 1000], then scaled)."""
+    if shape == "uniform":
+        x = rng.uniform(0, 1000, n)
+    elif shape == "lognormal":
+        x = rng.lognormal(4.0, 1.0, n)
+    elif shape == "bimodal":
+        x = np.where(rng.random(n) < 0.7, rng.normal(200, 20, n), rng.normal(800, 40, n))
+    elif shape == "ties":
+        x = rng.choice(np.array([100.0, 100.0, 100.0, 300.0, 900.0]), n)
+    else:
+        x = np.full(n, 437.0)
+    x = np.clip(np.round(x, 1), 0, 1000) * (upper / 1000.0)
+    return np.asarray(x, dtype=np.float64)
+
+
+def interval_lines(folder: Path, repeats: int) -> list[str]:
+    """One line per (shape, n, aggregate): width, error, coverage (module docstring)."""
+    rng = np.random.default_rng(20261206)
+    lines = []
+    for shape in SHAPES:
+        for n in SIZES:
+            x = shape_values(shape, n, rng)
+            path = folder / f"{shape}_{n}.parquet"
+            con = duckdb.connect()
+            con.register("t", {"u": np.arange(n, dtype=np.int64), "x": x})
+            con.execute(f"COPY (SELECT * FROM t) TO '{path}' (FORMAT PARQUET)")
+            con.close()
+            policy = load_policy(
+                {
+                    "dataset": {"id": f"{shape}-{n}", "data_version": "1"},
+                    "data": {"tables": {"t": str(path)}},
+                    "budget": {"epsilon": "10000", "delta": "1e-6", "query_epsilon": "1",
+                               "query_delta": "0", "diagnose": False},
+                    "tables": {"t": {"privacy_unit": "u", "max_groups_per_unit": 1,
+                                     "max_rows_per_unit_per_group": 1,
+                                     "columns": {"x": {"lower": 0, "upper": 1000}}}},
+                },
+                base_dir=folder,
+            )  # fmt: skip
+            s = Session(policy)
+            try:
+                for agg, p in ORDERS:
+                    truth = float(np.quantile(x, p, method="inverted_cdf"))
+                    widths, errors, held = [], [], 0
+                    for _ in range(repeats):
+                        result = s.execute(f"SELECT {agg} FROM t", fresh=True)
+                        ((value,),), ((interval,),) = result.rows, result.accuracy
+                        assert isinstance(interval, tuple)
+                        widths.append(interval[1] - interval[0])
+                        errors.append(abs(float(value) - truth))
+                        held += interval[0] <= truth <= interval[1]
+                    width, error = statistics.median(widths), statistics.median(errors)
+                    ratio = f"{width / error:.1f}x" if error > 0 else "-"
+                    lines.append(
+                        f"| {shape} | {n:,} | {agg} | {truth:,.4g} | {width:,.4g} | "
+                        f"{error:,.4g} | {ratio} | {held / repeats:.2f} |"
+                    )
+            finally:
+                s.close()
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mechanism", choices=("laplace", "gaussian"), default="laplace")
+    parser.add_argument("--intervals", action="store_true", help="quantile intervals instead")
+    parser.add_argument("--repeats", type=int, default=20, help="releases per interval cell")
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.intervals:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("| shape | units | aggregate | truth | median width | median error | "
+                  "width / error | coverage |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|")
+            for line in interval_lines(Path(tmp), args.repeats):
+                print(line)
+        print(f"({time.perf_counter() - start:.1f} s)")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for data in DATA_SETS:
             s, con = session(Path(tmp), data)

@@ -19,9 +19,14 @@ every interface shows it.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
+import sys
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -78,19 +83,21 @@ def _draw(histogram: dict[int, int], p: Fraction, epsilon: Fraction, runs: int) 
     return np.stack([lows, highs], axis=1)
 
 
+@functools.cache
+def _benchmark() -> ModuleType:
+    """``benchmarks/accuracy.py``, whose shapes the coverage test draws."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
+    spec = importlib.util.spec_from_file_location("dpsql_benchmark_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _generated(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n values in [0, 255.75] of one shape."""
-    if kind == "uniform":
-        x = rng.uniform(0, 256, n)
-    elif kind == "lognormal":
-        x = rng.lognormal(3.0, 1.0, n)
-    elif kind == "bimodal":
-        x = np.where(rng.random(n) < 0.7, rng.normal(40, 5, n), rng.normal(200, 10, n))
-    elif kind == "ties":
-        x = rng.choice([10.0, 10.0, 10.0, 50.0, 200.0], n)
-    else:  # "equal"
-        x = np.full(n, 77.3)
-    return np.clip(x, 0, 255.75)
+    """n values of one shape in [0, 255.75], the grid's range."""
+    return np.asarray(_benchmark().shape_values(kind, n, rng, float(GRID.upper * GRID.step)))
 
 
 def _histogram(values: np.ndarray) -> dict[int, int]:
