@@ -26,7 +26,12 @@ capped at 2^16 rows (seeds 0-49: the cap reached by one unit of ``heavy``, three
   to (i + 1)^-1.1: g0 40%, g7 4%; 39,905 to 179,174 rows, median 49,114);
 * held out (no parameter of dpsql's choice was set on them): ``lognormal``, rows per unit
   ceil(log-normal(0.5, 1.5)) and groups Zipf(2); ``bimodal``, 95% of units with 1-5 rows and 5%
-  with 31-150 (the shape of the report that opened the issue), groups uniform.
+  with 31-150 (the shape of the report that opened the issue), groups uniform;
+* held out a second time (added after the trade-off walks' threshold share and one-rung
+  overshoot were set, with the earlier generators in view, and first run for the table they
+  appear in): ``geometric``, rows per unit geometric with mean 5 and groups Zipf(1.5);
+  ``weibull``, rows per unit ceil(3·W), W Weibull of shape 0.5 (a stretched-exponential tail),
+  groups uniform.
 
 Queries: ``COUNT(*)``, ``SUM(amount)`` and ``COUNT(DISTINCT user_id)``, each in total and
 ``GROUP BY grp``; epsilon 0.1, 0.5 and 1 (``--epsilons``). The metric, per output (the total, or
@@ -181,7 +186,8 @@ class Generator:
     about: str
     # How rows per unit are drawn: "pareto" (the issue's three), or the held-out families no
     # choice in dpsql was tuned on: "lognormal" (ceil of a log-normal, log-mean 0.5, sigma
-    # alpha) and "bimodal" (95% of units 1-5 rows, 5% 31-150, uniform).
+    # alpha), "bimodal" (95% of units 1-5 rows, 5% 31-150, uniform), "geometric" (mean alpha)
+    # and "weibull" (ceil of 3 times a Weibull of shape alpha: a stretched-exponential tail).
     rows: str = "pareto"
 
     def draw(self, seed: int) -> tuple[IntArray, IntArray, FloatArray]:
@@ -192,6 +198,10 @@ class Generator:
         elif self.rows == "bimodal":
             heavy = rng.random(UNITS) < 0.05
             x = np.where(heavy, rng.integers(31, 151, UNITS), rng.integers(1, 6, UNITS))
+        elif self.rows == "geometric":
+            x = rng.geometric(1.0 / self.alpha, UNITS).astype(np.float64)
+        elif self.rows == "weibull":
+            x = np.minimum(np.ceil(3.0 * rng.weibull(self.alpha, UNITS)), float(ROW_CAP))
         else:
             # numpy's pareto is Lomax: 1 + it is Pareto with minimum 1, P(X >= k) = k^-alpha.
             x = np.minimum(1.0 + rng.pareto(self.alpha, UNITS), float(ROW_CAP))
@@ -229,6 +239,24 @@ GENERATORS = {
             None,
             "held out: 95% of units 1-5 rows, 5% 31-150, groups uniform",
             rows="bimodal",
+        ),
+        # Held out a second time: added after the walks' threshold share and overshoot were
+        # set, and first run for the table they appear in.
+        Generator(
+            "geometric",
+            6,
+            5.0,
+            1.5,
+            "held out: rows per unit geometric (mean 5), groups Zipf(1.5)",
+            rows="geometric",
+        ),
+        Generator(
+            "weibull",
+            7,
+            0.5,
+            None,
+            "held out: rows per unit ceil(3 Weibull(0.5)), groups uniform",
+            rows="weibull",
         ),
     )
 }
