@@ -11,11 +11,12 @@ import re
 import tomllib
 from decimal import Decimal
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dpsql.errors import DpsqlError, InputError, PolicyError
+from dpsql.policy.schema import did_you_mean
 from dpsql.policy.spec import Policy
 
 __all__ = ["MAX_POLICY_BYTES", "MAX_POLICY_DEPTH", "load_policy", "read_limited"]
@@ -25,8 +26,52 @@ def _describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "policy"
+        if item["type"] == "extra_forbidden" and item["loc"]:
+            # An unknown key: named, with the closest key the policy knows at that level.
+            key = str(item["loc"][-1])
+            hint = did_you_mean(key, _known_keys(item["loc"][:-1]))
+            parts.append(f"{where}: unknown key {key}{hint}")
+            continue
         parts.append(f"{where}: {item['msg']}")
     return "; ".join(parts)
+
+
+def _known_keys(path: tuple[int | str, ...]) -> list[str]:
+    """The keys the policy's model accepts at ``path`` (its field names and aliases), walking
+    the model's fields, dictionaries' values and optional types; none where it is unknown."""
+    node: Any = Policy
+    for part in path:
+        node = _model_in(node)
+        if node is None:
+            return []
+        if isinstance(node, dict):  # a dict[str, Model]'s key: the value's model
+            node = node["value"]
+            continue
+        field = node.model_fields.get(str(part))
+        if field is None:
+            return []
+        node = field.annotation
+    model = _model_in(node)
+    if model is None or isinstance(model, dict):
+        return []
+    names = set(model.model_fields)
+    names |= {f.alias for f in model.model_fields.values() if f.alias}
+    return sorted(names)
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (through ``X | None``), or {"value": V} for a
+    ``dict[str, V]``, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is dict and len(args) == 2:
+        return {"value": args[1]}
+    for arg in args:
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 # A policy is a page of TOML; a megabyte of it is a mistake, or an attempt to exhaust memory.
@@ -99,6 +144,24 @@ def _depth(value: object) -> int:
     return deepest
 
 
+def _tables_have_data(raw: dict[str, Any]) -> None:
+    """A table under [tables] that [data] does not name is refused before anything else, with
+    the closest name [data] has: its fields' errors would otherwise speak of something else.
+    Only with files: a database or a Spark catalog holds tables the policy does not list."""
+    data, tables = raw.get("data"), raw.get("tables")
+    if not isinstance(data, dict) or not isinstance(tables, dict):
+        return
+    files = data.get("tables")
+    if data.get("database") is not None or data.get("catalog") or not isinstance(files, dict):
+        return
+    known = [str(k) for k in files]
+    lowered = {k.lower() for k in known}
+    for name in tables:
+        if str(name).lower() not in lowered:
+            hint = did_you_mean(str(name), known)
+            raise PolicyError(f"tables.{name}: data.tables names no such table{hint}")
+
+
 def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = None) -> Policy:
     """Load and validate a policy from a TOML path or a dict; raises ``PolicyError``."""
     if isinstance(source, dict):
@@ -122,6 +185,7 @@ def load_policy(source: str | Path | dict[str, Any], base_dir: Path | None = Non
         raise PolicyError("a policy is a TOML file's path, a Policy or a dict")
     if _depth(raw) > MAX_POLICY_DEPTH:
         raise PolicyError(_TOO_DEEP)
+    _tables_have_data(raw)
     try:
         return Policy.model_validate({**raw, "base_dir": base})
     except ValidationError as exc:

@@ -322,6 +322,9 @@ class Session:
         plan = planned.plan
         if planned.explain:
             lines = explain(plan, planned.verbose)
+            # Which engine will run it (the policy's engine.name): before the cost line.
+            at = next((i for i, line in enumerate(lines) if line.startswith("cost:")), len(lines))
+            lines.insert(at, f"engine: {self.engine.name}")
             return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
         settings = self.settings(options)
         # The names of the ± columns are checked before the charge: a collision costs nothing.

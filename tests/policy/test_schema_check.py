@@ -64,13 +64,14 @@ def _policy(folder: Path, visits: dict[str, Any], **tables: Any) -> dict[str, An
 def test_a_policy_naming_what_the_data_lacks_fails_at_connect(
     files: Path, visits: dict[str, Any], tables: dict[str, Any], field: str, hint: str
 ) -> None:
-    policy = load_policy(_policy(files, visits, **tables))
+    """At connect, or already at load where the policy alone shows it (a table [data] does
+    not name: ``dpsql.policy.load``), with the same message."""
     with pytest.raises(PolicyError) as info:
-        Session(policy)
+        Session(load_policy(_policy(files, visits, **tables)))
     message = str(info.value)
     assert message.startswith(field + ":") and message.endswith(f"did you mean {hint}?")
     with pytest.raises(dpsql.Error):  # the DB-API's face of the same error
-        dpsql.connect(policy)
+        dpsql.connect(_policy(files, visits, **tables))
 
 
 def test_a_failed_connect_releases_the_data(tmp_path: Path) -> None:
