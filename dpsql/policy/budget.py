@@ -107,6 +107,9 @@ class BudgetSpec(_Frozen):
     # totally ordered family, fixed before the first query).
     declared_mechanism: DeclaredMechanism | None = None
     analysts: dict[str, ShareSpec] = Field(default_factory=dict)
+    # Only a named analyst may be answered (charged or served from the cache), with or without
+    # shares. Names are authenticated over the wire only; in-process they are self-declared.
+    require_analyst: bool = False
     # A query on bounds dpsql did not choose also releases what they cut, at this share of the
     # query's epsilon more (dpsql.plan.diagnosis); off: only when an analyst asks for it.
     diagnose: bool = True

@@ -316,7 +316,7 @@ class Policy(_Frozen):
         # neither is part of the version; nor is the default diagnosis, which its release's
         # cache key holds (dpsql.cache.keys).
         skip: dict[str, bool | set[str]] = {"engine": True, "server": True}
-        skip["budget"] = {"diagnose", "diagnose_share"}
+        skip["budget"] = {"diagnose", "diagnose_share", "require_analyst"}
         body = self.model_dump(mode="json", exclude=skip)
         for table in body["tables"].values():
             # Added after versions were first computed: left out when unset, so that a policy

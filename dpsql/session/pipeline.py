@@ -34,7 +34,7 @@ from dpsql.accounting.budget.report import Charge
 from dpsql.cache import keys as cache
 from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import Engine
-from dpsql.errors import EngineError, InternalError, LedgerError
+from dpsql.errors import BudgetExceededError, EngineError, InternalError, LedgerError
 from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
 from dpsql.mechanisms.events import Composite
 from dpsql.noise.measure import Noisy, measure, measure_diagnosis
@@ -116,8 +116,19 @@ class Pipeline:
         self.engine = engine
         self.analyst = analyst
 
+    def admit(self) -> None:
+        """``budget.require_analyst``: an unnamed connection gets no answer, fresh or cached
+        (``BudgetExceededError``, nothing charged or recorded)."""
+        if self.analyst is None and self.budget.spec.require_analyst:
+            raise BudgetExceededError(
+                "the policy admits named analysts only (budget.require_analyst): connect with "
+                "an analyst name (dpsql.connect(..., analyst=...), --analyst or DPSQL_ANALYST); "
+                "nothing was charged"
+            )
+
     def release(self, request: Request[M, P]) -> P:
-        """lookup -> check -> charge -> run -> noise -> record -> publish."""
+        """admit -> lookup -> check -> charge -> run -> noise -> record -> publish."""
+        self.admit()
         served = request.lookup(self)
         if served is not None:
             return served
@@ -139,6 +150,7 @@ class Pipeline:
         """A workload: one charge for every measurement of its steps (``event``; None when
         nothing is charged), committed before any engine work, then each step in order with
         it. Nothing runs when the charge is refused."""
+        self.admit()
         charge = None if event is None else self.charge(event, query, details, files)
         for step in steps:
             yield step(charge)

@@ -379,6 +379,7 @@ class Session:
     def run_script(self, text: str, partial: bool = False) -> list[tuple[Step, Result | None]]:
         """Plan ``text`` as one workload and run it: all or nothing, or with ``partial`` the
         longest prefix that fits."""
+        self.pipeline.admit()  # budget.require_analyst: before planning its admission
         return workloads.run_script(self, text, partial)
 
     def budget(self) -> BudgetReport:

@@ -173,6 +173,13 @@ class Budget(Readings):
                 f"would take the data set over its budget under the {self.name} filter "
                 f"({why}); nothing was charged"
             )
+        if analyst is None and self.spec.require_analyst:
+            # Checked by the session before anything (dpsql.session.pipeline.Pipeline.admit);
+            # here too, since every charge passes here.
+            raise BudgetExceededError(
+                "the policy admits named analysts only (budget.require_analyst); nothing was "
+                "charged"
+            )
         if state.shares and (analyst is None or analyst not in state.shares):
             # With shares declared, only the analysts they name may spend anything.
             raise BudgetExceededError(

@@ -169,8 +169,9 @@ def pinned_spec(spec: BudgetSpec, store: Store) -> BudgetSpec:
             "add and set shares with dpsql budget allocate"
         )
     caps = {k: v for k, v in recorded.items() if v is not None}
+    # The policy's own, not caps: per-query defaults, and who may be answered.
     defaults = {"query_epsilon": spec.query_epsilon, "query_delta": spec.query_delta,
-                "mechanism": spec.mechanism}  # fmt: skip
+                "mechanism": spec.mechanism, "require_analyst": spec.require_analyst}  # fmt: skip
     return BudgetSpec.model_validate({**caps, **defaults})
 
 
