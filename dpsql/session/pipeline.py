@@ -119,12 +119,16 @@ class Pipeline:
     def admit(self) -> None:
         """``budget.require_analyst``: an unnamed connection gets no answer, fresh or cached
         (``BudgetExceededError``, nothing charged or recorded)."""
-        if self.analyst is None and self.budget.spec.require_analyst:
+        if self.refused_unnamed():
             raise BudgetExceededError(
                 "the policy admits named analysts only (budget.require_analyst): connect with "
                 "an analyst name (dpsql.connect(..., analyst=...), --analyst or DPSQL_ANALYST); "
                 "nothing was charged"
             )
+
+    def refused_unnamed(self) -> bool:
+        """Whether ``admit`` refuses this connection (no epsilon would help)."""
+        return self.analyst is None and self.budget.spec.require_analyst
 
     def release(self, request: Request[M, P]) -> P:
         """admit -> lookup -> check -> charge -> run -> noise -> record -> publish."""

@@ -31,7 +31,12 @@ from dpsql.analyze.analysis import Analysis
 from dpsql.cache import keys as cache
 from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import open_engine
-from dpsql.errors import LedgerError, ParameterError, PolicyError
+from dpsql.errors import (
+    BudgetExceededError,
+    LedgerError,
+    ParameterError,
+    PolicyError,
+)
 from dpsql.plan.diagnosis import without_default
 from dpsql.plan.explain import explain
 from dpsql.plan.plans import Plan
@@ -39,6 +44,7 @@ from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.release.post import accuracy_columns
 from dpsql.release.result import Result, _with_accuracy
 from dpsql.session import planning, workload_plan, workloads
+from dpsql.session.advice import advice
 from dpsql.session.auto import AutoRequest
 from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues, show_rows
@@ -316,7 +322,12 @@ class Session:
             return self.pipeline.release(estimate)
         planned = self.planned(sql, params, options, current=False, statement=statement)
         assert planned is not None  # parse_statement gave a SELECT or an EXPLAIN
-        return self._planned_result(planned, options)
+        try:
+            return self._planned_result(planned, options)
+        except BudgetExceededError as exc:
+            if planned.explain or self.pipeline.refused_unnamed():
+                raise
+            raise BudgetExceededError(f"{exc}{advice(self, sql, params, options)}") from None
 
     def _planned_result(self, planned: Planned, options: Mapping[str, object]) -> Result:
         plan = planned.plan

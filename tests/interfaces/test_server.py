@@ -294,7 +294,9 @@ def test_psql_budget_exhaustion_shows_its_sqlstate(fresh: Callable[..., Served])
     assert re.search(
         r"^ERROR:  53R01: this query \(epsilon 0\.6\) would take analyst alice over their share of "
         r"the budget \(its sums would reach epsilon 1\.2 of 1, delta 0 of 0\.0000001; epsilon "
-        r"0\.4 of 1 left, delta 0\.0000001 of 0\.0000001\); nothing was charged$",
+        r"0\.4 of 1 left, delta 0\.0000001 of 0\.0000001\); nothing was charged; the largest "
+        r"epsilon that fits now is 0\.4 \(OPTIONS\(epsilon = 0\.4\), or SET dpsql\.epsilon\); "
+        r"the data owner can add budget \(dpsql budget add\)$",
         out.stderr,
         re.MULTILINE,
     ), out.stderr
@@ -417,7 +419,10 @@ def test_psycopg_budget_exhaustion(fresh: Callable[..., Served]) -> None:
         assert "over their share of the budget (its sums would reach epsilon 1.2 of 1" in str(
             info.value
         )
-        assert str(info.value).endswith("delta 0.0000001 of 0.0000001); nothing was charged")
+        assert "delta 0.0000001 of 0.0000001); nothing was charged; the largest epsilon" in str(
+            info.value
+        )
+        assert str(info.value).endswith("the data owner can add budget (dpsql budget add)")
         assert records(served.ledger) == before  # the refused query charged nothing
         # A released answer is served again for free, even with the share spent.
         with notices(conn) as seen:

@@ -252,6 +252,16 @@ class Budget(Readings):
         self._parsed[record.seq] = event
         return Charge(record.time, analyst, query, event, record.seq)
 
+    def refusal(self, event: Composite, analyst: str | None) -> str | None:
+        """Why ``event`` would be refused now for ``analyst`` (the message a charge would
+        raise), or None where it fits: the same decision on the ledger as it stands, recording
+        nothing (a dry run: EXPLAIN's fit, a refusal's largest epsilon that fits)."""
+        try:
+            self._decide(event, analyst, self.store.records())
+        except BudgetExceededError as exc:
+            return str(exc)
+        return None
+
     def add(self, epsilon: Fraction, delta: Fraction, by: str, why: str) -> Record:
         """A top-up of the data set's budget, recorded with who did it and why."""
         payload = {"epsilon": str(epsilon), "delta": str(delta), "by": by, "why": why}

@@ -79,6 +79,9 @@ class Shell:
         self.session = session
         self.width, self.color = width, color
         self.finished = False
+        # The first error an input met (a refusal, a bad query): a piped shell exits with its
+        # code once its input is done (``dpsql.interfaces.shell.shell``).
+        self.error: DpsqlError | None = None
         catalog = session.engine.catalog
         tables = sorted(set(session.policy.tables) | set(catalog))
         self.completer = SqlCompleter(tables, {t: sorted(catalog.get(t, {})) for t in tables})
@@ -127,6 +130,7 @@ class Shell:
                 return "".join(self._render(r) for _, r in results if r is not None)
             return "".join(self._render(self.session.execute(s)) for s in statements)
         except DpsqlError as exc:
+            self.error = self.error or exc
             return _error(f"{type(exc).__name__}: {exc}")
         except click.ClickException as exc:  # a misused meta-command
             return _error(exc.format_message())

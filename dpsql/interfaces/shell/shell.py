@@ -171,7 +171,12 @@ def shell_command(config: Config, history: Path, no_history: bool) -> None:
             click.echo("dpsql shell: end statements with ';', \\help for help, Ctrl-D to leave")
             interactive(shell, kept)
         else:
-            run_shell(Shell(session), sys.stdin, sys.stdout)
+            piped = Shell(session)
+            run_shell(piped, sys.stdin, sys.stdout)
+            if piped.error is not None:
+                # Like a script: a refused or failed statement makes the run fail, with the
+                # exit code of the first one (its message is in the output already).
+                click.get_current_context().exit(exit_code(piped.error))
     finally:
         session.close()
 
