@@ -204,7 +204,7 @@ def test_the_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureReq
         mine = [step for step in steps if step.block == block.line]
         assert sum(len(step.checked) for step in mine) > 0, "a transcript block checks nothing"
         missing = [(step.text, step.missing()) for step in mine if step.missing()]
-        assert not missing, missing
+        assert not missing, (missing, [s.printed for s in mine if s.missing()])
         return
     if block.lang == "python":
         if directive == "server":
