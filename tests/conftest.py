@@ -189,6 +189,38 @@ def policy_over(
     )
 
 
+def durable_policy(folder: Path, data: Path, budget: str, table: str = "") -> Path:
+    """A policy file over one ``visits`` file with a ledger beside it (one row per unit:
+    L0 = C = 1), for tests that run the real CLI: ``budget`` holds the [budget] lines, ``table``
+    more lines of [tables.visits] sections."""
+    path = folder / "policy.toml"
+    path.write_text(
+        f"""
+[dataset]
+id = "durable"
+data_version = "1"
+
+[data]
+tables = {{ visits = "{data}" }}
+
+[budget]
+diagnose = false
+{budget}
+
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_unit_per_group = 1
+{table}
+
+[ledger]
+path = "durable.ledger"
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
 @pytest.fixture
 def tiny_policy(tmp_path: Path) -> TinyPolicy:
     counter = itertools.count()

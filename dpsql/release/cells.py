@@ -7,6 +7,7 @@ released values and public numbers only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
@@ -44,6 +45,13 @@ def mostly_noise(value: Any, width: Accuracy, bounds: tuple[float, float] | None
     if width >= abs(v):
         return True
     return bounds is not None and v - width <= bounds[0] and v + width >= bounds[1]
+
+
+def accuracy_forms(accuracy: Iterable[Iterable[Accuracy]]) -> tuple[bool, bool]:
+    """Whether a result's cells hold half-widths (±), and whether they hold intervals: what
+    its footer must say it covers."""
+    cells = [w for row in accuracy for w in row if w is not None]
+    return any(not isinstance(w, tuple) for w in cells), any(isinstance(w, tuple) for w in cells)
 
 
 def width_of(value: Any) -> float | None:
@@ -186,6 +194,7 @@ __all__ = [
     "NOISE_SUFFIX",
     "Accuracy",
     "accuracy_columns",
+    "accuracy_forms",
     "accuracy_of",
     "bare_aggregates",
     "cell",

@@ -30,6 +30,7 @@ from dpsql.release.cells import (
     INTERVALS_COVER,
     NOISE_MARK,
     Accuracy,
+    accuracy_forms,
     cell,
     half_width,
     interval_text,
@@ -287,12 +288,13 @@ def summary(result: Result) -> str:
         cost = f"served from the cache (release #{result.cached_from}), no charge"
     else:
         cost = "nothing was charged"
-    forms = {isinstance(w, tuple) for r in result.accuracy for w in r if w is not None}
-    if result.confidence is not None and False in forms:
+    widths, intervals = accuracy_forms(result.accuracy)
+    if result.confidence is not None and widths:
         cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
-    if result.confidence is not None and True in forms:
+    if result.confidence is not None and intervals:
         cost += f"; [lo, hi] at {intervals_confidence(result):.4g} confidence: {INTERVALS_COVER}"
-    if (result.confidence is None or not forms) and result.diagnosis is not None:
+    shown = widths or intervals
+    if (result.confidence is None or not shown) and result.diagnosis is not None:
         cost += f"; {result.diagnosis.summary()}"
     if result.bounds_note:
         cost += f"; {result.bounds_note}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_REGIONS, TinyPolicy
+from conftest import TINY_REGIONS, TinyPolicy, durable_policy
 
 import dpsql
 from dpsql.errors import BudgetExceededError
@@ -61,34 +61,9 @@ def test_it_does_not_change_the_policy_version(tiny_policy: TinyPolicy) -> None:
 def test_the_cli_takes_the_name_from_its_option_or_the_environment(
     tiny_policy: TinyPolicy, tmp_path: Path
 ) -> None:
-    source = tiny_policy(ROWS)
-    path = tmp_path / "policy.toml"
-    data = source.data.tables["visits"]
-    path.write_text(
-        f"""
-[dataset]
-id = "named"
-data_version = "1"
-
-[data]
-tables = {{ visits = "{data}" }}
-
-[budget]
-diagnose = false
-epsilon = 5
-query_epsilon = 0.5
-require_analyst = true
-
-[tables.visits]
-privacy_unit = "user_id"
-max_groups_per_unit = 1
-max_rows_per_unit_per_group = 1
-
-[ledger]
-path = "named.ledger"
-""",
-        encoding="utf-8",
-    )
+    data = tiny_policy(ROWS).data.tables["visits"]
+    budget = "epsilon = 5\nquery_epsilon = 0.5\nrequire_analyst = true"
+    path = durable_policy(tmp_path, data, budget)
     runner = CliRunner()
     assert runner.invoke(cli.cli, ["--policy", str(path), "init"]).exit_code == 0
     query = ["query", "SELECT COUNT(*) FROM visits"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_REGIONS, TinyPolicy
+from conftest import TINY_REGIONS, TinyPolicy, durable_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -103,33 +103,5 @@ def test_a_piped_shell_whose_query_is_refused_exits_non_zero(
 
 def _durable(tiny_policy: TinyPolicy, tmp_path: Path) -> Path:
     data = tiny_policy(ROWS).data.tables["visits"]
-    path = tmp_path / "policy.toml"
-    path.write_text(
-        f"""
-[dataset]
-id = "advice"
-data_version = "1"
-
-[data]
-tables = {{ visits = "{data}" }}
-
-[budget]
-diagnose = false
-epsilon = 1
-query_epsilon = 0.25
-
-[tables.visits]
-privacy_unit = "user_id"
-max_groups_per_unit = 1
-max_rows_per_unit_per_group = 1
-
-[tables.visits.columns.age]
-lower = 18
-upper = 90
-
-[ledger]
-path = "advice.ledger"
-""",
-        encoding="utf-8",
-    )
-    return path
+    age = "[tables.visits.columns.age]\nlower = 18\nupper = 90"
+    return durable_policy(tmp_path, data, "epsilon = 1\nquery_epsilon = 0.25", age)

@@ -46,6 +46,7 @@ from dpsql.interfaces.cli.plan_lines import plan_lines
 from dpsql.plan.explain import explain
 from dpsql.policy import read_limited
 from dpsql.policy.numbers import exact
+from dpsql.release.cells import accuracy_forms
 from dpsql.release.result import INTERVALS_COVER, Result, covers, summary
 from dpsql.session.session import Session
 from dpsql.session.workload_plan import Step, Workload, statement_totals
@@ -169,10 +170,10 @@ def run_command(
 def _covers(result: Result) -> list[str]:
     """What the ± of a printed table covers, and the diagnosis when there is one."""
     lines = []
-    forms = {isinstance(w, tuple) for row in result.accuracy for w in row if w is not None}
-    if False in forms:
+    widths, intervals = accuracy_forms(result.accuracy)
+    if widths:
         lines.append(f"±: {covers(result)}")
-    if True in forms:
+    if intervals:
         lines.append(f"[lo, hi]: {INTERVALS_COVER}")
     if result.diagnosis is not None:
         lines.append(f"diagnosis: {result.diagnosis.describe()}")

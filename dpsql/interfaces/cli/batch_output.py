@@ -30,6 +30,7 @@ import duckdb
 
 from dpsql.errors import OutputError
 from dpsql.policy.numbers import exact
+from dpsql.release.cells import accuracy_forms
 from dpsql.release.result import INTERVALS_COVER, Result, cell, covers, shown_rows
 from dpsql.release.result import columns as result_columns
 from dpsql.session.workload_plan import Step
@@ -72,7 +73,7 @@ def _document(step: Step, result: Result) -> dict[str, Any]:
         # What the ± covers: the noise only, never the bias of the bounds; a quantile's
         # accuracy is an interval [lo, hi] (below), with what it covers.
         "accuracy_covers": covers(result),
-        "intervals_cover": INTERVALS_COVER if _has_interval(result) else None,
+        "intervals_cover": INTERVALS_COVER if accuracy_forms(result.accuracy)[1] else None,
         "diagnosis": result.diagnosis.as_dict() if result.diagnosis is not None else None,
     }
 
@@ -91,10 +92,6 @@ def _long_rows(done: Sequence[tuple[Step, Result]]) -> Iterator[tuple[Any, ...]]
                 low, high = half if isinstance(half, tuple) else (None, None)
                 half = None if isinstance(half, tuple) else half
                 yield step.piece.number, i + 1, result.columns[j], text, half, noisy, low, high
-
-
-def _has_interval(result: Result) -> bool:
-    return any(isinstance(w, tuple) for row in result.accuracy for w in row)
 
 
 LONG = (("statement", "INTEGER"), ("row", "INTEGER"), ("column", "VARCHAR"),

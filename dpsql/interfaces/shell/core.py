@@ -32,7 +32,7 @@ from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
 from dpsql.plan.explain import explain
 from dpsql.policy.numbers import exact
-from dpsql.release.post import Accuracy
+from dpsql.release.cells import Accuracy, accuracy_forms
 from dpsql.release.result import (
     INTERVALS_COVER,
     Result,
@@ -203,20 +203,20 @@ class Shell:
             return f"{rows}; nothing was charged"
         charge = result.charge
         cost = f"charged epsilon {_num(charge.epsilon)}, delta {_num(charge.delta)}"
-        forms = {isinstance(w, tuple) for r in result.accuracy for w in r if w is not None}
+        widths, intervals = accuracy_forms(result.accuracy)
         confidence = ""
-        if result.confidence and False in forms:
+        if result.confidence and widths:
             confidence += f"; ± at {result.confidence:.4g} confidence"
-        if result.confidence and True in forms:
+        if result.confidence and intervals:
             confidence += f"; [lo, hi] at {intervals_confidence(result):.4g} confidence"
         return f"{rows}{confidence}; {cost} (ledger record #{charge.seq})"
 
     @staticmethod
     def _covers(result: Result) -> str:
         """What the ± and the intervals cover, and with a diagnosis its every figure."""
-        forms = {isinstance(w, tuple) for r in result.accuracy for w in r if w is not None}
-        lines = [f"±: {covers(result)}"] if False in forms or not forms else []
-        if True in forms:
+        widths, intervals = accuracy_forms(result.accuracy)
+        lines = [f"±: {covers(result)}"] if widths or not intervals else []
+        if intervals:
             lines.append(f"[lo, hi]: {INTERVALS_COVER}")
         line = "\n".join(lines)
         if result.diagnosis is not None:
