@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dpsql.errors import PolicyError
 from dpsql.policy.spec import Policy
 
-__all__ = ["check_against_schema", "did_you_mean"]
+__all__ = ["check_against_schema", "did_you_mean", "schema_mismatches"]
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -27,10 +27,22 @@ def check_against_schema(policy: Policy, catalog: Mapping[str, Mapping[str, str]
     """Every table and column the policy names exists in the data: checked at connect, on the
     names (and, for CSV files, the declared types, ``dpsql.engine``), never on row values, so a
     typo is a ``PolicyError`` naming the field, not a puzzling error at the first query."""
+    for _, mismatch in schema_mismatches(policy, catalog):
+        raise PolicyError(mismatch)
+
+
+def schema_mismatches(
+    policy: Policy, catalog: Mapping[str, Mapping[str, str]]
+) -> list[tuple[str, str]]:
+    """Each table and column the policy names that the data (``catalog``: table -> column ->
+    type) does not hold, as (the policy's table, a message naming the field): all of them, for
+    the owner's ``dpsql check``; the first is the connection's refusal."""
+    found: list[tuple[str, str]] = []
     for tname, table in policy.tables.items():
         if tname not in catalog:
             hint = did_you_mean(tname, catalog)
-            raise PolicyError(f"tables.{tname}: the data has no table {tname}{hint}")
+            found.append((tname, f"tables.{tname}: the data has no table {tname}{hint}"))
+            continue
         columns = catalog[tname]
         named = [("privacy_unit", table.privacy_unit)] if table.privacy_unit else []
         named += [("constant_per_unit", c) for c in table.constant_per_unit]
@@ -38,9 +50,8 @@ def check_against_schema(policy: Policy, catalog: Mapping[str, Mapping[str, str]
         for field, column in named:
             if column.lower() not in columns:
                 hint = did_you_mean(column, columns)
-                raise PolicyError(
-                    f"tables.{tname}.{field}: the table {tname} has no column {column}{hint}"
-                )
+                message = f"tables.{tname}.{field}: the table {tname} has no column {column}"
+                found.append((tname, message + hint))
         for cname, spec in table.columns.items():
             ref = spec.public_values_from
             if ref is None:
@@ -48,7 +59,11 @@ def check_against_schema(policy: Policy, catalog: Mapping[str, Mapping[str, str]
             other, column = (part.lower() for part in ref.split("."))
             if column not in catalog.get(other, {}):
                 hint = did_you_mean(column, catalog.get(other, {}))
-                raise PolicyError(
-                    f"tables.{tname}.columns.{cname}.public_values_from: the table {other} "
-                    f"has no column {column}{hint}"
+                found.append(
+                    (
+                        tname,
+                        f"tables.{tname}.columns.{cname}.public_values_from: the table {other} "
+                        f"has no column {column}{hint}",
+                    )
                 )
+    return found

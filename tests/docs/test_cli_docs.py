@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.cli.check import EXIT_FINDINGS
 from dpsql.interfaces.cli.context import EXIT_CODES
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
@@ -72,7 +73,7 @@ def _section_exit_codes() -> str:
 
 def test_every_exit_code_is_documented_with_its_error_class() -> None:
     documented = _documented_codes()
-    codes = {cli.EXIT_OK, cli.EXIT_USAGE, cli.EXIT_INTERNAL, *EXIT_CODES.values()}
+    codes = {cli.EXIT_OK, EXIT_FINDINGS, cli.EXIT_USAGE, cli.EXIT_INTERNAL, *EXIT_CODES.values()}
     assert set(documented) == codes
     for cls, code in EXIT_CODES.items():
         assert f"`{cls.__name__}`" in documented[code], f"{cls.__name__} not beside {code}"

@@ -219,6 +219,27 @@ def test_packages_inside_are_folders_not_faces() -> None:
         assert isinstance(body[0].value, ast.Constant) and str(body[0].value.value).strip()
 
 
+def _reaches(module: str) -> set[str]:
+    """Every module ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in GRAPH[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_only_the_owner_s_cli_reaches_the_data_check() -> None:
+    """``dpsql check`` reads every line of the data and names lines: the owner's command only.
+    No module of an analyst interface (shell, wire server, DB-API, the session they share)
+    imports ``dpsql.engine.check``, however indirectly; within the interfaces, only the CLI's
+    ``check`` command (and the group that registers it) does."""
+    check = {m for m in MODULES if m.startswith("dpsql.engine.check")}
+    reaching = sorted(m for m in MODULES if m not in check and _reaches(m) & check)
+    assert reaching == ["dpsql.interfaces.cli.check", "dpsql.interfaces.cli.main"], reaching
+
+
 CHARGE = re.compile(r"\.charge\(")
 
 

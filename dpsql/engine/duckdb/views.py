@@ -62,9 +62,7 @@ def _csv_header(path: Path, delimiter: str) -> tuple[str, list[str]]:
     return line, names
 
 
-def _csv_columns(
-    policy: Policy, name: str, path: Path
-) -> tuple[str, list[str], dict[str, CsvType]]:
+def csv_columns(policy: Policy, name: str, path: Path) -> tuple[str, list[str], dict[str, CsvType]]:
     """A CSV table's header line, its column names, and the declared columns' readings (keyed
     by lower-case name); a declared type without a grammar is refused here, on both engines."""
     line, names = _csv_header(path, policy.data.csv_delimiter)
@@ -101,7 +99,7 @@ def _csv_view(policy: Policy, name: str, path: Path) -> str:
     run of empty lines would drop the next row. The rest is SQL: the lines' rules, the split on
     ``data.csv_delimiter`` and each column's grammar and cast.
     """
-    line, names, kinds = _csv_columns(policy, name, path)
+    line, names, kinds = csv_columns(policy, name, path)
     reader = (
         f"read_csv({_string(str(path))}, header = false, auto_detect = false, "
         f"columns = {{'line': 'VARCHAR'}}, delim = {_string(CUT)}, quote = '', escape = '', "

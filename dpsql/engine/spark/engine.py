@@ -56,7 +56,7 @@ from dpsql.engine.csv_text import (
     value_sql,
 )
 from dpsql.engine.duckdb.engine import DuckDBEngine
-from dpsql.engine.duckdb.views import _csv_columns
+from dpsql.engine.duckdb.views import csv_columns
 from dpsql.engine.spark.lower import lower
 from dpsql.engine.spark.session import classic_session, connect_session, pin_settings
 from dpsql.errors import EngineError, NotSupportedOnEngineError, PolicyError
@@ -186,7 +186,7 @@ class SparkEngine:
         # schema, reads a NUL as a quote, decodes bad UTF-8 to U+FFFD and cannot tell the file's
         # first line from a repeat of it), then the rules and grammars DuckDB's view applies
         # (dpsql.engine.csv_text), so that the same file gives the same rows on both engines.
-        line, names, kinds = _csv_columns(policy, name, path)
+        line, names, kinds = csv_columns(policy, name, path)
         for column, kind in kinds.items():
             if kind.spark is None:  # a Spark type of other values would change the totals
                 raise PolicyError(

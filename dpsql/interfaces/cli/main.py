@@ -32,6 +32,7 @@ from dpsql.accounting.budget.report import cap_text
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.batch import explain_command, query_command, run_command
 from dpsql.interfaces.cli.budget_view import CHART, demo_command, show_command, whatif_command
+from dpsql.interfaces.cli.check import EXIT_FINDINGS, check_command
 from dpsql.interfaces.cli.context import (
     ANALYST_OPTION,
     EXIT_INTERNAL,
@@ -61,6 +62,7 @@ from dpsql.policy import MAX_TOTAL_EPSILON, Policy
 
 _MEANINGS = {
     EXIT_OK: "success",
+    EXIT_FINDINGS: "dpsql check only: findings that do not stop the data from serving",
     EXIT_USAGE: "usage error: unknown command or option, bad option value, an input file that "
     "cannot be read or is too large (InputError), an output file that cannot be written "
     "(OutputError)",
@@ -223,6 +225,7 @@ cli.add_command(ledger)  # dpsql ledger verify|export|pin-budget
 budget.add_command(show_command)  # dpsql budget show
 budget.add_command(whatif_command)  # dpsql budget what-if
 cli.add_command(demo_command)  # dpsql demo
+cli.add_command(check_command)  # dpsql check
 
 
 cli.add_command(shell_command)  # dpsql shell
