@@ -48,6 +48,7 @@ from dpsql.session.advice import advice
 from dpsql.session.auto import AutoRequest
 from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues, show_rows
+from dpsql.session.overrides import overrides
 from dpsql.session.pipeline import Pipeline, QueryRequest
 from dpsql.session.plans import KeptPlans, Planned, plan_key
 from dpsql.session.probes import Probes
@@ -292,10 +293,16 @@ class Session:
             "bounded_sql": plan.engine_sql if plan.auto is None else (plan.auto.sql or ""),
             **({"diagnosis_sql": plan.diagnosis.engine_sql} if plan.diagnosis is not None else {}),
             "engine": self.engine.name,  # the bounded SQL is DuckDB's; Spark runs its lowering
+            # The bounds that differ from the policy's, for the owner's audit.
+            **({"overrides": found} if (found := self.overrides(plan)) else {}),
             "policy_version": self.policy_version(),
             "data_version": self.policy.dataset.data_version,
             "dpsql_version": VERSION,
         }
+
+    def overrides(self, plan: Plan) -> list[dict[str, str]]:
+        """The bounds ``plan`` runs with that differ from the policy's (``overrides``)."""
+        return overrides(self.policy, self.estimates.policy(), plan)
 
     # -- execution -----------------------------------------------------------------------------
     def execute(

@@ -33,6 +33,7 @@ from dpsql.policy.numbers import exact
 from dpsql.release.families import combine, measure_family
 from dpsql.release.post import Release, accuracy_columns, publish
 from dpsql.release.result import Result, _with_accuracy
+from dpsql.session.overrides import overrides
 from dpsql.session.pipeline import Pipeline, QueryRequest, Request, result
 from dpsql.session.workload_plan import (
     Session,
@@ -133,14 +134,22 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
     the plan makes it raise ``BudgetExceededError`` with nothing charged or run."""
     query, details = "", {}
     if workload.event is not None:
+        effective = session.estimates.policy()
         texts = [s.piece.text for s in workload.steps if s.charged]
         # The statements are in the details; the label names them by a digest (a file may be
         # 16 MiB: it is not written twice).
         digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
         query = f"WORKLOAD of {len(texts)} statement(s) {digest}: " + one_line(texts[0])
+        changed = [
+            {**entry, "statement": str(i)}
+            for i, step in enumerate(workload.steps, start=1)
+            if step.charged and step.plan is not None
+            for entry in overrides(session.policy, effective, step.plan)
+        ]
         details = {
             "statements": texts,
             "bounded_sql": ";\n".join(_bounded(workload)),
+            **({"overrides": changed} if changed else {}),
             "engine": session.engine.name,
             "policy_version": session.policy_version(),
             "data_version": session.policy.dataset.data_version,

@@ -381,6 +381,29 @@ def test_html_report_has_every_markdown_section_and_parses(policy: Path) -> None
             assert sql.replace(">", "&gt;") in page  # table cells: text, no emphasis
 
 
+def test_the_html_report_s_audit_section_names_who_overrode_what(policy: Path) -> None:
+    """The audit section: each charge on bounds other than the policy's with its analyst and
+    what differs, and the charges no analyst named (the fixture's three)."""
+    with dpsql.connect(policy, analyst="ann") as conn:
+        conn.cursor().execute(
+            "SELECT region, COUNT(*) AS n FROM visits GROUP BY region",
+            max_groups_per_unit=4,
+            max_rows_per_unit_per_group=3,
+        )
+    loaded = load_policy(policy)
+    budget = budget_for(loaded.dataset.id, loaded.budget, open_store(loaded))
+    page = render_html(build_report(loaded, budget))
+    audit = page.split("<h2>Audit</h2>", 1)[1].split("<h2>", 1)[0]
+    cells = re.findall(r"<td>(.*?)</td>", audit)
+    assert cells[2:5] == [
+        "ann",
+        "SELECT region, COUNT(*) AS n FROM visits GROUP BY region",
+        "L0 of visits 4 (policy 2); C of visits 3 (policy 10)",
+    ]
+    assert "Charges by no named analyst: 3, epsilon 0.4 in all" in audit
+    assert "<code>budget.require_analyst = true</code>" in audit
+
+
 def test_the_default_html_chart_is_basic_composition_of_the_schedule(policy: Path) -> None:
     loaded = load_policy(policy)
     data = build_report(loaded, budget_for(loaded.dataset.id, loaded.budget, open_store(loaded)))

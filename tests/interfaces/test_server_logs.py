@@ -52,7 +52,10 @@ def test_sqlglot_messages_are_withheld_in_process(caplog: pytest.LogCaptureFixtu
     logs.quiet_sqlglot()
     sqlglot.parse("CALL private_procedure_name()", read="duckdb")
     assert "private_procedure_name" not in caplog.text
-    assert [r.name for r in caplog.records] == ["dpsql"]
+    # The one process-wide repeat limit may close an earlier test's window here (its count of
+    # suppressed lines, from another logger): only the lines of this parse are read.
+    own = [r for r in caplog.records if not r.getMessage().startswith("suppressed ")]
+    assert [r.name for r in own] == ["dpsql"]
 
 
 class Clock:

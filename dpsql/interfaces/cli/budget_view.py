@@ -48,6 +48,7 @@ from dpsql.accounting.budget.report import (
 )
 from dpsql.accounting.ledger.store import open_store
 from dpsql.errors import LedgerError, ParameterError
+from dpsql.interfaces.report.audit import audit, audit_lines
 from dpsql.interfaces.report.charts import (
     chart_format,
     composite_curves,
@@ -55,7 +56,7 @@ from dpsql.interfaces.report.charts import (
     write_chart,
 )
 from dpsql.interfaces.report.markdown import EXCEEDS_MEANING
-from dpsql.interfaces.report.report import NOTES
+from dpsql.interfaces.report.report import NOTES, iso_time
 from dpsql.interfaces.report.whatif import (
     MAX_FIT,
     Query,
@@ -189,13 +190,26 @@ def show_text(report: BudgetReport) -> str:
     return "\n".join(lines) + "\n" + render(show_table(report)) + "\n".join(tail) + "\n"
 
 
+OVERRIDES = click.option(
+    "--overrides",
+    is_flag=True,
+    help="Also list each charge whose query ran on bounds other than the policy's, with who.",
+)
+
+
 @click.command("show")
 @CHART
+@OVERRIDES
 @click.pass_obj
-def show_command(config: Config, chart: Path | None) -> None:
+def show_command(config: Config, chart: Path | None, overrides: bool = False) -> None:
     """Spent and remaining budget under every accountant, side by side (nothing is charged)."""
     budget = open_budget(config)
     click.echo(show_text(budget.report()), nl=False)
+    if overrides:
+        records = budget.store.records()
+        found = audit(records, {r.seq: iso_time(r.time) for r in records})
+        click.echo("\nOverrides of the policy's bounds:")
+        click.echo("\n".join(audit_lines(found)))
     if chart is not None:
         write_chart(history_curves(budget), chart)
         click.echo(f"chart: {chart}")

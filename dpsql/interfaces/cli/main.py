@@ -31,7 +31,13 @@ from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.budget.report import cap_text
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.batch import explain_command, query_command, run_command
-from dpsql.interfaces.cli.budget_view import CHART, demo_command, show_command, whatif_command
+from dpsql.interfaces.cli.budget_view import (
+    CHART,
+    OVERRIDES,
+    demo_command,
+    show_command,
+    whatif_command,
+)
 from dpsql.interfaces.cli.check import EXIT_FINDINGS, check_command
 from dpsql.interfaces.cli.context import (
     ANALYST_OPTION,
@@ -119,16 +125,19 @@ def _budget(policy: Policy) -> Budget:
 # -- commands ---------------------------------------------------------------------------------
 @cli.group(invoke_without_command=True)
 @CHART
+@OVERRIDES
 @click.pass_context
-def budget(ctx: click.Context, chart: Path | None) -> None:
+def budget(ctx: click.Context, chart: Path | None, overrides: bool) -> None:
     """The budget: show it, ask what-if, and (owners) top it up or set analysts' shares.
 
     Without a subcommand, the same as `dpsql budget show` (with its options).
     """
     if ctx.invoked_subcommand is None:
-        ctx.invoke(show_command, chart=chart)
-    elif chart is not None:
-        raise click.UsageError("--chart goes with `dpsql budget` or `dpsql budget show`")
+        ctx.invoke(show_command, chart=chart, overrides=overrides)
+    else:
+        for given, name in ((chart is not None, "--chart"), (overrides, "--overrides")):
+            if given:
+                raise click.UsageError(f"{name} goes with `dpsql budget` or `dpsql budget show`")
 
 
 @budget.command()

@@ -17,6 +17,7 @@ from typing import Any
 
 from dpsql.accounting.budget.report import EXCEEDS, cap_text, left_text, spent_text
 from dpsql.accounting.theorems.base import Spent
+from dpsql.session.overrides import override_text
 
 __all__ = ["EXCEEDS_MEANING", "render_markdown"]
 
@@ -222,6 +223,39 @@ def _md_schedule(data: dict[str, Any]) -> list[str]:
     return ["## Release schedule", "", *_rows(header, rows)]
 
 
+def _md_audit(data: dict[str, Any]) -> list[str]:
+    """Who ran queries on bounds other than the policy's, and the unnamed charges."""
+    found = data["audit"]
+    out = ["## Audit", ""]
+    rows = [
+        [
+            e["seq"],
+            e["time"],
+            e["analyst"] if e["analyst"] is not None else "(no name)",
+            e["query"],
+            "; ".join(override_text(o) for o in e["overrides"]),
+        ]
+        for e in found["overrides"]
+    ]
+    if rows:
+        out += [
+            "Charges whose query ran on bounds other than the policy's (session settings, "
+            "estimates, bounds chosen per query, the split, the mechanism):",
+            "",
+            *_rows(("seq", "time (UTC)", "analyst", "query", "differs from the policy"), rows),
+        ]
+    else:
+        out.append("No charge ran on bounds other than the policy's.")
+    if found["unnamed_charges"]:
+        out += [
+            "",
+            f"Charges by no named analyst: {found['unnamed_charges']}, epsilon "
+            f"{found['unnamed_epsilon']} in all (`budget.require_analyst = true` admits named "
+            "analysts only).",
+        ]
+    return out
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     """The report as Markdown: one section per part of the contract."""
     ledger = data["ledger"]
@@ -237,6 +271,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         _md_budget(data),
         _md_contract(data),
         _md_accounting(data),
+        _md_audit(data),
         _md_schedule(data),
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"

@@ -24,6 +24,7 @@ from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.budget.report import BudgetReport, exceeds
 from dpsql.accounting.ledger.chain import GENESIS, Record
 from dpsql.accounting.theorems.base import Spent
+from dpsql.interfaces.report.audit import audit, overrides_of
 from dpsql.mechanisms.event_kinds import composite_from_json
 from dpsql.policy import Policy, TableSpec
 from dpsql.policy.numbers import exact
@@ -94,6 +95,8 @@ def _schedule_entry(record: Record) -> dict[str, Any]:
             mechanisms=event.describe(),
             cell=list(event.cell) if event.cell is not None else None,
         )
+        if overrides_of(payload):  # the bounds it ran with that differ from the policy's
+            entry["overrides"] = overrides_of(payload)
     elif record.kind in ("budget_add", "allocate"):
         entry.update(
             epsilon=exact(Fraction(str(payload["epsilon"]))),
@@ -227,6 +230,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "notes": NOTES,
         },
         "schedule": schedule,
+        "audit": audit(records, {e["seq"]: e["time"] for e in schedule}),
     }
 
 

@@ -28,6 +28,7 @@ from dpsql.accounting.budget.report import (
     spent_text,
 )
 from dpsql.errors import DpsqlError
+from dpsql.interfaces.report.audit import overrides_of
 from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
 from dpsql.plan.explain import explain
@@ -41,6 +42,7 @@ from dpsql.release.result import (
     intervals_confidence,
     shown_rows,
 )
+from dpsql.session.overrides import override_text
 from dpsql.session.session import Session
 
 __all__ = ["Shell"]
@@ -249,6 +251,9 @@ class Shell:
             if record.kind == "charge":
                 cost = f"epsilon {_stored(p, 'epsilon')}, delta {_stored(p, 'delta')}"
                 what = f"{cost}: {p.get('query')}"
+                changed = overrides_of(p)  # bounds other than the policy's, for the record
+                if changed:
+                    what += "; differs from the policy: " + "; ".join(map(override_text, changed))
             elif record.kind == "release":
                 what = f"release of charge #{p.get('charge')}"
             elif record.kind == "reserve":
