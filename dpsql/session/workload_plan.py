@@ -16,8 +16,6 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from dpsql.accounting.budget.budget import Budget
-from dpsql.accounting.budget.build import budget_for
-from dpsql.accounting.ledger.store import MemoryLedger
 from dpsql.cache.families import family_key, released_family
 from dpsql.cache.releases import ReleaseCache
 from dpsql.engine.base import Engine
@@ -197,10 +195,7 @@ def plan_workload(session: Session, pieces: Sequence[Piece]) -> Workload:
 def _trial(session: Session) -> Budget:
     """The budget's own filter over a copy of the ledger's records, in memory: it decides as
     the ledger would, and a trial writes nothing."""
-    copy = MemoryLedger()  # decides on its records in place
-    for record in session.filter.store.records():
-        copy.append(record.kind, record.payload, record.analyst)
-    return budget_for(session.policy.dataset.id, session.policy.budget, copy)
+    return session.filter.trial()
 
 
 def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:

@@ -218,13 +218,14 @@ def test_a_figure_above_the_cap_is_shown_as_such_and_nothing_left_is_negative() 
     above = Figure("basic", 3.5, "valid adaptively")
     assert figure_left(above, cap) == EXCEEDS
     assert figure_left(Figure("rdp", 0.25, "as if fixed in advance"), cap) == "0.75"
-    assert figure_left(Figure("gdp", float("inf"), "as if fixed in advance"), cap) == "—"
+    # Bounds nothing: it leaves nothing, as the deciding filter's remaining once unbounded.
+    assert figure_left(Figure("gdp", float("inf"), "as if fixed in advance"), cap) == "0"
     assert figure_left(Figure("rdp", 1.0000001, "decides"), cap) == "0"
     budget = _budget("rdp grid", False)
     count = Composite((DiscreteLaplace(F(100), F(1)),))
     for _ in range(200):
         budget.charge(count, "SELECT COUNT(*) FROM t", None)
-    text = show_text(budget.report())
+    text = show_text(budget.report(), compare=True)
     assert re.search(rf"^│ basic .*│ {EXCEEDS} │ valid adaptively", text, re.M), text
     assert not re.search(r"│ +-\d", text), text  # no negative number in any cell
 

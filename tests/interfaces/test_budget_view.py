@@ -30,7 +30,8 @@ from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.store import open_store
 from dpsql.interfaces.cli import budget_view
 from dpsql.interfaces.cli import main as cli
-from dpsql.interfaces.cli.budget_view import demo_command, show_command, whatif_command
+from dpsql.interfaces.cli.budget_view import demo_command, show_command
+from dpsql.interfaces.cli.whatif import whatif_command
 from dpsql.interfaces.report.charts import CURVES, history_curves, label, write_chart
 from dpsql.interfaces.report.html import render_html, schedule_curves
 from dpsql.interfaces.report.markdown import render_markdown
@@ -141,12 +142,12 @@ def rows(output: str) -> dict[str, list[str]]:
 # -- show -------------------------------------------------------------------------------------
 def test_show_lists_every_accountant_with_its_label_and_charges_nothing(policy: Path) -> None:
     before = ledger_bytes(policy)
-    result = run(policy, "budget", "show")
+    result = run(policy, "budget", "show", "--compare")
     assert result.exit_code == 0, result.output
     assert ledger_bytes(policy) == before
     assert "The basic filter decides admission" in result.output
-    # In decimals (never 2/5), spent rounded up and what is left rounded down.
-    assert "epsilon 0.4 spent of 1 (0.6 remaining)" in result.output
+    # In decimals (never 2/5), spent rounded up and what is left rounded down; the lead line.
+    assert result.output.startswith("dataset visits-budget: epsilon 0.4 spent of 1 (0.6 left)")
     assert "/" not in result.output.split("\n")[1]
     table = rows(result.output)
     expected = {

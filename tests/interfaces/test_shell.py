@@ -180,7 +180,7 @@ def test_an_internal_error_shows_only_its_class(
 # -- meta-commands --------------------------------------------------------------------------------
 def test_budget_shows_every_accountant_and_its_note(shell: Shell) -> None:
     shell.handle(COUNT + ";")
-    shown = shell.handle("\\budget")
+    shown = shell.handle("\\budget compare")
     assert "epsilon 0.25 spent of 1 (0.75 left)" in shown and "basic composition decides" in shown
     figures = shell.session.budget().figures
     assert len(figures) >= 5
@@ -395,7 +395,7 @@ def test_the_shell_in_a_real_terminal(policy: Path, tmp_path: Path) -> None:
         child.send("SELECT bogus")
         child.sendcontrol("c")
         assert prompt() == ("0.25", "0.25")
-        child.send("\\budget\r")
+        child.send("\\budget compare\r")
         child.expect(r"rdp\s+│ 0\.2\d+\s+│ 0\.7\d+\s+│ as if fixed in advance")
         assert prompt() == ("0.25", "0.25")
         child.sendcontrol("d")

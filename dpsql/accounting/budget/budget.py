@@ -262,6 +262,33 @@ class Budget(Readings):
             return str(exc)
         return None
 
+    def trial(self) -> Budget:
+        """The same filter over a copy of the ledger's records, in memory: it decides as the
+        ledger would, and nothing it records reaches the ledger (a workload's admission, the
+        rounds of what-if)."""
+        copy = MemoryLedger()
+        for record in self.store.records():
+            copy.append(record.kind, record.payload, record.analyst)
+        return Budget(self.dataset, self.spec, copy, self._accountants, replay=self.replay)
+
+    def rounds(
+        self, events: Sequence[Composite], analyst: str | None, most: int
+    ) -> tuple[int, str | None]:
+        """How many rounds of ``events`` (each charged once per round, in order, as
+        ``analyst``) this filter would admit from the ledger as it stands, at most ``most``; and
+        why the next would be refused (None at ``most``). Decided on a ``trial``: nothing is
+        recorded (what-if on real queries)."""
+        if not events:
+            return most, None
+        trial = self.trial()
+        for done in range(most):
+            for event in events:
+                try:
+                    trial.charge(event, "what-if", analyst, {})
+                except BudgetExceededError as exc:
+                    return done, str(exc)
+        return most, None
+
     def add(self, epsilon: Fraction, delta: Fraction, by: str, why: str) -> Record:
         """A top-up of the data set's budget, recorded with who did it and why."""
         payload = {"epsilon": str(epsilon), "delta": str(delta), "by": by, "why": why}

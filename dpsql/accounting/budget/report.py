@@ -21,6 +21,7 @@ from dpsql.policy.numbers import exact
 
 __all__ = [
     "EXCEEDS",
+    "UNBOUNDED",
     "BudgetReport",
     "Charge",
     "Figure",
@@ -32,6 +33,11 @@ __all__ = [
     "left_text",
     "spent_text",
 ]
+
+
+# How every screen and the report spell a figure that bounds nothing (an accountant that proves
+# no finite epsilon for the history): one word, everywhere.
+UNBOUNDED = "unbounded"
 
 
 @dataclass(frozen=True)
@@ -168,9 +174,9 @@ def _left(cap: Fraction, spent: Spent) -> Fraction:
 
 def _shown(value: Spent) -> str:
     """An exact number as a decimal people read (never 19/2): exact when short, else 6
-    significant digits; "∞" for an unbounded spend."""
+    significant digits; ``UNBOUNDED`` for an unbounded spend."""
     if not math.isfinite(value):
-        return "∞"
+        return UNBOUNDED
     value = Fraction(value)  # an int, or a float of a reading
     if value.denominator == 1 or 10**12 % value.denominator == 0:
         return exact(value) or ""
@@ -191,7 +197,7 @@ def _rounded(value: Spent, way: Callable[[Fraction], int]) -> str:
     if value <= 0:
         return "0"
     if not math.isfinite(value):
-        return "∞"
+        return UNBOUNDED
     value = Fraction(value)
     if value.denominator == 1 or 10**12 % value.denominator == 0:
         return _shown(value)
@@ -244,10 +250,10 @@ def exceeds(figure: Figure, cap: Fraction) -> bool:
 
 def figure_left(figure: Figure, cap: Fraction) -> str:
     """What a figure leaves of the cap, for people: rounded down, never a negative number
-    (``EXCEEDS`` for a figure that does not decide and reads above the cap, "—" for a figure
-    that bounds nothing)."""
+    (``EXCEEDS`` for a figure that does not decide and reads above the cap; 0 for a figure
+    that bounds nothing, as the deciding filter's remaining once its spend is unbounded)."""
     if not math.isfinite(figure.epsilon):
-        return "—"
+        return "0"
     if exceeds(figure, cap):
         return EXCEEDS
     return _down(cap - figure_value(figure.epsilon))

@@ -33,10 +33,10 @@ from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.batch import explain_command, query_command, run_command
 from dpsql.interfaces.cli.budget_view import (
     CHART,
+    COMPARE,
     OVERRIDES,
     demo_command,
     show_command,
-    whatif_command,
 )
 from dpsql.interfaces.cli.check import EXIT_FINDINGS, check_command
 from dpsql.interfaces.cli.context import (
@@ -59,6 +59,7 @@ from dpsql.interfaces.cli.params import (
 )
 from dpsql.interfaces.cli.serve import serve_command
 from dpsql.interfaces.cli.users import users
+from dpsql.interfaces.cli.whatif import whatif_command
 from dpsql.interfaces.report.charts import history_curves
 from dpsql.interfaces.report.html import render_html
 from dpsql.interfaces.report.markdown import render_markdown
@@ -125,17 +126,20 @@ def _budget(policy: Policy) -> Budget:
 # -- commands ---------------------------------------------------------------------------------
 @cli.group(invoke_without_command=True)
 @CHART
+@COMPARE
 @OVERRIDES
 @click.pass_context
-def budget(ctx: click.Context, chart: Path | None, overrides: bool) -> None:
+def budget(ctx: click.Context, chart: Path | None, compare: bool, overrides: bool) -> None:
     """The budget: show it, ask what-if, and (owners) top it up or set analysts' shares.
 
     Without a subcommand, the same as `dpsql budget show` (with its options).
     """
     if ctx.invoked_subcommand is None:
-        ctx.invoke(show_command, chart=chart, overrides=overrides)
+        ctx.invoke(show_command, chart=chart, compare=compare, overrides=overrides)
     else:
-        for given, name in ((chart is not None, "--chart"), (overrides, "--overrides")):
+        given_options = ((chart is not None, "--chart"), (compare, "--compare"),
+                         (overrides, "--overrides"))  # fmt: skip
+        for given, name in given_options:
             if given:
                 raise click.UsageError(f"{name} goes with `dpsql budget` or `dpsql budget show`")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dpsql.accounting import registry
 from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.report import UNBOUNDED
 from dpsql.accounting.budget.state import events_for
 from dpsql.accounting.theorems.base import Accountant
 from dpsql.errors import OutputError
@@ -169,7 +170,9 @@ def draw(curves: Curves, fmt: str) -> bytes:
         for name in (n for n in CURVES if n in curves.epsilons):
             # An unbounded reading (inf) is left out of the line rather than drawn off-scale.
             ys = [y if math.isfinite(y) else math.nan for y in curves.epsilons[name]]
-            entry = label(name) if any(math.isfinite(y) for y in ys) else f"{label(name)}: ∞"
+            entry = (
+                label(name) if any(math.isfinite(y) for y in ys) else f"{label(name)}: {UNBOUNDED}"
+            )
             style = registry.get(name)
             axes.plot(
                 curves.queries,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from dpsql.accounting.budget.report import EXCEEDS, cap_text, left_text, spent_text
+from dpsql.accounting.budget.report import EXCEEDS, UNBOUNDED, cap_text, left_text, spent_text
 from dpsql.accounting.theorems.base import Spent
 from dpsql.session.overrides import override_text
 
@@ -47,8 +47,8 @@ def _number(text: object, rounded: Callable[[Spent], str]) -> object:
     (``rounded``: spent up, what is left down, a cap as it is); the JSON keeps every digit."""
     if not isinstance(text, str):
         return text
-    if text in ("inf", "Infinity"):
-        return "∞"
+    if text in (UNBOUNDED, "inf", "Infinity"):
+        return UNBOUNDED
     try:
         value = Fraction(text)
     except (ValueError, ZeroDivisionError):
@@ -68,6 +68,8 @@ def _md_budget(data: dict[str, Any]) -> list[str]:
     b = data["budget"]
     out = [
         "## Budget",
+        "",
+        b["glance"],  # the one line every budget screen leads with
         "",
         f"The **{b['accountant']}** filter decides admission; the guarantee is its cap.",
         "",

@@ -6,7 +6,8 @@ contribution bounds of every table, the mechanism preference, the deciding filte
 other accountant's reading of the same history, and the release schedule (every charge, top-up
 and allocation in ledger order). The result is a plain JSON-ready dict: exact rationals are
 written as their text (``"1/3"``, ``"0.5"`` never rounded), floats from accountants as their
-``repr`` (``"inf"`` included), counts as integers. ``render_markdown`` and ``render_json`` only
+``repr`` (``"unbounded"`` for a figure that bounds nothing, as every screen spells it), counts
+as integers. ``render_markdown`` and ``render_json`` only
 format that dict, so both formats always say the same thing; the Markdown is written by
 ``markdown_report.py``, and ``render_markdown`` is re-exported here.
 """
@@ -21,7 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.budget.budget import Budget
-from dpsql.accounting.budget.report import BudgetReport, exceeds
+from dpsql.accounting.budget.report import UNBOUNDED, BudgetReport, exceeds
 from dpsql.accounting.ledger.chain import GENESIS, Record
 from dpsql.accounting.theorems.base import Spent
 from dpsql.interfaces.report.audit import audit, overrides_of
@@ -182,6 +183,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "head": records[-1].hash if records else GENESIS,
         },
         "budget": {
+            "glance": str(summary),  # the one line every budget screen leads with
             "accountant": summary.accountant,
             "epsilon": {
                 "policy": exact(summary.epsilon_total - top_eps),
@@ -221,7 +223,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "figures": [
                 {
                     "accountant": f.accountant,
-                    "epsilon": repr(f.epsilon),
+                    "epsilon": repr(f.epsilon) if math.isfinite(f.epsilon) else UNBOUNDED,
                     "note": f.note,
                     "exceeds_cap": exceeds(f, summary.epsilon_total),
                 }
@@ -251,8 +253,8 @@ def _adaptive(summary: BudgetReport) -> dict[str, Any] | None:
 
 
 def _spent(value: Spent) -> str | None:
-    """A filter's spend as exact text; ``"inf"`` when its parameters certify nothing."""
-    return exact(Fraction(value)) if math.isfinite(value) else "inf"
+    """A filter's spend as exact text; ``UNBOUNDED`` when its parameters certify nothing."""
+    return exact(Fraction(value)) if math.isfinite(value) else UNBOUNDED
 
 
 def render_json(data: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from dpsql.accounting.budget.report import (
     spent_text,
 )
 from dpsql.errors import DpsqlError
+from dpsql.interfaces.cli.budget_view import compare_line
 from dpsql.interfaces.report.audit import overrides_of
 from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.shell.input import DEFAULT_LEDGER_ROWS, META, SqlCompleter, split_statements
@@ -228,8 +229,12 @@ class Shell:
         return line
 
     # -- meta-commands --------------------------------------------------------------------------
-    def _budget(self, _: str) -> str:
+    def _budget(self, argument: str) -> str:
         report = self.report = self.session.budget()
+        if argument.strip().lower() not in ("", "compare"):
+            raise click.UsageError("\\budget takes nothing, or compare (every theorem)")
+        if not argument.strip():  # the lead line; the other theorems fold under one line
+            return self._show(Text(str(report)), Text(compare_line(report, "\\budget compare")))
         left = f"left of {cap_text(report.epsilon_total)}"
         table = Table("accountant", f"epsilon at delta {_num(report.delta_total)}", left, "note")
         for figure in report.figures:

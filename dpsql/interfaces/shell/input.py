@@ -38,7 +38,7 @@ KEYWORDS = (
     "EXPLAIN", "SET", "SHOW", "RESET", "DEFAULT", "TRUE", "FALSE",
 )  # fmt: skip
 META = {
-    "\\budget": ("", "spent and remaining budget under every accountant"),
+    "\\budget": ("[compare]", "spent and remaining budget (compare: under every theorem)"),
     "\\ledger": ("[N]", f"the last N ledger records (default {DEFAULT_LEDGER_ROWS})"),
     "\\explain": ("[VERBOSE] QUERY", "the plan and cost of QUERY; nothing is charged"),
     "\\tables": ("", "the tables of the policy"),
