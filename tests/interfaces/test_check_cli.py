@@ -230,3 +230,12 @@ def test_the_console_script_gives_cron_its_status(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 1 and "line 4, column age: NULL" in done.stdout, done.stderr
+
+
+def test_a_type_the_spark_engine_refuses_is_an_error_under_spark(tmp_path: Path) -> None:
+    (tmp_path / "visits.csv").write_text("patient,n\np1,5\n", encoding="utf-8")
+    extra = '[engine]\nname = "spark"\n[tables.visits]\nprivacy_unit = "patient"\n'
+    extra += '[tables.visits.columns.n]\ntype = "HUGEINT"\n'
+    out = _dpsql(_policy(tmp_path, 'visits = "visits.csv"', extra))
+    assert out.exit_code == 7, out.output
+    assert "tables.visits.columns.n.type HUGEINT has no Spark type" in out.stdout

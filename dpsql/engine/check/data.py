@@ -186,6 +186,15 @@ def _csv(policy: Policy, check: TableCheck, limit: int) -> None:
     except PolicyError as exc:  # a header dpsql refuses, a type without a grammar
         check.add("error", str(exc))
         return
+    if policy.engine.name == "spark":  # the Spark engine refuses these at open
+        for column, kind in sorted(kinds.items()):
+            if kind.spark is None:
+                check.add(
+                    "error",
+                    f"tables.{check.table}.columns.{column}.type {kind.duckdb} "
+                    "has no Spark type of the same values: declare another type or use "
+                    'engine.name = "duckdb"',
+                )
     check.columns = {
         n.lower(): kinds[n.lower()].duckdb if n.lower() in kinds else "VARCHAR" for n in names
     }
