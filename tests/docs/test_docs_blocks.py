@@ -194,7 +194,17 @@ def transcripts(
     yield replays
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+# A page's server walk-through is replayed once per worker that asks for it: its blocks run on
+# one worker (an xdist group), so it is replayed once.
+_PARAMS = [
+    pytest.param(b, marks=pytest.mark.xdist_group(f"transcript-{b.page}"))
+    if b.directive == "server-walkthrough"
+    else b
+    for b in BLOCKS
+]
+
+
+@pytest.mark.parametrize("block", _PARAMS, ids=[b.id for b in BLOCKS])
 def test_the_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     directive = block.directive
     if directive.startswith("skip:"):

@@ -393,7 +393,11 @@ def test_the_shell_still_runs_inputs_of_many_lines(policy: Path) -> None:
     session = Session(policy)
     try:
         out = io.StringIO()
-        text = "SELECT COUNT(*)\n" + "  AS n\n" + "FROM visits /* a\n comment */\n;\n\\budget\n"
+        text = (
+            "SELECT COUNT(*)\n"
+            + "  AS n\n"
+            + "FROM visits /* a\n comment */\n;\n\\budget compare\n"
+        )
         run_shell(Shell(session), io.StringIO(text), out)
         shown = out.getvalue()
         assert "   ...> " in shown and "accountant" in shown
