@@ -135,10 +135,13 @@ SLOW_FILES = (
 
 
 def _rank(item: pytest.Item) -> int:
+    if item.get_closest_marker("spark") is not None:
+        return -1  # the Spark group is the longest unit of all (a fifth of the suite): first
     path = item.nodeid.split("::", 1)[0]
     return SLOW_FILES.index(path) if path in SLOW_FILES else len(SLOW_FILES)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # One worker runs every Spark test, so one JVM serves them all (module docstring).
     for item in items:
