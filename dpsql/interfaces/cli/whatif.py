@@ -68,6 +68,8 @@ __all__ = [
 ]
 
 MAX_ROUNDS = 10_000  # the count stops here ("at least")
+MAX_TRIAL_CHARGES = 20_000  # and at this many trial charges in all: a round of many queries
+# stops sooner (each trial charge is one filter decision, up to a millisecond or so)
 MAX_WHATIF_QUERIES = 100_000
 SMALLEST_WHATIF_EPSILON = Fraction(1, 2**56)
 
@@ -276,7 +278,8 @@ def _whatif_real(
         budget = session.pipeline.budget
         report = budget.report(config.analyst)
         events = [p.event for p in planned if p.event is not None]
-        fit, why = budget.rounds(events, config.analyst, MAX_ROUNDS)
+        most = min(MAX_ROUNDS, max(1, MAX_TRIAL_CHARGES // max(1, len(events))))
+        fit, why = budget.rounds(events, config.analyst, most)
     finally:
         session.close()
     lines = [str(report), "What if (planned now; nothing is charged):"]
@@ -296,7 +299,7 @@ def _whatif_real(
         lines.append("Nothing in them would be charged now: every answer is released already.")
         click.echo("\n".join(lines))
         return
-    counted = f"at least {fit}" if fit >= MAX_ROUNDS else str(fit)
+    counted = f"at least {fit}" if fit >= most else str(fit)
     lines.append(
         f"The {report.accountant} filter (which decides) admits {counted} round(s) from now, "
         "each fresh (a dry run on a copy of the ledger)" + ("." if fit else f": {why}")
