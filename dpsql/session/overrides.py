@@ -27,10 +27,9 @@ from dpsql.plan.auto import CLAMPS
 from dpsql.plan.plans import Plan
 from dpsql.policy import Policy
 from dpsql.policy.numbers import decimal_text
+from dpsql.session.settings import BY_NAME
 
-__all__ = ["DEFAULT_SPLIT", "override_text", "overrides"]
-
-DEFAULT_SPLIT = "min_max_ratio"  # dpsql.split's default (dpsql.session.settings)
+__all__ = ["override_text", "overrides"]
 _LABELS = {
     "max_groups_per_unit": "L0",
     "max_rows_per_unit_per_group": "C",
@@ -73,8 +72,9 @@ def overrides(base: Policy, effective: Policy, plan: Plan) -> list[dict[str, str
                         for c in plan.auto.choices})  # fmt: skip
         if names and (declared is None or declared.bounds is None):
             found.append(_entry("auto", table, "declared", ", ".join(names), "session"))
-    if options.split != DEFAULT_SPLIT:
-        found.append(_entry("split", None, DEFAULT_SPLIT, options.split, "session"))
+    default_split = BY_NAME["split"].default(base)  # the setting's own default
+    if options.split != default_split:
+        found.append(_entry("split", None, default_split, options.split, "session"))
     own_mechanism = (
         base.budget.declared_mechanism.mechanism
         if base.budget.declared_mechanism is not None
