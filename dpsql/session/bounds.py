@@ -235,6 +235,11 @@ class Estimates:
                     value = Fraction(int(p[name]))
                     self.estimated[(str(p["table"]), _CONTRIBUTION + name)] = (value, value)
         self._seen += len(records)
+        return self.known()
+
+    def known(self) -> Policy:
+        """``policy`` with the estimates read so far, without reading the ledger again: what a
+        plan made since the last read was made with."""
         if not self.estimated:
             return self.base
         if self._with_estimates is None:

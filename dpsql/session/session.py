@@ -301,8 +301,9 @@ class Session:
         }
 
     def overrides(self, plan: Plan) -> list[dict[str, str]]:
-        """The bounds ``plan`` runs with that differ from the policy's (``overrides``)."""
-        return overrides(self.policy, self.estimates.policy(), plan)
+        """The bounds ``plan`` runs with that differ from the policy's (``overrides``), read
+        against the estimates it was planned with (none read since)."""
+        return overrides(self.policy, self.estimates.known(), plan)
 
     # -- execution -----------------------------------------------------------------------------
     def execute(

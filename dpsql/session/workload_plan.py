@@ -171,7 +171,8 @@ def plan_workload(session: Session, pieces: Sequence[Piece]) -> Workload:
             f"the file has more than {MAX_STATEMENTS:,} statements; split it into several files"
         )
     steps = _plan_steps(session, pieces)
-    trial = _trial(session)
+    # The budget's own filter over an in-memory copy of the ledger: a trial writes nothing.
+    trial = session.filter.trial()
     whole = _joint(session, steps, trial)
     if whole.fits or not any(s.charged for s in steps):
         return whole
@@ -190,12 +191,6 @@ def plan_workload(session: Session, pieces: Sequence[Piece]) -> Workload:
     refused = [s if s.kind in ("set", "show", "explain") else
                replace(s, source="refused", note="does not fit") for s in steps[low:]]  # fmt: skip
     return replace(kept, steps=kept.steps + tuple(refused), fits=False)
-
-
-def _trial(session: Session) -> Budget:
-    """The budget's own filter over a copy of the ledger's records, in memory: it decides as
-    the ledger would, and a trial writes nothing."""
-    return session.filter.trial()
 
 
 def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:

@@ -134,7 +134,7 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
     the plan makes it raise ``BudgetExceededError`` with nothing charged or run."""
     query, details = "", {}
     if workload.event is not None:
-        effective = session.estimates.policy()
+        effective = session.estimates.known()  # what the statements were planned with
         texts = [s.piece.text for s in workload.steps if s.charged]
         # The statements are in the details; the label names them by a digest (a file may be
         # 16 MiB: it is not written twice).
