@@ -12,8 +12,14 @@ For a total COUNT under a row cap R, the bias is ``Σ_u (n_u − R)+``, whose de
 minus the number of units with more than R rows, and the noise's standard deviation is
 ``σ₁·R``, where ``σ₁ = √2/ε_j`` is the deviation of a discrete Laplace at sensitivity 1 (ε_j the
 measurement's epsilon). Their sum is least near the R with about ``k = σ₁`` units above it.
-For the per-group cap C under L0 groups, each of G groups has deviation ``σ₁·L0·C``, so the
-summed error is least near the C with about ``G·L0·σ₁`` (unit, group) cells above it. A clamp's
+For the per-group cap C under L0 groups, each of G groups has deviation ``σ₁·L0·C`` and a
+bias whose derivative is minus its (unit, group) cells above C, so group g's own error is least
+near the C with about ``L0·σ₁`` of its cells above it. One C serves every group, and each output
+is read relative to its size: the walk weighs each group's cells by the inverse of its noisy
+size (``GroupWeights``), so that a small group counts as much as a large one, and aims at
+``L0·σ₁`` weighted cells. (Weighing every group alike, as the summed absolute error does, lets
+the largest groups set C: measured 3-6 times the best error on groups of Zipf sizes,
+``benchmarks/README.md``, bounds.) A clamp's
 upper bound U aims at ``σ₁`` units with a value beyond it (each cut unit loses at least a
 row's excess, so this errs high: a bound too high costs noise linearly, one too low costs every
 row beyond it).
@@ -26,10 +32,23 @@ cannot resolve its target (its threshold noise's scale exceeds k, as for a total
 share), it **overshoots by one rung** (``overshoot``): the first rung whose noisy count dips to
 the threshold is the least of many noisy counts, so the walk errs low, and a cap one rung (1.33
 to 1.5 times) too high costs at most that factor in noise where one too low costs every row
-beyond it (``benchmarks/README.md``, bounds, has the measured gain). Grouped walks under a
-larger L0, whose target is L0·G times larger, resolve it and do not step. L0 over a public
+beyond it (``benchmarks/README.md``, bounds, has the measured gain). Grouped walks under
+L0 of 6 or more (at the default share), whose target is L0 times larger, resolve it and do not
+step. L0 over a public
 domain of at most ``ALL_GROUPS`` key combinations is every combination, a public fact, and
 costs nothing.
+
+**The group weights** (``GroupWeights``, C's walk over a public domain of G groups) take
+``WEIGHTS_SHARE`` of the walk's epsilon: each group's size, the rows of its cells with each
+cell's counted up to ``WEIGHT_CAP``, gets a discrete Laplace of scale ``WEIGHT_CAP·G/ε_w`` (one
+unit adds at most ``WEIGHT_CAP`` to each of at most G groups: L1 sensitivity ``WEIGHT_CAP·G``;
+the Laplace mechanism, Dwork and Roth 2014, Theorem 3.6). The weights are post-processing:
+``w_g = ⌊WEIGHT_TOTAL·(1/d_g)/Σ_h(1/d_h)⌋``, d_g the noisy size read as at least
+``WEIGHT_FLOOR`` noise scales (a size within the noise weighs as a small group, never as an
+empty one), for every group of the domain, present or not. The walk then reads
+``Σ_g w_g·(cells of g above the rung)``, which one unit moves by at most ``W = Σ_g w_g`` (one
+cell per group), all upward: the monotone sparse vector at sensitivity W and the rest of the
+epsilon, target ``W·L0·σ₁``. Equal sizes give equal weights and the walk of the summed error.
 
 **The charge.** One ``PureDP`` event of the choices' epsilon (sequential composition of pure
 mechanisms, Dwork and Roth 2014, Theorem 3.16), beside one event of the answer's
@@ -77,6 +96,10 @@ def rung_index(value: int, rungs: tuple[int, ...]) -> int:
 LADDER = ladder(TOP)  # powers of two and 1.5 times them, 1 to 2^16: 33 candidates
 SQRT2 = Fraction(665857, 470832)  # a rational within 2e-12 of √2 (a Pell convergent)
 TRADEOFF_THRESHOLD = Fraction(3, 5)  # a trade-off walk's threshold share of its epsilon
+WEIGHTS_SHARE = Fraction(7, 20)  # of C's cell walk's epsilon: the groups' noisy sizes
+WEIGHT_CAP = 4  # a cell's rows counted in its group's size, at most
+WEIGHT_FLOOR = 2  # a group's noisy size is read as at least this many noise scales
+WEIGHT_TOTAL = 1024  # the integer group weights sum to at most this (the walk's sensitivity)
 
 
 def overshoot(epsilon: Fraction, sensitivity: int, target: Fraction) -> int:
@@ -84,6 +107,27 @@ def overshoot(epsilon: Fraction, sensitivity: int, target: Fraction) -> int:
     noise's scale, Δ/(3/5·ε), exceeds the target k (it cannot resolve k), else 0 (module
     docstring). Public: it reads parameters only; stepping is post-processing of the stop."""
     return 1 if sensitivity / (epsilon * TRADEOFF_THRESHOLD) > target else 0
+
+
+@dataclass(frozen=True)
+class GroupWeights:
+    """The noisy group sizes of C's walk over the cells of ``groups`` public key combinations,
+    at ``epsilon`` (module docstring)."""
+
+    epsilon: Fraction
+    groups: int
+
+    @property
+    def scale(self) -> Fraction:
+        """The discrete Laplace scale of each size: L1 sensitivity WEIGHT_CAP·G over epsilon."""
+        return WEIGHT_CAP * self.groups / self.epsilon
+
+    def weights(self, noisy: list[int]) -> list[int]:
+        """The integer weights from the noisy sizes, one per group (post-processing)."""
+        floor = WEIGHT_FLOOR * self.scale
+        inverse = [1 / max(Fraction(n), floor) for n in noisy]
+        total = sum(inverse)
+        return [int(WEIGHT_TOTAL * v / total) for v in inverse]
 
 
 @dataclass(frozen=True)
@@ -106,15 +150,36 @@ class Choice:
         """k, the count of units (cells) beyond the bound the walk stops at (module
         docstring); ``noise``: σ₁, ``l0``: the L0 of the answer (known before C's walk)."""
         if self.bound == ROWS_PER_GROUP:
-            return (groups if self.statistic == "cells" and groups else 1) * l0 * noise
+            return l0 * noise  # per unit of weight for the cells (GroupWeights)
         return noise
+
+    @property
+    def weights(self) -> GroupWeights | None:
+        """The group weights of C's walk over cells (module docstring), else None."""
+        if self.statistic != "cells":
+            return None
+        return GroupWeights(self.epsilon * WEIGHTS_SHARE, self.sensitivity)
+
+    def steps(self, target: Fraction) -> int:
+        """The walk's overshoot (``overshoot``) at ``target``; a weighted walk's sensitivity W
+        and target W·``target`` give the same as sensitivity 1 and ``target``."""
+        if self.weights is not None:
+            return overshoot(self.walk_epsilon, 1, target)
+        return overshoot(self.epsilon, self.sensitivity, target)
+
+    @property
+    def walk_epsilon(self) -> Fraction:
+        """The epsilon of the walk itself: the choice's, less its group weights'."""
+        w = self.weights
+        return self.epsilon - (w.epsilon if w is not None else 0)
 
     def explain(self, noise: Fraction, l0: int | None, groups: int | None) -> str:
         what = {
             ROWS: "max_rows_per_unit (R): units with more rows than the rung",
             GROUPS: "max_groups_per_unit (L0): units in more groups than the rung",
             ROWS_PER_GROUP: (
-                "max_rows_per_unit_per_group (C): (unit, group) cells with more rows than the rung"
+                "max_rows_per_unit_per_group (C): (unit, group) cells with more rows than the "
+                "rung, each group's weighed by the inverse of its noisy size"
                 if self.statistic == "cells"
                 else "max_rows_per_unit_per_group (C): units whose largest group has more rows "
                 "than the rung"
@@ -128,16 +193,22 @@ class Choice:
             k = _num(self.target(noise, l0 or 1, groups))
         ladder = "0 and ±m·2^e up to ±2^52" if self.bound == CLAMPS else LADDER_TEXT
         one = f", one unit moves it by <= {self.sensitivity}" if self.sensitivity > 1 else ""
+        w = self.weights
+        if w is not None:
+            k = f"{k}·W (W the weights' total, at most {WEIGHT_TOTAL})"
+            one = (
+                f" (the sizes: rows of each group's cells, at most {WEIGHT_CAP} a cell, discrete "
+                f"Laplace of scale {_num(w.scale)}, epsilon {_num(w.epsilon)}; one unit moves the "
+                "weighted count by <= W)"
+            )
         step = ""
         if self.bound == ROWS_PER_GROUP and l0 is None:
             step = " (then one rung higher where the walk's noise exceeds k)"
-        elif self.bound != CLAMPS and overshoot(
-            self.epsilon, self.sensitivity, self.target(noise, l0 or 1, groups)
-        ):
+        elif self.bound != CLAMPS and self.steps(self.target(noise, l0 or 1, groups)):
             step = ", then one rung higher (the walk's noise exceeds k: it overshoots)"
         return (
             f"auto bound {what}{one}; the first rung of {ladder}, walking up, with at most about "
-            f"k = {k} beyond it{step} (sparse vector, epsilon {_num(self.epsilon)})"
+            f"k = {k} beyond it{step} (sparse vector, epsilon {_num(self.walk_epsilon)})"
         )
 
 
@@ -217,8 +288,13 @@ __all__ = [
     "ROWS_PER_GROUP",
     "TOP",
     "TRADEOFF_THRESHOLD",
+    "WEIGHTS_SHARE",
+    "WEIGHT_CAP",
+    "WEIGHT_FLOOR",
+    "WEIGHT_TOTAL",
     "AutoBounds",
     "Choice",
+    "GroupWeights",
     "ladder",
     "noise_per_unit",
     "overshoot",

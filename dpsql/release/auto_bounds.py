@@ -8,9 +8,11 @@ counts that one unit moves by at most the walk's sensitivity, all in one directi
 unit never lowers one), with the monotone-query noise of Lyu, Su and Li (VLDB 2017, Theorem 4)
 from ``dpsql.noise.sparse_vector``; a walk that never stops gives the top rung. L0 is chosen
 before C, whose target depends on it (sequential composition: C's walk is another mechanism,
-its threshold post-processing of L0's release). A clamped column's two bounds are one walk
-pair over its ladder (``dpsql.release.clamp_bounds``), aimed at k units beyond each side. The
-values chosen are released with the answer.
+its threshold post-processing of L0's release). C's walk over the cells of a public domain
+first releases the groups' noisy sizes and weighs each group's cells by them
+(``dpsql.plan.auto.GroupWeights``; sequential composition again). A clamped column's two
+bounds are one walk pair over its ladder (``dpsql.release.clamp_bounds``), aimed at k units
+beyond each side. The values chosen are released with the answer.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.bound.estimates import TOP_INDEX
-from dpsql.bound.selection import CELL_ROWS, LARGEST_GROUP, UNIT_GROUPS, UNIT_ROWS
+from dpsql.bound.selection import GROUP_CELLS, LARGEST_GROUP, UNIT_GROUPS, UNIT_ROWS
+from dpsql.errors import InternalError
+from dpsql.noise.laplace import discrete_laplace
 from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each
 from dpsql.plan.auto import (
     CLAMPS,
@@ -29,8 +33,11 @@ from dpsql.plan.auto import (
     ROWS,
     ROWS_PER_GROUP,
     TRADEOFF_THRESHOLD,
+    WEIGHT_CAP,
+    WEIGHT_TOTAL,
     AutoBounds,
     Choice,
+    GroupWeights,
     overshoot,
     rung_index,
 )
@@ -48,19 +55,54 @@ def beyond(histogram: Mapping[int, int]) -> list[int]:
     return beyond_each(counts)
 
 
-def _statistic(choice: Choice) -> int:
-    return CELL_ROWS if choice.statistic == "cells" else _STATISTIC[choice.bound]
-
-
 def tradeoff_walk(
-    epsilon: Fraction, sensitivity: int, above: Sequence[int], target: Fraction
+    epsilon: Fraction, sensitivity: int, above: Sequence[int], target: Fraction, step: int = -1
 ) -> int:
     """The index a bias-noise trade-off walk chooses on a ladder of ``len(above)`` rungs: where
-    AboveThreshold stops, one rung higher where it cannot resolve ``target``
-    (``dpsql.plan.auto.overshoot``; post-processing of the stop). Charged before this runs."""
+    AboveThreshold stops, ``step`` rungs higher (by default one where it cannot resolve
+    ``target``: ``dpsql.plan.auto.overshoot``; post-processing of the stop). Charged before this
+    runs."""
     walks = Walks(epsilon, 1, sensitivity, TRADEOFF_THRESHOLD)
     (stop,) = above_threshold(walks, [list(above)], [target])
-    return min(stop + overshoot(epsilon, sensitivity, target), len(above) - 1)
+    if step < 0:
+        step = overshoot(epsilon, sensitivity, target)
+    return min(stop + step, len(above) - 1)
+
+
+def group_cells(histograms: Mapping[int, Mapping[int, int]], groups: int) -> list[dict[int, int]]:
+    """Each group's histogram of rows per cell, the domain's absent groups empty: ``groups``
+    of them, in the engine's numbering (which no step reads as a label)."""
+    present = [dict(h) for b, h in sorted(histograms.items()) if b >= GROUP_CELLS]
+    if len(present) > groups:
+        raise InternalError("more groups than the public domain holds")
+    return present + [{} for _ in range(groups - len(present))]
+
+
+def group_weights(weights: GroupWeights, cells: Sequence[Mapping[int, int]]) -> list[int]:
+    """The integer weights of the groups (``dpsql.plan.auto``): each group's size, the rows of
+    its cells counted up to WEIGHT_CAP a cell, plus a discrete Laplace of ``weights.scale``
+    (the Laplace mechanism at L1 sensitivity WEIGHT_CAP·G), then post-processing. Charged
+    before this runs."""
+    sizes = [sum(min(v, WEIGHT_CAP) * n for v, n in h.items()) for h in cells]
+    noise = discrete_laplace(weights.scale, len(sizes))
+    return weights.weights([s + int(z) for s, z in zip(sizes, noise, strict=True)])
+
+
+def cell_walk(choice: Choice, cells: Sequence[Mapping[int, int]], target: Fraction) -> int:
+    """C's walk over the cells, each group's weighed (``dpsql.plan.auto``): the weighted count
+    beyond each rung moves by at most W = Σ w_g on a neighbour, upward; target W·``target``.
+    Charged before this runs."""
+    assert choice.weights is not None
+    w = group_weights(choice.weights, cells)
+    total = sum(w)
+    if not 0 < total <= WEIGHT_TOTAL:
+        raise InternalError("group weights outside (0, WEIGHT_TOTAL]")
+    above = [0] * len(LADDER)
+    for weight, h in zip(w, cells, strict=True):
+        for i, n in enumerate(beyond(h)):
+            above[i] += weight * n
+    step = choice.steps(target)
+    return LADDER[tradeoff_walk(choice.walk_epsilon, total, above, total * target, step)]
 
 
 def tradeoff_scales(epsilon: Fraction, sensitivity: int = 1) -> list[Fraction]:
@@ -98,9 +140,13 @@ def choose(
                 TOP_INDEX - lower, upper
             )
             continue
-        above = beyond(histograms.get(_statistic(choice), {}))
         target = choice.target(auto.noise, l0 or 1, auto.groups)
-        chosen[choice.bound] = walk(choice, above, target)
+        if choice.weights is not None:
+            cells = group_cells(histograms, choice.weights.groups)
+            chosen[choice.bound] = cell_walk(choice, cells, target)
+        else:
+            above = beyond(histograms.get(_STATISTIC[choice.bound], {}))
+            chosen[choice.bound] = walk(choice, above, target)
         if choice.bound == GROUPS:
             l0 = int(chosen[GROUPS])  # type: ignore[call-overload]
     return chosen
@@ -113,6 +159,9 @@ def scales(auto: AutoBounds) -> list[Fraction]:
         if choice.bound == CLAMPS:
             w = Walks(choice.epsilon, 2, choice.sensitivity)
             out += [w.threshold_scale, w.query_scale]
+        elif choice.weights is not None:
+            out.append(choice.weights.scale)
+            out += tradeoff_scales(choice.walk_epsilon, WEIGHT_TOTAL)  # W at most
         else:
             out += tradeoff_scales(choice.epsilon, choice.sensitivity)
     return out
@@ -136,8 +185,11 @@ def _text(value: Fraction) -> str:
 
 __all__ = [
     "beyond",
+    "cell_walk",
     "choose",
     "describe",
+    "group_cells",
+    "group_weights",
     "scales",
     "tradeoff_scales",
     "tradeoff_walk",

@@ -21,6 +21,7 @@ from server_fixtures import ServerThread, psql, write_dataset, write_users
 from server_fixtures import write_policy as write_server_policy
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 
+from dpsql.bound.selection import GROUP_CELLS, selection_query
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb import engine as duckdb_engine
 from dpsql.engine.spark import engine as spark_engine
@@ -314,3 +315,25 @@ def test_a_unit_level_sample_keeps_the_same_units_on_both_engines(
     monkeypatch.undo()
     result = on_spark.execute(sql)
     assert result.charge is not None and result.charge.epsilon == plan.epsilon
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT COUNT(*) AS n FROM visits WHERE age > 30",
+        "SELECT region, SUM(spend) AS s FROM visits GROUP BY region",
+    ],
+)
+def test_the_bound_choices_histograms_are_duckdb_s(
+    sessions: tuple[Session, Session], sql: str
+) -> None:
+    """The histograms ``dpsql.bounds = auto`` walks over (``dpsql.bound.selection``), the
+    per-group cells numbered by a window over the keys included: the same rows on Spark."""
+    duck, on_spark = sessions
+    plan = duck.plan(sql)
+    assert plan.bounding is not None
+    text = selection_query(plan.analysis, plan.bounding, bool(plan.analysis.keys))
+    _, expected = duck.engine.run(text)
+    _, got = on_spark.engine.run(text)
+    assert sorted(map(repr, got)) == sorted(map(repr, expected))
+    assert any(row[0] >= GROUP_CELLS for row in expected) == bool(plan.analysis.keys)

@@ -196,6 +196,19 @@ def window(lw: Lowering, node: exp.Expression, ctx: Context) -> Lowered:
         raise refuse("a named window")
     row_ctx = replace(ctx, aggregates=False, windows=False, generators=False, in_try=False)
     func = node.this
+    if isinstance(func, exp.DenseRank) and not node.args.get("spec"):
+        # Tied rows rank alike: a function of the ordering values alone, never of the order
+        # a stage reads rows in (the groups' numbering of dpsql.bound.selection).
+        order = node.args.get("order")
+        ranked = exp.Window(
+            this=exp.DenseRank(),
+            partition_by=[lw.expr(p, row_ctx).node for p in node.args.get("partition_by") or []],
+            order=exp.Order(expressions=[
+                _ordered(lw, o, row_ctx)[0] for o in (order.expressions if order else [])
+            ]),
+            over="OVER",
+        )  # fmt: skip
+        return Lowered(ranked, "BIGINT")
     if isinstance(func, exp.RowNumber):
         call: exp.Expression = exp.RowNumber()
         result = "BIGINT"
