@@ -42,8 +42,9 @@ from dpsql.analyze.scope import (
     _star,
     resolve_expr,
 )
+from dpsql.analyze.units import resolved_sql, unit_type
 from dpsql.errors import SchemaError, UnsupportedQueryError
-from dpsql.policy import Policy, did_you_mean
+from dpsql.policy import Policy, TableSpec, did_you_mean
 from dpsql.sql.totality import WIDENED, as_boolean
 
 _MAX_NESTING = 8
@@ -117,10 +118,9 @@ class Builder(Joins, PerUnit):
             raise SchemaError(f"unknown table {name}{hint}")
         types = self.catalog[name]
         unit = spec.privacy_unit
-        if unit is not None:
-            for column in (unit, *spec.constant_per_unit):
-                if column not in types:
-                    raise SchemaError(f"column {column} named by the policy of {name} is missing")
+        for column in (*([unit] if unit is not None else []), *spec.constant_per_unit):
+            if column not in types:
+                raise SchemaError(f"column {column} named by the policy of {name} is missing")
         columns = {}
         for column, ctype in types.items():
             cspec = spec.columns.get(column)
@@ -138,6 +138,8 @@ class Builder(Joins, PerUnit):
         scope = {name: names}
         if alias is not None:
             scope = {alias: names} if alias != name else scope
+        if spec.unit_path:
+            return self._resolved(name, spec, columns, scope)
         return Relation(
             sql=_quote(name),
             base=True,
@@ -147,6 +149,33 @@ class Builder(Joins, PerUnit):
             spec=spec if spec.is_private else None,
             domain=(spec.unit_domain or f"table {name}") if spec.is_private else None,
             columns=columns,
+            scope=scope,
+        )
+
+    def _resolved(
+        self,
+        name: str,
+        spec: TableSpec,
+        columns: dict[str, RelColumn],
+        scope: dict[str, dict[str, str]],
+    ) -> Relation:
+        """A table whose unit is a path of foreign keys: its rows resolved to their units
+        (``dpsql.analyze.units``), each resolved row its unit's, bounded like any relation's.
+        The unit column is dpsql's own (``UNIT_COLUMN``: no query names it); the domain is the
+        root table's."""
+        root = self.policy.unit_table(name)
+        root_spec = self.policy.tables[root]
+        sql = resolved_sql(self.policy, self.catalog, name, list(columns))
+        kind = unit_type(self.policy, self.catalog, name)
+        return Relation(
+            sql=sql,
+            base=False,
+            table=name,
+            tables=(name, *(link.table for link in spec.unit_path)),
+            unit=UNIT_COLUMN,
+            spec=spec,
+            domain=root_spec.unit_domain or f"table {root}",
+            columns={**columns, UNIT_COLUMN: RelColumn(kind, Interval(None, None, False))},
             scope=scope,
         )
 

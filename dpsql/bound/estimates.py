@@ -26,6 +26,7 @@ from dpsql.bound.nodes import (
     clamp,
     column,
     cte,
+    fragment,
     func,
     is_null,
     not_null,
@@ -157,7 +158,15 @@ def _counts(labels: tuple[str, str], side: int, name: str, where: Node | None = 
     )  # fmt: skip
 
 
-def extremes_query(unit: str, name: str, column_name: str) -> exp.Query:
+def _source(source: str) -> exp.Expression:
+    """A FROM item: a policy table's name, or a parenthesised relation's SQL (a table's rows
+    resolved along its unit path, ``dpsql.analyze.units.unit_source``)."""
+    if not source.startswith("("):
+        return table(source, quote=True)
+    return subquery(fragment(source[1:-1]), "_s")
+
+
+def extremes_query(unit: str, source: str, column_name: str) -> exp.Query:
     """Per side (0 upper, 1 lower, mirrored so that both walk up) and ladder index, how many
     units have their extreme value there. One row per unit before the histogram, whatever the
     unit's rows: a unit moves each count by at most 1. A unit whose values are all NULL or NaN
@@ -169,7 +178,7 @@ def extremes_query(unit: str, name: str, column_name: str) -> exp.Query:
             alias(ladder_index(column_name), "_hi"),
             alias(mirrored, "_lo"),
         ],
-        table(name, quote=True),
+        _source(source),
     )
     extremes = select(
         [column("_u"), alias(func("MAX", column("_hi")), "_hi"),
@@ -184,13 +193,13 @@ def extremes_query(unit: str, name: str, column_name: str) -> exp.Query:
     return with_ctes(sides, [cte("_b", values), cte("_p", extremes)])
 
 
-def contributions_query(unit: str, name: str, keys: Sequence[str]) -> exp.Query:
+def contributions_query(unit: str, source: str, keys: Sequence[str]) -> exp.Query:
     """Per bound (0: the rows of a unit without keys, or its groups; 1: its largest group's
     rows) and per-unit value, how many units have it: one value per unit and bound, whatever
     its rows. Reads the unit and the keys only, with no filter."""
     count = func("COUNT", exp.Star())
     if not keys:
-        per_unit = select([alias(count, "_r")], table(name, quote=True), group=[quoted(unit)])
+        per_unit = select([alias(count, "_r")], _source(source), group=[quoted(unit)])
         return select(
             [alias(number(0), "_b"), alias(column("_r"), "_v"), alias(count.copy(), "_n")],
             subquery(per_unit),
@@ -198,7 +207,7 @@ def contributions_query(unit: str, name: str, keys: Sequence[str]) -> exp.Query:
         )
     cells = select(
         [alias(quoted(unit), "_u"), alias(count, "_c")],
-        table(name, quote=True),
+        _source(source),
         group=[quoted(unit), *(quoted(k) for k in keys)],
     )
     units = select(

@@ -261,8 +261,12 @@ class Plan:
         )
         if self.auto is not None:
             bounds = "bounds: chosen for this query (auto), see below; the rest as declared"
+        unit = a.unit
+        if a.spec.unit_path and a.unit.startswith("_dpsql"):
+            # A table's rows resolved along its unit path (dpsql.analyze.units).
+            unit = a.spec.unit_text
         lines = [
-            f"table {source}: privacy unit {a.unit}; user-level, add/remove one unit",
+            f"table {source}: privacy unit {unit}; user-level, add/remove one unit",
             bounds,
             "keys: " + (", ".join(_explain_key(k) for k in a.keys) or "none (one global group)"),
         ]

@@ -46,6 +46,7 @@ from dpsql.policy.spec import (
     PublicValue,
     ShareSpec,
     TableSpec,
+    UnitLink,
 )
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "PublicValue",
     "ShareSpec",
     "TableSpec",
+    "UnitLink",
     "check_against_schema",
     "check_delta",
     "check_epsilon",

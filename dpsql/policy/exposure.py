@@ -6,7 +6,8 @@ hidden by default: the engine's view of the table selects only the declared colu
 in no catalog (``information_schema``, ``pg_catalog``, the analysis's catalog) and a reference
 to it anywhere (the select list, ``WHERE``, a join) is the usual unknown-column error.
 Declared means named by the table's policy: its ``privacy_unit``, a key of its ``columns``, one
-of its ``constant_per_unit``. ``tables.<t>.expose_undeclared = true`` shows every column.
+of its ``constant_per_unit``, or a column a unit path names (``dpsql.policy.paths``).
+``tables.<t>.expose_undeclared = true`` shows every column.
 
 A Parquet or CSV file is a file the owner wrote for dpsql, and its columns are shown by default
 (as they always were: policies in use query columns they do not declare, e.g. a ``WHERE`` on a
@@ -43,7 +44,8 @@ def visible_columns(
     if not hides(policy, table, database):
         return None
     spec = policy.tables[table.lower()]
-    declared = {spec.privacy_unit, *spec.columns, *spec.constant_per_unit}
+    declared = {spec.privacy_unit, *spec.columns, *spec.constant_per_unit,
+                *policy.path_columns(table.lower())}  # fmt: skip
     names = list(columns)
     shown = [c for c in names if c.lower() in declared]
     return None if len(shown) == len(names) else shown

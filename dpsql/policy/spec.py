@@ -35,6 +35,7 @@ from dpsql.policy.numbers import (
     MAX_CONTRIBUTION_BOUND,
     Exact,
 )
+from dpsql.policy.paths import MAX_PATH_LINKS, UnitLink
 
 __all__ = [
     "AUTO_BOUNDS",
@@ -52,6 +53,7 @@ __all__ = [
     "PublicValue",
     "ShareSpec",
     "TableSpec",
+    "UnitLink",
 ]
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -178,6 +180,9 @@ class TableSpec(_Frozen):
     """A private table (with a privacy unit and contribution bounds) or a public table."""
 
     privacy_unit: str | None = None
+    # The unit through foreign keys instead of a column (dpsql.policy.paths), ending at a table
+    # with a privacy_unit. Left out of the version when empty.
+    unit_path: tuple[UnitLink, ...] = Field(default=(), max_length=MAX_PATH_LINKS)
     public: bool = False
     max_groups_per_unit: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
     max_rows_per_unit_per_group: int | None = Field(default=None, ge=1, le=MAX_CONTRIBUTION_BOUND)
@@ -219,8 +224,12 @@ class TableSpec(_Frozen):
 
     @model_validator(mode="after")
     def _valid(self) -> TableSpec:
-        if self.public == (self.privacy_unit is not None):
-            raise ValueError("a table is either public = true or has a privacy_unit")
+        if self.privacy_unit is not None and self.unit_path:
+            raise ValueError("a table has a privacy_unit or a unit_path, not both")
+        if self.public == self.is_private:
+            raise ValueError("a table is either public = true or has a privacy_unit (or unit_path)")
+        if self.unit_path and self.unit_domain:
+            raise ValueError("a table with a unit_path has the unit_domain of the table it ends at")
         if self.public and (
             self.max_groups_per_unit or self.max_rows_per_unit_per_group or self.max_rows_per_unit
         ):
@@ -250,7 +259,14 @@ class TableSpec(_Frozen):
 
     @property
     def is_private(self) -> bool:
-        return self.privacy_unit is not None
+        return self.privacy_unit is not None or bool(self.unit_path)
+
+    @property
+    def unit_text(self) -> str:
+        """The privacy unit as screens show it: the column, or the path that reaches it."""
+        if self.unit_path:
+            return "through " + ", then ".join(link.text() for link in self.unit_path)
+        return str(self.privacy_unit)
 
 
 class LedgerSpec(_Frozen):
@@ -309,6 +325,45 @@ class Policy(_Frozen):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _paths(self) -> Policy:
+        for tname, table in self.tables.items():
+            seen = {tname}
+            for i, link in enumerate(table.unit_path):
+                parent = self.tables.get(link.table)
+                where = f"tables.{tname}.unit_path[{i}] ({link.text()})"
+                if parent is None:
+                    raise ValueError(f"{where} names table {link.table}, which the policy lacks")
+                if link.table in seen:
+                    raise ValueError(f"{where} leads back to a table the path has passed")
+                last = i == len(table.unit_path) - 1
+                if last and parent.privacy_unit is None:
+                    raise ValueError(
+                        f"{where} must end at a table with a privacy_unit; {link.table} has none"
+                    )
+                seen.add(link.table)
+        return self
+
+    def path_columns(self, name: str) -> set[str]:
+        """The columns of table ``name`` that a unit path names (its own links' columns, or a
+        key another table's path reaches it by): declared, so never hidden."""
+        out: set[str] = set()
+        for tname, table in self.tables.items():
+            at = tname
+            for link in table.unit_path:
+                if at == name:
+                    out.add(link.column)
+                if link.table == name:
+                    out.add(link.key)
+                at = link.table
+        return out
+
+    def unit_table(self, name: str) -> str:
+        """The table whose privacy_unit a private table's rows resolve to: itself, or the last
+        table of its unit path."""
+        path = self.tables[name].unit_path
+        return path[-1].table if path else name
+
     @property
     def version(self) -> str:
         """A hash of the policy's canonical form: any change to it changes the version."""
@@ -323,6 +378,8 @@ class Policy(_Frozen):
             # that does not use it keeps its version (and its cached releases).
             if table.get("bounds") is None:
                 table.pop("bounds", None)
+            if not table.get("unit_path"):
+                table.pop("unit_path", None)
         canonical = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

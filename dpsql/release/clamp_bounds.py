@@ -33,6 +33,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.analyze.scope import NUMERIC
+from dpsql.analyze.units import unit_source
 from dpsql.bound.estimates import TOP_INDEX, candidate, extremes_query
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each, overrun
@@ -49,9 +50,10 @@ def units_beyond(epsilon: Fraction) -> int:
     return max(1, math.ceil(UNITS_BEYOND / epsilon))
 
 
-def check_column(policy: Policy, catalog: Any, table: str, column: str) -> str:
-    """The privacy unit of ``table``, after checking that ``column`` can be estimated; refused
-    on the schema and the policy alone, before anything is charged."""
+def check_column(policy: Policy, catalog: Any, table: str, column: str) -> tuple[str, str]:
+    """(source, unit column) of ``table``'s rows (``dpsql.analyze.units.unit_source``), after
+    checking that ``column`` can be estimated; refused on the schema and the policy alone,
+    before anything is charged."""
     spec = policy.tables.get(table)
     if spec is None or table not in catalog:
         raise SchemaError(f"unknown table {table}")
@@ -65,7 +67,7 @@ def check_column(policy: Policy, catalog: Any, table: str, column: str) -> str:
                                     f"{column} is {ctype.upper()}")  # fmt: skip
     if column == spec.privacy_unit:
         raise UnsupportedQueryError("the privacy unit column has no bounds to estimate")
-    return str(spec.privacy_unit)
+    return unit_source(policy, catalog, table, [column])
 
 
 def bounds_query(policy: Policy, catalog: Any, table: str, column: str) -> str:
@@ -73,8 +75,8 @@ def bounds_query(policy: Policy, catalog: Any, table: str, column: str) -> str:
     the checks on public facts: per side and ladder index, how many units have their extreme
     value there."""
     table, column = table.lower(), column.lower()
-    unit = check_column(policy, catalog, table, column)
-    return extremes_query(unit, table, column).sql(dialect=DIALECT)
+    source, unit = check_column(policy, catalog, table, column)
+    return extremes_query(unit, source, column).sql(dialect=DIALECT)
 
 
 def walks(epsilon: Fraction) -> Walks:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from dpsql.analyze.units import unit_source
 from dpsql.bound.estimates import contributions_query
 from dpsql.errors import ParseError, SchemaError, UnsupportedQueryError
 from dpsql.noise.laplace import discrete_laplace
@@ -80,8 +81,9 @@ def bounds_of(keys: Sequence[str]) -> tuple[str, ...]:
     return (GROUPS, ROWS_PER_GROUP) if keys else (ROWS,)
 
 
-def check_table(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -> str:
-    """The privacy unit of ``table``, after checking the keys; refused on the schema and the
+def check_table(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -> tuple[str, str]:
+    """(source, unit column) of ``table``'s rows (``dpsql.analyze.units.unit_source``: through
+    its unit path if it has one), after checking the keys; refused on the schema and the
     policy alone, before anything is charged."""
     spec = policy.tables.get(table)
     if spec is None or table not in catalog:
@@ -95,15 +97,15 @@ def check_table(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -
             raise UnsupportedQueryError("ESTIMATE BOUNDS ... GROUP BY cannot group by the unit")
     if len(set(keys)) != len(keys):
         raise ParseError("ESTIMATE BOUNDS ... GROUP BY names a column twice")
-    return str(spec.privacy_unit)
+    return unit_source(policy, catalog, table, list(keys))
 
 
 def bounds_query(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) -> str:
     """The engine's SQL (``dpsql.bound.estimates.contributions_query``), after the checks on
     public facts: per bound and per-unit value, how many units have it (one value per unit and
     bound, whatever its rows)."""
-    unit = check_table(policy, catalog, table, keys)
-    return contributions_query(unit, table, keys).sql(dialect=DIALECT)
+    source, unit = check_table(policy, catalog, table, keys)
+    return contributions_query(unit, source, keys).sql(dialect=DIALECT)
 
 
 def _above(rows: Sequence[tuple[Any, ...]], count: int) -> list[list[int]]:

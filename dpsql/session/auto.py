@@ -21,7 +21,8 @@ from sqlglot import exp
 
 from dpsql.accounting.budget.report import Charge
 from dpsql.analyze.analysis import Analysis
-from dpsql.analyze.scope import NUMERIC
+from dpsql.analyze.scope import NUMERIC, Catalog
+from dpsql.analyze.units import unit_source
 from dpsql.bound.estimates import TOP_INDEX, candidate, extremes_query
 from dpsql.bound.selection import selection_query
 from dpsql.bound.shape import public_size
@@ -230,7 +231,7 @@ def answer_options(options: QueryOptions, n: Needs, share: Fraction) -> QueryOpt
 
 
 def plan_choices(
-    plan: Plan, n: Needs, share: Fraction, epsilon: Fraction, policy: Policy
+    plan: Plan, n: Needs, share: Fraction, epsilon: Fraction, policy: Policy, *, catalog: Catalog
 ) -> AutoBounds:
     """The public plan of the choices of ``plan`` (planned at the top candidates)."""
     a = plan.analysis
@@ -257,8 +258,9 @@ def plan_choices(
     clamp_sql = []
     for table, column in n.clamps:
         choices.append(Choice(CLAMPS, each, table=table, column=column))
-        unit = str(policy.tables[table].privacy_unit)
-        clamp_sql.append(extremes_query(unit, table, column).sql(dialect=DIALECT))
+        # The column's units as the query bounds them (through a unit path if it has one).
+        source, unit = unit_source(policy, catalog, table, [column])
+        clamp_sql.append(extremes_query(unit, source, column).sql(dialect=DIALECT))
     laplace = [e.epsilon for e in plan.event.events if e.epsilon > 0]
     sql = None
     if any(c.bound != CLAMPS for c in choices):

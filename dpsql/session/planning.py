@@ -19,6 +19,7 @@ from dpsql.analyze.analysis import Analysis
 from dpsql.analyze.analyze import analyze
 from dpsql.analyze.binds import provably_binds
 from dpsql.analyze.sample import implemented, take_sample
+from dpsql.analyze.scope import Catalog
 from dpsql.engine.base import Engine
 from dpsql.errors import UnsupportedQueryError
 from dpsql.noise.measure import check_samplable
@@ -96,7 +97,7 @@ def prepare(
             auto.stray(analysis, filled, needs, named)
             args = (original, params, settings, inline, policy, probes)
             return _auto_plan(analysis, options, needs, analysed, bound=bound, args=args,
-                              chosen=chosen)  # fmt: skip
+                              chosen=chosen, catalog=engine.catalog)  # fmt: skip
     rate = sampled if sampled is not None else settings.sample_rate
     if rate is not None and implemented(rate) < 1:
         clause = sampled_tables if sampled is not None else None
@@ -134,6 +135,7 @@ def _auto_plan(
     bound: Any,
     args: tuple[Any, Any, Settings, Mapping[str, object], Policy, Probes],
     chosen: Mapping[str, object] | None,
+    catalog: Catalog,
 ) -> Plan:
     """The plan of a query that chooses bounds: at the top candidates, with the choices' plan
     and the charged event (``chosen`` None); else the answer at the chosen values."""
@@ -147,7 +149,7 @@ def _auto_plan(
         return plan
     plan = plan_query(analysis, answer, analysed, query=query)
     check_samplable(plan)  # the top candidates: the most noise any choice gives
-    planned = auto.plan_choices(plan, needs, share, options.epsilon, policy)
+    planned = auto.plan_choices(plan, needs, share, options.epsilon, policy, catalog=catalog)
     if not planned.choices:
         # Nothing to walk (L0 every public combination, or distinct units only): the answer
         # takes the whole epsilon at those fixed values.
@@ -179,9 +181,17 @@ def check_sample(
     query on the sample of every private table: the filter reads ``_u`` once."""
     private = {t.lower() for t in analysis.tables if not policy.tables[t.lower()].public}
     # With TABLESAMPLE, every private table the query reads carries it: each occurrence in the
-    # outer FROM and JOINs, and none read inside a subquery without it.
+    # outer FROM and JOINs, and none read inside a subquery without it. A table read only
+    # through a sampled table's unit path is sampled with it: the sample keeps resolved units.
     sampled = {name for name, on in clause or () if on}
     bare = {name for name, on in clause or () if not on}
+    written = sampled | bare
+    private -= {
+        link.table
+        for t in sampled
+        for link in policy.tables[t].unit_path
+        if link.table not in written
+    }
     if clause is not None and (private & bare or not private <= sampled):
         raise UnsupportedQueryError(
             "TABLESAMPLE must sample every private table the query reads, at one rate "
@@ -190,8 +200,9 @@ def check_sample(
     kind = analysis.columns.get(analysis.unit, "") or analysis.columns.get(
         analysis.unit.lower(), ""
     )
+    roots = {policy.unit_table(t) for t in private}
     collated = any(
-        engine.collations.get((t, str(policy.tables[t].privacy_unit).lower())) for t in private
+        engine.collations.get((t, str(policy.tables[t].privacy_unit).lower())) for t in roots
     )
     if kind.upper() not in _SAMPLED_UNITS or (kind.upper() == "VARCHAR" and collated):
         raise UnsupportedQueryError(

@@ -242,7 +242,8 @@ def _compare(
                 )
         if spec.public:
             continue  # every column of a public table is shown, by the owner's declaration
-        declared = {spec.privacy_unit, *spec.columns, *spec.constant_per_unit}
+        declared = {spec.privacy_unit, *spec.columns, *spec.constant_per_unit,
+                    *policy.path_columns(name)}  # fmt: skip
         undeclared = [c for c in columns if c not in declared]
         if not undeclared:
             continue

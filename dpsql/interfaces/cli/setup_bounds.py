@@ -52,7 +52,8 @@ def setup_statements(
             out.append(f"ESTIMATE BOUNDS FOR {name} GROUP BY {', '.join(keys)}{tail}")
         for column, ctype in sorted(catalog[name].items()):
             declared = spec.columns.get(column.lower())
-            if column.lower() == spec.privacy_unit or not _numeric(ctype):
+            named = {spec.privacy_unit, *policy.path_columns(name)}
+            if column.lower() in named or not _numeric(ctype):
                 continue
             if declared is None or declared.bounds is None:
                 out.append(f"ESTIMATE BOUNDS FOR {name}.{column.lower()}{tail}")

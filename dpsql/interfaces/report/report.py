@@ -71,7 +71,7 @@ def _table(name: str, spec: TableSpec) -> dict[str, Any]:
     return {
         "table": name,
         "public": spec.public,
-        "privacy_unit": spec.privacy_unit,
+        "privacy_unit": spec.unit_text if spec.is_private else None,
         "max_groups_per_unit": spec.max_groups_per_unit,
         "max_rows_per_unit_per_group": spec.max_rows_per_unit_per_group,
         "columns": columns,
@@ -211,7 +211,7 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
         "adjacency": {
             "definition": ADJACENCY,
             "privacy_units": {
-                n: t.privacy_unit for n, t in sorted(policy.tables.items()) if t.is_private
+                n: t.unit_text for n, t in sorted(policy.tables.items()) if t.is_private
             },
             "public_tables": sorted(n for n, t in policy.tables.items() if t.public),
         },

@@ -302,7 +302,7 @@ class Shell:
         table = Table("table", "privacy unit", "L0 groups/unit", "C rows/unit/group", "columns")
         catalog = self.session.engine.catalog
         for name, spec in sorted(self.session.policy.tables.items()):
-            unit = "(public table)" if spec.public else str(spec.privacy_unit)
+            unit = "(public table)" if spec.public else spec.unit_text
             l0, c = spec.max_groups_per_unit, spec.max_rows_per_unit_per_group
             table.add_row(name, unit, str(l0 or ""), str(c or ""), str(len(catalog.get(name, {}))))
         return self._show(table)
@@ -314,7 +314,7 @@ class Shell:
             known = ", ".join(sorted(self.session.policy.tables))
             raise click.UsageError(f"\\describe needs a table of the policy: {known}")
         table = Table("column", "type", "bounds", "public domain")
-        note = "public table" if spec.public else f"{name}: privacy unit {spec.privacy_unit}"
+        note = "public table" if spec.public else f"{name}: privacy unit {spec.unit_text}"
         for column, dtype in self.session.engine.catalog.get(name, {}).items():
             col = spec.columns.get(column)
             bounds, domain = "", ""
