@@ -24,6 +24,7 @@ import pytest
 from conftest import LONG, write_parquet
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 from test_neighbours import _check
 
 from dpsql.errors import PolicyError, SchemaError
@@ -262,3 +263,36 @@ def test_a_path_s_estimate_reads_the_resolved_units(tmp_path: Path) -> None:
         assert {r[1] for r in result.rows} == {"max_groups_per_unit", "max_rows_per_unit_per_group"}
     finally:
         s.close()
+
+
+@pytest.mark.spark
+@SOCKET_WARNINGS[0]
+@SOCKET_WARNINGS[1]
+def test_a_path_table_bounds_alike_on_spark(tmp_path: Path, spark: Any) -> None:  # noqa: F811
+    """The resolution's joins and everything bounded over them: the same bounded query and
+    exact totals on Spark as on DuckDB (bounds that cannot bind: the engines' keyed hashes
+    differ), duplicate, dangling and NULL keys included."""
+    data = {
+        "patients": [(p, "n") for p in range(6)],
+        "admissions": [(a % 9, a % 7, KINDS[a % 2]) for a in range(30)] + [(None, 1, "er")],
+        "labs": [
+            (i, (i % 11) if i % 13 else None, float(i % 23), TESTS[i % 3]) for i in range(300)
+        ],
+    }
+    loose = {"max_groups_per_unit": 10, "max_rows_per_unit_per_group": 10**6}
+    policy = _policy(tmp_path, data, loose)
+    on_spark = policy.model_copy(
+        update={"engine": policy.engine.model_copy(update={"name": "spark", "master": "local[2]"})}
+    )
+    duck, sparky = Session(policy), Session(on_spark)
+    try:
+        for sql in QUERIES:
+            if "TABLESAMPLE" in sql:
+                continue
+            plan = duck.plan(sql)
+            assert sparky.plan(sql).engine_sql == plan.engine_sql
+            expected = sorted(map(repr, duck.engine.run(plan.engine_sql)[1]))
+            assert sorted(map(repr, sparky.engine.run(plan.engine_sql)[1])) == expected, sql
+    finally:
+        duck.close()
+        sparky.close()
