@@ -27,7 +27,7 @@ from dpsql.analyze.scope import (
     _reject_nested_queries,
 )
 from dpsql.errors import SchemaError, UnsupportedQueryError
-from dpsql.policy import TableSpec
+from dpsql.policy import Policy, TableSpec
 from dpsql.sql.totality import as_boolean
 from dpsql.sql.tree import transform
 
@@ -36,6 +36,7 @@ class Joins:
     """The join half of ``Builder``: a FROM clause's joined inputs, checked and combined."""
 
     total: Callable[[exp.Expression, frozenset[str]], exp.Expression]
+    policy: Policy
     # Per joined input: its USING columns -> (input, column) of the left side they merge with.
     using: dict[int, dict[str, tuple[int, str]]]
 
@@ -77,7 +78,7 @@ class Joins:
             aliases.append(alias)
             on = self._on(join, inputs, kind)
             if right.private and left_private:
-                self._check_unit_join(left_private, on, inputs)
+                on = self._check_unit_join(left_private, on, inputs)
             word = {"SEMI": "SEMI JOIN", "ANTI": "ANTI JOIN", "CROSS": "CROSS JOIN"}.get(
                 kind, "LEFT JOIN" if side == "LEFT" else "JOIN"
             )
@@ -162,11 +163,14 @@ class Joins:
             types.append(inputs[int(column.table[2:])].columns[column.name].type.lower())
         return types[0] == types[1] or all(t in NUMERIC for t in types)
 
-    @staticmethod
     def _check_unit_join(
-        left_private: list[Relation], on: exp.Expression, inputs: list[Relation]
-    ) -> None:
-        """Two private relations join only on equal units of one unit domain."""
+        self, left_private: list[Relation], on: exp.Expression, inputs: list[Relation]
+    ) -> exp.Expression:
+        """Two private relations join only on equal units of one unit domain, or along a
+        foreign key a unit path declares (``dpsql.policy.paths``), to which the equality of the
+        two sides' units is added: with keys that are not unique, a child's row and a parent's
+        row of equal keys may carry different units, and must not pair. The ON condition the
+        join runs with."""
         right = inputs[-1]
         domain = left_private[0].domain
         if right.domain != domain:
@@ -177,16 +181,47 @@ class Joins:
         right_index = len(inputs) - 1
         units = {(i, r.unit) for i, r in enumerate(inputs[:right_index]) if r.private and r.unit}
         assert right.unit is not None
+        links = _links(self.policy)
         for conjunct in _conjuncts(on):
             if not _column_equality(conjunct):
                 continue
             a, b = conjunct.this, conjunct.expression
             ends = {(int(a.table[2:]), a.name), (int(b.table[2:]), b.name)}
             if (right_index, right.unit) in ends and ends & units:
-                return
+                return on
+        for conjunct in _conjuncts(on):
+            if not _column_equality(conjunct):
+                continue
+            (i, x), (j, y) = sorted(
+                [(int(conjunct.this.table[2:]), conjunct.this.name),
+                 (int(conjunct.expression.table[2:]), conjunct.expression.name)]
+            )  # fmt: skip
+            left = inputs[i]
+            if j != right_index or not (left.private and left.direct and right.direct):
+                continue
+            if {(left.table, x, right.table, y), (right.table, y, left.table, x)} & links:
+                assert left.unit is not None
+                kinds = {
+                    left.columns[left.unit].type.lower(),
+                    right.columns[right.unit].type.lower(),
+                }
+                if len(kinds) > 1 and not kinds <= NUMERIC:
+                    # The engine would cast one unit to the other's type, which can fail on a
+                    # value: refused on the schema.
+                    raise UnsupportedQueryError(
+                        f"joining {left.table} and {right.table} along their key pairs rows of "
+                        "one unit, but their units are of different types; declare units of "
+                        "one type"
+                    )
+                same = exp.EQ(
+                    this=exp.column(left.unit, table=f"_j{i}", quoted=True),
+                    expression=exp.column(right.unit, table=f"_j{right_index}", quoted=True),
+                )
+                return exp.And(this=on, expression=same)
         raise UnsupportedQueryError(
             f"joining private tables {left_private[0].table} and {right.table} needs ON "
-            "equality of their privacy unit columns: rows of different units must never pair"
+            "equality of their privacy unit columns, or of a foreign key and the key a unit_path "
+            "declares it reaches: rows of different units must never pair"
         )
 
     def _combine(
@@ -219,6 +254,8 @@ class Joins:
                     mapping[name] = mappings[merged[0]][merged[1]]
                     continue
                 out = name if counts[name] == 1 else f"{alias}_{name}"
+                if name.startswith("_dpsql") and out != name:
+                    out = f"_dpsql_{alias}{name}"  # dpsql's own columns stay hidden
                 while out in columns:
                     out = "_" + out
                 columns[out] = column
@@ -256,6 +293,17 @@ class Joins:
             scope=scope,
             unit_columns=frozenset(units),
         )
+
+
+def _links(policy: Policy) -> set[tuple[str, str, str, str]]:
+    """Every foreign key a unit path declares: (table, column, parent table, key)."""
+    out = set()
+    for name, spec in policy.tables.items():
+        at = name
+        for link in spec.unit_path:
+            out.add((at, link.column, link.table, link.key))
+            at = link.table
+    return out
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:

@@ -150,6 +150,7 @@ class Builder(Joins, PerUnit):
             domain=(spec.unit_domain or f"table {name}") if spec.is_private else None,
             columns=columns,
             scope=scope,
+            direct=True,
         )
 
     def _resolved(
@@ -177,6 +178,7 @@ class Builder(Joins, PerUnit):
             domain=root_spec.unit_domain or f"table {root}",
             columns={**columns, UNIT_COLUMN: RelColumn(kind, Interval(None, None, False))},
             scope=scope,
+            direct=True,
         )
 
     # -- subqueries and CTEs -----------------------------------------------------------------

@@ -65,6 +65,9 @@ class Relation:
     # At most this many rows per unit, by construction: 1 after GROUP BY the unit alone, and
     # kept by row-level subqueries (None: unknown, as after a join).
     unit_rows: int | None = None
+    # The columns are those of ``table`` itself, as stored (a table read directly, or resolved
+    # along its unit path): a join may then follow a foreign key the policy declares.
+    direct: bool = False
 
     @property
     def units(self) -> frozenset[str]:

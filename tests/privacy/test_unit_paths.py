@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 from spark_fixtures import SOCKET_WARNINGS, spark  # noqa: F401  (the session-scoped fixture)
 from test_neighbours import _check
 
+from dpsql import errors
+from dpsql.engine.duckdb import engine as duckdb_engine
 from dpsql.errors import PolicyError, SchemaError
 from dpsql.policy import Policy, load_policy
 from dpsql.release import contribution_bounds
@@ -108,6 +110,10 @@ def hospital(draw: st.DrawFn) -> tuple[dict[str, Rows], int]:
     # and many labs, distinct or repeated.
     stays = draw(st.lists(st.integers(0, 6), max_size=3))
     admissions += [(a, removed, draw(st.sampled_from(KINDS))) for a in stays]
+    if stays and draw(st.booleans()):
+        # One of those admission ids listed for another patient too.
+        other = draw(st.sampled_from([p for p, _ in patients]))
+        admissions.append((draw(st.sampled_from(stays)), other, "er"))
     if stays:
         many = draw(st.integers(0, 30))
         labs += [(100 + i, draw(st.sampled_from(stays)), float(i % 21), TESTS[i % 3])
@@ -137,6 +143,12 @@ QUERIES = (
     "SELECT kind, COUNT(*) FROM admissions GROUP BY kind",
     "SELECT COUNT(*) FROM (SELECT * FROM labs WHERE value > 1)",
     "SELECT COUNT(*) FROM labs TABLESAMPLE BERNOULLI (50 PERCENT)",
+    # Joins along the declared keys (dpsql adds the equality of the two sides' units).
+    "SELECT COUNT(*) FROM labs JOIN admissions ON labs.adm_id = admissions.adm_id",
+    "SELECT kind, SUM(value) FROM labs l JOIN admissions a ON a.adm_id = l.adm_id GROUP BY kind",
+    "SELECT COUNT(*) FROM admissions a JOIN patients p ON a.patient_id = p.patient_id",
+    "SELECT test, COUNT(*) FROM labs l LEFT JOIN admissions a ON l.adm_id = a.adm_id "
+    "WHERE a.kind = 'er' GROUP BY test",
 )
 
 
@@ -147,8 +159,15 @@ QUERIES = (
 )
 @given(case=hospital(), sql=st.sampled_from(QUERIES))
 def test_removing_a_patient_moves_every_total_within_the_plan_sensitivity(
-    tmp_path_factory: pytest.TempPathFactory, case: tuple[dict[str, Rows], int], sql: str
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[dict[str, Rows], int],
+    sql: str,
 ) -> None:
+    # One sample secret for both runs (drawn afresh per run otherwise: dpsql.analyze.sample).
+    monkeypatch.setattr(
+        duckdb_engine.secrets, "token_hex", lambda n: "00112233445566778899aabbccddeeff"
+    )
     data, removed = case
     without = {**data, "patients": [p for p in data["patients"] if p[0] != removed]}
     sessions = [Session(_policy(tmp_path_factory.mktemp("d"), d)) for d in (data, without)]
@@ -186,6 +205,17 @@ def test_the_resolved_rows_are_the_join_along_the_path(
             sql = contribution_bounds.bounds_query(s.policy, s.engine.catalog, table, [])
             per_unit = {int(v): int(n) for _, v, n in s.engine.run(sql)[1]}
             assert per_unit == Counter(truth.values()), table
+        # A join along the key pairs a lab with an admission of the lab's own patient only:
+        # per patient u and lab, (resolved admission rows of its id for u) squared.
+        plan = s.plan("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id")
+        (row,) = s.engine.run(plan.engine_sql)[1]
+        units = Counter(p for p, _ in data["patients"])  # a patient's row may be listed twice
+        rows = Counter()
+        for a, p, _ in data["admissions"]:
+            if a is not None and p in units:
+                rows[(a, p)] += units[p]
+        paired = sum(n * n for _, a, _, _ in data["labs"] for (b, _), n in rows.items() if a == b)
+        assert (row[0] or 0) == paired
     finally:
         s.close()
 
@@ -296,3 +326,40 @@ def test_a_path_table_bounds_alike_on_spark(tmp_path: Path, spark: Any) -> None:
     finally:
         duck.close()
         sparky.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.lab_id = a.adm_id", "foreign key"),
+        ("SELECT COUNT(*) FROM labs l1 JOIN labs l2 ON l1.test = l2.test", "foreign key"),
+        ("SELECT COUNT(*) FROM labs l JOIN patients p ON l.adm_id = p.patient_id", "foreign key"),
+        ("SELECT COUNT(*) FROM admissions RIGHT JOIN labs ON labs.adm_id = admissions.adm_id",
+         "RIGHT JOIN"),
+    ],
+)  # fmt: skip
+def test_a_join_of_private_tables_off_the_declared_keys_is_refused(
+    tmp_path: Path, sql: str, named: str
+) -> None:
+    """Only a join along a declared key (or on equal units) pairs rows of one unit; anything
+    else between private tables is refused with the reason, before anything is charged."""
+    s = Session(_policy(tmp_path, _data()))
+    try:
+        with pytest.raises(errors.UnsupportedQueryError, match=named):
+            s.execute(sql)
+        assert s.budget().epsilon_spent == 0
+    finally:
+        s.close()
+
+
+def test_a_join_along_the_key_pairs_rows_of_one_patient(tmp_path: Path) -> None:
+    """Admission 10 is listed for patients 1 and 2; its lab resolves to both. Joined along the
+    key, each of the lab's rows meets its own patient's admission only: two rows, not four."""
+    s = Session(
+        _policy(tmp_path, _data(), {"max_groups_per_unit": 3, "max_rows_per_unit_per_group": 9})
+    )
+    try:
+        plan = s.plan("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id")
+        assert s.engine.run(plan.engine_sql)[1] == [(2,)]
+    finally:
+        s.close()
