@@ -42,6 +42,7 @@ from dpsql.analyze.scope import (
     _star,
     resolve_expr,
 )
+from dpsql.analyze.setops import SetOps
 from dpsql.analyze.units import resolved_sql, unit_type
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.policy import Policy, TableSpec, did_you_mean
@@ -50,7 +51,7 @@ from dpsql.sql.totality import WIDENED, as_boolean
 _MAX_NESTING = 8
 
 
-class Builder(Joins, PerUnit):
+class Builder(Joins, PerUnit, SetOps):
     """Builds the relation of a SELECT's FROM clause (with its joins, CTEs and subqueries)."""
 
     def __init__(
@@ -64,7 +65,7 @@ class Builder(Joins, PerUnit):
         self.catalog = catalog
         self.describe = describe
         self.total = total
-        self.ctes: dict[str, exp.Select] = {}
+        self.ctes: dict[str, exp.Select | exp.SetOperation] = {}
         self.depth = 0
         # Per joined input: its USING columns -> (input, column) of the left side they merge with.
         self.using: dict[int, dict[str, tuple[int, str]]] = {}
@@ -77,8 +78,8 @@ class Builder(Joins, PerUnit):
                 raise UnsupportedQueryError("WITH RECURSIVE is not supported")
             for cte in with_.expressions:
                 body = cte.this
-                if not isinstance(body, exp.Select):
-                    raise UnsupportedQueryError("a CTE must be a single SELECT")
+                if not isinstance(body, exp.Select | exp.SetOperation):
+                    raise UnsupportedQueryError("a CTE must be a SELECT or a set operation")
                 self.ctes[cte.alias.lower()] = body
         from_ = select.args.get("from_") or select.args.get("from")
         if from_ is None:
@@ -98,14 +99,19 @@ class Builder(Joins, PerUnit):
             name = node.name.lower()
             alias = node.alias.lower() if node.alias else None
             if name in self.ctes:
-                relation = self.derived(self.ctes[name], name)
+                body = self.ctes[name]
+                if isinstance(body, exp.SetOperation):
+                    return _realias(self.combined(body, name), alias or name)
+                relation = self.derived(body, name)
                 return _realias(relation, alias or name)
             return self.table(name, alias)
         if isinstance(node, exp.Subquery):
             body = node.this
-            if not isinstance(body, exp.Select):
-                raise UnsupportedQueryError("a FROM subquery must be a single SELECT")
             alias = node.alias.lower() if node.alias else "_subquery"
+            if isinstance(body, exp.SetOperation):
+                return _realias(self.combined(body, alias), alias)
+            if not isinstance(body, exp.Select):
+                raise UnsupportedQueryError("a FROM subquery must be a SELECT or a set operation")
             return _realias(self.derived(body, alias), alias)
         raise UnsupportedQueryError(f"{node.key.upper()} is not supported in FROM")
 

@@ -121,7 +121,8 @@ ALLOWED: tuple[type[exp.Expression], ...] = (
 
 # Why some common constructs are refused, in words a user can act on.
 _REASONS: dict[type[exp.Expression], str] = {
-    exp.Union: "UNION, INTERSECT and EXCEPT are not supported; run the queries separately",
+    exp.Union: "UNION, INTERSECT and EXCEPT are supported only as a FROM-subquery or a CTE; run "
+    "the queries separately",
     exp.Window: "window functions are not supported: they release row-level values",
     exp.Rand: "random() is not supported: the only randomness is dpsql's noise",
     exp.Filter: "aggregate FILTER clauses are not supported; use a CASE inside the aggregate",
@@ -130,6 +131,19 @@ _REASONS: dict[type[exp.Expression], str] = {
     exp.Dot: "qualified names (schema.function, catalog probes such as psql's \\d) are not "
     "supported",
 }
+
+
+def _a_relation(node: exp.Expression) -> bool:
+    """Whether a set operation is a relation: the body of a FROM-subquery or a CTE (through
+    any nesting of set operations and parentheses), never a value (``IN (...)``, a scalar)."""
+    parent = node.parent
+    while isinstance(parent, exp.SetOperation) or (
+        isinstance(parent, exp.Subquery) and isinstance(parent.parent, exp.SetOperation)
+    ):
+        node, parent = parent, parent.parent
+    if isinstance(parent, exp.CTE):
+        return True
+    return isinstance(parent, exp.Subquery) and isinstance(parent.parent, exp.From | exp.Join)
 
 
 def describe(node: exp.Expression) -> str:
@@ -225,6 +239,8 @@ def validate(select: exp.Select) -> None:
         assert isinstance(node, exp.Expression)
         if isinstance(node, ALLOWED) or function_of(node) is not None:
             continue
+        if isinstance(node, exp.SetOperation) and _a_relation(node):
+            continue  # checked by the analysis (dpsql.analyze.setops)
         reason = next((r for t, r in _REASONS.items() if isinstance(node, t)), None)
         name = describe(node)
         if reason is None:

@@ -443,6 +443,44 @@ def test_the_threat_model_constructs_hold_on_every_neighbour(
     )
 
 
+# Set operations in a FROM-subquery or CTE (dpsql.analyze.setops): UNION ALL of rows of one
+# unit domain, and UNION, INTERSECT, EXCEPT whose branches carry the unit at one position.
+SET_OPERATIONS = st.sampled_from(
+    [
+        "SELECT COUNT(*) FROM (SELECT region FROM visits UNION ALL "
+        "SELECT region FROM visits WHERE age > 50)",
+        "SELECT region, COUNT(*), SUM(s) FROM (SELECT region, spend AS s FROM visits UNION ALL "
+        "SELECT region, age FROM visits WHERE flag) GROUP BY region",
+        "SELECT COUNT(*) FROM (SELECT user_id, region FROM visits UNION "
+        "SELECT user_id, region FROM visits WHERE spend > 10)",
+        "SELECT COUNT(*), AVG(a) FROM (SELECT user_id, age AS a FROM visits EXCEPT "
+        "SELECT user_id, age FROM visits WHERE flag)",
+        "WITH x AS (SELECT user_id, note FROM visits INTERSECT SELECT user_id, note FROM visits "
+        "WHERE NOT flag) SELECT COUNT(*) FROM x",
+        "SELECT COUNT(DISTINCT user_id) FROM (SELECT user_id FROM visits WHERE age > 30 UNION "
+        "ALL SELECT user_id FROM visits WHERE spend < 5)",
+        "SELECT COUNT(*) FROM (SELECT user_id, big FROM visits UNION ALL (SELECT user_id, big "
+        "FROM visits EXCEPT SELECT user_id, top FROM visits))",
+    ]
+)
+
+
+@settings(
+    max_examples=examples(10) * EXAMPLES // 15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=SET_OPERATIONS, unit=unit_rows())
+def test_set_operations_hold_on_every_neighbour(
+    base: Session, tmp_path_factory: pytest.TempPathFactory, sql: str, unit: list[tuple[Any, ...]]
+) -> None:
+    plan = base.plan(sql)  # every one is answered, none refused
+    assert plan.measurements
+    test_one_more_unit_moves_every_total_by_at_most_the_plan_sensitivity.hypothesis.inner_test(
+        base, tmp_path_factory, sql, unit
+    )
+
+
 # -- every allow-listed function in every position ---------------------------------------------
 
 # One neighbour for the sweep: a unit whose rows hold every extreme of VALUES, many times over.

@@ -149,6 +149,10 @@ QUERIES = (
     "SELECT COUNT(*) FROM admissions a JOIN patients p ON a.patient_id = p.patient_id",
     "SELECT test, COUNT(*) FROM labs l LEFT JOIN admissions a ON l.adm_id = a.adm_id "
     "WHERE a.kind = 'er' GROUP BY test",
+    # UNION ALL of the two tables' resolved rows (one unit domain: patients).
+    "SELECT COUNT(*) FROM (SELECT adm_id FROM labs UNION ALL SELECT adm_id FROM admissions)",
+    "SELECT k, COUNT(*) FROM (SELECT test AS k FROM labs UNION ALL SELECT kind FROM admissions "
+    "UNION ALL SELECT ward FROM patients) GROUP BY k",
 )
 
 
@@ -315,8 +319,13 @@ def test_a_path_table_bounds_alike_on_spark(tmp_path: Path, spark: Any) -> None:
         update={"engine": policy.engine.model_copy(update={"name": "spark", "master": "local[2]"})}
     )
     duck, sparky = Session(policy), Session(on_spark)
+    distinct = [
+        f"SELECT COUNT(*) FROM (SELECT patient_id, ward FROM patients {op} SELECT patient_id, "
+        "ward FROM patients WHERE patient_id > 2)"
+        for op in ("UNION", "INTERSECT", "EXCEPT")
+    ]
     try:
-        for sql in QUERIES:
+        for sql in [*QUERIES, *distinct]:
             if "TABLESAMPLE" in sql:
                 continue
             plan = duck.plan(sql)
@@ -361,5 +370,34 @@ def test_a_join_along_the_key_pairs_rows_of_one_patient(tmp_path: Path) -> None:
     try:
         plan = s.plan("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id")
         assert s.engine.run(plan.engine_sql)[1] == [(2,)]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("SELECT COUNT(*) FROM (SELECT adm_id FROM labs UNION SELECT adm_id FROM admissions)",
+         "UNION compares whole rows"),
+        ("SELECT COUNT(*) FROM (SELECT patient_id FROM patients EXCEPT SELECT adm_id FROM labs)",
+         "EXCEPT compares whole rows"),
+        ("SELECT COUNT(*) FROM (SELECT test FROM labs UNION ALL SELECT adm_id FROM admissions)",
+         "types BIGINT, VARCHAR"),
+        ("SELECT COUNT(*) FROM (SELECT adm_id, test FROM labs UNION ALL SELECT adm_id FROM "
+         "admissions)", "differ in columns"),
+        ("SELECT COUNT(*) FROM (SELECT adm_id FROM labs UNION ALL SELECT adm_id FROM admissions "
+         "LIMIT 5)", "LIMIT on a UNION ALL"),
+        ("SELECT COUNT(*) FROM labs WHERE adm_id IN (SELECT adm_id FROM admissions UNION ALL "
+         "SELECT adm_id FROM labs)", "only as a FROM-subquery or a CTE"),
+    ],
+)  # fmt: skip
+def test_a_set_operation_that_could_mix_units_is_refused(
+    tmp_path: Path, sql: str, named: str
+) -> None:
+    s = Session(_policy(tmp_path, _data()))
+    try:
+        with pytest.raises(errors.DpsqlError, match=named):
+            s.execute(sql)
+        assert s.budget().epsilon_spent == 0
     finally:
         s.close()

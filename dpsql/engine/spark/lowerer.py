@@ -58,7 +58,7 @@ class Lowerer(Relations):
                 )
         if isinstance(node, exp.Select):
             out, columns = self.select(node, ctes)
-        elif isinstance(node, exp.Union) and not isinstance(node, exp.Intersect | exp.Except):
+        elif isinstance(node, exp.Union | exp.Intersect | exp.Except):
             out, columns = self.union(node, ctes)
         else:
             raise refuse(describe(node))
@@ -67,19 +67,22 @@ class Lowerer(Relations):
         return out, columns
 
     def union(
-        self, node: exp.Union, ctes: Mapping[str, dict[str, str]]
+        self, node: exp.Union | exp.Intersect | exp.Except, ctes: Mapping[str, dict[str, str]]
     ) -> tuple[exp.Expression, dict[str, str]]:
+        """UNION, INTERSECT and EXCEPT (each DISTINCT or ALL, as Spark has them all): the
+        columns unified alike on both engines."""
         left, lcols = self.query(node.this, ctes)
         right, rcols = self.query(node.expression, ctes)
+        word = node.key.upper()
         if len(lcols) != len(rcols):
-            raise refuse("UNION of queries with different numbers of columns")
+            raise refuse(f"{word} of queries with different numbers of columns")
         columns: dict[str, str] = {}
         for (name, lt), rt in zip(lcols.items(), rcols.values(), strict=True):
             # Numbers widen alike on both engines (BIGINT with DECIMAL(38, 0) is DECIMAL(38,
             # 0)); other mixed kinds are refused by unify.
-            columns[name] = unify([lt, rt], "UNION")
+            columns[name] = unify([lt, rt], word)
         distinct = bool(node.args.get("distinct"))
-        return exp.Union(this=left, expression=right, distinct=distinct), columns
+        return type(node)(this=left, expression=right, distinct=distinct), columns
 
     def select(
         self, sel: exp.Select, ctes: Mapping[str, dict[str, str]]
