@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from dpsql.analyze.intervals import Interval
 from dpsql.analyze.scope import (
     NUMERIC,
     Relation,
@@ -54,10 +55,17 @@ class Joins:
             right = self.item(join.this)
             side = (join.args.get("side") or "").upper()
             kind = (join.args.get("kind") or "").upper()
-            if side in ("RIGHT", "FULL"):
+            if side in ("RIGHT", "FULL") and not (
+                right.private and len(inputs) == 1 and first.private and kind in ("", "OUTER")
+            ):
                 raise UnsupportedQueryError(
-                    f"{side} JOIN keeps rows that belong to no privacy unit; write it as a LEFT "
-                    "JOIN from the private table"
+                    f"{side} JOIN keeps rows that belong to no privacy unit unless it joins two "
+                    "private relations on their units (or along a declared key); write it as a "
+                    "LEFT JOIN from the private table"
+                )
+            if any(k in ("RIGHT", "FULL") for k in kinds):
+                raise UnsupportedQueryError(
+                    "a RIGHT or FULL JOIN of two private relations is the FROM clause's only join"
                 )
             method = str(join.args.get("method") or "").upper()
             if method or kind in ("ASOF", "POSITIONAL", "NATURAL"):
@@ -80,11 +88,11 @@ class Joins:
             if right.private and left_private:
                 on = self._check_unit_join(left_private, on, inputs)
             word = {"SEMI": "SEMI JOIN", "ANTI": "ANTI JOIN", "CROSS": "CROSS JOIN"}.get(
-                kind, "LEFT JOIN" if side == "LEFT" else "JOIN"
+                kind, f"{side} JOIN" if side in ("LEFT", "RIGHT", "FULL") else "JOIN"
             )
             condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
             clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
-            kinds.append("LEFT" if side == "LEFT" else kind)
+            kinds.append(side if side in ("LEFT", "RIGHT", "FULL") else kind)
         return self._combine(inputs, aliases, clauses, kinds)
 
     @staticmethod
@@ -238,10 +246,14 @@ class Joins:
         columns: dict[str, RelColumn] = {}
         select: list[str] = []
         scope: dict[str, dict[str, str]] = {}
-        anchor = next(i for i, r in enumerate(inputs) if r.private)
+        # The inputs whose columns may be NULL on a row (the side an outer join may leave out).
+        nullable = {i + 1 for i, k in enumerate(kinds) if k in ("LEFT", "FULL")}
+        nullable |= {0 for k in kinds if k in ("RIGHT", "FULL")}
+        anchor = next(
+            i for i, r in enumerate(inputs) if r.private and (i not in nullable or "FULL" in kinds)
+        )
         unit_name = ""
         units: set[str] = set()
-        kinds_of = ["", *kinds]
         for i, (relation, alias, show) in enumerate(zip(inputs, aliases, visible, strict=True)):
             if not show:
                 mappings.append({})
@@ -270,9 +282,22 @@ class Joins:
             if i == anchor:
                 assert relation.unit is not None
                 unit_name = mapping[relation.unit]
-            if relation.private and kinds_of[i] not in ("LEFT",):
+            if relation.private and i not in nullable:
                 # Inner joins on the unit make every private input's unit column equal to it.
                 units.update(mapping[u] for u in relation.units if u in mapping)
+        if "FULL" in kinds:
+            # A row of either side alone carries that side's unit; a matched row, both (equal).
+            ends = [_quote(f"_j{i}") + "." + _quote(str(inputs[i].unit)) for i in (0, 1)]
+            kinds_of_units = {inputs[i].columns[str(inputs[i].unit)].type.lower() for i in (0, 1)}
+            if len(kinds_of_units) > 1 and not kinds_of_units <= NUMERIC:
+                raise UnsupportedQueryError(
+                    "a FULL JOIN of private relations needs units of one type"
+                )
+            unit_name = "_dpsql_full_unit"
+            unit_type = inputs[0].columns[str(inputs[0].unit)].type
+            columns[unit_name] = RelColumn(unit_type, Interval(None, None, False))
+            select.append(f"COALESCE({ends[0]}, {ends[1]}) AS {_quote(unit_name)}")
+            units = {unit_name}
         private = [r for r in inputs if r.private]
         spec = _merged_spec([r.spec for r in private if r.spec is not None])
         sql = (

@@ -461,6 +461,11 @@ SET_OPERATIONS = st.sampled_from(
         "ALL SELECT user_id FROM visits WHERE spend < 5)",
         "SELECT COUNT(*) FROM (SELECT user_id, big FROM visits UNION ALL (SELECT user_id, big "
         "FROM visits EXCEPT SELECT user_id, top FROM visits))",
+        # Outer joins of two private relations on the unit: each row carries its side's unit.
+        "SELECT COUNT(*), SUM(b.spend) FROM (SELECT * FROM visits WHERE age > 40) a "
+        "FULL JOIN (SELECT * FROM visits WHERE flag) b ON a.user_id = b.user_id",
+        "SELECT b.region, COUNT(*) FROM (SELECT * FROM visits WHERE spend > 50) a RIGHT JOIN "
+        "visits b ON a.user_id = b.user_id GROUP BY b.region",
     ]
 )
 

@@ -149,6 +149,10 @@ QUERIES = (
     "SELECT COUNT(*) FROM admissions a JOIN patients p ON a.patient_id = p.patient_id",
     "SELECT test, COUNT(*) FROM labs l LEFT JOIN admissions a ON l.adm_id = a.adm_id "
     "WHERE a.kind = 'er' GROUP BY test",
+    # Outer joins of two private relations along the key: each row carries its side's unit.
+    "SELECT COUNT(*), SUM(value) FROM labs l RIGHT JOIN admissions a ON l.adm_id = a.adm_id",
+    "SELECT kind, COUNT(*) FROM labs l FULL JOIN admissions a ON l.adm_id = a.adm_id GROUP BY kind",
+    "SELECT COUNT(*) FROM patients p FULL JOIN admissions a ON p.patient_id = a.patient_id",
     # UNION ALL of the two tables' resolved rows (one unit domain: patients).
     "SELECT COUNT(*) FROM (SELECT adm_id FROM labs UNION ALL SELECT adm_id FROM admissions)",
     "SELECT k, COUNT(*) FROM (SELECT test AS k FROM labs UNION ALL SELECT kind FROM admissions "
@@ -343,8 +347,10 @@ def test_a_path_table_bounds_alike_on_spark(tmp_path: Path, spark: Any) -> None:
         ("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.lab_id = a.adm_id", "foreign key"),
         ("SELECT COUNT(*) FROM labs l1 JOIN labs l2 ON l1.test = l2.test", "foreign key"),
         ("SELECT COUNT(*) FROM labs l JOIN patients p ON l.adm_id = p.patient_id", "foreign key"),
-        ("SELECT COUNT(*) FROM admissions RIGHT JOIN labs ON labs.adm_id = admissions.adm_id",
-         "RIGHT JOIN"),
+        ("SELECT COUNT(*) FROM admissions a RIGHT JOIN labs l ON l.lab_id = a.adm_id",
+         "foreign key"),
+        ("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id RIGHT JOIN "
+         "patients p ON a.patient_id = p.patient_id", "RIGHT JOIN keeps rows"),
     ],
 )  # fmt: skip
 def test_a_join_of_private_tables_off_the_declared_keys_is_refused(

@@ -127,8 +127,9 @@ class Relations:
             source.star = False
         elif kind == "CROSS":
             out.set("kind", "CROSS")
-        elif side == "LEFT" and kind in ("", "OUTER"):
-            out.set("side", "LEFT")
+        elif side in ("LEFT", "RIGHT", "FULL") and kind in ("", "OUTER"):
+            # RIGHT and FULL only join two private relations on their units (dpsql.analyze.joins).
+            out.set("side", side)
         elif side == "" and kind in ("", "INNER"):
             pass  # an inner join
         else:
