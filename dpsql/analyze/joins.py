@@ -55,6 +55,9 @@ class Joins:
             right = self.item(join.this)
             side = (join.args.get("side") or "").upper()
             kind = (join.args.get("kind") or "").upper()
+            if side in ("RIGHT", "FULL") and join.args.get("using"):
+                # USING merges the right column into the left one, NULL on a right-only row.
+                raise UnsupportedQueryError(f"a {side} JOIN needs ON, not USING")
             if side in ("RIGHT", "FULL") and not (
                 right.private and len(inputs) == 1 and first.private and kind in ("", "OUTER")
             ):

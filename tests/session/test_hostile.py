@@ -241,6 +241,7 @@ HOSTILE: list[tuple[str, type[errors.DpsqlError]]] = [
         "JOIN visits c ON c.user_id = a.user_id",
         UNSUPPORTED,
     ),
+    ("SELECT COUNT(*) FROM visits a RIGHT JOIN visits b USING (user_id)", UNSUPPORTED),
     ("SELECT COUNT(*) FROM visits a, visits b", UNSUPPORTED),
     ("SELECT COUNT(*) FROM visits a CROSS JOIN visits b", UNSUPPORTED),
     ("SELECT COUNT(*) FROM visits CROSS JOIN visits", SCHEMA),
