@@ -47,6 +47,9 @@ def schema_mismatches(
         named = [("privacy_unit", table.privacy_unit)] if table.privacy_unit else []
         named += [("constant_per_unit", c) for c in table.constant_per_unit]
         named += [(f"columns.{c}", c) for c in table.columns]
+        # Every column a unit path names in this table (its links' or a key another path
+        # reaches): refused at connect, not only when a query reads the path.
+        named += [("unit_path", c) for c in sorted(policy.path_columns(tname))]
         for field, column in named:
             if column.lower() not in columns:
                 hint = did_you_mean(column, columns)

@@ -407,3 +407,18 @@ def test_a_set_operation_that_could_mix_units_is_refused(
         assert s.budget().epsilon_spent == 0
     finally:
         s.close()
+
+
+def test_a_path_column_the_data_lacks_is_refused_at_connect(tmp_path: Path) -> None:
+    """A link naming a column the table does not have: the connection is refused, naming the
+    field, before any query."""
+    policy = _policy(tmp_path, _data())
+    raw = policy.model_dump(mode="json")
+    raw["tables"]["labs"]["unit_path"] = [
+        "adm -> admissions.adm_id",
+        "patient_id -> patients.patient_id",
+    ]
+    with pytest.raises(
+        PolicyError, match=r"tables\.labs\.unit_path: the table labs has no column adm"
+    ):
+        Session(load_policy(raw, base_dir=tmp_path))
