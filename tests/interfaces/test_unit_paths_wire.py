@@ -10,7 +10,9 @@ from pathlib import Path
 from conftest import write_parquet
 from server_fixtures import ServerThread, psql, write_users
 
-from dpsql.accounting.ledger.store import create_ledger
+from dpsql.accounting.budget.build import budget_for
+from dpsql.accounting.ledger.store import create_ledger, open_store
+from dpsql.interfaces.report.report import build_report
 from dpsql.interfaces.shell.core import Shell
 from dpsql.policy import Policy, load_policy
 from dpsql.session.session import Session
@@ -98,3 +100,11 @@ def test_the_shell_describes_the_path_as_the_unit(tmp_path: Path) -> None:
     finally:
         session.close()
     assert "privacy unit through adm_id -> admissions.adm_id, then patient_id ->" in text
+
+
+def test_the_report_states_adjacency_over_resolved_rows(tmp_path: Path) -> None:
+    policy = _hospital(tmp_path / "hospital")
+    data = build_report(policy, budget_for(policy.dataset.id, policy.budget, open_store(policy)))
+    adjacency = data["adjacency"]
+    assert "as resolved along the path" in adjacency["definition"]
+    assert adjacency["privacy_units"]["labs"].startswith("through adm_id -> admissions.adm_id")

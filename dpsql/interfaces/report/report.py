@@ -35,6 +35,11 @@ ADJACENCY = (
     "user-level, unbounded: neighbouring databases differ by adding or removing all rows of one "
     "privacy unit"
 )
+# A table whose unit is a path of foreign keys (dpsql.policy.paths): its rows as resolved.
+PATHS = (
+    "; for a table whose unit is a path of foreign keys, its rows as resolved along the path "
+    "(a stored row that reaches two units is a row of each)"
+)
 MECHANISMS = {
     "laplace": "discrete Laplace (pure epsilon-DP)",
     "gaussian": "discrete Gaussian (zCDP, converted to (epsilon, delta))",
@@ -209,7 +214,8 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "analysts": _analysts(policy, records, schedule),
         },
         "adjacency": {
-            "definition": ADJACENCY,
+            "definition": ADJACENCY
+            + (PATHS if any(t.unit_path for t in policy.tables.values()) else ""),
             "privacy_units": {
                 n: t.unit_text for n, t in sorted(policy.tables.items()) if t.is_private
             },
