@@ -88,11 +88,11 @@ class Joins:
             inputs.append(right)
             aliases.append(alias)
             on = self._on(join, inputs, kind)
-            if right.private and left_private:
-                on = self._check_unit_join(left_private, on, inputs)
             word = {"SEMI": "SEMI JOIN", "ANTI": "ANTI JOIN", "CROSS": "CROSS JOIN"}.get(
                 kind, f"{side} JOIN" if side in ("LEFT", "RIGHT", "FULL") else "JOIN"
             )
+            if right.private and left_private:
+                on = self._check_unit_join(left_private, on, inputs, word)
             condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
             clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
             kinds.append(side if side in ("LEFT", "RIGHT", "FULL") else kind)
@@ -175,7 +175,7 @@ class Joins:
         return types[0] == types[1] or all(t in NUMERIC for t in types)
 
     def _check_unit_join(
-        self, left_private: list[Relation], on: exp.Expression, inputs: list[Relation]
+        self, left_private: list[Relation], on: exp.Expression, inputs: list[Relation], word: str
     ) -> exp.Expression:
         """Two private relations join only on equal units of one unit domain, or along a
         foreign key a unit path declares (``dpsql.policy.paths``), to which the equality of the
@@ -230,7 +230,7 @@ class Joins:
                 )
                 return exp.And(this=on, expression=same)
         raise UnsupportedQueryError(
-            f"joining private tables {left_private[0].table} and {right.table} needs ON "
+            f"a {word} of private tables {left_private[0].table} and {right.table} needs ON "
             "equality of their privacy unit columns, or of a foreign key and the key a unit_path "
             "declares it reaches: rows of different units must never pair"
         )

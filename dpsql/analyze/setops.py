@@ -62,7 +62,14 @@ class SetOps:
         selects = _branches(node)
         if len(selects) > _MAX_BRANCHES:
             raise UnsupportedQueryError(f"a set operation of more than {_MAX_BRANCHES} branches")
-        branches = [self.derived(s, f"{name}_{i}") for i, s in enumerate(selects)]
+        branches = []
+        for i, select in enumerate(selects):
+            try:
+                branches.append(self.derived(select, f"{name}_{i}"))
+            except UnsupportedQueryError as error:
+                if type(error) is not UnsupportedQueryError:
+                    raise
+                raise UnsupportedQueryError(f"a branch of {words[0]}: {error}") from None
         first = branches[0]
         visible = [c for c in first.columns if c != UNIT_COLUMN]
         for b in branches:

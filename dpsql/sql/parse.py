@@ -331,6 +331,11 @@ def parse_select(text: str) -> exp.Select:
     statement = statements[0]
     if not isinstance(statement, _STATEMENTS):
         raise ParseError("syntax error: expected a SELECT statement")
+    if isinstance(statement, exp.SetOperation):
+        raise UnsupportedQueryError(
+            f"{statement_kind(statement)} of whole queries is not supported: a set operation is "
+            "answered only as a FROM-subquery or a CTE that a query aggregates"
+        )
     if not isinstance(statement, exp.Select):
         raise UnsupportedQueryError(
             f"{statement_kind(statement)} statements are not supported: dpsql answers SELECT "

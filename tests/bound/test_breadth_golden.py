@@ -82,6 +82,14 @@ ZONES = (("east", "E"), ("west", "W"), ("north", "N"), ("north", "E"), ("central
 ZONES_SCHEMA = (("region", "VARCHAR"), ("zone", "VARCHAR"))
 TIERS = (("lo", 0.0), ("hi", 100.0))
 TIERS_SCHEMA = (("tier", "VARCHAR"), ("threshold", "DOUBLE"))
+# Normalised tables of the person domain: people is the root (its unit user_id), baskets reach it
+# through user_id, lines through their basket and on through the basket's user (unit_path).
+PEOPLE_SCHEMA = (("user_id", "BIGINT"), ("segment", "VARCHAR"))
+BASKETS_SCHEMA = (("basket_id", "BIGINT"), ("user_id", "BIGINT"), ("channel", "VARCHAR"))
+LINES_SCHEMA = (("basket_id", "BIGINT"), ("product", "VARCHAR"), ("price", "DOUBLE"))
+SEGMENTS = ("a", "b", "c")
+CHANNELS = ("shop", "web")
+PRODUCTS = ("p1", "p2", "p3")
 
 
 @dataclass(frozen=True)
@@ -90,13 +98,21 @@ class Data:
 
     visits: tuple[tuple[Any, ...], ...]
     purchases: tuple[tuple[Any, ...], ...]
+    people: tuple[tuple[Any, ...], ...] = ()
+    baskets: tuple[tuple[Any, ...], ...] = ()
+    lines: tuple[tuple[Any, ...], ...] = ()
 
     def without(self, unit: int | None) -> Data:
-        """The neighbouring data set: every row of ``unit`` removed, from every private table
-        of its unit domain."""
+        """The neighbouring data set: every resolved row of ``unit`` removed. Its rows of the
+        tables that hold the unit (visits, purchases, and people, the root of the paths), so
+        that no basket or line resolves to it any more; a basket or line that also reaches
+        another unit (a key listed twice) keeps that unit's resolved row (docs/privacy.md)."""
         return Data(
             tuple(r for r in self.visits if r[0] != unit),
             tuple(r for r in self.purchases if r[0] != unit),
+            tuple(r for r in self.people if r[0] != unit),
+            self.baskets,
+            self.lines,
         )
 
 
@@ -108,6 +124,9 @@ def write_world(directory: Path, data: Data, max_rows_per_unit: int | None = Non
     write_parquet(directory / "devices.parquet", [(1, 60.0)], DEVICES_SCHEMA)
     write_parquet(directory / "zones.parquet", ZONES, ZONES_SCHEMA)
     write_parquet(directory / "tiers.parquet", TIERS, TIERS_SCHEMA)
+    write_parquet(directory / "people.parquet", data.people, PEOPLE_SCHEMA)
+    write_parquet(directory / "baskets.parquet", data.baskets, BASKETS_SCHEMA)
+    write_parquet(directory / "lines.parquet", data.lines, LINES_SCHEMA)
     visits: dict[str, Any] = {
         "privacy_unit": "user_id",
         "unit_domain": "person",
@@ -122,7 +141,7 @@ def write_world(directory: Path, data: Data, max_rows_per_unit: int | None = Non
     }
     if max_rows_per_unit is not None:
         visits["max_rows_per_unit"] = max_rows_per_unit
-    names = ("visits", "purchases", "devices", "zones", "tiers")
+    names = ("visits", "purchases", "devices", "zones", "tiers", "people", "baskets", "lines")
     return load_policy(
         {
             "dataset": {"id": "breadth", "data_version": "1"},
@@ -151,6 +170,28 @@ def write_world(directory: Path, data: Data, max_rows_per_unit: int | None = Non
                     "columns": {"seconds": {"lower": 0, "upper": 3600}},
                 },
                 "zones": {"public": True, "columns": {"zone": {"public_values": ["E", "N", "W"]}}},
+                "people": {
+                    "privacy_unit": "user_id",
+                    "unit_domain": "person",
+                    "max_groups_per_unit": L0,
+                    "max_rows_per_unit_per_group": C,
+                    "columns": {"segment": {"public_values": list(SEGMENTS)}},
+                },
+                "baskets": {
+                    "unit_path": ["user_id -> people.user_id"],
+                    "max_groups_per_unit": L0,
+                    "max_rows_per_unit_per_group": C,
+                    "columns": {"channel": {"public_values": list(CHANNELS)}},
+                },
+                "lines": {
+                    "unit_path": ["basket_id -> baskets.basket_id", "user_id -> people.user_id"],
+                    "max_groups_per_unit": L0,
+                    "max_rows_per_unit_per_group": C,
+                    "columns": {
+                        "product": {"public_values": list(PRODUCTS)},
+                        "price": {"lower": 0, "upper": 50},
+                    },
+                },
                 # The tier domain is read from the public table itself.
                 "tiers": {
                     "public": True,
@@ -403,6 +444,112 @@ def per_unit_rows(d: Data) -> list[Row]:
     return out
 
 
+# Units through foreign keys: a path is an inner join (NULL never equal), one resolved row per
+# root row reached; a join along a key also requires the two sides' units equal.
+
+
+def resolved_baskets(d: Data) -> list[Row]:
+    return [
+        {"basket_id": b, "user_id": u, "channel": ch, "_u": p}
+        for b, u, ch in d.baskets
+        for p, _ in d.people
+        if u is not None and u == p
+    ]
+
+
+def resolved_lines(d: Data) -> list[Row]:
+    baskets = resolved_baskets(d)
+    return [
+        {"basket_id": b, "product": product, "price": price, "_u": r["_u"]}
+        for b, product, price in d.lines
+        for r in baskets
+        if b is not None and b == r["basket_id"]
+    ]
+
+
+def lines_baskets(d: Data) -> list[Row]:
+    baskets = resolved_baskets(d)
+    return [
+        {**line, "channel": b["channel"], "user_id": b["user_id"]}
+        for line in resolved_lines(d)
+        for b in baskets
+        if line["basket_id"] == b["basket_id"] and line["_u"] == b["_u"]
+    ]
+
+
+def lines_baskets_people(d: Data) -> list[Row]:
+    return [
+        {**row, "segment": segment}
+        for row in lines_baskets(d)
+        for p, segment in d.people
+        if p is not None and p == row["user_id"] and p == row["_u"]
+    ]
+
+
+def baskets_right_lines(d: Data) -> list[Row]:
+    """``lines RIGHT JOIN baskets``: every resolved basket row, with its unit's lines of its id
+    or, without any, once with NULL line columns."""
+    lines = resolved_lines(d)
+    out = []
+    for b in resolved_baskets(d):
+        matched = [
+            {**b, "product": line["product"], "price": line["price"]}
+            for line in lines
+            if line["basket_id"] == b["basket_id"] and line["_u"] == b["_u"]
+        ]
+        out += matched or [{**b, "product": None, "price": None}]
+    return out
+
+
+def visits_full_purchases(d: Data) -> list[Row]:
+    """``visits FULL JOIN purchases`` on the unit: pairs of one unit's rows, and each row that
+    meets none alone, carrying its own unit (NULL for a row without one)."""
+    vs, ps = visits(d), purchases(d)
+    out = []
+    for v in vs:
+        matched = [p for p in ps if v["_u"] is not None and p["user_id"] == v["_u"]]
+        out += [{**v, "amount": p["amount"]} for p in matched] or [{**v, "amount": None}]
+    for p in ps:
+        if not any(v["_u"] is not None and v["_u"] == p["user_id"] for v in vs):
+            out.append({"spend": None, "amount": p["amount"], "_u": p["user_id"]})
+    return out
+
+
+def union_all(d: Data) -> list[Row]:
+    return [
+        *({"x": v["spend"], "_u": v["_u"]} for v in visits(d)),
+        *({"x": p["amount"], "_u": p["user_id"]} for p in purchases(d)),
+        *({"x": line["price"], "_u": line["_u"]} for line in resolved_lines(d)),
+    ]
+
+
+def set_key(x: Any) -> tuple[Any, ...]:
+    """A value as a set operation compares it: NULL equals NULL, NaN equals NaN."""
+    if x is None:
+        return ("NULL",)
+    if isinstance(x, float) and math.isnan(x):
+        return ("NaN",)
+    return (x,)
+
+
+def unit_values(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], Row]:
+    """Each distinct (unit, value) of a table's first two columns, as a row."""
+    return {(set_key(r[0]), set_key(r[1])): {"_u": r[0], "x": r[1]} for r in rows}
+
+
+def set_operation(word: str) -> Callable[[Data], list[Row]]:
+    def rows(d: Data) -> list[Row]:
+        left = unit_values([(r[0], r[3]) for r in d.visits])  # (user_id, spend)
+        right = unit_values(d.purchases)  # (user_id, amount)
+        if word == "UNION":
+            return list({**right, **left}.values())
+        if word == "INTERSECT":
+            return [row for k, row in left.items() if k in right]
+        return [row for k, row in left.items() if k not in right]
+
+    return rows
+
+
 def region_key(r: Row) -> Key:
     return (r["region"],)
 
@@ -416,6 +563,14 @@ def trunc_key(r: Row) -> Key:
     return (dt.datetime(day.year, day.month, 1) if day is not None else None,)
 
 
+def channel_key(r: Row) -> Key:
+    return (r["channel"],)
+
+
+def basket(r: Row) -> Any:
+    return r["basket_id"]
+
+
 def spend(r: Row) -> Any:
     return r["spend"]
 
@@ -425,6 +580,7 @@ def age(r: Row) -> Any:
 
 
 SPEND = grid(0, 200)
+PRICE = grid(0, 50)
 AGE = grid(18, 90, integral=True)
 AMOUNT = grid(0, 100)
 DOUBLED = grid(0, 400)  # spend * 2 with spend in [0, 200], by interval arithmetic
@@ -592,6 +748,57 @@ CASES: dict[str, Case] = {
     "date_trunc_month": Case(
         visits, (Ref("rows"),), key=trunc_key, domain=MONTH_STARTS, bounds=(L0, C)
     ),
+    # Units through foreign keys (unit_path), joins along the declared keys, outer joins of
+    # private relations and set operations.
+    "path_two_links": Case(
+        resolved_lines,
+        (Ref("rows"), Ref("sum", lambda r: r["price"], PRICE), Ref("distinct", basket)),
+        key=lambda r: (r["product"],),
+        domain=[(x,) for x in PRODUCTS],
+        bounds=(L0, C),
+    ),
+    "path_join_key": Case(
+        lines_baskets,
+        (Ref("rows"), Ref("sum", lambda r: r["price"], PRICE)),
+        key=channel_key,
+        domain=[(x,) for x in CHANNELS],
+        bounds=(L0, C),
+    ),
+    "path_join_chain": Case(
+        lines_baskets_people,
+        (Ref("rows"), Ref("sum", lambda r: r["price"], PRICE)),
+        key=lambda r: (r["segment"],),
+        domain=[(x,) for x in SEGMENTS],
+        bounds=(L0, C),
+    ),
+    "path_right_join": Case(
+        baskets_right_lines,
+        (
+            Ref("rows"),
+            Ref("count", lambda r: r["price"]),
+            Ref("sum", lambda r: r["price"], PRICE),
+        ),
+        key=channel_key,
+        domain=[(x,) for x in CHANNELS],
+        bounds=(L0, C),
+    ),
+    "full_join_units": Case(
+        visits_full_purchases,
+        (Ref("rows"), Ref("count", spend), Ref("sum", lambda r: r["amount"], AMOUNT)),
+    ),
+    "union_all_units": Case(union_all, (Ref("rows"), Ref("sum", lambda r: r["x"], SPEND))),
+    "set_union": Case(
+        set_operation("UNION"),
+        (Ref("rows"), Ref("count", lambda r: r["x"]), Ref("sum", lambda r: r["x"], SPEND)),
+    ),
+    "set_intersect": Case(
+        set_operation("INTERSECT"),
+        (Ref("rows"), Ref("sum", lambda r: r["x"], SPEND), Ref("units")),
+    ),
+    "set_except": Case(
+        set_operation("EXCEPT"),
+        (Ref("rows"), Ref("count", lambda r: r["x"]), Ref("sum", lambda r: r["x"], SPEND)),
+    ),
 }
 # Its reference depends on which rows the keyed hash keeps: checked by its own tests below.
 HASH_DEPENDENT = {"row_cap"}
@@ -695,6 +902,47 @@ WITHIN = Data(
         (2, 30.0),
         (2, 40.0),
         (9, 99.0),  # a unit with no visits
+        (1, 7.0),  # one of unit 1's spends: the set operations match it
+        (1, None),  # and a NULL one (a set operation's NULL equals NULL)
+        (4, 150.0),  # unit 4's spend too
+        (6, 81.5),
+    ),
+    # user_id, segment: unit 2's root row twice (each of its baskets resolves twice); z outside
+    # the domain; a row without a unit (no key reaches it).
+    people=((1, "a"), (2, "b"), (2, "b"), (3, "c"), (4, "a"), (5, "z"), (None, "a")),
+    # basket_id, user_id, channel: basket 13 listed for units 3 and 4; 14 of no person; 15 of
+    # NULL; 18 without lines (the RIGHT JOIN keeps it).
+    baskets=(
+        (10, 1, "web"),
+        (11, 1, "web"),
+        (12, 2, "shop"),
+        (13, 3, "web"),
+        (13, 4, "shop"),
+        (14, 9, "web"),
+        (15, None, "shop"),
+        (16, 5, "fax"),
+        (17, 4, None),
+        (18, 3, "shop"),
+    ),
+    # basket_id, product, price: unit 1 has four p1 lines (C = 3 binds); basket 13's lines are
+    # units 3's and 4's; dangling and NULL baskets are dropped.
+    lines=(
+        (10, "p1", 5.0),
+        (10, "p1", 7.5),
+        (10, "p2", 12.0),
+        (11, "p1", 49.5),
+        (11, "p1", 3.0),
+        (12, "p2", 20.0),
+        (12, "p3", None),
+        (13, "p3", 60.0),
+        (13, "p1", NAN),
+        (17, "p1", 1.0),
+        (14, "p1", 9.0),
+        (15, "p2", 9.0),
+        (None, "p1", 2.0),
+        (99, "p1", 2.0),
+        (16, "p9", 4.0),
+        (16, "p2", -3.0),
     ),
 )
 
@@ -731,7 +979,41 @@ def exceeding(seed: int = 20261205) -> Data:
     ]
     for unit in [*range(2, 40, 2), 50]:
         bought += [(unit, rng.choice([*SPECIAL, rng.uniform(-10, 120)])) for _ in range(4)]
-    return Data(tuple(rows), tuple(bought))
+    return Data(tuple(rows), tuple(bought), *relational(seed))
+
+
+def relational(seed: int) -> tuple[tuple[tuple[Any, ...], ...], ...]:
+    """People, baskets and lines where unit 1 exceeds every bound: its root row listed under
+    every segment (each of its rows resolves five times), baskets of every channel and lines
+    of every product, far more than C, at values far outside the bounds. The other units'
+    baskets share ids (a key listed for two units), and baskets and lines have dangling and
+    NULL keys."""
+    rng = random.Random(seed * 7 + 1)  # test data only; its own stream: visits stay the same
+    people = [(HEAVY, s) for s in (*SEGMENTS, "zz", None)]
+    people += [
+        (u, rng.choice([*SEGMENTS, None]))
+        for u in range(2, 40)
+        for _ in range(rng.choice([1, 1, 2]))
+    ]
+    people.append((None, "a"))
+    heavy = [(1000 + k, HEAVY, ch) for k, ch in enumerate([*CHANNELS, "fax", None] * 3)]
+    baskets = heavy + [
+        (rng.randint(0, 60), rng.choice([*range(2, 40), 77, None]),
+         rng.choice([*CHANNELS, "fax", None]))
+        for _ in range(90)
+    ]  # fmt: skip
+    lines = [
+        (b, product, rng.choice([*SPECIAL, rng.uniform(-10, 80)]))
+        for b, _, _ in heavy
+        for product in [*PRODUCTS, "p9", None]
+        for _ in range(4)
+    ]
+    lines += [
+        (rng.choice([*range(0, 62), None]), rng.choice([*PRODUCTS, "p9", None]),
+         rng.choice([*SPECIAL, rng.uniform(-10, 80)]))
+        for _ in range(300)
+    ]  # fmt: skip
+    return tuple(people), tuple(baskets), tuple(lines)
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -1107,6 +1389,41 @@ REFUSED = {
     "per_unit_not_grouped_by_unit": (
         "WITH t AS (SELECT region, COUNT(*) AS n FROM visits GROUP BY region) "
         "SELECT SUM(LEAST(n, 5)) FROM t"
+    ),
+    "path_join_off_the_key": (
+        "SELECT COUNT(*) FROM lines l JOIN baskets b ON l.price = b.basket_id"
+    ),
+    "path_join_on_a_key_not_declared": (
+        "SELECT COUNT(*) FROM baskets b JOIN lines l ON b.user_id = l.basket_id"
+    ),
+    "path_join_across_unit_domains": (
+        "SELECT COUNT(*) FROM lines l JOIN devices d ON l.basket_id = d.user_id"
+    ),
+    "path_table_right_join_public": (
+        "SELECT COUNT(*) FROM lines l RIGHT JOIN zones z ON l.product = z.zone"
+    ),
+    "full_join_off_the_unit": (
+        "SELECT COUNT(*) FROM visits v FULL JOIN purchases p ON v.spend = p.amount"
+    ),
+    "full_join_in_a_chain": (
+        "SELECT COUNT(*) FROM visits v FULL JOIN purchases p ON v.user_id = p.user_id "
+        "JOIN zones z ON v.region = z.region"
+    ),
+    "union_without_the_unit": (
+        "SELECT COUNT(*) FROM (SELECT spend FROM visits UNION SELECT amount FROM purchases) AS t"
+    ),
+    "intersect_unit_at_other_positions": (
+        "SELECT COUNT(*) FROM (SELECT user_id, spend FROM visits "
+        "INTERSECT SELECT amount, user_id FROM purchases) AS t"
+    ),
+    "except_across_unit_domains": (
+        "SELECT COUNT(*) FROM (SELECT user_id FROM visits EXCEPT SELECT user_id FROM devices) AS t"
+    ),
+    "union_all_with_a_public_branch": (
+        "SELECT COUNT(*) FROM (SELECT region FROM visits UNION ALL SELECT region FROM zones) AS t"
+    ),
+    "set_operation_outside_a_subquery": (
+        "SELECT COUNT(*) FROM visits UNION ALL SELECT COUNT(*) FROM purchases"
     ),
     "quantile_above_one": "SELECT QUANTILE_CONT(spend, 1.5) FROM visits",
     "quantile_below_zero": "SELECT QUANTILE_CONT(spend, -0.1) FROM visits",

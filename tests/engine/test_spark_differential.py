@@ -104,7 +104,22 @@ def breadth_data(seed: int) -> breadth.Data:
         for _ in range(320)
     ]  # fmt: skip
     purchases = [*base.purchases, (None, 3.0), (None, 1e308), (98, math.nan), (98, 50.0)]
-    return breadth.Data(tuple(visits), tuple(purchases))
+    # The normalised tables: the extremes as prices, unit 98 with a root row listed twice and
+    # hundreds of lines, a basket id it shares with unit 3, NULL and dangling keys.
+    people = [*base.people, (98, "b"), (98, "c"), (None, "c")]
+    baskets = [*base.baskets, (5000, 98, "web"), (5001, 98, "shop"), (5001, 3, "shop"),
+               (5002, None, "web"), (5003, 404, "web")]  # fmt: skip
+    lines = list(base.lines)
+    for x in EXTREMES * 2:
+        lines.append((rng.choice([5000, 5001, 5002, 5003, None]), rng.choice(breadth.PRODUCTS), x))
+    lines += [
+        (rng.choice([5000, 5001]), rng.choice([*breadth.PRODUCTS, "p9", None]),
+         rng.uniform(-5, 60))
+        for _ in range(300)
+    ]  # fmt: skip
+    return breadth.Data(
+        tuple(visits), tuple(purchases), tuple(people), tuple(baskets), tuple(lines)
+    )
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -553,9 +568,15 @@ NEIGHBOUR_CASES = [
     ("golden", "group_private"),
     ("breadth", "row_cap"),
     ("breadth", "quantiles"),
+    ("breadth", "path_join_chain"),
+    ("breadth", "full_join_units"),
 ]
 if FULL:
     NEIGHBOUR_CASES += [
+        ("breadth", "path_two_links"),
+        ("breadth", "path_right_join"),
+        ("breadth", "union_all_units"),
+        ("breadth", "set_intersect"),
         ("breadth", "count_distinct_grouped"),
         ("breadth", "join_private_unit_domain"),
         ("breadth", "self_join_grouped"),

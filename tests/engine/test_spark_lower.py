@@ -517,6 +517,9 @@ def corpus_catalogs() -> list[tuple[Path, dict[str, dict[str, str]]]]:
         "devices": dict(breadth.DEVICES_SCHEMA),
         "zones": dict(breadth.ZONES_SCHEMA),
         "tiers": dict(breadth.TIERS_SCHEMA),
+        "people": dict(breadth.PEOPLE_SCHEMA),
+        "baskets": dict(breadth.BASKETS_SCHEMA),
+        "lines": dict(breadth.LINES_SCHEMA),
     }
     files = [(p, golden_catalog) for p in sorted((GOLDEN / "golden").glob("*.bounded.sql"))]
     files += [
