@@ -31,10 +31,16 @@ class Aggregate:
     arg: exp.Expression | None  # row-level argument, columns unqualified
     bounds: Interval | None  # finite range of the argument, for SUM, AVG, spreads, quantiles
     p: Fraction | None = None  # the quantile's order, in [0, 1]
+    # The other argument of F(y, x) (COVAR_POP, CORR, REGR_SLOPE...): ``arg`` is x, the
+    # second argument written, ``arg2`` y, the first; ``bounds2`` y's finite range.
+    arg2: exp.Expression | None = None
+    bounds2: Interval | None = None
 
     @property
     def signature(self) -> str:
         arg = self.arg.sql("duckdb") if self.arg is not None else ""
+        if self.arg2 is not None:
+            arg = f"{self.arg2.sql('duckdb')}, {arg}"
         return f"{self.kind}:{arg}:{self.p}"
 
 

@@ -142,6 +142,13 @@ class _Analyzer:
             return Aggregate(f.distinct, target, None)
         if f.star is not None and (isinstance(arg, exp.Star) or arg is None):
             return Aggregate(f.star, None, None)
+        if f.pair:
+            if f.extra_arguments(node) or node.expression is None:
+                raise UnsupportedQueryError(f"{name} takes two arguments: {name}(y, x)")
+            y, x = (self.row_level(a, name) for a in (arg, node.expression))
+            return Aggregate(
+                f.kind, x, self._bounds(x, name), arg2=y, bounds2=self._bounds(y, name)
+            )
         target = self.row_level(arg, name)
         if f.star is not None and isinstance(target, exp.Literal):
             return Aggregate(f.star, None, None)

@@ -47,12 +47,16 @@ class Aggregate:
     # A SUM over no row is NULL: 0 instead (a group's rows all NULL; a combination with no row)
     zero: bool = True
     squared: Grid | None = None  # SUM of the squares of the centred values of ``arg``
+    # SUM of the products of the centred values of ``arg`` (on ``squared``) and ``other``
+    other: tuple[str, Grid] | None = None
 
     def _arg(self) -> Node:
         if self.arg == "*":
             return exp.Star()
         if self.squared is None:
             return column(self.arg)
+        if self.other is not None:
+            return _product(self.arg, self.squared, *self.other)
         return _square(self.arg, self.squared)
 
     def node(self, only: Node | None = None) -> Node:
@@ -74,7 +78,20 @@ def _square(value: str, grid: Grid) -> Node:
     return exp.Mul(this=hugeint(centred(value, grid)), expression=hugeint(centred(value, grid)))
 
 
-def aggregates(bounding: Bounding, squared: Sequence[int], weighted: bool) -> list[Aggregate]:
+def _product(value: str, grid: Grid, other: str, other_grid: Grid) -> Node:
+    return exp.Mul(
+        this=hugeint(centred(value, grid)), expression=hugeint(centred(other, other_grid))
+    )
+
+
+def _suffix(i: int, j: int) -> str:
+    """The column suffix of a sum of centred squares (i = j) or products."""
+    return f"{i}" if i == j else f"{i}_{j}"
+
+
+def aggregates(
+    bounding: Bounding, squared: Sequence[tuple[int, int]], weighted: bool
+) -> list[Aggregate]:
     """What ``_units`` aggregates per (unit, keys): rows (or their copies ``_w``), each value's
     non-NULL rows, grid sums and sums of centred squares."""
     values = bounding.values
@@ -85,7 +102,11 @@ def aggregates(bounding: Bounding, squared: Sequence[int], weighted: bool) -> li
         for i, v in enumerate(values)
         if v.grid is not None and not v.listed
     ]
-    out += [Aggregate("SUM", f"_v{i}", f"_q{i}", squared=values[i].grid) for i in squared]
+    for i, j in squared:
+        grid, other = values[i].grid, values[j].grid
+        assert grid is not None and other is not None
+        pair = None if i == j else (f"_v{j}", other)
+        out.append(Aggregate("SUM", f"_v{i}", f"_q{_suffix(i, j)}", squared=grid, other=pair))
     return out
 
 
@@ -106,12 +127,19 @@ def capped_sum(i: int, c: int, grid: Grid) -> Node:
     q = floor(S/n) and r = S - q·n in [0, n), round(C·S/n) = C·q + floor((2·C·r + n) / (2·n)).
     DuckDB's // truncates towards zero and % takes the dividend's sign, hence the correction.
     """
+    low, high = hugeint(number(c * grid.lower)), hugeint(number(c * grid.upper))
+    return _scaled(f"_s{i}", f"_n{i}", c, low, high)
+
+
+def _scaled(total: str, count: str, c: int, low: Node, high: Node) -> Node:
+    """``total`` over ``count`` rows scaled to C rows when count > C: round(C·S/n) in exact
+    HUGEINT arithmetic (``capped_sum``), clamped to [low, high]; S itself otherwise."""
 
     def s() -> Node:
-        return hugeint(column(f"_s{i}"))
+        return hugeint(column(total))
 
     def n() -> Node:
-        return hugeint(column(f"_n{i}"))
+        return hugeint(column(count))
 
     def q() -> Node:
         negative = exp.LT(this=exp.Mod(this=s(), expression=n()), expression=number(0))
@@ -125,9 +153,17 @@ def capped_sum(i: int, c: int, grid: Grid) -> Node:
         expression=paren(exp.Mul(this=number(2), expression=n())),
     )
     scaled = paren(exp.Add(this=exp.Mul(this=number(c), expression=q()), expression=rounded))
-    low, high = hugeint(number(c * grid.lower)), hugeint(number(c * grid.upper))
-    within = exp.LTE(this=column(f"_n{i}"), expression=number(c))
+    within = exp.LTE(this=column(count), expression=number(c))
     return when((within, s()), otherwise=clamp(scaled, low, high))
+
+
+def capped_products(i: int, j: int, c: int, grid: Grid, other: Grid) -> Node:
+    """The unit's sum of products of centred values of ``i`` and ``j`` (a pair's rows: both
+    present), in units of (g_i/2)(g_j/2): each product lies in ±width_i·width_j, so the sum of
+    n <= C rows does; with more it is scaled to round(C·P/n) exactly, and clamped to
+    ±C·width_i·width_j whatever the rows (one unit moves one group's total by at most that)."""
+    top = c * grid.width * other.width
+    return _scaled(f"_q{i}_{j}", f"_n{i}", c, hugeint(number(-top)), hugeint(number(top)))
 
 
 def capped_squares(i: int, c: int, grid: Grid) -> Node:
@@ -163,7 +199,9 @@ def capped_list(i: int, c: int) -> Node:
     return alias(when((short, column(f"_l{i}")), otherwise=sliced), f"_l{i}")
 
 
-def capped(keys: Sequence[str], bounding: Bounding, squared: Sequence[int]) -> exp.Select:
+def capped(
+    keys: Sequence[str], bounding: Bounding, squared: Sequence[tuple[int, int]]
+) -> exp.Select:
     """``_capped`` from ``_kept``: per (unit, keys), rows and values counted up to C, sums
     scaled to at most C rows, listed values cut to C."""
     c, values = bounding.max_rows, bounding.values
@@ -178,15 +216,18 @@ def capped(keys: Sequence[str], bounding: Bounding, squared: Sequence[int]) -> e
         for i, v in enumerate(values)
         if v.grid is not None and not v.listed
     ]
-    for i in squared:
-        grid = values[i].grid
-        assert grid is not None
-        out.append(alias(capped_squares(i, c, grid), f"_r{i}"))
+    for i, j in squared:
+        grid, other = values[i].grid, values[j].grid
+        assert grid is not None and other is not None
+        if i == j:
+            out.append(alias(capped_squares(i, c, grid), f"_r{i}"))
+        else:
+            out.append(alias(capped_products(i, j, c, grid, other), f"_r{i}_{j}"))
     out += [capped_list(i, c) for i, v in enumerate(values) if v.listed]
     return select(out, table("_kept"))
 
 
-def direct(keys: Sequence[str], bounding: Bounding, squared: Sequence[int],
+def direct(keys: Sequence[str], bounding: Bounding, squared: Sequence[tuple[int, int]],
            weighted: bool) -> exp.Select:  # fmt: skip
     """``_capped`` when no per-(unit, group) bound can bind: one row per kept row (or per kept
     (unit, keys) row and its copies ``_w``), with the columns the cross-unit aggregate reads;
@@ -202,14 +243,19 @@ def direct(keys: Sequence[str], bounding: Bounding, squared: Sequence[int],
         if v.grid is not None:
             zero = exp.Coalesce(this=column(f"_v{i}"), expressions=[number(0)])
             out.append(alias(hugeint(zero), f"_t{i}"))
-    for i in squared:
-        grid = bounding.values[i].grid
-        assert grid is not None
-        square = _square(f"_v{i}", grid)
-        none = is_null(column(f"_v{i}"))
-        out.append(alias(when((none, number(0)), otherwise=square), f"_r{i}"))
+    for i, j in squared:
+        grid, other = bounding.values[i].grid, bounding.values[j].grid
+        assert grid is not None and other is not None
+        if i == j:
+            square = _square(f"_v{i}", grid)
+            none = is_null(column(f"_v{i}"))
+            out.append(alias(when((none, number(0)), otherwise=square), f"_r{i}"))
+            continue
+        product = _product(f"_v{i}", grid, f"_v{j}", other)
+        either = exp.Or(this=is_null(column(f"_v{i}")), expression=is_null(column(f"_v{j}")))
+        out.append(alias(when((either, number(0)), otherwise=product), f"_r{i}_{j}"))
     return select(out, table("_vals"))
 
 
-__all__ = ["Aggregate", "aggregates", "capped", "capped_list", "capped_squares", "capped_sum",
-           "direct", "listed"]  # fmt: skip
+__all__ = ["Aggregate", "aggregates", "capped", "capped_list", "capped_products", "capped_squares",
+           "capped_sum", "direct", "listed"]  # fmt: skip

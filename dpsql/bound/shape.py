@@ -30,7 +30,9 @@ class Shape:
     analysis: Analysis
     bounding: Bounding
     keys: tuple[str, ...]  # the keys' columns: _k0, _k1, ...
-    squared: tuple[int, ...]  # the values whose centred squares are summed (VAR, STDDEV)
+    # The pairs of values whose centred products are summed: (i, i) a square (VAR, STDDEV),
+    # (i, j) a product (COVAR, CORR, REGR_).
+    squared: tuple[tuple[int, int], ...]
     size: int | None  # the public key combinations (``public_size``)
     # R's window ranks (unit, keys) rows with their number of copies ``_w`` (``caps``).
     weighted: bool
@@ -39,9 +41,9 @@ class Shape:
     def of(cls, analysis: Analysis, bounding: Bounding) -> Shape:
         squared = sorted(
             {
-                m.value
+                (m.value, m.value if m.other is None else m.other)
                 for m in bounding.measurements
-                if m.kind == "centred_squares" and m.value is not None
+                if m.kind in ("centred_squares", "centred_products") and m.value is not None
             }
         )
         size = public_size(analysis.keys)

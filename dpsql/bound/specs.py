@@ -15,8 +15,9 @@ from dpsql.bound.grid import Grid
 
 SALT_PARAMETER = "salt"
 MeasurementKind = Literal[
-    "rows", "count", "sum", "centred", "centred_squares", "units", "distinct", "quantile"
-]
+    "rows", "count", "sum", "centred", "centred_squares", "centred_products", "units",
+    "distinct", "quantile",
+]  # fmt: skip
 # value: counted, and summed on its grid; quantile: listed on its (coarser) grid, C per unit and
 # group; distinct: its distinct values listed, C per unit and group.
 ValueRole = Literal["value", "quantile", "distinct"]
@@ -46,6 +47,8 @@ class MeasurementSpec:
     # to cover the quantile with probability ``confidence`` (dpsql.plan.aggregates.quantiles).
     side: int = 0
     confidence: float | None = None
+    # The second value of a sum of products of centred values (COVAR, CORR, REGR_).
+    other: int | None = None
 
     @property
     def slot(self) -> Fraction:

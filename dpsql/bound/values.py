@@ -168,6 +168,9 @@ def measure(spec: MeasurementSpec, bounding: Bounding) -> Node:
     if spec.kind == "centred_squares":
         # Σ(x - m)² in units of (g/2)², per unit and group already capped in _capped.
         return func("SUM", column(f"_r{i}"))
+    if spec.kind == "centred_products":
+        # Σ(x - m_x)(y - m_y) in units of (g_x/2)(g_y/2), capped per unit and group.
+        return func("SUM", column(f"_r{i}_{spec.other}"))
     grid = bounding.values[i].grid
     assert grid is not None
     # Centred sum in units of g/2: each row contributes 2·x - (lower + upper).

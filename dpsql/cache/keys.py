@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpsql.accounting.ledger.chain import canonical
+from dpsql.plan.aggregates.pairs import paired
 from dpsql.plan.plans import Measurement, Plan
 from dpsql.policy import Policy
 from dpsql.sql.canonical import canonical_sql
@@ -41,7 +42,16 @@ def _values(plan: Plan) -> dict[int, tuple[str, list[Any] | None]]:
     """Each measured value's canonical SQL and grid (None when it is only counted)."""
     out: dict[int, tuple[str, list[Any] | None]] = {}
     for agg, est in zip(plan.analysis.aggregates, plan.estimates, strict=True):
-        index = plan.measurements[est.measurements[0]].spec.value
+        spec = plan.measurements[est.measurements[0]].spec
+        index = spec.value
+        if agg.arg2 is not None and est.grid2 is not None and spec.other is not None:
+            # F(y, x) reads x and y on the pairs' rows only: values of their own, not x's or
+            # y's (a VARIANCE(x) must never be served a measurement of the pairs).
+            assert agg.arg is not None and est.grid is not None and index is not None
+            for i, value, on in ((index, paired(agg.arg, agg.arg2), est.grid),
+                                 (spec.other, paired(agg.arg2, agg.arg), est.grid2)):  # fmt: skip
+                out[i] = (canonical_sql(value), [str(on.step), on.lower, on.upper])
+            continue
         if agg.arg is None or index is None:
             continue
         grid = [str(est.grid.step), est.grid.lower, est.grid.upper] if est.grid else None
@@ -65,6 +75,9 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
         "scale": str(m.scale) if m.scale is not None else None,
         "sigma2": str(m.sigma2) if m.sigma2 is not None else None,
     }
+    if m.spec.other is not None:
+        # A sum of products: its second value, on its grid.
+        out["other"] = list(values.get(m.spec.other, (None, None)))
     if m.spec.side:
         # A quantile interval's end: which, and the coverage it was drawn for (a release's
         # interval is fixed when drawn; another confidence is another measurement).

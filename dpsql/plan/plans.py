@@ -122,6 +122,7 @@ class Estimate:
     kind: AggregateKind
     measurements: tuple[int, ...]
     grid: Grid | None
+    grid2: Grid | None = None  # the other value's, for F(y, x) (``dpsql.plan.aggregates.pairs``)
 
 
 @dataclass(frozen=True)

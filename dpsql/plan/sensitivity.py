@@ -26,6 +26,7 @@ from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.mechanisms.quantile_score import score_sensitivity
 from dpsql.mechanisms.selection_events import Exponential
 from dpsql.plan import calibration
+from dpsql.plan.aggregates.pairs import unpaired
 from dpsql.plan.estimates import _Builder
 from dpsql.plan.plans import Estimate, Measurement, QueryOptions
 from dpsql.plan.split import shares
@@ -34,7 +35,20 @@ from dpsql.sql.parse import DIALECT
 
 
 def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) -> str:
-    arg = values[spec.value].expr.sql(DIALECT) if spec.value is not None else ""
+    """How EXPLAIN and the ledger name a measurement; a value read on the pairs' rows of
+    F(y, x) (``pairs.paired``) is named as written, with where it is read."""
+    if spec.value is None:
+        return _bare_label(spec, values, grid, "")
+    pair = unpaired(values[spec.value].expr)
+    if pair is None:
+        return _bare_label(spec, values, grid, values[spec.value].expr.sql(DIALECT))
+    value, partner = pair
+    where = "" if spec.kind == "centred_products" else f" where {partner.sql(DIALECT)} is present"
+    return _bare_label(spec, values, grid, value.sql(DIALECT)) + where
+
+
+def _bare_label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None,
+                arg: str) -> str:  # fmt: skip
     if spec.kind == "quantile":
         assert spec.p is not None  # a quantile always has its rank
         end = {-1: " interval's lower end", 1: " interval's upper end"}.get(spec.side, "")
@@ -52,6 +66,13 @@ def _label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | None) ->
     assert grid is not None
     if spec.kind == "centred_squares":
         return f"SUM(({arg} - {grid.centre})^2)"
+    if spec.kind == "centred_products":
+        assert spec.other is not None
+        other = values[spec.other]
+        assert other.grid is not None
+        pair = unpaired(other.expr)
+        text = (pair[0] if pair is not None else other.expr).sql(DIALECT)
+        return f"SUM(({arg} - {grid.centre})*({text} - {other.grid.centre})) over the pairs"
     return f"SUM({arg} - {grid.centre})"
 
 
@@ -69,6 +90,12 @@ def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
     assert grid is not None
     if spec.kind == "centred_squares":
         return c * grid.width**2  # each centred row value lies in ±width units of g/2
+    if spec.kind == "centred_products":
+        # |(x - m_x)(y - m_y)| <= width_x·width_y in units of (g_x/2)(g_y/2), C rows of a unit
+        assert spec.other is not None
+        other = values[spec.other].grid
+        assert other is not None
+        return c * grid.width * other.width
     return c * (grid.magnitude if spec.kind == "sum" else grid.width)
 
 
@@ -80,6 +107,11 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
     assert grid is not None
     if spec.kind == "centred_squares":
         return (grid.step / 2) ** 2
+    if spec.kind == "centred_products":
+        assert spec.other is not None
+        other = values[spec.other].grid
+        assert other is not None
+        return (grid.step / 2) * (other.step / 2)
     return grid.step if spec.kind in ("sum", "quantile") else grid.step / 2
 
 

@@ -40,6 +40,8 @@ def mostly_noise(value: Any, width: Accuracy, bounds: tuple[float, float] | None
             return False
         lower, upper = bounds
         return width[1] - width[0] > (upper - lower) / 2 or v <= lower or v >= upper
+    if width == math.inf:
+        return True  # no valid interval exists (dpsql.plan.aggregates.pairs): no ±, flagged
     if not math.isfinite(v) or not math.isfinite(width):
         return False
     if width >= abs(v):

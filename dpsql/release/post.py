@@ -282,7 +282,7 @@ def publish(plan: Plan, noisy: Noisy) -> Release:
         columns=tuple(o.name for o in plan.analysis.outputs),
         types=tuple(str(d[1]) for d in description[:n_out]),
         rows=rows,
-        accuracy=accuracy,
+        accuracy=_known(accuracy),
         confidence=confidence,
         noise=_flags(plan, rows, accuracy),
     )
@@ -391,7 +391,7 @@ def _direct(
         columns=tuple(o.name for o in a.outputs),
         types=tuple(types[p] for p in picked if p is not None),
         rows=rows,
-        accuracy=accuracy,
+        accuracy=_known(accuracy),
         confidence=plan.options.confidence,
         noise=_flags(plan, rows, accuracy),
     )
@@ -402,6 +402,16 @@ def _sort_key(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return (1, 0.0)
     return (0, value) if isinstance(value, float) else value
+
+
+def _known(accuracy: tuple[tuple[Accuracy, ...], ...]) -> tuple[tuple[Accuracy, ...], ...]:
+    """The published accuracy: an infinite half-width (no valid interval exists, e.g. a CORR
+    whose variances may be 0 within the noise) is released as no ±; its cell is flagged as
+    mostly noise (``_flags`` reads the infinite one)."""
+    return tuple(
+        tuple(None if isinstance(w, float) and w == math.inf else w for w in row)
+        for row in accuracy
+    )
 
 
 def _flags(

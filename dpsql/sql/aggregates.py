@@ -25,6 +25,7 @@ from sqlglot import exp
 AggregateKind = Literal[
     "count_rows", "count", "count_units", "count_distinct", "sum", "avg",
     "var_pop", "var_samp", "stddev_pop", "stddev_samp", "quantile",
+    "covar_pop", "covar_samp", "corr", "regr_slope", "regr_intercept",
 ]  # fmt: skip
 
 # A quantile's order read from ``PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY x)``.
@@ -51,6 +52,9 @@ class AggregateFunction:
     # The only arguments a call may set (MIN(x, n) is refused); None: as sqlglot parses them.
     only: tuple[str, ...] | None = None
     name: str = ""  # in messages; default the node's key in capitals
+    # F(y, x) of two bounded arguments, read over the rows where both are present (SQL's
+    # meaning of COVAR_POP, CORR and the REGR_ functions).
+    pair: bool = False
     column: str = ""  # the name of an unaliased output that is the call; default the node's key
 
     def __post_init__(self) -> None:
@@ -87,6 +91,21 @@ FUNCTIONS: tuple[AggregateFunction, ...] = (
     AggregateFunction(exp.Stddev, "stddev_samp", bounded=True),
     AggregateFunction(exp.StddevSamp, "stddev_samp", bounded=True, column="stddev_samp"),
     AggregateFunction(exp.StddevPop, "stddev_pop", bounded=True, column="stddev_pop"),
+    # Covariances, correlation and least-squares regression of y on x, F(y, x) as in DuckDB
+    # and PostgreSQL; both arguments need finite bounds.
+    AggregateFunction(
+        exp.CovarPop, "covar_pop", bounded=True, pair=True, only=("this", "expression")
+    ),
+    AggregateFunction(
+        exp.CovarSamp, "covar_samp", bounded=True, pair=True, only=("this", "expression")
+    ),
+    AggregateFunction(exp.Corr, "corr", bounded=True, pair=True, only=("this", "expression")),
+    AggregateFunction(
+        exp.RegrSlope, "regr_slope", bounded=True, pair=True, only=("this", "expression")
+    ),
+    AggregateFunction(
+        exp.RegrIntercept, "regr_intercept", bounded=True, pair=True, only=("this", "expression")
+    ),
     # Quantiles, answered with the exponential mechanism; MIN and MAX are the quantiles 0 and 1.
     AggregateFunction(exp.Median, "quantile", bounded=True, order=Fraction(1, 2), only=("this",)),
     AggregateFunction(

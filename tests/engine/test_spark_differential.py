@@ -187,6 +187,12 @@ EXTRA: dict[str, tuple[str, Mapping[str, object]]] = {
         {"max_rows_per_unit": 7},
     ),
     "variance": ("SELECT region, VARIANCE(spend), STDDEV(age) FROM visits GROUP BY region", {}),
+    # Sums of products of centred values over the pairs' rows (dpsql.plan.aggregates.pairs).
+    "pairs": (
+        "SELECT region, COVAR_POP(spend, age), CORR(age, spend), REGR_SLOPE(spend, age), "
+        "REGR_INTERCEPT(spend, age * 2) FROM visits GROUP BY region",
+        {},
+    ),
     "direct_quantiles": (
         "SELECT MIN(spend), MAX(age), MEDIAN(spend), COUNT(DISTINCT item) FROM visits",
         {"max_rows_per_unit": 2},
@@ -466,7 +472,7 @@ def normalise_cell(value: Any) -> Any:
 # With binding bounds, the extra queries whose keyed-hash step the corpora do not have (R's
 # window over weighted rows, with a public table's domain, the direct form); all of them in
 # the full profile.
-BINDING_EXTRA = sorted(EXTRA) if FULL else ["direct_quantiles", "public_table_domain",
+BINDING_EXTRA = sorted(EXTRA) if FULL else ["direct_quantiles", "pairs", "public_table_domain",
                                             "weighted_row_cap"]  # fmt: skip
 BINDING_CASES = [(c, n) for c, n in CASES if c != "extra" or n in BINDING_EXTRA]
 

@@ -211,6 +211,12 @@ AGGREGATES = st.one_of(
             "SUM(top)",
             "AVG(top)",
             "COUNT(age)",
+            # Pair aggregates: the pairs' rows, products of centred values (docs/privacy.md).
+            "COVAR_POP(spend, age)",
+            "COVAR_SAMP(big, top)",
+            "CORR(age, spend)",
+            "REGR_SLOPE(spend, big)",
+            "REGR_INTERCEPT(top, CASE WHEN flag THEN spend END)",
         ]
     ),
 )

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dpsql.errors import InternalError
 from dpsql.plan.aggregates.avg import AVG
+from dpsql.plan.aggregates.pairs import PAIRS
 from dpsql.plan.aggregates.quantiles import QUANTILE
 from dpsql.plan.aggregates.rule import AggregateRule
 from dpsql.plan.aggregates.spreads import SPREADS
 from dpsql.plan.aggregates.totals import COUNTS, SUM
 
-AGGREGATES: tuple[AggregateRule, ...] = (*COUNTS, SUM, AVG, *SPREADS, QUANTILE)
+AGGREGATES: tuple[AggregateRule, ...] = (*COUNTS, SUM, AVG, *SPREADS, QUANTILE, *PAIRS)
 
 
 def rule_of(kind: str) -> AggregateRule:

@@ -215,7 +215,8 @@ class AggregateRule:
     estimator: Estimator
     weights: Weights
     binding: Binding
-    label: str  # "SUM({arg})": the aggregate's argument (or *) and a quantile's order {p}
+    # "SUM({arg})": the aggregate's argument (or *), a quantile's order {p}, F(y, x)'s y {arg2}
+    label: str
     total: bool = False
     exact: bool = False
     nonnegative: NonNegative = lambda est: False
@@ -225,7 +226,8 @@ class AggregateRule:
     def name(self, agg: Aggregate) -> str:
         """How EXPLAIN's target lines name ``agg``."""
         arg = agg.arg.sql("duckdb") if agg.arg is not None else "*"
-        return self.label.format(arg=arg, p=decimal_text(agg.p or Fraction(0)))
+        arg2 = agg.arg2.sql("duckdb") if agg.arg2 is not None else ""
+        return self.label.format(arg=arg, arg2=arg2, p=decimal_text(agg.p or Fraction(0)))
 
 
 __all__ = [
