@@ -93,18 +93,23 @@ FUNCTIONS: tuple[AggregateFunction, ...] = (
     AggregateFunction(exp.StddevPop, "stddev_pop", bounded=True, column="stddev_pop"),
     # Covariances, correlation and least-squares regression of y on x, F(y, x) as in DuckDB
     # and PostgreSQL; both arguments need finite bounds.
-    AggregateFunction(
-        exp.CovarPop, "covar_pop", bounded=True, pair=True, only=("this", "expression")
-    ),
-    AggregateFunction(
-        exp.CovarSamp, "covar_samp", bounded=True, pair=True, only=("this", "expression")
-    ),
-    AggregateFunction(exp.Corr, "corr", bounded=True, pair=True, only=("this", "expression")),
-    AggregateFunction(
-        exp.RegrSlope, "regr_slope", bounded=True, pair=True, only=("this", "expression")
-    ),
-    AggregateFunction(
-        exp.RegrIntercept, "regr_intercept", bounded=True, pair=True, only=("this", "expression")
+    *(
+        AggregateFunction(
+            node,
+            kind,
+            bounded=True,
+            pair=True,
+            only=("this", "expression"),
+            name=kind.upper(),
+            column=kind,
+        )
+        for node, kind in (
+            (exp.CovarPop, "covar_pop"),
+            (exp.CovarSamp, "covar_samp"),
+            (exp.Corr, "corr"),
+            (exp.RegrSlope, "regr_slope"),
+            (exp.RegrIntercept, "regr_intercept"),
+        )
     ),
     # Quantiles, answered with the exponential mechanism; MIN and MAX are the quantiles 0 and 1.
     AggregateFunction(exp.Median, "quantile", bounded=True, order=Fraction(1, 2), only=("this",)),
