@@ -78,6 +78,14 @@ class AggregateFunction:
         return any(k not in self.only and v not in (None, []) for k, v in node.args.items())
 
 
+_PAIRS: tuple[tuple[type[exp.Expression], AggregateKind], ...] = (
+    (exp.CovarPop, "covar_pop"),
+    (exp.CovarSamp, "covar_samp"),
+    (exp.Corr, "corr"),
+    (exp.RegrSlope, "regr_slope"),
+    (exp.RegrIntercept, "regr_intercept"),
+)
+
 FUNCTIONS: tuple[AggregateFunction, ...] = (
     AggregateFunction(
         exp.Count, "count", star="count_rows", distinct="count_distinct", units="count_units"
@@ -103,13 +111,7 @@ FUNCTIONS: tuple[AggregateFunction, ...] = (
             name=kind.upper(),
             column=kind,
         )
-        for node, kind in (
-            (exp.CovarPop, "covar_pop"),
-            (exp.CovarSamp, "covar_samp"),
-            (exp.Corr, "corr"),
-            (exp.RegrSlope, "regr_slope"),
-            (exp.RegrIntercept, "regr_intercept"),
-        )
+        for node, kind in _PAIRS
     ),
     # Quantiles, answered with the exponential mechanism; MIN and MAX are the quantiles 0 and 1.
     AggregateFunction(exp.Median, "quantile", bounded=True, order=Fraction(1, 2), only=("this",)),
