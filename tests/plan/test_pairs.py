@@ -373,7 +373,7 @@ def test_the_released_interval_covers_the_truth(tmp_path: Path) -> None:
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("kind", ["COVAR_POP", "CORR", "REGR_INTERCEPT"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_audit_a_neighbour_shows_no_more_loss_than_charged(tmp_path: Path, kind: str) -> None:
     """The released value on D (40 units) and on D' (one more unit with C pairs at opposite
     corners of the bounds in each region, the most it can move P, the sums and the squares),
