@@ -436,7 +436,7 @@ TARGETED = st.sampled_from(
 
 
 @settings(
-    max_examples=examples(10) * EXAMPLES // 15,
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -477,7 +477,7 @@ SET_OPERATIONS = st.sampled_from(
 
 
 @settings(
-    max_examples=examples(10) * EXAMPLES // 15,
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
