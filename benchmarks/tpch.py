@@ -231,7 +231,11 @@ PRICE = clamp("l_extendedprice", 0, 105000)
 DISC = clamp("l_discount", 0, 0.1)
 TAX = clamp("l_tax", 0, 0.08)
 QTY = clamp("l_quantity", 0, 50)
-LINES_TO_CUSTOMER = "lineitem JOIN orders ON l_orderkey = o_orderkey"
+# Each line to its customer, as dpsql resolves the path (a line whose order or customer is
+# missing belongs to nobody and is dropped).
+LINES_TO_CUSTOMER = (
+    "lineitem JOIN orders ON l_orderkey = o_orderkey JOIN customer ON o_custkey = c_custkey"
+)
 INTERVAL = "`DATE ... + INTERVAL` written as the date it gives (dpsql refuses INTERVAL)"
 COMMAS = "comma joins written as JOIN ... ON (a comma is a CROSS JOIN of private tables)"
 DOMAIN = "dpsql releases every value of a public key's domain, {n} of them empty here"
@@ -269,8 +273,7 @@ GROUP BY o_orderdate, o_shippriority
 ORDER BY revenue DESC, o_orderdate
 LIMIT 10""", 2, {"max_rows_per_unit_per_group": 8},
         hand_rel=f"SELECT c_custkey AS u, o_orderdate AS k0, o_shippriority AS k1, "
-        f"{PRICE} * (1 - {DISC}) AS v0 FROM {LINES_TO_CUSTOMER} JOIN customer "
-        "ON o_custkey = c_custkey WHERE c_mktsegment = 'BUILDING' "
+        f"{PRICE} * (1 - {DISC}) AS v0 FROM {LINES_TO_CUSTOMER} WHERE c_mktsegment = 'BUILDING' "
         "AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15'",
         hand_out="k0, k1, SUM(v0)"),
     TpchQuery(4, ADAPTED, ("EXISTS (a subquery in WHERE) written as SEMI JOIN lineitem along "
@@ -281,7 +284,8 @@ FROM orders SEMI JOIN lineitem ON l_orderkey = o_orderkey AND l_commitdate < l_r
 WHERE o_orderdate >= DATE '1993-07-01' AND o_orderdate < DATE '1993-10-01'
 GROUP BY o_orderpriority
 ORDER BY o_orderpriority""", 1, {"max_rows_per_unit_per_group": 4},
-        hand_rel="SELECT o_custkey AS u, o_orderpriority AS k0 FROM orders SEMI JOIN lineitem "
+        hand_rel="SELECT o_custkey AS u, o_orderpriority AS k0 FROM orders JOIN customer "
+        "ON o_custkey = c_custkey SEMI JOIN lineitem "
         "ON l_orderkey = o_orderkey AND l_commitdate < l_receiptdate "
         "WHERE o_orderdate >= DATE '1993-07-01' AND o_orderdate < DATE '1993-10-01'",
         hand_out="k0, COUNT(*)"),
@@ -296,7 +300,7 @@ WHERE r_name = 'ASIA' AND o_orderdate >= DATE '1994-01-01' AND o_orderdate < DAT
 GROUP BY n_name
 ORDER BY revenue DESC""", 1, {"max_groups_per_unit": 1, "max_rows_per_unit_per_group": 4},
         hand_rel=f"SELECT c_custkey AS u, n_name AS k0, {PRICE} * (1 - {DISC}) AS v0 "
-        f"FROM {LINES_TO_CUSTOMER} JOIN customer ON o_custkey = c_custkey JOIN supplier "
+        f"FROM {LINES_TO_CUSTOMER} JOIN supplier "
         "ON l_suppkey = s_suppkey AND c_nationkey = s_nationkey JOIN nation "
         "ON s_nationkey = n_nationkey JOIN region ON n_regionkey = r_regionkey "
         "WHERE r_name = 'ASIA' AND o_orderdate >= DATE '1994-01-01' "
@@ -329,7 +333,7 @@ GROUP BY supp_nation, cust_nation, l_year
 ORDER BY supp_nation, cust_nation, l_year""", 3, {"max_rows_per_unit_per_group": 4},
         hand_rel=f"SELECT c_custkey AS u, n1.n_name AS k0, n2.n_name AS k1, "
         f"EXTRACT(year FROM l_shipdate) AS k2, {PRICE} * (1 - {DISC}) AS v0 "
-        f"FROM {LINES_TO_CUSTOMER} JOIN customer ON c_custkey = o_custkey JOIN supplier "
+        f"FROM {LINES_TO_CUSTOMER} JOIN supplier "
         "ON s_suppkey = l_suppkey JOIN nation n1 ON s_nationkey = n1.n_nationkey "
         "JOIN nation n2 ON c_nationkey = n2.n_nationkey "
         "WHERE ((n1.n_name = 'FRANCE' AND n2.n_name = 'GERMANY') "
@@ -352,7 +356,7 @@ GROUP BY o_year
 ORDER BY o_year""", 1, {"max_rows_per_unit_per_group": 4},
         hand_rel=f"SELECT c_custkey AS u, EXTRACT(year FROM o_orderdate) AS k0, "
         f"{PRICE} * (1 - {DISC}) AS v0, n2.n_name AS v1 FROM {LINES_TO_CUSTOMER} "
-        "JOIN customer ON o_custkey = c_custkey JOIN part ON p_partkey = l_partkey "
+        "JOIN part ON p_partkey = l_partkey "
         "JOIN supplier ON s_suppkey = l_suppkey JOIN nation n1 ON c_nationkey = n1.n_nationkey "
         "JOIN region ON n1.n_regionkey = r_regionkey JOIN nation n2 "
         "ON s_nationkey = n2.n_nationkey WHERE r_name = 'AMERICA' "
@@ -487,7 +491,8 @@ GROUP BY s_name
 ORDER BY numwait DESC, s_name
 LIMIT 100""", 1, {"max_groups_per_unit": 2, "max_rows_per_unit_per_group": 1},
         hand_rel="SELECT o_custkey AS u, s_name AS k0 FROM lineitem l1 JOIN orders "
-        "ON o_orderkey = l1.l_orderkey JOIN supplier ON s_suppkey = l1.l_suppkey JOIN nation "
+        "ON o_orderkey = l1.l_orderkey JOIN customer ON o_custkey = c_custkey "
+        "JOIN supplier ON s_suppkey = l1.l_suppkey JOIN nation "
         "ON s_nationkey = n_nationkey SEMI JOIN lineitem l2 ON l2.l_orderkey = o_orderkey "
         "AND l2.l_suppkey <> l1.l_suppkey ANTI JOIN lineitem l3 ON l3.l_orderkey = o_orderkey "
         "AND l3.l_suppkey <> l1.l_suppkey AND l3.l_receiptdate > l3.l_commitdate "
