@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from dpsql.analyze.intervals import Interval
 from dpsql.analyze.scope import (
-    NUMERIC,
+    COMPARABLE,
     Relation,
     RelColumn,
     _alias_of,
@@ -96,6 +96,12 @@ class Joins:
             condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
             clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
             kinds.append(side if side in ("LEFT", "RIGHT", "FULL") else kind)
+        if not any(r.private for r in inputs):
+            names = ", ".join(dict.fromkeys(t for r in inputs for t in r.tables))
+            raise UnsupportedQueryError(
+                f"a join of public tables only ({names}): dpsql answers queries over private "
+                "tables; query public data directly"
+            )
         return self._combine(inputs, aliases, clauses, kinds)
 
     @staticmethod
@@ -172,7 +178,7 @@ class Joins:
         for column in (conjunct.this, conjunct.expression):
             assert isinstance(column, exp.Column)
             types.append(inputs[int(column.table[2:])].columns[column.name].type.lower())
-        return types[0] == types[1] or all(t in NUMERIC for t in types)
+        return types[0] == types[1] or all(t in COMPARABLE for t in types)
 
     def _check_unit_join(
         self, left_private: list[Relation], on: exp.Expression, inputs: list[Relation], word: str
@@ -216,7 +222,7 @@ class Joins:
                     left.columns[left.unit].type.lower(),
                     right.columns[right.unit].type.lower(),
                 }
-                if len(kinds) > 1 and not kinds <= NUMERIC:
+                if len(kinds) > 1 and not kinds <= COMPARABLE:
                     # The engine would cast one unit to the other's type, which can fail on a
                     # value: refused on the schema.
                     raise UnsupportedQueryError(
@@ -292,7 +298,7 @@ class Joins:
             # A row of either side alone carries that side's unit; a matched row, both (equal).
             ends = [_quote(f"_j{i}") + "." + _quote(str(inputs[i].unit)) for i in (0, 1)]
             kinds_of_units = {inputs[i].columns[str(inputs[i].unit)].type.lower() for i in (0, 1)}
-            if len(kinds_of_units) > 1 and not kinds_of_units <= NUMERIC:
+            if len(kinds_of_units) > 1 and not kinds_of_units <= COMPARABLE:
                 raise UnsupportedQueryError(
                     "a FULL JOIN of private relations needs units of one type"
                 )

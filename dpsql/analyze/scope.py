@@ -29,6 +29,10 @@ NUMERIC = {
     "uinteger", "ubigint", "uhugeint", "float", "double", "real",
 }  # fmt: skip
 INTEGER = {t for t in NUMERIC if t not in {"float", "double", "real"}}
+# Numbers of two different types that the engine compares, joins or unions without a cast that
+# can fail on a value: UHUGEINT beside a signed integer is cast to INT128, which raises past
+# 2^127 (DuckDB 2.0.1), so it is comparable with UHUGEINT only.
+COMPARABLE = NUMERIC - {"uhugeint"}
 # DuckDB's signed integer types, as its DESCRIBE names them, and the values each holds.
 SIGNED_RANGES = {
     "TINYINT": (-(2**7), 2**7 - 1),

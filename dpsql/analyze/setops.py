@@ -25,7 +25,7 @@ from sqlglot import exp
 
 from dpsql.analyze.intervals import Interval
 from dpsql.analyze.joins import _merged_spec
-from dpsql.analyze.scope import NUMERIC, UNIT_COLUMN, Describe, Relation, RelColumn, _quote
+from dpsql.analyze.scope import COMPARABLE, UNIT_COLUMN, Describe, Relation, RelColumn, _quote
 from dpsql.errors import UnsupportedQueryError
 
 _MAX_BRANCHES = 16
@@ -98,7 +98,7 @@ class SetOps:
         columns: dict[str, RelColumn] = {}
         for i, out in enumerate(visible):
             kinds = {b.columns[n[i]].type.lower() for b, n in zip(branches, names_of, strict=True)}
-            if len(kinds) > 1 and not kinds <= NUMERIC:
+            if len(kinds) > 1 and not kinds <= COMPARABLE:
                 raise UnsupportedQueryError(
                     f"column {i + 1} of the {words[0]} is of types "
                     f"{', '.join(sorted(k.upper() for k in kinds))}: the engine would cast one "
@@ -110,7 +110,7 @@ class SetOps:
             columns[out] = RelColumn(first.columns[out].type, interval)
         assert first.unit is not None
         kinds = {b.columns[str(b.unit)].type.lower() for b in branches}
-        if len(kinds) > 1 and not kinds <= NUMERIC:
+        if len(kinds) > 1 and not kinds <= COMPARABLE:
             raise UnsupportedQueryError(
                 f"the branches of the {words[0]} have units of types "
                 f"{', '.join(sorted(k.upper() for k in kinds))}; declare units of one type"

@@ -20,7 +20,7 @@ raises on a value: checked on the schema, before anything runs.
 
 from __future__ import annotations
 
-from dpsql.analyze.scope import NUMERIC, UNIT_COLUMN, Catalog, _quote
+from dpsql.analyze.scope import COMPARABLE, UNIT_COLUMN, Catalog, _quote
 from dpsql.errors import SchemaError
 from dpsql.policy import Policy
 
@@ -41,7 +41,7 @@ def _check(policy: Policy, catalog: Catalog, name: str) -> None:
     for link in policy.tables[name].unit_path:
         here = _type(catalog, at, link.column, name, link.text())
         there = _type(catalog, link.table, link.key, name, link.text())
-        if here != there and not (here in NUMERIC and there in NUMERIC):
+        if here != there and not (here in COMPARABLE and there in COMPARABLE):
             raise SchemaError(
                 f"the unit path of {name} compares {at}.{link.column} ({here.upper()}) with "
                 f"{link.table}.{link.key} ({there.upper()}): its keys must be of one type"

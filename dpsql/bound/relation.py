@@ -17,6 +17,7 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis
 from dpsql.analyze.sample import sample_filter
+from dpsql.analyze.scope import COMPARABLE
 from dpsql.bound.filters import (
     Total,
     cell_join,
@@ -73,12 +74,42 @@ def _filters(analysis: Analysis, bounding: Bounding, total_: Total) -> list[Node
         # Each unit in or out as a whole, by a keyed PRF, before any bound (dpsql.analyze.sample).
         filters.append(fragment(kept))
     if analysis.where is not None:
-        filters.append(exp.Is(this=total_(as_boolean(analysis.where)), expression=exp.true()))
+        # An equality of two columns of one type cannot raise: left bare, so that the engine
+        # sees a join condition in it (FROM lineitem, part WHERE l_partkey = p_partkey is a
+        # hash join, not a cross product filtered row by row); the rest is made total.
+        terms = _conjuncts(analysis.where)
+        bare = [c for c in terms if _plain_equality(c, analysis)]
+        others = [c for c in terms if not _plain_equality(c, analysis)]
+        filters += [c.copy() for c in bare]
+        if others:
+            rest = analysis.where if not bare else all_of([c.copy() for c in others])
+            filters.append(exp.Is(this=total_(as_boolean(rest)), expression=exp.true()))
     for i, key in enumerate(analysis.keys):
         test = domain_filter(key, i, _built(total_, key.expr))
         if test is not None:
             filters.append(test)
     return filters
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    """The top-level AND terms of a condition (parentheses around one are looked through)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        return [*_conjuncts(node.this), *_conjuncts(node.expression)]
+    return [node]
+
+
+def _plain_equality(node: exp.Expression, analysis: Analysis) -> bool:
+    """``a = b`` of two columns of the relation whose types are the same, or both numbers: the
+    engine compares them without a cast that could fail on a value."""
+    if not isinstance(node, exp.EQ):
+        return False
+    sides = (node.this, node.expression)
+    if not all(isinstance(c, exp.Column) and c.name in analysis.columns for c in sides):
+        return False
+    types = {analysis.columns[c.name].lower() for c in sides}
+    return len(types) == 1 or types <= COMPARABLE
 
 
 def relation_rows(

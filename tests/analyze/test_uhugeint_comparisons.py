@@ -1,0 +1,96 @@
+"""An equality between a UHUGEINT and a signed integer fails on a value past 2^127 (DuckDB casts
+both to INT128), so it may never reach the engine bare: in a join's ON, a WHERE that joins a
+comma list (left bare so that the engine sees a join condition), a set operation or a unit
+path. Each query here is refused before the charge, or runs without an error on data that holds
+2^128 - 1 (DESIGN.md section 5: whether a query fails must not depend on the data).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dpsql.errors import UnsupportedQueryError
+from dpsql.policy import Policy, load_policy
+from dpsql.session.session import Session
+
+HUGE = 2**128 - 1
+
+
+def _policy(tmp_path: Path) -> Policy:
+    path = tmp_path / "data.duckdb"
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("CREATE TABLE a (uid BIGINT, big UHUGEINT, k BIGINT)")
+        con.execute(f"INSERT INTO a VALUES (1, {HUGE}::UHUGEINT, 5), (2, 5, 5)")
+        con.execute("CREATE TABLE b (uid BIGINT, k BIGINT)")
+        con.execute("INSERT INTO b VALUES (1, 5), (2, -3)")
+        con.execute("CREATE TABLE p (k BIGINT, label VARCHAR)")
+        con.execute("INSERT INTO p VALUES (5, 'x'), (-3, 'y')")
+    finally:
+        con.close()
+    return load_policy(
+        {
+            "dataset": {"id": "uhugeint"},
+            "data": {"database": str(path)},
+            "budget": {"diagnose": False, "epsilon": 100, "query_epsilon": 1},
+            "tables": {
+                "a": {
+                    "privacy_unit": "uid",
+                    "unit_domain": "person",
+                    "max_groups_per_unit": 2,
+                    "max_rows_per_unit_per_group": 3,
+                    "columns": {"big": {"lower": 0, "upper": 10}, "k": {"lower": -9, "upper": 9}},
+                },
+                "b": {
+                    "privacy_unit": "uid",
+                    "unit_domain": "person",
+                    "max_groups_per_unit": 2,
+                    "max_rows_per_unit_per_group": 3,
+                    "columns": {"k": {"lower": -9, "upper": 9}},
+                },
+                "p": {"public": True},
+            },
+        },
+        base_dir=tmp_path,
+    )
+
+
+QUERIES = [
+    "SELECT COUNT(*) FROM a JOIN p ON a.big = p.k",
+    "SELECT COUNT(*) FROM a, p WHERE a.big = p.k",
+    "SELECT COUNT(*) FROM a, p WHERE a.big = p.k AND a.k = p.k",
+    "SELECT COUNT(*) FROM a JOIN b ON a.uid = b.uid AND a.big = b.k",
+    "SELECT COUNT(*) FROM (SELECT uid, big FROM a UNION SELECT uid, k FROM b) AS t",
+    "SELECT COUNT(*) FROM (SELECT big FROM a UNION ALL SELECT k FROM b) AS t",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_a_uhugeint_equality_never_fails_on_the_data(sql: str, tmp_path: Path) -> None:
+    session = Session(_policy(tmp_path))
+    try:
+        try:
+            plan = session.plan(sql)
+        except UnsupportedQueryError:
+            assert session.budget().epsilon_spent == 0
+            return
+        session.engine.run(plan.engine_sql)  # a ConversionException here is the bug
+    finally:
+        session.close()
+
+
+def test_an_equality_of_one_type_is_left_bare_for_the_engine(tmp_path: Path) -> None:
+    """The comma join's equality of two BIGINTs reaches the engine as a join condition (not
+    inside TRY), and gives the same totals as the ON form."""
+    session = Session(_policy(tmp_path))
+    try:
+        comma = session.plan("SELECT COUNT(*) FROM a, p WHERE a.k = p.k")
+        joined = session.plan("SELECT COUNT(*) FROM a JOIN p ON a.k = p.k")
+        assert 'WHERE "a_k" = "p_k"' in comma.engine_sql or 'WHERE "k" = ' in comma.engine_sql
+        assert "TRY(" not in comma.engine_sql.split("_rows AS")[1].split("_vals AS")[0]
+        assert session.engine.run(comma.engine_sql)[1] == session.engine.run(joined.engine_sql)[1]
+    finally:
+        session.close()
