@@ -32,6 +32,7 @@ from dpsql.release.post import check_post_processing
 from dpsql.session import auto
 from dpsql.session.effective import Settings
 from dpsql.session.probes import Probes
+from dpsql.sql.dates import fold_intervals
 from dpsql.sql.options import check_privacy_unit
 from dpsql.sql.params import bind_parameters
 from dpsql.sql.parse import DIALECT
@@ -64,7 +65,9 @@ def prepare(
     # TABLESAMPLE is dpsql's to interpret, never the engine's (dpsql.analyze.sample).
     original = select
     select, sampled, sampled_tables = take_sample(select)
-    bound = bind_parameters(select, params)
+    # Constant date ± INTERVAL folded into its date (dpsql.sql.dates), then validated.
+    bound = fold_intervals(bind_parameters(select, params))
+    assert isinstance(bound, exp.Select)
     validate(bound)
     # Bounds a query may choose (dpsql.session.auto): clamps at their widest candidates, so
     # that it can be analysed before any is chosen; after the choice, at the chosen values.
