@@ -36,6 +36,13 @@ class PerUnit:
         keys = [resolve_expr(k, source, "GROUP BY") for k in (group.expressions if group else [])]
         assert source.unit is not None
         if not any(isinstance(k, exp.Column) and k.name == source.unit for k in keys):
+            if source.unit.startswith("_dpsql"):
+                # A unit resolved along a path (or a FULL JOIN's) is no column a query can name.
+                raise UnsupportedQueryError(
+                    f"a subquery that aggregates must GROUP BY the privacy unit, and "
+                    f"{source.table}'s unit is reached through its unit_path (or an outer "
+                    "join), not a column: aggregate per unit from the table the path ends at"
+                )
             raise UnsupportedQueryError(
                 f"a subquery that aggregates must GROUP BY the privacy unit {source.unit}: "
                 "otherwise its rows combine several units"
