@@ -77,7 +77,7 @@ def _filters(analysis: Analysis, bounding: Bounding, total_: Total) -> list[Node
         # An equality of two columns of one type cannot raise: left bare, so that the engine
         # sees a join condition in it (FROM lineitem, part WHERE l_partkey = p_partkey is a
         # hash join, not a cross product filtered row by row); the rest is made total.
-        terms = _conjuncts(analysis.where)
+        terms = [t for c in _conjuncts(analysis.where) for t in _factored(c, analysis)]
         bare = [c for c in terms if _plain_equality(c, analysis)]
         others = [c for c in terms if not _plain_equality(c, analysis)]
         filters += [c.copy() for c in bare]
@@ -98,6 +98,41 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
     if isinstance(node, exp.And):
         return [*_conjuncts(node.this), *_conjuncts(node.expression)]
     return [node]
+
+
+def _disjuncts(node: exp.Expression) -> list[exp.Expression]:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Or):
+        return [*_disjuncts(node.this), *_disjuncts(node.expression)]
+    return [node]
+
+
+def _factored(term: exp.Expression, analysis: Analysis) -> list[exp.Expression]:
+    """``term``, or, for an OR whose every branch holds the same plain equalities (TPC-H Q19:
+    ``(p_partkey = l_partkey AND ...) OR (p_partkey = l_partkey AND ...)``), those equalities
+    and the OR of what is left: (A AND B) OR (A AND C) is A AND (B OR C) in SQL's three-valued
+    logic too (a distributive lattice), and A cannot raise."""
+    branches = [_conjuncts(b) for b in _disjuncts(term)]
+    if len(branches) < 2:
+        return [term]
+    texts = [{c.sql(dialect=DIALECT) for c in b} for b in branches]
+    common = [
+        c
+        for c in branches[0]
+        if _plain_equality(c, analysis) and all(c.sql(dialect=DIALECT) in t for t in texts)
+    ]
+    if not common:
+        return [term]
+    shared = {c.sql(dialect=DIALECT) for c in common}
+    rests = [[c for c in b if c.sql(dialect=DIALECT) not in shared] for b in branches]
+    if any(not rest for rest in rests):
+        return common  # a branch is the common part alone: the OR holds whenever it does
+    parts = [exp.Paren(this=all_of([c.copy() for c in rest])) for rest in rests]
+    either: exp.Expression = parts[0]
+    for part in parts[1:]:
+        either = exp.Or(this=either, expression=part)
+    return [*common, either]
 
 
 def _plain_equality(node: exp.Expression, analysis: Analysis) -> bool:
