@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
+from dpsql.analyze.equalities import split_where
 from dpsql.analyze.intervals import Interval, interval_of
 from dpsql.analyze.joins import Joins
 from dpsql.analyze.per_unit import PerUnit, _item_name, _output_named
@@ -219,8 +220,13 @@ class Builder(Joins, PerUnit, SetOps):
             condition = resolve_expr(where.this, source, "WHERE")
             if condition.find(exp.AggFunc):
                 raise UnsupportedQueryError("an aggregate is not allowed in WHERE")
-            total_condition = self.total(as_boolean(condition), integers)
-            filters = f" WHERE {total_condition.sql(dialect='duckdb')} IS TRUE"
+            # Plain equalities bare (a comma join's condition), the rest made total.
+            bare, rest = split_where(condition, {n: c.type for n, c in source.columns.items()})
+            parts = [b.sql(dialect="duckdb") for b in bare]
+            if rest is not None:
+                total_condition = self.total(as_boolean(rest), integers)
+                parts.append(f"{total_condition.sql(dialect='duckdb')} IS TRUE")
+            filters = " WHERE " + " AND ".join(parts)
         if select.args.get("group") or any(e.find(exp.AggFunc) for e in select.expressions):
             return self._per_unit(select, source, filters, name)
         if select.args.get("having"):

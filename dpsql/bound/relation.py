@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis
+from dpsql.analyze.equalities import split_where
 from dpsql.analyze.sample import sample_filter
-from dpsql.analyze.scope import COMPARABLE
 from dpsql.bound.filters import (
     Total,
     cell_join,
@@ -77,81 +77,15 @@ def _filters(analysis: Analysis, bounding: Bounding, total_: Total) -> list[Node
         # An equality of two columns of one type cannot raise: left bare, so that the engine
         # sees a join condition in it (FROM lineitem, part WHERE l_partkey = p_partkey is a
         # hash join, not a cross product filtered row by row); the rest is made total.
-        terms = [t for c in _conjuncts(analysis.where) for t in _factored(c, analysis)]
-        bare = [c for c in terms if _plain_equality(c, analysis)]
-        others = [c for c in terms if not _plain_equality(c, analysis)]
-        filters += [c.copy() for c in bare]
-        if others:
-            rest = analysis.where if not bare else all_of([c.copy() for c in others])
+        bare, rest = split_where(analysis.where, analysis.columns)
+        filters += bare
+        if rest is not None:
             filters.append(exp.Is(this=total_(as_boolean(rest)), expression=exp.true()))
     for i, key in enumerate(analysis.keys):
         test = domain_filter(key, i, _built(total_, key.expr))
         if test is not None:
             filters.append(test)
     return filters
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    """The top-level AND terms of a condition (parentheses around one are looked through)."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return [*_conjuncts(node.this), *_conjuncts(node.expression)]
-    return [node]
-
-
-def _disjuncts(node: exp.Expression) -> list[exp.Expression]:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.Or):
-        return [*_disjuncts(node.this), *_disjuncts(node.expression)]
-    return [node]
-
-
-def _factored(term: exp.Expression, analysis: Analysis) -> list[exp.Expression]:
-    """``term``, or, for an OR whose every branch holds the same plain equalities (TPC-H Q19:
-    ``(p_partkey = l_partkey AND ...) OR (p_partkey = l_partkey AND ...)``), those equalities
-    and the OR of what is left: (A AND B) OR (A AND C) is A AND (B OR C) in SQL's three-valued
-    logic too (a distributive lattice), and A cannot raise."""
-    branches = [_conjuncts(b) for b in _disjuncts(term)]
-    if len(branches) < 2:
-        return [term]
-    texts = [{c.sql(dialect=DIALECT) for c in b} for b in branches]
-    common = [
-        c
-        for c in branches[0]
-        if _plain_equality(c, analysis) and all(c.sql(dialect=DIALECT) in t for t in texts)
-    ]
-    if not common:
-        return [term]
-    shared = {c.sql(dialect=DIALECT) for c in common}
-    rests = [[c for c in b if c.sql(dialect=DIALECT) not in shared] for b in branches]
-    if any(not rest for rest in rests):
-        return common  # a branch is the common part alone: the OR holds whenever it does
-    parts = [exp.Paren(this=all_of([c.copy() for c in rest])) for rest in rests]
-    either: exp.Expression = parts[0]
-    for part in parts[1:]:
-        either = exp.Or(this=either, expression=part)
-    return [*common, either]
-
-
-def _plain_equality(node: exp.Expression, analysis: Analysis) -> bool:
-    """``a = b`` of two columns of the relation whose types are the same, or both numbers: the
-    engine compares them without a cast that could fail on a value. Not of floating-point
-    columns: NaN equals NaN to DuckDB and is missing from Parquet's statistics, so such a
-    filter stays inside TRY, never pushed into a scan (the note on the engine's config)."""
-    if not isinstance(node, exp.EQ):
-        return False
-    sides = (node.this, node.expression)
-    if not all(isinstance(c, exp.Column) and c.name in analysis.columns for c in sides):
-        return False
-    types = {analysis.columns[c.name].lower() for c in sides}
-    if types & _FLOATS:
-        return False
-    return len(types) == 1 or types <= COMPARABLE
-
-
-_FLOATS = {"float", "double", "real"}
 
 
 def relation_rows(

@@ -146,3 +146,23 @@ def test_equalities_common_to_every_branch_are_a_join_condition(
         assert totals[0][0] > 0  # rows do meet the condition: the comparison could fail
     finally:
         session.close()
+
+
+@pytest.mark.parametrize(
+    "condition",
+    ["{eq}", "{eq} AND p.label = 'x'", "({eq} AND p.label = 'x') OR ({eq} AND a.big > 3)"],
+)
+def test_a_subquerys_equalities_are_a_join_condition_too(condition: str, tmp_path: Path) -> None:
+    """The same split in a FROM-subquery's WHERE (a comma join inside it was a cross product
+    at the engine): bare, and the same totals as made total."""
+    session = Session(_policy(tmp_path))
+    try:
+        sql = "SELECT COUNT(*), SUM(k) FROM (SELECT a.uid, a.k FROM a, p WHERE {}) AS t"
+        bare = session.plan(sql.format(condition.format(eq="a.k = p.k")))
+        kept = session.plan(sql.format(condition.format(eq="a.k + 0 = p.k")))
+        assert '"a_k" = "p_k" AND' in bare.engine_sql or '"a_k" = "p_k")' in bare.engine_sql
+        totals = session.engine.run(bare.engine_sql)[1]
+        assert totals == session.engine.run(kept.engine_sql)[1]
+        assert totals[0][0] > 0
+    finally:
+        session.close()
