@@ -29,10 +29,7 @@ def split_where(
         return [], where
     if not others:
         return bare, None
-    rest = others[0].copy()
-    for term in others[1:]:
-        rest = exp.And(this=rest, expression=term.copy())
-    return bare, rest
+    return bare, _all_of([c.copy() for c in others])
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:

@@ -48,7 +48,7 @@ from dpsql.bound.grid import Grid, value_grid
 from dpsql.bound.specs import MeasurementSpec
 from dpsql.errors import UnsupportedQueryError
 from dpsql.plan.aggregates.rule import AggregateRule, Builder, Ratio
-from dpsql.plan.aggregates.spreads import _moment_range
+from dpsql.plan.aggregates.spreads import _ROUNDING, _moment_range, square_range
 from dpsql.plan.estimators import FloatArray, _each, half_width
 from dpsql.plan.plans import Estimate, Measurement
 from dpsql.sql.aggregates import AggregateKind
@@ -68,8 +68,6 @@ _NAMES: dict[AggregateKind, str] = {
     "regr_slope": "REGR_SLOPE",
     "regr_intercept": "REGR_INTERCEPT",
 }
-# Relative widening of an interval's ends for float rounding (as ``spreads._ROUNDING``).
-_ROUNDING = 1e-12
 
 Pair = tuple[FloatArray, FloatArray]
 
@@ -172,10 +170,7 @@ class _Box:
         q, s, k_q, k_s = self.arrays[4 + i], self.arrays[1 + i], self.k[4 + i], self.k[1 + i]
         unit = self.units[i] ** 2
         var = np.maximum(q / self.n1 - (s / self.n1) ** 2, 0.0) * unit
-        a_lo, a_hi = np.abs(s - k_s), np.abs(s + k_s)
-        s_min = np.where(np.abs(s) <= k_s, 0.0, np.minimum(a_lo, a_hi))
-        s_max = np.maximum(a_lo, a_hi)
-        low, high = _moment_range((q - k_q, q + k_q), (s_min**2, s_max**2), self.u)
+        low, high = _moment_range((q - k_q, q + k_q), square_range(s, k_s), self.u)
         return var, (low * unit, high * unit)
 
     def mean(self, i: int) -> tuple[FloatArray, Pair]:

@@ -88,6 +88,14 @@ def _moment_range(
     return low - _ROUNDING * size, high + _ROUNDING * size
 
 
+def square_range(s: FloatArray, k: float) -> tuple[FloatArray, FloatArray]:
+    """The range of S² for S in s ± k: from 0 when the interval holds 0, else from its nearer
+    end, to its farther end."""
+    a_lo, a_hi = np.abs(s - k), np.abs(s + k)
+    s_min = np.where(np.abs(s) <= k, 0.0, np.minimum(a_lo, a_hi))
+    return s_min**2, np.maximum(a_lo, a_hi) ** 2
+
+
 def _spread(
     estimate: Estimate,
     measurements: Sequence[Measurement],
@@ -125,11 +133,7 @@ def _spread(
                   math.nextafter(confidence ** (1 / 3), 1.0))  # fmt: skip
     k_q, k_s, k_n = (float(half_width(measurements[i], joint)) for i in estimate.measurements)
     n_lo, n_hi = np.maximum(n - k_n, 1.0), np.maximum(n + k_n, 1.0)
-    a_lo, a_hi = np.abs(s - k_s), np.abs(s + k_s)
-    # The range of |S|: from 0 when the interval of S holds 0, else from its nearer end.
-    s_min = np.where(np.abs(s) <= k_s, 0.0, np.minimum(a_lo, a_hi))
-    s_max = np.maximum(a_lo, a_hi)
-    low, high = _moment_range((q - k_q, q + k_q), (s_min**2, s_max**2), (1.0 / n_hi, 1.0 / n_lo))
+    low, high = _moment_range((q - k_q, q + k_q), square_range(s, k_s), (1.0 / n_hi, 1.0 / n_lo))
     low, high = np.maximum(low, 0.0), np.maximum(high, 0.0)
     if samp:
         # N/(N - 1) (N/1 below 2) rises on [1, 2] and falls after: its peak 2 is at N = 2.
