@@ -51,6 +51,9 @@ class EngineSpec(BaseModel):
     # Half the machine's memory: DuckDB's own default (80%) leaves too little for the rest.
     memory_limit: str = Field(default="50%", max_length=20)
     temp_directory: Path | None = None  # default: a private directory under the system's
+    # The most the engine may write to temp_directory (DuckDB's max_temp_directory_size): past
+    # it a query fails as past its memory. Default: DuckDB's, 90% of the disk's free space.
+    max_spill: str | None = Field(default=None, max_length=20)
     threads: int | None = Field(default=None, ge=1, le=1024)  # default: every core
 
     @field_validator("memory_limit")
@@ -61,6 +64,16 @@ class EngineSpec(BaseModel):
             raise ValueError("memory_limit must be a size like '4GB', '512MiB' or '50%'")
         if match.group(2) == "%" and not 0 < float(value.strip()[:-1]) <= 100:
             raise ValueError("a memory_limit share must be above 0% and at most 100%")
+        return value.strip()
+
+    @field_validator("max_spill")
+    @classmethod
+    def _spill(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = _MEMORY.match(value.strip())
+        if match is None or match.group(2) == "%":
+            raise ValueError("max_spill must be a size like '100GB' or '512MiB'")
         return value.strip()
 
     @field_validator("master", "remote")

@@ -329,10 +329,15 @@ def test_the_engine_section_of_the_docs_runs(data_dir: Path, tmp_path: Path) -> 
     try:
         settings = session.engine._con.execute(  # the engine's own view of its settings
             "SELECT current_setting('memory_limit'), current_setting('temp_directory'), "
-            "current_setting('threads')"
+            "current_setting('threads'), current_setting('max_temp_directory_size')"
         ).fetchone()
         assert settings is not None
         assert settings[0].startswith("7.4 GiB") and settings[2] == 2
+        assert settings[3].startswith("93.1 GiB")  # 100 GB
+        # No progress bar on the terminal, on the engine's connection or its cursors.
+        for con in (session.engine._con, session.engine._con.cursor()):
+            row = con.execute("SELECT current_setting('enable_progress_bar')").fetchone()
+            assert row == (False,)
         assert settings[1] == str(tmp_path / "spill")
         assert session.execute("SELECT COUNT(*) FROM visits").rows
     finally:
@@ -358,6 +363,8 @@ def test_the_default_engine_spills_outside_the_working_directory(data_dir: Path)
         ("memory_limit", "0%"),
         ("memory_limit", "150%"),
         ("memory_limit", "4GB; SET x = 1"),
+        ("max_spill", "50%"),
+        ("max_spill", "a lot"),
         ("threads", 0),
         ("name", "postgres"),
         ("surprise", 1),

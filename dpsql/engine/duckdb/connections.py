@@ -31,6 +31,9 @@ def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> Non
     allowed = ", ".join(_string(str(p)) for p in files.values())
     con.execute(f"SET allowed_paths = [{allowed}]")
     con.execute("SET enable_external_access = false")
+    # DuckDB draws a progress bar on the terminal for a query past 2 s: not on dpsql's shell or
+    # a server's log. A connection's own setting, inherited by its cursors.
+    con.execute("SET enable_progress_bar = false")
     con.execute("SET lock_configuration = true")
 
 

@@ -113,6 +113,8 @@ class DuckDBEngine:
         config["temp_directory"] = str(
             policy.resolve(spec.temp_directory) if spec.temp_directory else _spill_directory()
         )
+        if spec.max_spill is not None:
+            config["max_temp_directory_size"] = spec.max_spill
         if spec.threads is not None:
             config["threads"] = spec.threads
         _check_declared_types(policy)
