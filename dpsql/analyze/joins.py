@@ -45,7 +45,9 @@ class Joins:
 
         def item(self, node: exp.Expression) -> Relation: ...
 
-    def joined(self, first: Relation, joins: list[exp.Join]) -> Relation:
+    def joined(
+        self, first: Relation, joins: list[exp.Join], where: exp.Expression | None = None
+    ) -> Relation:
         inputs = [first]
         aliases = [_alias_of(first)]
         clauses: list[str] = []
@@ -87,7 +89,8 @@ class Joins:
                 raise SchemaError(f"table name or alias {alias} is used twice in FROM")
             inputs.append(right)
             aliases.append(alias)
-            on = self._on(join, inputs, kind)
+            written = join if where is None else self._comma_on(join, inputs, where)
+            on = self._on(written, inputs, kind)
             word = {"SEMI": "SEMI JOIN", "ANTI": "ANTI JOIN", "CROSS": "CROSS JOIN"}.get(
                 kind, f"{side} JOIN" if side in ("LEFT", "RIGHT", "FULL") else "JOIN"
             )
@@ -124,6 +127,39 @@ class Joins:
                 f"column {column.name.lower()} is ambiguous; qualify it with its table"
             )
         return matches[0]
+
+    def _comma_on(self, join: exp.Join, inputs: list[Relation], where: exp.Expression) -> exp.Join:
+        """A join written without ON (``FROM a, b WHERE a.k = b.k``) takes as its ON the WHERE's
+        top-level equalities of a column of its right input and one of an earlier input. An
+        inner join's ON and its WHERE keep the same rows, and the WHERE keeps them too: the
+        rows are the same, the join's unit rule (``_check_unit_join``) reads them, and the
+        engine joins on them instead of filtering a cross product (a later SEMI or ANTI join
+        can keep it from pushing the WHERE down)."""
+        if any(join.args.get(a) for a in ("on", "using", "kind", "side", "method")):
+            return join
+        right = len(inputs) - 1
+        taken = []
+        for part in _conjuncts(_unparen(where)):
+            conjunct = _unparen(part)
+            if not (
+                isinstance(conjunct, exp.EQ)
+                and isinstance(conjunct.this, exp.Column)
+                and isinstance(conjunct.expression, exp.Column)
+            ):
+                continue
+            try:
+                ends = {
+                    self._resolve_in(c, inputs)[0] for c in (conjunct.this, conjunct.expression)
+                }
+            except SchemaError:
+                continue  # not both among these inputs (or ambiguous): the WHERE reports it
+            if right in ends and len(ends) == 2:
+                taken.append(conjunct.copy())
+        if not taken:
+            return join
+        join = join.copy()
+        join.set("on", exp.and_(*taken))
+        return join
 
     def _on(self, join: exp.Join, inputs: list[Relation], kind: str) -> exp.Expression:
         right = len(inputs) - 1
@@ -338,6 +374,12 @@ def _links(policy: Policy) -> set[tuple[str, str, str, str]]:
             out.add((at, link.column, link.table, link.key))
             at = link.table
     return out
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:

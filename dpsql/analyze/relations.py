@@ -87,7 +87,8 @@ class Builder(Joins, PerUnit, SetOps):
             raise UnsupportedQueryError("a query needs FROM a private table")
         first = self.item(from_.this)
         joins = select.args.get("joins") or []
-        relation = self.joined(first, joins) if joins else first
+        where = select.args.get("where")
+        relation = self.joined(first, joins, where.this if where else None) if joins else first
         if not relation.private:
             raise UnsupportedQueryError(
                 f"table {relation.table} is public; dpsql answers queries over private tables"

@@ -166,3 +166,66 @@ def test_a_subquerys_equalities_are_a_join_condition_too(condition: str, tmp_pat
         assert totals[0][0] > 0
     finally:
         session.close()
+
+
+@pytest.mark.parametrize(
+    ("comma", "joined"),
+    [
+        (
+            "SELECT COUNT(*), SUM(b.k) FROM a, b WHERE a.uid = b.uid",
+            "SELECT COUNT(*), SUM(b.k) FROM a JOIN b ON a.uid = b.uid",
+        ),
+        (
+            "SELECT COUNT(*), SUM(b.k) FROM a, b WHERE (b.uid = a.uid) AND b.k > 0",
+            "SELECT COUNT(*), SUM(b.k) FROM a JOIN b ON b.uid = a.uid WHERE b.k > 0",
+        ),
+        (
+            "SELECT COUNT(*) FROM a, p, b WHERE a.k = p.k AND a.uid = b.uid AND a.k = b.k",
+            "SELECT COUNT(*) FROM a, p JOIN b ON a.uid = b.uid AND a.k = b.k WHERE a.k = p.k",
+        ),
+        (
+            "SELECT COUNT(*), SUM(a.k) FROM a, b, p WHERE a.uid = b.uid AND b.k = p.k "
+            "AND p.label = 'x'",
+            "SELECT COUNT(*), SUM(a.k) FROM a JOIN b ON a.uid = b.uid JOIN p ON b.k = p.k "
+            "WHERE p.label = 'x'",
+        ),
+    ],
+)
+def test_private_tables_listed_with_commas_join_on_the_where_s_unit_equality(
+    comma: str, joined: str, tmp_path: Path
+) -> None:
+    """``FROM a, b WHERE a.uid = b.uid``: the WHERE's top-level equalities of the two inputs
+    are the join's ON (an inner join keeps the same rows either way), so the units' rule holds
+    and the pre-noise totals are those of the JOIN ... ON form."""
+    session = Session(_policy(tmp_path))
+    try:
+        a, b = session.plan(comma), session.plan(joined)
+        assert a.measurements == b.measurements
+        totals = session.engine.run(a.engine_sql)[1]
+        assert totals == session.engine.run(b.engine_sql)[1]
+        assert totals and all(v for row in totals for v in row[-1:])
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT COUNT(*) FROM a, b",  # no condition
+        "SELECT COUNT(*) FROM a, b WHERE a.uid = b.uid OR a.k = 1",  # not at the top level
+        "SELECT COUNT(*) FROM a, b WHERE NOT a.uid <> b.uid",  # not a plain equality
+        "SELECT COUNT(*) FROM a, b WHERE a.k = b.k",  # not the units
+        "SELECT COUNT(*) FROM a, b WHERE a.uid = b.k",  # a unit and another column
+        "SELECT COUNT(*) FROM a, b WHERE a.uid = a.uid",  # one input only
+        "SELECT COUNT(*) FROM a, b WHERE a.uid + 0 = b.uid",  # an expression of the unit
+        "SELECT COUNT(*) FROM a, b WHERE a.uid = b.uid + 0",
+    ],
+)
+def test_commas_without_the_unit_equality_are_refused(sql: str, tmp_path: Path) -> None:
+    session = Session(_policy(tmp_path))
+    try:
+        with pytest.raises(UnsupportedQueryError, match="of private tables a and b needs ON"):
+            session.plan(sql)
+        assert session.budget().epsilon_spent == 0
+    finally:
+        session.close()

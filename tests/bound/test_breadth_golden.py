@@ -655,6 +655,9 @@ CASES: dict[str, Case] = {
     "self_join_count": Case(
         self_join, (Ref("rows"),), options={"max_rows_per_unit_per_group": 10}, bounds=(1, 10)
     ),
+    "self_join_comma": Case(
+        self_join, (Ref("rows"),), options={"max_rows_per_unit_per_group": 10}, bounds=(1, 10)
+    ),
     "self_join_grouped": Case(
         self_join,
         (Ref("rows"), Ref("sum", lambda r: r["b"]["spend"], SPEND)),
@@ -765,6 +768,14 @@ CASES: dict[str, Case] = {
         bounds=(L0, C),
     ),
     "path_join_chain": Case(
+        lines_baskets_people,
+        (Ref("rows"), Ref("sum", lambda r: r["price"], PRICE)),
+        key=lambda r: (r["segment"],),
+        domain=[(x,) for x in SEGMENTS],
+        bounds=(L0, C),
+    ),
+    # The same chain written with commas: the WHERE's key equalities are the joins' ON.
+    "path_comma_chain": Case(
         lines_baskets_people,
         (Ref("rows"), Ref("sum", lambda r: r["price"], PRICE)),
         key=lambda r: (r["segment"],),

@@ -221,6 +221,7 @@ AGGREGATES = st.one_of(
     ),
 )
 COLUMNS = "user_id, region, age, spend, note, flag, big, day, top"
+COMMA_COLUMNS = ", ".join(f"v.{c}" for c in COLUMNS.split(", "))
 FROM_CLAUSES = st.sampled_from(
     [
         "visits",
@@ -241,6 +242,12 @@ FROM_CLAUSES = st.sampled_from(
         "MIN(day) AS day, MIN(top) AS top FROM visits GROUP BY user_id) AS v",
         "visits v JOIN (SELECT user_id AS u2, flag AS f2 FROM visits) w "
         "ON v.user_id = w.u2 AND w.f2",
+        # A comma join whose key equality (left bare in the bounded WHERE), and a plain
+        # equality of two text columns common to every OR branch, both of one unit's rows.
+        f"(SELECT {COMMA_COLUMNS} FROM visits v, zones z WHERE v.region = z.region) AS v",
+        f"(SELECT {COLUMNS} FROM visits WHERE note = region OR (flag AND note = region)) AS v",
+        f"(SELECT {COMMA_COLUMNS} FROM visits v, visits w WHERE v.user_id = w.user_id "
+        "AND w.flag) AS v",
     ]
 )
 
@@ -405,6 +412,12 @@ TARGETED = st.sampled_from(
         "SELECT COUNT(*) FROM visits v JOIN zones z ON v.region = z.region AND v.flag",
         "SELECT COUNT(*) FROM visits v LEFT JOIN zones z ON v.region = z.region AND z.zone "
         "AND v.note",
+        "SELECT COUNT(*), SUM(age) FROM visits v, zones z WHERE v.region = z.region AND v.flag",
+        "SELECT z.zone AS k, COUNT(*) FROM visits v, zones z WHERE v.region = z.region "
+        "AND (v.note = v.region OR v.note = z.zone) GROUP BY z.zone",
+        "SELECT COUNT(*) FROM visits WHERE note = region AND (flag OR note = region)",
+        "SELECT COUNT(*), SUM(w.age) FROM visits v, visits w WHERE w.user_id = v.user_id "
+        "AND v.note = w.region",
         "SELECT COUNT(age) FROM (SELECT user_id, SUM(age * 80000000000000000000000000000000000) "
         "AS age FROM visits GROUP BY user_id) AS v",
         "SELECT COUNT(big) FROM (SELECT user_id, AVG(big) * 4 AS big, SUM(big) AS s "
