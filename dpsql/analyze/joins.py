@@ -95,7 +95,8 @@ class Joins:
                 kind, f"{side} JOIN" if side in ("LEFT", "RIGHT", "FULL") else "JOIN"
             )
             if right.private and left_private:
-                on = self._check_unit_join(left_private, on, inputs, word)
+                comma = not any(join.args.get(a) for a in _WRITTEN)
+                on = self._check_unit_join(left_private, on, inputs, "," if comma else word)
             condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
             clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
             kinds.append(side if side in ("LEFT", "RIGHT", "FULL") else kind)
@@ -135,7 +136,7 @@ class Joins:
         rows are the same, the join's unit rule (``_check_unit_join``) reads them, and the
         engine joins on them instead of filtering a cross product (a later SEMI or ANTI join
         can keep it from pushing the WHERE down)."""
-        if any(join.args.get(a) for a in ("on", "using", "kind", "side", "method")):
+        if any(join.args.get(a) for a in _WRITTEN):
             return join
         right = len(inputs) - 1
         taken = []
@@ -271,10 +272,18 @@ class Joins:
                     expression=exp.column(right.unit, table=f"_j{right_index}", quoted=True),
                 )
                 return exp.And(this=on, expression=same)
-        raise UnsupportedQueryError(
-            f"a {word} of private tables {left_private[0].table} and {right.table} needs ON "
+        reach = (
             "equality of their privacy unit columns, or of a foreign key and the key a unit_path "
             "declares it reaches: rows of different units must never pair"
+        )
+        if word == ",":
+            raise UnsupportedQueryError(
+                f"private tables {left_private[0].table} and {right.table}, listed with a comma, "
+                f"need in WHERE (ANDed at its top, as a column = column) an {reach}"
+            )
+        raise UnsupportedQueryError(
+            f"a {word} of private tables {left_private[0].table} and {right.table} needs ON "
+            + reach
         )
 
     def _combine(
@@ -374,6 +383,10 @@ def _links(policy: Policy) -> set[tuple[str, str, str, str]]:
             out.add((at, link.column, link.table, link.key))
             at = link.table
     return out
+
+
+# What a join written out has and a comma (FROM a, b) has not.
+_WRITTEN = ("on", "using", "kind", "side", "method")
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:
