@@ -97,10 +97,20 @@ _FLOATS = {"float", "double", "real"}
 
 
 def _all_of(conditions: list[exp.Expression]) -> exp.Expression:
-    out = conditions[0]
-    for condition in conditions[1:]:
+    """The AND of ``conditions``. A term that binds more loosely than AND (an OR, taken out of
+    its parentheses by ``_conjuncts``) is put back in them: ``exp.And`` prints its operands as
+    they are, and ``A OR B AND C`` is ``A OR (B AND C)``."""
+    terms = [_tight(c) for c in conditions]
+    out = terms[0]
+    for condition in terms[1:]:
         out = exp.And(this=out, expression=condition)
     return out
+
+
+def _tight(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Or | exp.Xor):
+        return exp.Paren(this=node)
+    return node
 
 
 __all__ = ["split_where"]

@@ -11,10 +11,14 @@ totals as the same condition made total.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpsql.errors import UnsupportedQueryError
 from dpsql.policy import Policy, load_policy
@@ -124,6 +128,10 @@ def test_an_equality_of_floats_stays_inside_try(tmp_path: Path) -> None:
         "({eq} AND p.label = 'x') OR {eq}",
         "({eq} AND (p.label = 'x' OR p.label IS NULL)) OR ({eq} AND a.uid > 40 AND a.big < 2)",
         "{eq} AND (p.label <> 'y' OR a.big = 1)",
+        # An OR beside other terms keeps its parentheses (A OR B AND C is A OR (B AND C)).
+        "{eq} AND (p.label = 'x' OR a.big > 3) AND a.uid > 30",
+        "(a.big > 3 OR p.label = 'y') AND {eq} AND (a.uid < 30 OR a.big = 1)",
+        "({eq} AND (p.label = 'x' OR a.big > 3) AND a.uid > 20) OR ({eq} AND a.big = 2)",
     ],
 )
 def test_equalities_common_to_every_branch_are_a_join_condition(
@@ -150,7 +158,12 @@ def test_equalities_common_to_every_branch_are_a_join_condition(
 
 @pytest.mark.parametrize(
     "condition",
-    ["{eq}", "{eq} AND p.label = 'x'", "({eq} AND p.label = 'x') OR ({eq} AND a.big > 3)"],
+    [
+        "{eq}",
+        "{eq} AND p.label = 'x'",
+        "({eq} AND p.label = 'x') OR ({eq} AND a.big > 3)",
+        "{eq} AND (p.label = 'x' OR a.big > 3) AND a.uid > 30",
+    ],
 )
 def test_a_subquerys_equalities_are_a_join_condition_too(condition: str, tmp_path: Path) -> None:
     """The same split in a FROM-subquery's WHERE (a comma join inside it was a cross product
@@ -229,3 +242,41 @@ def test_commas_without_the_unit_equality_are_refused(sql: str, tmp_path: Path) 
         assert session.budget().epsilon_spent == 0
     finally:
         session.close()
+
+
+ATOMS = ["{eq}", "p.label = 'x'", "a.big > 3", "a.uid > 30", "a.uid < 10", "p.label IS NULL"]
+
+
+@st.composite
+def conditions(draw: st.DrawFn, depth: int = 3) -> str:
+    """A condition of ANDs and ORs (parenthesised or not) over the atoms, the equality among
+    them, so that terms of every precedence meet the split."""
+    if depth == 0 or draw(st.integers(0, 2)) == 0:
+        return draw(st.sampled_from(ATOMS))
+    parts = draw(st.lists(conditions(depth - 1), min_size=2, max_size=3))
+    text = f" {draw(st.sampled_from(['AND', 'OR']))} ".join(parts)
+    return f"({text})" if draw(st.booleans()) else text
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    session = Session(_policy(tmp_path_factory.mktemp("where")))
+    yield session
+    session.close()
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(condition=conditions())
+def test_any_condition_keeps_its_rows_when_its_equalities_are_left_bare(
+    shared: Session, condition: str
+) -> None:
+    """However ANDs, ORs and parentheses fall, the split keeps the rows of the condition made
+    total as a whole (``a.k + 0 = p.k`` is no plain equality: nothing of it is left bare)."""
+    session = shared
+    for sql in (
+        "SELECT COUNT(*), SUM(a.k) FROM a, p WHERE {}",
+        "SELECT COUNT(*), SUM(k) FROM (SELECT a.uid, a.k FROM a, p WHERE {}) AS t",
+    ):
+        bare = session.plan(sql.format(condition.replace("{eq}", "a.k = p.k")))
+        kept = session.plan(sql.format(condition.replace("{eq}", "a.k + 0 = p.k")))
+        assert session.engine.run(bare.engine_sql)[1] == session.engine.run(kept.engine_sql)[1]
