@@ -503,7 +503,7 @@ WIRE_VALUES = st.one_of(
 )
 
 
-@settings(HOSTILE, max_examples=examples(60))
+@settings(HOSTILE, max_examples=examples(40))
 @given(sql=st.sampled_from(TEMPLATES), value=WIRE_VALUES)
 def test_parameter_bound_over_the_wire(wire: tuple[int, Path], sql: str, value: Any) -> None:
     port, ledger = wire
@@ -520,7 +520,7 @@ def test_parameter_bound_over_the_wire(wire: tuple[int, Path], sql: str, value: 
     Ledger(ledger).verify()
 
 
-@settings(HOSTILE, max_examples=examples(60))
+@settings(HOSTILE, max_examples=examples(40))
 @given(name=st.sampled_from(SETTINGS), text=TEXT.filter(lambda t: no_nul(t) and len(t) < 500_000))
 def test_set_over_the_wire(wire: tuple[int, Path], name: str, text: str) -> None:
     port, ledger = wire

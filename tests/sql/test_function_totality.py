@@ -596,7 +596,7 @@ def row_expressions(draw: st.DrawFn) -> tuple[str, bool]:
     return _expression(draw, kind, 3, composite=True), kind == "p"
 
 
-E2E_EXAMPLES = examples(1000)
+E2E_EXAMPLES = examples(700)
 # Not the subnormal literal in a summed value: see test_sum_clamped_to_a_subnormal_raises.
 SUMMED_LEAVES = LEAVES | {"x": tuple(leaf for leaf in NUMBER_LEAVES if leaf != "5e-324")}
 
