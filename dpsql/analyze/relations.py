@@ -224,8 +224,8 @@ class Builder(Joins, PerUnit, SetOps):
             # Plain equalities bare (a comma join's condition), the rest made total.
             bare, rest = split_where(condition, {n: c.type for n, c in source.columns.items()})
             parts = [b.sql(dialect="duckdb") for b in bare]
-            if rest is not None:
-                total_condition = self.total(as_boolean(rest), integers)
+            for term in rest:
+                total_condition = self.total(as_boolean(term), integers)
                 parts.append(f"{total_condition.sql(dialect='duckdb')} IS TRUE")
             filters = " WHERE " + " AND ".join(parts)
         if select.args.get("group") or any(e.find(exp.AggFunc) for e in select.expressions):

@@ -76,11 +76,10 @@ def _filters(analysis: Analysis, bounding: Bounding, total_: Total) -> list[Node
     if analysis.where is not None:
         # An equality of two columns of one type cannot raise: left bare, so that the engine
         # sees a join condition in it (FROM lineitem, part WHERE l_partkey = p_partkey is a
-        # hash join, not a cross product filtered row by row); the rest is made total.
+        # hash join, not a cross product filtered row by row); each other term is made total.
         bare, rest = split_where(analysis.where, analysis.columns)
         filters += bare
-        if rest is not None:
-            filters.append(exp.Is(this=total_(as_boolean(rest)), expression=exp.true()))
+        filters += [exp.Is(this=total_(as_boolean(c)), expression=exp.true()) for c in rest]
     for i, key in enumerate(analysis.keys):
         test = domain_filter(key, i, _built(total_, key.expr))
         if test is not None:

@@ -58,7 +58,19 @@ def test_a_unit_s_large_value_leaves_the_other_units_nan_skipped(
         assert (a[0], b[0]) == (1, 2)  # the NaN are skipped on both
 
 
-@pytest.mark.parametrize("where", ["spend > 150", "spend >= 0", "isnan(spend)", "spend <> 1"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "spend > 150",
+        "spend >= 0",
+        "isnan(spend)",
+        "spend <> 1",
+        # Several terms, each made total on its own (dpsql.analyze.equalities): none a scan filter.
+        "spend > 150 AND age > 0",
+        "age > 0 AND region = 'north' AND spend > 150",
+        "(spend > 150 OR age < 0) AND region = 'north'",
+    ],
+)
 def test_a_filter_keeps_the_same_rows_of_the_other_units(
     tiny_policy: TinyPolicy, where: str
 ) -> None:

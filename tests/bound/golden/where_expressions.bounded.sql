@@ -4,7 +4,7 @@ WITH _rows AS (
     "spend" AS _x0
   FROM "visits"
   WHERE
-    TRY("spend" * 2 > 20 AND CAST("age" AS INT128) + 1 >= 30) IS TRUE
+    TRY("spend" * 2 > 20) IS TRUE AND TRY(CAST("age" AS INT128) + 1 >= 30) IS TRUE
 ), _vals AS (
   SELECT
     _u,
