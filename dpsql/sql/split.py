@@ -56,15 +56,32 @@ def _tokens(window: str) -> tuple[list[Token], TokenError | None]:
         return list(tokenizer.tokens), exc
 
 
+def _look_ahead(tokens: list[Token], window: str) -> int:
+    """Where the window's tokens stop standing for the whole text's: at a ``$`` read as a
+    parameter because the scan for its tag's closing ``$`` reached the window's end. DuckDB's
+    tokenizer opens a dollar-quoted string ``$tag$ ... $tag$`` at a ``$`` when the tag's
+    closing ``$`` is found before the text ends, and reads a parameter otherwise: with the text
+    after the window, that ``$`` may open a string that runs over the window's later
+    semicolons (``$$q;$$`` cut after ``$$q;``)."""
+    for token in tokens:
+        if token.token_type == TokenType.PARAMETER and window[token.start] == "$":
+            closing = window.find("$", token.start + 1)
+            if closing == -1 or closing >= len(window) - 1:
+                return token.start
+    return len(window)
+
+
 def _statements(text: str, base: int, end: int) -> tuple[list[tuple[int, int]], int | None]:
     """The statements that the window ``text[base:end]`` ends, as the offsets of their first
     token and of their semicolon, and the offset after the last such semicolon (None when the
     window ends none). At the end of the text, the rest is the last statement."""
     whole = end == len(text)
-    tokens, error = _tokens(text[base:end])
+    window = text[base:end]
+    tokens, error = _tokens(window)
+    trusted = end if whole else _look_ahead(tokens, window) + base
     cut = [
         i for i, t in enumerate(tokens)
-        if t.token_type == TokenType.SEMICOLON and (whole or base + t.end < end - 1)
+        if t.token_type == TokenType.SEMICOLON and (whole or base + t.end < min(end - 1, trusted))
     ]  # fmt: skip
     if not cut and not whole:
         return [], None
