@@ -114,6 +114,17 @@ def split_statements(text: str, max_length: int = MAX_STATEMENT_LENGTH) -> list[
         spans, after = _statements(text, base, end)
         if after is None:
             if end - base > max_length + 1:  # no statement end within max_length characters
+                window = text[base:end]
+                dollar = _look_ahead(_tokens(window)[0], window)
+                if dollar < len(window):
+                    # A semicolon after it is not known to end a statement: ``_look_ahead``.
+                    raise ParseError(
+                        f"statement {len(pieces) + 1} (line "
+                        f"{line + _line_breaks(text, base, base + dollar)}): a $ outside a "
+                        f"string is not closed within {max_length} characters, so where the "
+                        "statement ends depends on a dollar-quoted string that may follow; "
+                        "put the $ inside a quoted string"
+                    )
                 raise ParseError(
                     f"statement {len(pieces) + 1} (line {line}) is longer than {max_length} "
                     "characters"

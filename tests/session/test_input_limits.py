@@ -448,3 +448,15 @@ def test_the_history_file_must_be_a_small_regular_file(
             handle.truncate((16 << 20) + 1)  # sparse: no disk needed
     result = run(policy, "shell", "--history", str(path), stdin=b"")
     refused(result, 2, "--history", "not a regular file of at most")
+
+
+def test_a_dollar_not_closed_within_a_statement_s_length_is_refused_by_name() -> None:
+    """Past the first window, the split cannot know where a statement with a bare ``$`` ends
+    until the ``$``'s tag is closed: it refuses, naming the ``$`` and its line, rather than
+    cut where the whole text might not."""
+    text = "SELECT 1;\nSELECT $x;" + "SELECT 2;\n" * 20_000 + "SELECT $y$ a $y$"
+    with pytest.raises(errors.ParseError, match=r"statement 2 \(line 2\): a \$ outside a string"):
+        split_statements(text, max_length=1_000)
+    # Closed within the statement's length, it splits as the whole text does.
+    near = "SELECT 1;\nSELECT $x;" + "SELECT 2;\n" * 20 + "SELECT $y$ a $y$" + ";\n" * 40_000
+    assert split_statements(near, max_length=1_000) == whole_text_split(near)
