@@ -51,19 +51,18 @@ def _disjuncts(node: exp.Expression) -> list[exp.Expression]:
 
 
 def _factored(term: exp.Expression, types: Mapping[str, str]) -> list[exp.Expression]:
-    """``term``, or, for an OR whose every branch holds the same plain equalities (TPC-H Q19:
-    ``(p_partkey = l_partkey AND ...) OR (p_partkey = l_partkey AND ...)``), those equalities
-    and the OR of what is left: (A AND B) OR (A AND C) is A AND (B OR C) in SQL's three-valued
-    logic too (a distributive lattice), and A cannot raise."""
+    """``term``, or, for an OR whose every branch holds the same terms (TPC-H Q19:
+    ``(p_partkey = l_partkey AND l_shipmode IN (...) AND ...) OR (p_partkey = l_partkey AND
+    l_shipmode IN (...) AND ...)``), those terms and the OR of what is left: (A AND B) OR
+    (A AND C) is A AND (B OR C) in SQL's three-valued logic too (a distributive lattice), and
+    made total apart they keep the same rows: a row is kept when A is TRUE and B or C is, each
+    evaluated without raising, either way. A plain equality among them is left bare (it cannot
+    raise); any other, made total on its own, is a filter the engine can apply before a join."""
     branches = [_conjuncts(b) for b in _disjuncts(term)]
     if len(branches) < 2:
         return [term]
     texts = [{c.sql(dialect=DIALECT) for c in b} for b in branches]
-    common = [
-        c
-        for c in branches[0]
-        if _plain_equality(c, types) and all(c.sql(dialect=DIALECT) in t for t in texts)
-    ]
+    common = [c for c in branches[0] if all(c.sql(dialect=DIALECT) in t for t in texts)]
     if not common:
         return [term]
     shared = {c.sql(dialect=DIALECT) for c in common}

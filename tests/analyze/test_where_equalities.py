@@ -132,6 +132,8 @@ def test_an_equality_of_floats_stays_inside_try(tmp_path: Path) -> None:
         "{eq} AND (p.label = 'x' OR a.big > 3) AND a.uid > 30",
         "(a.big > 3 OR p.label = 'y') AND {eq} AND (a.uid < 30 OR a.big = 1)",
         "({eq} AND (p.label = 'x' OR a.big > 3) AND a.uid > 20) OR ({eq} AND a.big = 2)",
+        # A term common to every branch, not an equality: factored out, made total apart.
+        "({eq} AND a.big > 3 AND p.label = 'x') OR ({eq} AND a.big > 3 AND a.uid < 30)",
     ],
 )
 def test_equalities_common_to_every_branch_are_a_join_condition(
@@ -149,6 +151,8 @@ def test_equalities_common_to_every_branch_are_a_join_condition(
         )
         rows = bare.engine_sql.split("_rows AS")[1].split("_vals AS")[0]
         assert 'WHERE "a_k" = "p_k"' in rows, rows
+        if "a.big > 3 AND p.label" in condition:
+            assert rows.count('"big" > 3') == 1, rows  # once, on its own, before the OR
         totals = session.engine.run(bare.engine_sql)[1]
         assert totals == session.engine.run(kept.engine_sql)[1]
         assert totals[0][0] > 0  # rows do meet the condition: the comparison could fail
@@ -270,13 +274,16 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
 def test_any_condition_keeps_its_rows_when_its_equalities_are_left_bare(
     shared: Session, condition: str
 ) -> None:
-    """However ANDs, ORs and parentheses fall, the split keeps the rows of the condition made
-    total as a whole (``a.k + 0 = p.k`` is no plain equality: nothing of it is left bare)."""
+    """However ANDs, ORs and parentheses fall, the split (bare equalities, terms common to an
+    OR's branches factored out, each term made total apart) keeps the rows of the condition
+    made total as a whole: inside COALESCE(..., FALSE) it is one term, split no further."""
     session = shared
     for sql in (
         "SELECT COUNT(*), SUM(a.k) FROM a, p WHERE {}",
         "SELECT COUNT(*), SUM(k) FROM (SELECT a.uid, a.k FROM a, p WHERE {}) AS t",
     ):
         bare = session.plan(sql.format(condition.replace("{eq}", "a.k = p.k")))
-        kept = session.plan(sql.format(condition.replace("{eq}", "a.k + 0 = p.k")))
+        whole = f"COALESCE(({condition.replace('{eq}', 'a.k = p.k')}), FALSE)"
+        kept = session.plan(sql.format(whole))
+        assert "COALESCE(" in kept.engine_sql  # one term, made total whole
         assert session.engine.run(bare.engine_sql)[1] == session.engine.run(kept.engine_sql)[1]
