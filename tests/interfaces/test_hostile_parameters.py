@@ -261,7 +261,7 @@ def refused_typed(run: Callable[[], object], *, dbapi_call: bool = False) -> Bas
 # -- Python keyword options, SET, OPTIONS(...) ------------------------------------------------
 
 
-@settings(HOSTILE, max_examples=examples(300))
+@settings(HOSTILE, max_examples=examples(200))
 @given(name=st.sampled_from(SETTINGS), value=VALUES)
 def test_keyword_option(session: Session, conn: dbapi.Connection, name: str, value: Any) -> None:
     before = ledger_state(session)
@@ -351,7 +351,7 @@ TEMPLATES = [
 ]
 
 
-@settings(HOSTILE, max_examples=examples(250))
+@settings(HOSTILE, max_examples=examples(150))
 @given(sql=st.sampled_from(TEMPLATES), value=PARAMETER_VALUES)
 def test_query_parameter(session: Session, conn: dbapi.Connection, sql: str, value: Any) -> None:
     runs = {"session": session.execute, "dbapi": lambda q, p: conn.cursor().execute(q, p)}
