@@ -28,17 +28,17 @@ def split_where(
     ``TRY(a AND b AND c)`` over three tables is one condition on the joined rows (TPC-H Q21 at
     scale factor 10 spent 25 s of 26 on it). Each stays ``TRY(...) IS TRUE``, which the engine
     never pushes into a file scan (the note on the engine's configuration)."""
-    terms = [t for c in _conjuncts(where) for t in _factored(c, types)]
+    terms = [t for c in conjuncts(where) for t in _factored(c, types)]
     bare = [c.copy() for c in terms if _plain_equality(c, types)]
-    return bare, [_tight(c.copy()) for c in terms if not _plain_equality(c, types)]
+    return bare, [c.copy() for c in terms if not _plain_equality(c, types)]
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def conjuncts(node: exp.Expression) -> list[exp.Expression]:
     """The top-level AND terms of a condition (parentheses around one are looked through)."""
     while isinstance(node, exp.Paren):
         node = node.this
     if isinstance(node, exp.And):
-        return [*_conjuncts(node.this), *_conjuncts(node.expression)]
+        return [*conjuncts(node.this), *conjuncts(node.expression)]
     return [node]
 
 
@@ -58,7 +58,7 @@ def _factored(term: exp.Expression, types: Mapping[str, str]) -> list[exp.Expres
     made total apart they keep the same rows: a row is kept when A is TRUE and B or C is, each
     evaluated without raising, either way. A plain equality among them is left bare (it cannot
     raise); any other, made total on its own, is a filter the engine can apply before a join."""
-    branches = [_conjuncts(b) for b in _disjuncts(term)]
+    branches = [conjuncts(b) for b in _disjuncts(term)]
     if len(branches) < 2:
         return [term]
     texts = [{c.sql(dialect=DIALECT) for c in b} for b in branches]
@@ -98,7 +98,7 @@ _FLOATS = {"float", "double", "real"}
 
 def _all_of(conditions: list[exp.Expression]) -> exp.Expression:
     """The AND of ``conditions``. A term that binds more loosely than AND (an OR, taken out of
-    its parentheses by ``_conjuncts``) is put back in them: ``exp.And`` prints its operands as
+    its parentheses by ``conjuncts``) is put back in them: ``exp.And`` prints its operands as
     they are, and ``A OR B AND C`` is ``A OR (B AND C)``."""
     terms = [_tight(c) for c in conditions]
     out = terms[0]
@@ -113,4 +113,4 @@ def _tight(node: exp.Expression) -> exp.Expression:
     return node
 
 
-__all__ = ["split_where"]
+__all__ = ["conjuncts", "split_where"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from dpsql.analyze.equalities import conjuncts
 from dpsql.analyze.intervals import Interval
 from dpsql.analyze.scope import (
     COMPARABLE,
@@ -140,8 +141,7 @@ class Joins:
             return join
         right = len(inputs) - 1
         taken = []
-        for part in _conjuncts(_unparen(where)):
-            conjunct = _unparen(part)
+        for conjunct in conjuncts(where):
             if not (
                 isinstance(conjunct, exp.EQ)
                 and isinstance(conjunct.this, exp.Column)
@@ -387,12 +387,6 @@ def _links(policy: Policy) -> set[tuple[str, str, str, str]]:
 
 # What a join written out has and a comma (FROM a, b) has not.
 _WRITTEN = ("on", "using", "kind", "side", "method")
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
