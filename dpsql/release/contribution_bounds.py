@@ -18,6 +18,15 @@ the walks together (``dpsql.noise.sparse_vector``; Durfee, NeurIPS 2023): a unit
 walk's counts by at most 1, all in one direction. The walks' threshold is a post-processing of
 the released count, so the whole is pure epsilon-DP by sequential composition (one ``PureDP``
 event of the statement's epsilon).
+
+By the trade-off (``FOR EPSILON``, the default), each bound aims at the least error of a query at
+that epsilon (``dpsql.plan.auto``), by the same walks as ``dpsql.bounds = auto``. Keys whose
+public domains hold at most ``auto.ALL_GROUPS`` combinations G in all take ``auto``'s route
+(``cells_query``): L0 = G, every combination, a public fact that costs nothing, and C by its
+walk over the (unit, group) cells of the relation a ``GROUP BY`` of those keys bounds (rows
+outside the domains dropped), each group's cells weighed by the inverse of its noisy size
+(``dpsql.plan.auto.GroupWeights``) with the whole epsilon. Other keys walk L0, then C on the
+units' largest groups, at half the epsilon each.
 """
 
 from __future__ import annotations
@@ -28,9 +37,16 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from sqlglot import exp
+
+from dpsql.analyze.analyze import analyze
+from dpsql.analyze.scope import Describe
 from dpsql.analyze.units import unit_source
 from dpsql.bound.estimates import contributions_query
-from dpsql.errors import ParseError, SchemaError, UnsupportedQueryError
+from dpsql.bound.selection import GROUP_CELLS, selection_query
+from dpsql.bound.shape import public_size
+from dpsql.bound.specs import Bounding
+from dpsql.errors import ParseError, QueryError, SchemaError, UnsupportedQueryError
 from dpsql.noise.laplace import discrete_laplace
 from dpsql.noise.sparse_vector import Walks, above_threshold, beyond_each, overrun, tail
 from dpsql.plan import auto
@@ -63,6 +79,9 @@ class Rule:
 
     quantile: Fraction | None = None
     target: Fraction | None = None
+    # The trade-off over keys with a public domain of this many combinations (``cells_query``):
+    # L0 is all of them, C the weighted cell walk; None: the walks of L0, then C.
+    groups: int | None = None
 
     def units_beyond(self) -> Fraction:
         """k = √2/target: the units the trade-off leaves beyond a row cap."""
@@ -108,6 +127,31 @@ def bounds_query(policy: Policy, catalog: Any, table: str, keys: Sequence[str]) 
     return contributions_query(unit, source, keys).sql(dialect=DIALECT)
 
 
+def cells_query(
+    policy: Policy, catalog: Any, describe: Describe | None, table: str, keys: Sequence[str]
+) -> tuple[int, str] | None:
+    """(G, the engine's SQL) of the grouped trade-off over a public domain (module docstring):
+    ``dpsql.bound.selection``'s histograms of ``SELECT COUNT(*) FROM table GROUP BY keys``,
+    read as that query's relation (through the table's unit path, rows outside the domains
+    dropped); None when the keys' domains are not all public or hold more than
+    ``auto.ALL_GROUPS`` combinations, or the query is not one dpsql answers. Public facts
+    only: the policy, the schema and the keys."""
+    check_table(policy, catalog, table, keys)
+    select = (
+        exp.select(exp.Count(this=exp.Star()))
+        .from_(exp.Table(this=exp.to_identifier(table, quoted=True)))
+        .group_by(*(exp.column(exp.to_identifier(k, quoted=True)) for k in keys))
+    )
+    try:
+        analysis = analyze(select, policy, catalog, describe)
+    except QueryError:
+        return None  # e.g. a key the engine cannot group by: the walks of L0 and C
+    groups = public_size(analysis.keys)
+    if groups is None or groups > auto.ALL_GROUPS:
+        return None
+    return groups, selection_query(analysis, Bounding(None, 1, (), ()), True)
+
+
 def _above(rows: Sequence[tuple[Any, ...]], count: int) -> list[list[int]]:
     """Per bound, the units beyond each rung of ``LADDER``."""
     hist = [[0] * len(LADDER) for _ in range(count)]
@@ -125,6 +169,8 @@ def release(
     """The noisy bounds from the engine's histograms (charged before this runs), by ``rule``
     (None: the 95% quantile)."""
     rule = rule or Rule(quantile=QUANTILE)
+    if rule.groups is not None:
+        return _cells(epsilon, rows, rule)
     count = len(bounds_of(keys))
     above = _above(rows, count)
     if rule.quantile is None:
@@ -147,12 +193,38 @@ def release(
     return tuple(LADDER[i] for i in stops)
 
 
+def cell_choice(epsilon: Fraction, groups: int) -> auto.Choice:
+    """C's weighted walk over the cells of ``groups`` public key combinations, at ``epsilon``
+    (the group sizes' share of it included: ``dpsql.plan.auto.GroupWeights``)."""
+    return auto.Choice(auto.ROWS_PER_GROUP, epsilon, "cells", groups)
+
+
+def _cells(epsilon: Fraction, rows: Sequence[tuple[Any, ...]], rule: Rule) -> tuple[int, int]:
+    """(L0, C) over a public domain of ``rule.groups`` combinations: L0 all of them (public),
+    C ``auto``'s weighted cell walk aimed at L0·k cells per group (``auto_bounds.cell_walk``;
+    charged before this runs)."""
+    assert rule.groups is not None
+    histograms: dict[int, dict[int, int]] = {}
+    for statistic, value, n in rows:
+        if int(statistic) >= GROUP_CELLS:
+            h = histograms.setdefault(int(statistic), {})
+            h[int(value)] = h.get(int(value), 0) + int(n)
+    cells = auto_bounds.group_cells(histograms, rule.groups)
+    target = rule.units_beyond() * rule.groups
+    return rule.groups, auto_bounds.cell_walk(cell_choice(epsilon, rule.groups), cells, target)
+
+
 def scales(
     epsilon: Fraction, keys: Sequence[str], rule: Rule | None = None
 ) -> tuple[Fraction, ...]:
     """Every discrete Laplace scale the release draws at ``epsilon``: the count's and the
     walks' (checked before the charge)."""
     count = len(bounds_of(keys))
+    if rule is not None and rule.groups is not None:
+        choice = cell_choice(epsilon, rule.groups)
+        assert choice.weights is not None
+        walk = auto_bounds.tradeoff_scales(choice.walk_epsilon, auto.WEIGHT_TOTAL)
+        return (choice.weights.scale, *walk)
     if rule is not None and rule.quantile is None:
         return tuple(auto_bounds.tradeoff_scales(epsilon / count))
     walks = Walks(epsilon * (1 - COUNT_SHARE), count)
@@ -162,6 +234,16 @@ def scales(
 def describe(epsilon: Fraction, keys: Sequence[str], rule: Rule | None = None) -> str:
     """The mechanism's parameters, for the charge's label."""
     count = len(bounds_of(keys))
+    if rule is not None and rule.groups is not None:
+        choice = cell_choice(epsilon, rule.groups)
+        assert choice.weights is not None
+        walk = Walks(choice.walk_epsilon, 1, 1, auto.TRADEOFF_THRESHOLD)
+        return (
+            f"max_groups_per_unit = {rule.groups}, every public key combination (free); "
+            f"max_rows_per_unit_per_group by the groups' noisy sizes (discrete Laplace scale "
+            f"{float(choice.weights.scale):.4g}) and a {walk.describe()} over the cells they "
+            "weigh (per unit of weight), one rung higher where it overshoots"
+        )
     if rule is not None and rule.quantile is None:
         walks = Walks(epsilon / count, 1, 1, auto.TRADEOFF_THRESHOLD)
         return f"{count} sequential {walks.describe()}, each one rung higher where it overshoots"
@@ -193,6 +275,8 @@ def cuts(
         return "; ".join(f"{n} = {v}: about {share} of the units lie beyond it (they lose rows)"
                          f"{worst}" for n, v in zip(names, values, strict=True))  # fmt: skip
     k = rule.units_beyond()
+    if rule.groups is not None:
+        return _cells_cuts(values, rule, at_most, confidence)
     parts = []
     for i, (name, value) in enumerate(zip(names, values, strict=True)):
         aim = k * values[0] if i == 1 else k
@@ -218,6 +302,11 @@ def uncertainty(epsilon: Fraction, keys: Sequence[str], rule: Rule, confidence: 
     adds (1 − q)·|Z| (a third of 1 − confidence each: the count's two tails, the walks)."""
     count = len(bounds_of(keys))
     beta = 1 - confidence
+    if rule.groups is not None:
+        # C's walk alone (L0 is no estimate), on its weighted counts per unit of weight.
+        walk_epsilon = cell_choice(epsilon, rule.groups).walk_epsilon
+        walks = Walks(walk_epsilon, 1, 1, auto.TRADEOFF_THRESHOLD)
+        return overrun(walks, len(auto.LADDER), beta)
     if rule.quantile is None:
         walks = Walks(epsilon / count, 1, 1, auto.TRADEOFF_THRESHOLD)
         return overrun(walks, len(LADDER), beta / count)
@@ -225,4 +314,22 @@ def uncertainty(epsilon: Fraction, keys: Sequence[str], rule: Rule, confidence: 
     count_noise = tail(1 / (epsilon * COUNT_SHARE), beta / 6)  # |Z| at beta/3 over both tails
     return overrun(walks, len(LADDER), beta / 3 * 2) + math.ceil(
         float(1 - rule.quantile) * count_noise
+    )
+
+
+def _cells_cuts(values: Sequence[int], rule: Rule, at_most: int | None, confidence: float) -> str:
+    """The note of the grouped trade-off over a public domain (``cells_query``)."""
+    l0, c = values
+    aim = rule.units_beyond() * l0
+    worst = (
+        ""
+        if at_most is None
+        else f"; at {confidence:.4g} confidence at most {int(aim) + at_most} on that average"
+    )
+    return (
+        f"max_groups_per_unit = {l0}: every public key combination (a public fact, not "
+        f"estimated); max_rows_per_unit_per_group = {c}: aimed at about {float(aim):.3g} (unit, "
+        "group) cells with more rows in a group, averaged over the groups with each weighed by "
+        f"the inverse of its noisy size (they lose rows){worst}; the least error of a Laplace "
+        f"total at epsilon {float(rule.target or 0):.4g}"
     )

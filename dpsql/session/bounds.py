@@ -12,7 +12,7 @@ an ``Estimate`` is released through its pipeline like a query.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -135,9 +135,20 @@ class Estimates:
             rule = _rule(statement, settings)
             kind, what = contribution_bounds.RECORD_KIND, {"keys": list(statement.keys)}
             what["rule"] = rule.text()
-            sql = contribution_bounds.bounds_query(
-                policy, self.engine.catalog, table, statement.keys
-            )
+            cells = None
+            if rule.quantile is None and statement.keys:
+                # Keys of a small public domain: auto's route, L0 every combination and C
+                # by the weighted cell walk (dpsql.release.contribution_bounds).
+                cells = contribution_bounds.cells_query(
+                    policy, self.engine.catalog, self.engine.describe, table, statement.keys
+                )
+            if cells is not None:
+                rule = replace(rule, groups=cells[0])
+                sql = cells[1]
+            else:
+                sql = contribution_bounds.bounds_query(
+                    policy, self.engine.catalog, table, statement.keys
+                )
             label = contribution_bounds.describe(epsilon, statement.keys, rule)
             if rule.quantile is not None:
                 label = "count of units and " + label
