@@ -200,8 +200,31 @@ QUERIES: tuple[ScaleQuery, ...] = (
                ("rows",)),
     ScaleQuery("stddev", "SELECT region, STDDEV(spend) FROM visits GROUP BY region",
                "SELECT region, STDDEV(spend) FROM visits GROUP BY region", (REGION,),
-               ("centred_squares", "centred", "count"), value=True),
+               ("bernstein", "bernstein", "bernstein"), value=True),
 )  # fmt: skip
+
+
+def bernstein_measures(w: int, cv: str, t: str, r: str, mid: int) -> dict[str, str]:
+    """A variance's three Bernstein coordinates (dpsql.bound.values.bernstein) from a cell's
+    count ``cv``, grid sum ``t`` and centred sum of squares ``r``: S = 2t - cv·mid, b0 and b2
+    floored at 0, b1 the rest of 4w²·cv."""
+    s = f"(2 * {t} - {cv} * {mid})"
+    b0 = f"GREATEST({w * w} * {cv} - {2 * w} * {s} + {r}, 0)"
+    b2 = f"GREATEST({w * w} * {cv} + {2 * w} * {s} + {r}, 0)"
+    return {"bernstein0": f"SUM({b0})", "bernstein1": f"SUM({4 * w * w} * {cv} - {b0} - {b2})",
+            "bernstein2": f"SUM({b2})"}  # fmt: skip
+
+
+def measures_of(q: ScaleQuery, measures: dict[str, str]) -> list[str]:
+    """The SQL of each of ``q``'s measurements, in dpsql's order (a Bernstein vector's three
+    coordinates in turn)."""
+    out, part = [], 0
+    for kind in q.kinds:
+        name = kind
+        if kind == "bernstein":
+            name, part = f"bernstein{part}", part + 1
+        out.append(measures[name])
+    return out
 
 
 def _lit(v: Any) -> str:
@@ -265,8 +288,16 @@ def hand_r(q: ScaleQuery, b: Bounds) -> str:
         "sum": "SUM(v)",
         "centred": f"SUM(2 * v - {mid})",
         "centred_squares": f"SUM((2 * v - {mid}) * (2 * v - {mid}))",
+        # Per row: ((w - a)², 2(w² - a²), (w + a)²), a = 2v - mid (NULL rows add nothing).
+        **bernstein_measures(
+            b.hi_units - b.lo_units,
+            "CASE WHEN v IS NULL THEN 0 ELSE 1 END",
+            "COALESCE(v, 0)",
+            f"COALESCE((2 * v - {mid}) * (2 * v - {mid}), 0)",
+            mid,
+        ),
     }
-    return _fill(q, [measures[k] for k in q.kinds], source)
+    return _fill(q, measures_of(q, measures), source)
 
 
 def hand_l0c(q: ScaleQuery, b: Bounds) -> str:
@@ -307,8 +338,9 @@ def hand_l0c(q: ScaleQuery, b: Bounds) -> str:
         "sum": "SUM(t)",
         "centred": f"SUM(2 * t - cv * {mid})",
         "centred_squares": "SUM(r)",
+        **bernstein_measures(width, "cv", "t", "r", mid),
     }
-    return _fill(q, [measures[k] for k in q.kinds], capped)
+    return _fill(q, measures_of(q, measures), capped)
 
 
 def totals(rows: list[tuple[Any, ...]], n_keys: int) -> dict[str, list[int]]:

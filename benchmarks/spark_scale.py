@@ -77,7 +77,9 @@ from scale import (
     _median,
     _rows,
     _spread,
+    bernstein_measures,
     data_file,
+    measures_of,
     policy_dict,
     totals,
 )
@@ -176,8 +178,9 @@ def hand_spark(q: ScaleQuery, b: Bounds) -> str:
         "sum": "SUM(t)",
         "centred": f"SUM(2 * t - cv * {mid})",
         "centred_squares": "SUM(r)",
+        **(bernstein_measures(b.hi_units - b.lo_units, "cv", "t", "r", mid) if q.value else {}),
     }
-    return _fill(q, [measures[k] for k in q.kinds], capped)
+    return _fill(q, measures_of(q, measures), capped)
 
 
 # -- the public table, the policies -------------------------------------------------------------

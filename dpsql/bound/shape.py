@@ -43,7 +43,8 @@ class Shape:
             {
                 (m.value, m.value if m.other is None else m.other)
                 for m in bounding.measurements
-                if m.kind in ("centred_squares", "centred_products") and m.value is not None
+                if m.kind in ("centred_squares", "centred_products", "bernstein")
+                and m.value is not None
             }
         )
         size = public_size(analysis.keys)

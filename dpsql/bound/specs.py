@@ -16,7 +16,7 @@ from dpsql.bound.grid import Grid
 SALT_PARAMETER = "salt"
 MeasurementKind = Literal[
     "rows", "count", "sum", "centred", "centred_squares", "centred_products", "units",
-    "distinct", "quantile",
+    "distinct", "quantile", "bernstein",
 ]  # fmt: skip
 # value: counted, and summed on its grid; quantile: listed on its (coarser) grid, C per unit and
 # group; distinct: its distinct values listed, C per unit and group.
@@ -49,6 +49,10 @@ class MeasurementSpec:
     confidence: float | None = None
     # The second value of a sum of products of centred values (COVAR, CORR, REGR_).
     other: int | None = None
+    # A Bernstein coordinate (0, 1 or 2) of a value's joint moment measurement (VARIANCE and
+    # STDDEV under the Laplace: ``dpsql.plan.aggregates.bernstein``): the three are noised as
+    # one vector, at one share of the epsilon.
+    part: int | None = None
 
     @property
     def slot(self) -> Fraction:

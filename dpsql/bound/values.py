@@ -26,9 +26,11 @@ from dpsql.bound.nodes import (
     clamp,
     column,
     func,
+    greatest,
     hugeint,
     is_null,
     number,
+    paren,
     when,
 )
 from dpsql.bound.specs import Bounding, MeasurementSpec
@@ -134,6 +136,39 @@ def centred(value: str, grid: Grid) -> Node:
     return exp.Sub(this=doubled, expression=number(grid.centre_units))
 
 
+def bernstein(i: int, grid: Grid, part: int) -> Node:
+    """One (unit, group) cell's Bernstein coordinate ``part`` of value ``i``, in units of
+    (g/2)², from its capped count c (``_c<i>``), sum (``_t<i>``) and centred squares Q
+    (``_r<i>``); with w the width and S = 2·t - c·(lower + upper) the centred sum:
+    b0 = max(w²c - 2wS + Q, 0), b2 = max(w²c + 2wS + Q, 0), b1 = 4w²c - b0 - b2.
+
+    A row's (x centred, in ±w) is ((w - x)², 2(w² - x²), (w + x)²): non-negative, summing to
+    4w². A cell of at most C rows sums such vectors exactly. A scaled cell (more than C rows)
+    is rounded, which can leave b0 or b2 a little below 0; flooring it keeps b0 + b2 <= 4w²c
+    (S <= c·w and Q <= c·w² after their clamps), so b1 >= 0 and every cell's vector is
+    non-negative with L1 exactly 4w²c <= 4w²C (``dpsql.plan.sensitivity``)."""
+    w = grid.width
+    c = hugeint(column(f"_c{i}"))
+    doubled = exp.Mul(this=number(2), expression=hugeint(column(f"_t{i}")))
+    s = paren(exp.Sub(this=doubled, expression=exp.Mul(this=c, expression=hugeint(
+        number(grid.centre_units)))))  # fmt: skip
+
+    def end(sign: int) -> Node:
+        base = exp.Add(this=exp.Mul(this=hugeint(number(w * w)), expression=c.copy()),
+                       expression=hugeint(column(f"_r{i}")))  # fmt: skip
+        tilt = exp.Mul(this=hugeint(number(2 * w)), expression=s.copy())
+        both = exp.Add(this=base, expression=tilt) if sign > 0 else exp.Sub(
+            this=base, expression=tilt)  # fmt: skip
+        return greatest(both, hugeint(number(0)))
+
+    if part == 0:
+        return end(-1)
+    if part == 2:
+        return end(1)
+    whole = exp.Mul(this=hugeint(number(4 * w * w)), expression=c.copy())
+    return exp.Sub(this=exp.Sub(this=whole, expression=end(-1)), expression=end(1))
+
+
 def _count_sum(name: str, bounding: Bounding) -> Node:
     """The total of a count column of ``_capped`` (each row's count of rows, 0 to C). Over one
     table read directly the total is at most the table's row count, below 2^63 (COUNT(*) is a
@@ -173,11 +208,14 @@ def measure(spec: MeasurementSpec, bounding: Bounding) -> Node:
         return func("SUM", column(f"_r{i}_{spec.other}"))
     grid = bounding.values[i].grid
     assert grid is not None
+    if spec.kind == "bernstein":
+        assert spec.part is not None
+        return func("SUM", bernstein(i, grid, spec.part))
     # Centred sum in units of g/2: each row contributes 2·x - (lower + upper).
     doubled = exp.Mul(this=number(2), expression=column(f"_t{i}"))
     centre = exp.Mul(this=column(f"_c{i}"), expression=hugeint(number(grid.centre_units)))
     return func("SUM", exp.Sub(this=doubled, expression=centre))
 
 
-__all__ = ["Total", "bound_value", "centred", "counted", "grid_units", "measure", "summed_value",
-           "unclamped_value"]  # fmt: skip
+__all__ = ["Total", "bernstein", "bound_value", "centred", "counted", "grid_units", "measure",
+           "summed_value", "unclamped_value"]  # fmt: skip

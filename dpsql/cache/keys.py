@@ -75,6 +75,8 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
         "scale": str(m.scale) if m.scale is not None else None,
         "sigma2": str(m.sigma2) if m.sigma2 is not None else None,
     }
+    if m.spec.part is not None:
+        out["part"] = m.spec.part  # a Bernstein coordinate (noised with the other two)
     if m.spec.other is not None:
         # A sum of products: its second value, on its grid.
         out["other"] = list(values.get(m.spec.other, (None, None)))

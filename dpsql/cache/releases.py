@@ -43,7 +43,7 @@ from dpsql.cache.keys import Keys
 from dpsql.cache.stored_values import plain as _plain
 from dpsql.noise.measure import Noisy
 from dpsql.plan.plans import Plan
-from dpsql.plan.workload.family import base_digest, eligible
+from dpsql.plan.workload.family import ASSEMBLED, base_digest, eligible
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class ReleaseCache:
                         answered, noisy = got
                         combined = tuple(m.combined for m in answered.measurements)
                         return Hit(noisy, seq, combined, "family", derived=True)
-            if k.rows in self._rows and eligible(plan):
+            if k.rows in self._rows and eligible(plan, ASSEMBLED):
                 assembled = assemble(k, self._rows[k.rows], plan.options.confidence)
                 if assembled is not None:
                     noisy, signatures, seqs = assembled

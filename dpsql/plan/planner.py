@@ -22,6 +22,7 @@ from dpsql.mechanisms.laplace import MAX_SCALE
 from dpsql.mechanisms.partition import partition_threshold
 from dpsql.mechanisms.selection_events import LaplacePartitionSelection
 from dpsql.plan import calibration
+from dpsql.plan.aggregates import bernstein
 from dpsql.plan.declared import (
     check_declared,
     declared_calibration,
@@ -32,7 +33,7 @@ from dpsql.plan.diagnosis import plan_diagnosis
 from dpsql.plan.estimates import _Builder, _estimates
 from dpsql.plan.plans import Estimate, Measurement, Plan, QueryOptions, Selection
 from dpsql.plan.sample import amplified
-from dpsql.plan.sensitivity import _check_loss, _gaussian, _laplace
+from dpsql.plan.sensitivity import _check_loss, _gaussian, _laplace, tied_parts
 from dpsql.plan.steps import _group_bounds, _steps
 from dpsql.policy import Policy
 
@@ -60,6 +61,11 @@ def calibrate(analysis: Analysis, options: QueryOptions, policy: Policy) -> Cali
     l0, c = _group_bounds(analysis, options)
     builder = _Builder(options.confidence)
     estimates = _estimates(analysis, builder)
+    if bernstein.applies(options):
+        # A variance's Q, S and N as one joint vector where nothing else reads them (public:
+        # the query, the options and the bounds).
+        grids = [v.grid for v in builder.values]
+        builder.specs, estimates = bernstein.adopt(builder.specs, estimates, grids, c)
     private_keys = bool(analysis.keys) and not all(k.public for k in analysis.keys)
     if private_keys and options.declared is not None:
         # Partition selection is another mechanism: outside the PLD filter's one (Regehr 2026).
@@ -86,6 +92,11 @@ def calibrate(analysis: Analysis, options: QueryOptions, policy: Policy) -> Cali
         measurements, events, certified = noise(
             builder, l0, c, options, selection_at, estimates=estimates
         )
+        if any(m.spec.kind == "bernstein" and m.scale is not None and m.scale > MAX_SCALE
+               for m in measurements):  # fmt: skip
+            # A vector's one share can be past what the sampler draws where three shares
+            # are not (its scale is about 1.5 times the sum of squares'): measured apart.
+            return calibrate(analysis, replace(options, joint_moments=False), policy)
     return Calibration(
         options,
         l0,
@@ -122,7 +133,9 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
         threshold = partition_threshold(m.scale, l0, share)
         selection = Selection(selection_at, threshold, share)
         # Partition selection stays a discrete Laplace (Korolova et al. 2009; DESIGN.md 4).
-        events[selection_at] = LaplacePartitionSelection(
+        # Its event's place: a Bernstein vector's coordinates 1 and 2 have none of their own.
+        at = selection_at - sum(1 for j in tied_parts(builder.specs) if j < selection_at)
+        events[at] = LaplacePartitionSelection(
             m.scale, Fraction(m.sensitivity), threshold, share, m.label
         )
     cell = None

@@ -60,6 +60,11 @@ class QueryOptions:
     sample: Fraction | None = None
     # On a sample: release COUNT and SUM estimates of the whole table, scaled by 1/q.
     sample_scale: bool = False
+    # VARIANCE and STDDEV from one joint Bernstein measurement where it applies (the Laplace,
+    # no accuracy target: ``dpsql.plan.aggregates.bernstein``); off: Q, S and N each measured.
+    # Not in the repr: it chooses measurements, not rows or settings a family's digest compares
+    # (``dpsql.plan.workload.family.base_digest``; the measurements are compared apart).
+    joint_moments: bool = field(default=True, repr=False)
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,9 @@ class Estimate:
     measurements: tuple[int, ...]
     grid: Grid | None
     grid2: Grid | None = None  # the other value's, for F(y, x) (``dpsql.plan.aggregates.pairs``)
+    # Its measurements are one Bernstein vector's coordinates 0, 1, 2, not Q, S and N
+    # (``dpsql.plan.aggregates.bernstein``).
+    joint: bool = False
 
 
 @dataclass(frozen=True)

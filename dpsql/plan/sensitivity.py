@@ -66,6 +66,12 @@ def _bare_label(spec: MeasurementSpec, values: list[ValueSpec], grid: Grid | Non
     assert grid is not None
     if spec.kind == "centred_squares":
         return f"SUM(({arg} - {grid.centre})^2)"
+    if spec.kind == "bernstein":
+        assert spec.part is not None
+        term = ("(hi - x)^2", "2(hi - x)(x - lo)", "(x - lo)^2")[spec.part]
+        lo, hi = decimal_text(grid.lower_value), decimal_text(grid.upper_value)
+        return (f"SUM({term}) for x = {arg} in [{lo}, {hi}] (Bernstein coordinate "
+                f"{spec.part} of 3, noised as one vector)")  # fmt: skip
     if spec.kind == "centred_products":
         assert spec.other is not None
         other = values[spec.other]
@@ -90,6 +96,11 @@ def _per_group(spec: MeasurementSpec, values: list[ValueSpec], c: int) -> int:
     assert grid is not None
     if spec.kind == "centred_squares":
         return c * grid.width**2  # each centred row value lies in ±width units of g/2
+    if spec.kind == "bernstein":
+        # The whole vector's: a cell's three coordinates are non-negative and sum to 4w²·c,
+        # c <= C its rows (dpsql.bound.values.bernstein), so one unit moves a group's vector by
+        # at most 4w²·C in L1 (Lipschitz: the joint measurement's sensitivity, not a part's).
+        return c * 4 * grid.width**2
     if spec.kind == "centred_products":
         # |(x - m_x)(y - m_y)| <= width_x·width_y in units of (g_x/2)(g_y/2), C rows of a unit
         assert spec.other is not None
@@ -105,7 +116,7 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
     assert spec.value is not None
     grid = values[spec.value].grid
     assert grid is not None
-    if spec.kind == "centred_squares":
+    if spec.kind in ("centred_squares", "bernstein"):
         return (grid.step / 2) ** 2
     if spec.kind == "centred_products":
         assert spec.other is not None
@@ -165,28 +176,53 @@ def _laplace(
     _check_budgets(options, k)
     base = [_measurement(builder, spec, l0, c, options.max_rows_per_unit) for spec in builder.specs]
     pure = [j for j, s in enumerate(builder.specs) if j == selection or s.kind == "quantile"]
-    free = [j for j in range(k) if j not in pure]
+    # A Bernstein vector's coordinates 1 and 2 ride on coordinate 0's share: the three are one
+    # measurement of L1 sensitivity 4w²·C (per group) with i.i.d. noise on each coordinate.
+    tied = tied_parts(builder.specs)
+    free = [j for j in range(k) if j not in pure and j not in tied]
     slots = _slots(builder)
     if options.budgets is not None:
         # An accuracy target's own epsilon_j per measurement (dpsql.plan.targets), summing to
         # the query's epsilon.
+        if tied:
+            raise InternalError("an accuracy target's plan has a joint measurement")
         share = {j: b / options.epsilon for j, b in enumerate(options.budgets)}
     else:
-        whole = sum(slots, Fraction(0))
+        whole = sum((slots[j] for j in range(k) if j not in tied), Fraction(0))
         share = {j: slots[j] / whole for j in pure}
         rest = len(free) / whole
         split = shares(base, estimates, free, False, options.split)
         share.update({j: rest * s for j, s in split.items()})
     if sum(share.values(), Fraction(0)) != 1:
         raise InternalError("the epsilon shares of the query do not sum to 1")
+    share.update({j: share[head] for j, head in tied.items()})
     measurements: list[Measurement] = []
     events: list[Event] = []
     for j, m in enumerate(base):
         scale = Fraction(m.sensitivity) / (options.epsilon * share[j])
         measured = replace(m, scale=scale, share=share[j])
         measurements.append(measured)
+        if j in tied:
+            continue  # in its vector's event (coordinate 0's)
+        if m.spec.kind == "bernstein":
+            # The Laplace mechanism on a 3·L0-coordinate vector of L1 sensitivity Δ: i.i.d.
+            # discrete Laplace of scale Δ/epsilon_j on each is epsilon_j-DP (Dwork and Roth
+            # 2014, Theorem 3.6; Canonne, Kamath, Steinke 2020 for the discrete noise).
+            events.append(DiscreteLaplace(scale, Fraction(m.sensitivity), m.label,
+                                          dimensions=3 * m.groups))  # fmt: skip
+            continue
         events.append(_pure_event(measured))
     return measurements, events, None
+
+
+def tied_parts(specs: Sequence[MeasurementSpec]) -> dict[int, int]:
+    """Each Bernstein coordinate 1 and 2, to its vector's coordinate 0 (same value)."""
+    heads = {s.value: j for j, s in enumerate(specs) if s.kind == "bernstein" and s.part == 0}
+    tied = {j: heads.get(s.value, -1) for j, s in enumerate(specs)
+            if s.kind == "bernstein" and s.part != 0}  # fmt: skip
+    if any(h < 0 for h in tied.values()) or len(tied) != 2 * len(heads):
+        raise InternalError("a Bernstein vector lacks a coordinate")
+    return tied
 
 
 def _slots(builder: _Builder) -> list[Fraction]:

@@ -275,6 +275,8 @@ def solve(
     docstring), and EXPLAIN's lines of it; raises ``ParameterError`` when a query may not
     spend enough to meet it (nothing is charged)."""
     _refuse(options)
+    # The solver searches each measurement's own budget: Q, S and N of a variance, each its own.
+    options = replace(options, joint_moments=False)
     confidence = options.confidence
     # At the query's own epsilon: what no target binds keeps its budget from here.
     budgets = _Budgets(calibrate(analysis, options, policy), confidence)

@@ -50,6 +50,7 @@ class Settings:
     diagnose: bool
     diagnose_epsilon: Fraction | None
     split: Split
+    moments: str
     halfwidth: Fraction | None
     rank_error: int | None
     min_group: int | None
@@ -118,6 +119,7 @@ class Settings:
             diagnose_epsilon=self.diagnose_epsilon,
             diagnose_share=policy.budget.diagnose_share,
             split=self.split,
+            joint_moments=self.moments == "joint",
         )
 
 

@@ -37,6 +37,7 @@ from dpsql.errors import (
     ParameterError,
     PolicyError,
 )
+from dpsql.plan.aggregates.bernstein import SPREADS
 from dpsql.plan.diagnosis import without_default
 from dpsql.plan.explain import explain
 from dpsql.plan.plans import Plan
@@ -314,6 +315,7 @@ class Session:
         known = self._plans.get(key) if key is not None else None
         if known is not None:
             # A kept plan skips only the pure steps: the pipeline still checks, charges, noises.
+            known = self.apart(sql, params, options, known)
             return self._planned_result(known, options)
         statement = parse_statement(sql)
         if isinstance(statement, SetOption):
@@ -330,12 +332,32 @@ class Session:
             return self.pipeline.release(estimate)
         planned = self.planned(sql, params, options, current=False, statement=statement)
         assert planned is not None  # parse_statement gave a SELECT or an EXPLAIN
+        planned = self.apart(sql, params, options, planned)
         try:
             return self._planned_result(planned, options)
         except BudgetExceededError as exc:
             if planned.explain or self.pipeline.refused_unnamed():
                 raise
             raise BudgetExceededError(f"{exc}{advice(self, sql, params, options)}") from None
+
+    def apart(
+        self, sql: str, params: Sequence[object] | None, options: Mapping[str, object],
+        planned: Planned, moments: str = "separate",
+    ) -> Planned:  # fmt: skip
+        """``planned``, or where its variances are measured one way (a Bernstein vector; with
+        ``moments="joint"``, Q, S and N apart) and the same statement measured the other way
+        has a release that serves it, that plan: serving a release again is post-processing
+        and free, so asking a variance again never pays because the default changed or a file
+        measured it apart (``dpsql.plan.aggregates.bernstein``)."""
+        joint = any(e.joint for e in planned.plan.estimates)
+        spreads = any(e.kind in SPREADS for e in planned.plan.estimates)
+        settings = self.settings(options)
+        if planned.explain or settings.fresh or not spreads or joint != (moments == "separate"):
+            return planned
+        other = self.planned(sql, params, {**options, "moments": moments}, current=False)
+        if other is None or self.served_from(other.plan, settings.share) is None:
+            return planned
+        return other
 
     def _planned_result(self, planned: Planned, options: Mapping[str, object]) -> Result:
         plan = planned.plan

@@ -106,6 +106,7 @@ def bounds_share(value: object) -> Fraction:
 
 
 mechanism = word("mechanism", ("laplace", "gaussian"), "mechanism must be 'laplace' or 'gaussian'")
+moments = word("moments", ("joint", "separate"), "moments must be 'joint' or 'separate'")
 _split_word = word(
     "split", (*SPLITS, *ALIASES), "split must be 'min_max_ratio', 'min_total_variance' or 'even'"
 )

@@ -269,6 +269,20 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        "moments",
+        checks.moments,
+        lambda p: "joint",
+        default_text="`joint`",
+        values="`joint` or `separate`",
+        doc=(
+            "how a VARIANCE or STDDEV measures its value under the Laplace: `joint`, one vector "
+            "of three Bernstein coordinates at one share of the budget (about half the error), "
+            "or `separate`, its centred sum of squares, centred sum and count at a share each "
+            "([below](#variance-and-standard-deviation)); the Gaussian, an accuracy target, a "
+            "sample, and a value another aggregate of the query reads too are always `separate`"
+        ),
+    ),
+    Setting(
         "halfwidth",
         checks.halfwidth,
         checks.none,

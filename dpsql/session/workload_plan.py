@@ -91,6 +91,15 @@ class Session(Protocol):
         soon: bool = True,
     ) -> Callable[[], Planned] | None: ...
 
+    def apart(
+        self,
+        sql: str,
+        params: Sequence[object] | None,
+        options: Mapping[str, object],
+        planned: Planned,
+        moments: str = "separate",
+    ) -> Planned: ...
+
     def _prepare(
         self,
         select: Any,
@@ -197,7 +206,7 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
     """The joint plan of ``steps`` and whether its event fits the budget now."""
 
     def plan_select(select: object, i: int) -> Plan:
-        plan = session._prepare(select, None, steps[i].settings)
+        plan = session._prepare(select, None, {"moments": "separate", **steps[i].settings})
         planning.check_soon(session.engine, plan, soon=False)()
         return without_default(plan)
 
@@ -350,8 +359,11 @@ def _plan_soon(
     # The ledger's bounds estimates were read when the file's planning began (current=False):
     # the file is planned on one reading of the ledger, and every statement is planned again,
     # on a fresh reading, when it runs.
-    checked = session.planned_soon(piece.text, None, {}, current=piece.number == 1)
     settings = session.set_values.values()
+    # A file's VARIANCE and STDDEV measure Q, S and N apart, unless the file SETs otherwise:
+    # those are what a family shares with other statements (dpsql.plan.workload.family).
+    shared = {} if "moments" in settings else {"moments": "separate"}
+    checked = session.planned_soon(piece.text, None, shared, current=piece.number == 1)
     if checked is None:
         kind = _kind(piece)
         if kind == "set":
@@ -387,6 +399,9 @@ def _decide(
 ) -> Step:  # fmt: skip
     if known.explain:  # planned, so a bad EXPLAIN refuses the file like a bad query
         return Step(piece, "explain", settings=settings)
+    if not fresh:
+        # Its variances measured apart here; one measured as a vector may have been released.
+        known = session.apart(piece.text, None, {}, known, moments="joint")
     plan, keys = known.plan, known.keys
     if plan.auto is not None:
         # Its answer is planned after its walks run, so it cannot join one charge planned

@@ -55,6 +55,7 @@ KEYS: Mapping[str, str] = MappingProxyType(
         "diagnose": "diagnose",
         "diagnose_epsilon": "diagnose_epsilon",
         "split": "split",
+        "moments": "moments",
         # Accuracy targets: the cheapest epsilon that meets them (dpsql.plan.targets).
         "halfwidth": "halfwidth",
         "rank_error": "rank_error",

@@ -1,6 +1,8 @@
 """VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP and STDDEV_SAMP (STDDEV) over a bounded value.
 
-Three measurements per value (DESIGN.md section 3): the centred sum of squares
+Under ``dpsql.moments = 'separate'`` (every session here; the joint Bernstein vector, the
+Laplace's default: tests/plan/test_bernstein.py), three measurements per value (DESIGN.md
+section 3): the centred sum of squares
 Q = Σ(2·v - lower - upper)² in units of (g/2)², the centred sum and the count. Checked here: the
 bounded totals against an independent Python computation where no bound binds, the per-unit
 invariant 0 <= Q' <= C·width² where the data exceed every bound, the sensitivities by hand,
@@ -38,6 +40,13 @@ from dpsql.sql.parse import DIALECT
 REGIONS = ("central", "east", "north", "south", "west")
 L0, C = 2, 10
 SALT = 7
+
+
+def _separate(policy: Policy) -> Session:
+    """A session whose variances measure Q, S and N apart."""
+    session = Session(policy)
+    session.set_option("moments", "separate")
+    return session
 
 
 def make_policy(tmp_path: Path, rows: list[tuple[Any, ...]], name: str = "v") -> Policy:
@@ -101,7 +110,7 @@ def index_of(plan: Plan, kind: str) -> int:
 def test_totals_are_exact_where_no_bound_binds(tmp_path: Path) -> None:
     rows = small_rows()
     policy = make_policy(tmp_path, rows)
-    plan = Session(policy).plan("SELECT region, VAR_POP(spend) FROM visits GROUP BY region")
+    plan = _separate(policy).plan("SELECT region, VAR_POP(spend) FROM visits GROUP BY region")
     assert [m.spec.kind for m in plan.measurements] == ["centred_squares", "centred", "count"]
     grid = plan.estimates[0].grid
     assert grid is not None
@@ -140,7 +149,7 @@ def test_capped_squares_stay_within_bounds(tmp_path: Path) -> None:
                 spend = rng.choice([1e9, -1e9, 250.0, -3.0, 199.5, 0.0, float("nan"), None])
                 rows.append((user, region, spend, 30))
     policy = make_policy(tmp_path, rows)
-    plan = Session(policy).plan("SELECT region, STDDEV(spend) FROM visits GROUP BY region")
+    plan = _separate(policy).plan("SELECT region, STDDEV(spend) FROM visits GROUP BY region")
     grid = plan.estimates[0].grid
     assert grid is not None
     cap = C * grid.width**2
@@ -162,7 +171,7 @@ def test_capped_squares_stay_within_bounds(tmp_path: Path) -> None:
 
 def test_sensitivities_by_hand(tmp_path: Path) -> None:
     policy = make_policy(tmp_path, small_rows())
-    plan = Session(policy).plan(
+    plan = _separate(policy).plan(
         "SELECT region, VARIANCE(spend) FROM visits GROUP BY region",
         epsilon=Fraction(3, 10),
         split="even",
@@ -187,7 +196,7 @@ def test_sensitivities_by_hand(tmp_path: Path) -> None:
 
 def test_cost_split_and_sharing(tmp_path: Path) -> None:
     policy = make_policy(tmp_path, small_rows())
-    session = Session(policy)
+    session = _separate(policy)
     session.set_option("split", "even")  # the shares of the optimal split: tests/plan/test_split.py
     one = session.plan("SELECT VAR_POP(spend) FROM visits", epsilon=Fraction(1, 2))
     assert len(one.measurements) == 3
@@ -211,7 +220,7 @@ def test_cost_split_and_sharing(tmp_path: Path) -> None:
 def test_unbounded_argument_is_refused(tmp_path: Path) -> None:
     policy = make_policy(tmp_path, small_rows())
     with pytest.raises(BoundsError):
-        Session(policy).plan("SELECT VAR_POP(user_id) FROM visits")
+        _separate(policy).plan("SELECT VAR_POP(user_id) FROM visits")
 
 
 def big_rows() -> list[tuple[Any, ...]]:
@@ -227,7 +236,7 @@ def big_rows() -> list[tuple[Any, ...]]:
 def test_estimates_match_duckdb_with_little_noise(tmp_path: Path) -> None:
     rows = big_rows()
     policy = make_policy(tmp_path, rows)
-    session = Session(policy)
+    session = _separate(policy)
     result = session.execute(
         "SELECT region, VAR_POP(spend) AS vp, VAR_SAMP(spend) AS vs, VARIANCE(age) AS va, "
         "STDDEV_POP(spend) AS sp, STDDEV(spend) AS ss, STDDEV_SAMP(age) FROM visits "
@@ -264,7 +273,7 @@ def test_estimates_match_duckdb_with_little_noise(tmp_path: Path) -> None:
 def test_estimator_edge_cases(tmp_path: Path) -> None:
     """One value per group, or none: released values stay in [0, ((hi - lo)/2)²]."""
     policy = make_policy(tmp_path, [(1, "east", 200.0, 90), (2, "west", None, 18)])
-    result = Session(policy).execute(
+    result = _separate(policy).execute(
         "SELECT region, VAR_SAMP(spend), STDDEV_POP(age) FROM visits GROUP BY region",
         epsilon=1,
     )
@@ -284,7 +293,7 @@ def spread_plans(tmp_path_factory: pytest.TempPathFactory) -> list[Plan]:
     """Real plans of the four estimators, built once: spend in [0, 200] and age in [18, 90],
     discrete Laplace at epsilon 1/10 and 20, and the discrete Gaussian."""
     policy = make_policy(tmp_path_factory.mktemp("spread"), small_rows())
-    session = Session(policy)
+    session = _separate(policy)
     plans = []
     for column in ("spend", "age"):
         sql = SPREAD_SQL.format(c=column)
@@ -388,7 +397,7 @@ def test_accuracy_is_reported(tmp_path: Path) -> None:
     """Session.execute reports a half-width for each of the six spellings (not for an
     expression over one), under both mechanisms, within the bound range's extent."""
     policy = make_policy(tmp_path, big_rows())
-    session = Session(policy)
+    session = _separate(policy)
     sql = (
         "SELECT region, VAR_POP(spend), VAR_SAMP(spend), VARIANCE(spend), STDDEV_POP(spend), "
         "STDDEV_SAMP(spend), STDDEV(spend), 2 * VAR_POP(spend) FROM visits GROUP BY region"
@@ -408,7 +417,7 @@ def test_accuracy_is_reported(tmp_path: Path) -> None:
     # With one value or none in a group the noise swamps every total: the interval is the
     # whole range [0, 100] unless a noise nears or leaves its c^(1/3) half-width (about 1e-4
     # per cell at c = 0.9999, so 3 of 5 cells miss it together with probability about 1e-11).
-    tiny = Session(make_policy(tmp_path, [(1, "east", 200.0, 90)], name="one"))
+    tiny = _separate(make_policy(tmp_path, [(1, "east", 200.0, 90)], name="one"))
     result = tiny.execute(
         "SELECT region, STDDEV_POP(spend) FROM visits GROUP BY region", confidence=0.9999
     )
@@ -457,7 +466,7 @@ def test_half_width_coverage_end_to_end(aggregate: str, tiny_policy: Any) -> Non
         )
     finally:
         con.close()
-    session = Session(policy)
+    session = _separate(policy)
     sql = f"SELECT region, {aggregate}(age) FROM visits GROUP BY region"
     errors, widths = [], []
     for _ in range(COVERAGE_RUNS):

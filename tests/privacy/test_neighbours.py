@@ -40,6 +40,7 @@ from test_fuzz import AGGREGATE, NUM_EXPR, PREDICATE
 from dpsql import errors
 from dpsql.engine.duckdb import engine as duckdb_engine
 from dpsql.plan.plans import Plan
+from dpsql.plan.sensitivity import tied_parts
 from dpsql.policy import Policy, load_policy
 from dpsql.session.session import Session
 
@@ -204,6 +205,9 @@ AGGREGATES = st.one_of(
             "SUM(big)",
             "AVG(big)",
             "VAR_POP(big)",
+            # A Bernstein vector (the Laplace's default for a variance; docs/privacy.md).
+            "STDDEV_SAMP(spend)",
+            "VAR_SAMP(CASE WHEN flag THEN age END)",
             "SUM(CASE WHEN flag THEN big ELSE 0 END)",
             "COUNT(CASE WHEN note THEN 1 END)",
             "SUM(LEAST(GREATEST(big * 4, -1e15), 1e15))",
@@ -304,8 +308,25 @@ def _check(plan: Plan, before: list[tuple[Any, ...]], after: list[tuple[Any, ...
         sizes = [len(k.domain) + k.other for k in plan.analysis.keys if k.domain is not None]
         if len(sizes) == len(plan.analysis.keys):
             assert len(d) == math.prod(sizes)
-    # One event per measurement, unless the query is on a sample (one amplified event).
-    assert plan.sample is not None or len(plan.event.events) == len(plan.measurements)
+    # One event per measurement (one per Bernstein vector of three), unless the query is on a
+    # sample (one amplified event).
+    tied = tied_parts([m.spec for m in plan.measurements])
+    events = len(plan.measurements) - len(tied)
+    assert plan.sample is not None or len(plan.event.events) == events
+    for head in set(tied.values()):
+        # A vector's three coordinates move together: per group by at most its per-group L1,
+        # in at most L0 groups, by at most its sensitivity in all (dpsql.bound.values.bernstein).
+        parts = [head, *(j for j, h in tied.items() if h == head)]
+        m = plan.measurements[head]
+        vector: dict[tuple[str, ...], int] = {}
+        for group in d.keys() | d_prime.keys():
+            old = d.get(group, (None,) * len(plan.measurements))
+            new = d_prime.get(group, (None,) * len(plan.measurements))
+            step = sum(abs(int(new[j] or 0) - int(old[j] or 0)) for j in parts)
+            assert step <= m.per_group, (m.label, group, step, m.per_group)
+            if step:
+                vector[group] = step
+        assert len(vector) <= m.groups and sum(vector.values()) <= m.sensitivity, m.label
     for j, m in enumerate(plan.measurements):
         moved: dict[tuple[str, ...], int] = {}
         for group in d.keys() | d_prime.keys():

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from dpsql.analyze.analysis import Aggregate
 from dpsql.bound.grid import value_grid
 from dpsql.bound.specs import MeasurementSpec
+from dpsql.plan.aggregates import bernstein
 from dpsql.plan.aggregates.ratios import POINTS, probe
 from dpsql.plan.aggregates.rule import AggregateRule, Builder, Ratio
 from dpsql.plan.estimators import FloatArray, _each, half_width
@@ -120,9 +121,13 @@ def _spread(
     i_squares, i_sum, i_count = estimate.measurements
     samp, root = _FORMS[estimate.kind]
     top = float(grid.width) ** 2  # ((hi_g - lo_g)/2)², the largest variance, in (g/2)²
-    q = np.asarray(noisy[i_squares], dtype=np.float64)
-    s = np.asarray(noisy[i_sum], dtype=np.float64)
-    n = np.asarray(noisy[i_count], dtype=np.float64)
+    if estimate.joint:
+        # One Bernstein vector (``bernstein``): Q, S and N are combinations of its coordinates.
+        q, s, n = bernstein.moments([noisy[j] for j in estimate.measurements], grid.width)
+    else:
+        q = np.asarray(noisy[i_squares], dtype=np.float64)
+        s = np.asarray(noisy[i_sum], dtype=np.float64)
+        n = np.asarray(noisy[i_count], dtype=np.float64)
     n1 = np.maximum(n, 1.0)
     mean = s / n1
     var = np.maximum(q / n1 - mean * mean, 0.0)
@@ -132,8 +137,27 @@ def _spread(
     joint = _each(confidence, measurements, estimate.measurements,
                   math.nextafter(confidence ** (1 / 3), 1.0))  # fmt: skip
     k_q, k_s, k_n = (float(half_width(measurements[i], joint)) for i in estimate.measurements)
+    radius = None
+    parts = [measurements[j] for j in estimate.measurements]
+    scale = bernstein.one_scale(parts)
+    if estimate.joint and scale is None:
+        # Coordinates answered from several releases (``dpsql.cache.derive``): each within its
+        # own half-width (the union bound, ``_each``), so within that cube.
+        k_q, k_s, k_n = bernstein.cube_widths((k_q, k_s, k_n), grid.width)
+    elif estimate.joint and scale is not None:
+        # The three coordinates' noise within an L1 ball of radius t with probability >= c
+        # (``bernstein.l1_radius``): the true Q, S and N lie in the box it spans.
+        radius = bernstein.l1_radius(scale, confidence)
+        k_q, k_s, k_n = bernstein.moment_widths(radius, grid.width)
     n_lo, n_hi = np.maximum(n - k_n, 1.0), np.maximum(n + k_n, 1.0)
     low, high = _moment_range((q - k_q, q + k_q), square_range(s, k_s), (1.0 / n_hi, 1.0 / n_lo))
+    if radius is not None:
+        # Tighter where it applies: the range over the coordinates' own box (``bernstein``),
+        # intersected with the (Q, S, N) box's (both hold when the three coordinates hold).
+        b = [noisy[j] for j in estimate.measurements]
+        v_low, v_high, valid = bernstein.vertex_range(b, radius, grid.width)
+        low = np.where(valid, np.maximum(low, v_low), low)
+        high = np.where(valid, np.minimum(high, v_high), high)
     low, high = np.maximum(low, 0.0), np.maximum(high, 0.0)
     if samp:
         # N/(N - 1) (N/1 below 2) rises on [1, 2] and falls after: its peak 2 is at N = 2.
@@ -153,6 +177,8 @@ def _spread(
 def _weights(estimate: Estimate) -> tuple[Fraction, ...]:
     grid = estimate.grid
     assert grid is not None
+    if estimate.joint:
+        return (Fraction(1),) * 3  # one vector, one share (coordinate 0's: ``bernstein``)
     w = (grid.upper_value - grid.lower_value) / 2
     return (Fraction(1), 4 * w**2 / 3, 11 * w**4 / 45)
 
@@ -178,9 +204,14 @@ def _width(
     vv = np.broadcast_to(v[:, None, :], mm.shape)
     nn = np.broadcast_to(counts[:, None, None], mm.shape)
     i_squares, i_sum, i_count = estimate.measurements
-    at.noisy[i_squares] = np.round(nn * (vv + mm * mm)).ravel()
-    at.noisy[i_sum] = np.round(mm * nn).ravel()
-    at.noisy[i_count] = nn.ravel()
+    squares, sums = np.round(nn * (vv + mm * mm)).ravel(), np.round(mm * nn).ravel()
+    count = np.asarray(nn, dtype=np.float64).ravel()
+    if estimate.joint:
+        b = bernstein.coordinates(squares, sums, count, grid.width)
+        for j, coordinate in zip(estimate.measurements, b, strict=True):
+            at.noisy[j] = coordinate
+    else:
+        at.noisy[i_squares], at.noisy[i_sum], at.noisy[i_count] = squares, sums, count
     _, width = _spread(estimate, measurements, at.noisy, confidence)
     return float(width.max())
 

@@ -59,6 +59,10 @@ from dpsql.sql.parse import DIALECT
 # units (or values) is not (a unit in two fine cells of one coarser cell counts once there),
 # nor is a quantile.
 ADDITIVE = ("rows", "count", "sum", "centred", "centred_squares")
+# What releases of the same bounded rows may answer, each measurement from its own releases
+# (``dpsql.cache.derive.assemble``): a Bernstein vector's coordinates too (their noises stay
+# independent of each other), though no family measures one.
+ASSEMBLED = (*ADDITIVE, "bernstein")
 # The statements of one group of shared rows the search considers (in file order).
 MAX_CANDIDATES = 16
 # The largest number of measured cells of one kind in a family: the least squares runs in
@@ -146,8 +150,9 @@ def _event(t: Taken) -> Event:
 
 
 # -- who may share ------------------------------------------------------------------------------
-def eligible(plan: Plan) -> bool:
-    """Whether a statement may join a family (module docstring), from its plan alone."""
+def eligible(plan: Plan, kinds: tuple[str, ...] = ADDITIVE) -> bool:
+    """Whether a statement may join a family (module docstring), from its plan alone; with
+    ``kinds`` ``ASSEMBLED``, whether releases of its rows may answer it."""
     a, o = plan.analysis, plan.options
     return (
         a.base
@@ -162,7 +167,7 @@ def eligible(plan: Plan) -> bool:
         and o.sample is None
         and all(k.domain is not None for k in a.keys)
         and bool(plan.measurements)
-        and all(m.spec.kind in ADDITIVE for m in plan.measurements)
+        and all(m.spec.kind in kinds for m in plan.measurements)
     )
 
 
@@ -313,4 +318,13 @@ def base_digest(plan: Plan) -> str:
     return hashlib.sha256(repr((rows, bounds)).encode()).hexdigest()
 
 
-__all__ = ["MAX_FAMILY_CELLS", "MAX_LOSS", "Family", "Joint", "Member", "Taken", "eligible"]
+__all__ = [
+    "ASSEMBLED",
+    "MAX_FAMILY_CELLS",
+    "MAX_LOSS",
+    "Family",
+    "Joint",
+    "Member",
+    "Taken",
+    "eligible",
+]
