@@ -65,7 +65,7 @@ def data_set(folder: Path, law: str, n: int, seed: int) -> tuple[Any, dict[str, 
     policy = load_policy({
         "dataset": {"id": f"var-{law}-{n}", "data_version": "1"},
         "data": {"tables": {"t": str(path)}},
-        "budget": {"epsilon": 1_000_000, "query_epsilon": 1, "diagnose": False},
+        "budget": {"epsilon": 10_000, "query_epsilon": 1, "diagnose": False},
         "tables": {"t": {"privacy_unit": "u", "max_groups_per_unit": 1,
                          "max_rows_per_unit_per_group": 1,
                          "columns": {"x": {"lower": 0, "upper": upper},
