@@ -184,7 +184,8 @@ class Session:
         planned = self.planned(sql, params, options)
         if planned is None:
             raise ParameterError("only a SELECT query can be planned")
-        return planned.plan
+        # The plan that would run: a variance a release of the other form serves is served so.
+        return self.apart(sql, params, options, planned).plan
 
     def planned(
         self,

@@ -273,6 +273,8 @@ def test_a_variance_is_served_again_whatever_form_released_it(tmp_path: Path) ->
     session = Session(policy)
     apart = session.execute(sql, moments="separate")
     assert apart.charge is not None
+    # What EXPLAIN-like commands show is the plan that would run: the release's.
+    assert session.served_from(session.plan(sql)) is not None
     again = session.execute(sql)
     assert again.charge is None and again.cached_from is not None
     assert again.rows == apart.rows
