@@ -380,7 +380,8 @@ def worker(path: Path, contract: str, variant: str, name: str, *, memory_limit: 
 
         def run_and_keep(sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
             names, rows = engine_run(sql)
-            seen.append(rows)
+            if sql == plan.engine_sql:  # the bounded query (not the diagnosis's histogram)
+                seen.append(rows)
             return names, rows
 
         session.engine.run = run_and_keep  # type: ignore[method-assign]
