@@ -33,6 +33,7 @@ from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import open_engine
 from dpsql.errors import (
     BudgetExceededError,
+    DpsqlError,
     LedgerError,
     ParameterError,
     PolicyError,
@@ -355,7 +356,10 @@ class Session:
         settings = self.settings(options)
         if planned.explain or settings.fresh or not spreads or joint != (moments == "separate"):
             return planned
-        other = self.planned(sql, params, {**options, "moments": moments}, current=False)
+        try:
+            other = self.planned(sql, params, {**options, "moments": moments}, current=False)
+        except DpsqlError:
+            return planned  # the other form is refused (public facts): this one runs as planned
         if other is None or self.served_from(other.plan, settings.share) is None:
             return planned
         return other
