@@ -67,6 +67,17 @@ class QueryOptions:
     joint_moments: bool = field(default=True, repr=False)
 
 
+MAX_ROWS = 2**63 - 1  # the rows (so units) any table can hold: a row count is a BIGINT
+MAX_EXACT_TOTAL = 10**38 - 1  # DECIMAL(38,0); DuckDB's HUGEINT holds more
+
+
+def fits_exactly(per_group: int) -> bool:
+    """Whether a group's exact total, at most ``per_group`` from each of at most 2^63 - 1
+    units, is proven to fit 38 digits (Spark's DECIMAL(38,0), within DuckDB's HUGEINT) on any
+    data: the check both engines refuse the same queries by (``dpsql.plan.sensitivity``)."""
+    return per_group * MAX_ROWS <= MAX_EXACT_TOTAL
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One noisy measurement: an integer total per group plus discrete noise.

@@ -28,7 +28,7 @@ from dpsql.mechanisms.selection_events import Exponential
 from dpsql.plan import calibration
 from dpsql.plan.aggregates.pairs import unpaired
 from dpsql.plan.estimates import _Builder
-from dpsql.plan.plans import Estimate, Measurement, QueryOptions
+from dpsql.plan.plans import Estimate, Measurement, QueryOptions, fits_exactly
 from dpsql.plan.split import shares
 from dpsql.policy.numbers import decimal_text
 from dpsql.sql.parse import DIALECT
@@ -127,8 +127,6 @@ def _unit(spec: MeasurementSpec, values: list[ValueSpec]) -> Fraction:
 
 
 Calibrated = tuple[list[Measurement], list[Event], "tuple[Fraction, Fraction] | None"]
-MAX_ROWS = 2**63 - 1  # the rows (so units) any table can hold: a row count is a BIGINT
-MAX_EXACT_TOTAL = 10**38 - 1  # DECIMAL(38,0); DuckDB's HUGEINT holds more
 
 
 def _measurement(
@@ -141,7 +139,7 @@ def _measurement(
     # 2^63 - 1 units: proven to fit 38 digits, the range of Spark's DECIMAL(38,0) (and within
     # DuckDB's HUGEINT), it can neither overflow nor fail on any data. Both engines refuse the
     # same queries.
-    if per_group * MAX_ROWS > MAX_EXACT_TOTAL:
+    if not fits_exactly(per_group):
         raise BoundsError(
             f"{label}: its exact total could exceed 38 digits on some data; tighten the "
             "bounds of its value or max_rows_per_unit_per_group"

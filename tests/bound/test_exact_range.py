@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY_COLUMNS, TinyPolicy
 
 from dpsql.errors import BoundsError
-from dpsql.plan.sensitivity import MAX_EXACT_TOTAL, MAX_ROWS
+from dpsql.plan.plans import MAX_EXACT_TOTAL, MAX_ROWS
 from dpsql.session.session import Session
 
 ROWS = [(1, "east", 30, 2.0**31), (2, "west", 40, 2.0**31 + 1)]

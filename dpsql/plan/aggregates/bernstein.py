@@ -38,12 +38,11 @@ import numpy.typing as npt
 from dpsql.bound.grid import Grid
 from dpsql.bound.specs import MeasurementSpec
 from dpsql.plan.estimators import FloatArray
-from dpsql.plan.plans import Estimate, Measurement, QueryOptions
+from dpsql.plan.plans import Estimate, Measurement, QueryOptions, fits_exactly
 
 SPREADS = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
-MAX_ROWS = 2**63 - 1  # as ``dpsql.plan.sensitivity``: the units a table can hold
-MAX_EXACT_TOTAL = 10**38 - 1
-# Relative widening of an interval's ends for float rounding (as ``spreads``).
+# Relative widening of an interval's ends for float rounding: the bounds and the estimator are
+# evaluated by different float operations, each within a few ulps (2**-52) of its terms.
 ROUNDING = 1e-12
 
 
@@ -78,7 +77,7 @@ def adopt(
         readers = set().union(*(users[j] for j in triple))
         if (
             grid is None
-            or c * 4 * grid.width**2 * MAX_ROWS > MAX_EXACT_TOTAL
+            or not fits_exactly(c * 4 * grid.width**2)
             or any(estimates[e].measurements != triple for e in readers)
         ):
             continue
@@ -120,13 +119,12 @@ def l1_radius(scale: Fraction, confidence: float) -> int:
     So t = y + 2 for the least y whose tail is at most 1 - confidence (less a 1e-9 share for
     float rounding): P(sum > t) <= P(G1 + G2 + G3 >= y)."""
     log_p = -1.0 / float(scale)
-    q = -math.expm1(log_p)  # 1 - p, exact for large scales
+    odds = -math.expm1(log_p) / math.exp(log_p)  # (1 - p)/p, exact for large scales
     goal = (1.0 - confidence) * (1.0 - 1e-9)
 
     def tail(y: int) -> float:
-        n = y + 2
-        return math.exp(n * log_p) * (1.0 + n * q / math.exp(log_p)
-                                      + n * (n - 1) / 2.0 * (q / math.exp(log_p)) ** 2)  # fmt: skip
+        n = y + 2  # p^n·(1 + n·(1-p)/p + C(n, 2)·((1-p)/p)²)
+        return math.exp(n * log_p) * (1.0 + n * odds + n * (n - 1) / 2.0 * odds**2)
 
     low, high = 0, 1
     while tail(high) > goal:
@@ -159,8 +157,7 @@ def one_scale(parts: Sequence[Measurement]) -> Fraction | None:
             scales.add(m.combined[0][0][1])
         else:
             return None
-    only = scales.pop() if len(scales) == 1 else None
-    return only
+    return scales.pop() if len(scales) == 1 else None
 
 
 def cube_widths(k: tuple[float, float, float], w: int) -> tuple[float, float, float]:
@@ -206,18 +203,10 @@ def vertex_range(
     return low - slack, high + slack, valid
 
 
-def coordinates(
-    q: FloatArray, s: FloatArray, n: FloatArray, w: int
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """(b0, b1, b2) of given (Q, S, N): b0 = w²N - 2wS + Q, b1 = 2w²N - 2Q, b2 = w²N + 2wS + Q."""
-    return w * w * n - 2.0 * w * s + q, 2.0 * w * w * n - 2.0 * q, w * w * n + 2.0 * w * s + q
-
-
 __all__ = [
     "SPREADS",
     "adopt",
     "applies",
-    "coordinates",
     "cube_widths",
     "l1_radius",
     "moment_widths",

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from dpsql.analyze.analysis import Aggregate
 from dpsql.bound.grid import value_grid
 from dpsql.bound.specs import MeasurementSpec
+from dpsql.errors import InternalError
 from dpsql.plan.aggregates import bernstein
 from dpsql.plan.aggregates.ratios import POINTS, probe
 from dpsql.plan.aggregates.rule import AggregateRule, Builder, Ratio
@@ -40,9 +41,7 @@ _FORMS: dict[AggregateKind, tuple[bool, bool]] = {
     "stddev_samp": (True, True),
 }
 
-# Relative widening of the variance interval's ends: the bounds and the estimator are evaluated
-# by different float operations, each within a few ulps (2**-52) of its terms; 1e-12 covers both.
-_ROUNDING = 1e-12
+_ROUNDING = bernstein.ROUNDING  # relative widening of an interval's ends for float rounding
 
 
 def _measure(agg: Aggregate, builder: Builder) -> Estimate:
@@ -189,9 +188,12 @@ def _width(
     """The largest half-width ``_spread`` releases in a group of at least ``n`` units, over the
     noisy values of ``dpsql.plan.aggregates.ratios`` and, by noisy mean m = S/n and variance
     v = Q/n - m², over a grid of variances from -k_Q/n to w² + k_Q/n: the width is steepest
-    near v = 0 (STDDEV's square root), so small and slightly negative v are dense in it."""
+    near v = 0 (STDDEV's square root), so small and slightly negative v are dense in it.
+    Accuracy targets measure Q, S and N apart (``dpsql.plan.targets``), never one vector."""
     grid = estimate.grid
     assert grid is not None
+    if estimate.joint:
+        raise InternalError("an accuracy target's plan has a joint measurement")
     at = probe(estimate, measurements, math.nextafter(confidence ** (1 / 3), 1.0), n)
     counts, k = at.counts, at.k
     top = float(grid.width * grid.width)
@@ -204,14 +206,9 @@ def _width(
     vv = np.broadcast_to(v[:, None, :], mm.shape)
     nn = np.broadcast_to(counts[:, None, None], mm.shape)
     i_squares, i_sum, i_count = estimate.measurements
-    squares, sums = np.round(nn * (vv + mm * mm)).ravel(), np.round(mm * nn).ravel()
-    count = np.asarray(nn, dtype=np.float64).ravel()
-    if estimate.joint:
-        b = bernstein.coordinates(squares, sums, count, grid.width)
-        for j, coordinate in zip(estimate.measurements, b, strict=True):
-            at.noisy[j] = coordinate
-    else:
-        at.noisy[i_squares], at.noisy[i_sum], at.noisy[i_count] = squares, sums, count
+    at.noisy[i_squares] = np.round(nn * (vv + mm * mm)).ravel()
+    at.noisy[i_sum] = np.round(mm * nn).ravel()
+    at.noisy[i_count] = nn.ravel()
     _, width = _spread(estimate, measurements, at.noisy, confidence)
     return float(width.max())
 
