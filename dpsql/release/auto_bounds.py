@@ -47,6 +47,16 @@ from dpsql.release import clamp_bounds
 _STATISTIC = {ROWS: UNIT_ROWS, GROUPS: UNIT_GROUPS, ROWS_PER_GROUP: LARGEST_GROUP}
 
 
+def read_histograms(rows: Sequence[tuple[Any, ...]]) -> dict[int, dict[int, int]]:
+    """The engine's (statistic, value, count) rows of ``dpsql.bound.selection`` as one
+    histogram of values per statistic."""
+    histograms: dict[int, dict[int, int]] = {}
+    for statistic, value, n in rows:
+        h = histograms.setdefault(int(statistic), {})
+        h[int(value)] = h.get(int(value), 0) + int(n)
+    return histograms
+
+
 def beyond(histogram: Mapping[int, int]) -> list[int]:
     """For each rung, how many units (cells) have a value above it."""
     counts = [0] * len(LADDER)
@@ -123,10 +133,7 @@ def choose(
 ) -> dict[str, object]:
     """The chosen bounds, by name: ``max_rows_per_unit`` and the others as integers, and
     ``table.column`` as a (lower, upper) pair of Fractions for each clamped column."""
-    histograms: dict[int, dict[int, int]] = {}
-    for statistic, value, n in rows:
-        h = histograms.setdefault(int(statistic), {})
-        h[int(value)] = h.get(int(value), 0) + int(n)
+    histograms = read_histograms(rows)
     chosen: dict[str, object] = dict(auto.fixed)
     l0 = auto.fixed_l0
     clamps = iter(clamp_rows)
@@ -190,6 +197,7 @@ __all__ = [
     "describe",
     "group_cells",
     "group_weights",
+    "read_histograms",
     "scales",
     "tradeoff_scales",
     "tradeoff_walk",

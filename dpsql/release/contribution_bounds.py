@@ -43,7 +43,7 @@ from dpsql.analyze.analyze import analyze
 from dpsql.analyze.scope import Describe
 from dpsql.analyze.units import unit_source
 from dpsql.bound.estimates import contributions_query
-from dpsql.bound.selection import GROUP_CELLS, selection_query
+from dpsql.bound.selection import selection_query
 from dpsql.bound.shape import public_size
 from dpsql.bound.specs import Bounding
 from dpsql.errors import ParseError, QueryError, SchemaError, UnsupportedQueryError
@@ -204,12 +204,7 @@ def _cells(epsilon: Fraction, rows: Sequence[tuple[Any, ...]], rule: Rule) -> tu
     C ``auto``'s weighted cell walk aimed at L0·k cells per group (``auto_bounds.cell_walk``;
     charged before this runs)."""
     assert rule.groups is not None
-    histograms: dict[int, dict[int, int]] = {}
-    for statistic, value, n in rows:
-        if int(statistic) >= GROUP_CELLS:
-            h = histograms.setdefault(int(statistic), {})
-            h[int(value)] = h.get(int(value), 0) + int(n)
-    cells = auto_bounds.group_cells(histograms, rule.groups)
+    cells = auto_bounds.group_cells(auto_bounds.read_histograms(rows), rule.groups)
     target = rule.units_beyond() * rule.groups
     return rule.groups, auto_bounds.cell_walk(cell_choice(epsilon, rule.groups), cells, target)
 

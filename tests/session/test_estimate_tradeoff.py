@@ -246,9 +246,7 @@ def test_the_cell_walk_reads_what_one_unit_moves_by_one_cell_a_group(
             policy, session.engine.catalog, session.engine.describe, "visits", ("region",)
         )
         assert cells is not None and cells[0] == len(TINY_REGIONS)
-        histograms: dict[int, dict[int, int]] = {}
-        for b, v, n in session.engine.run(cells[1])[1]:
-            histograms.setdefault(int(b), {})[int(v)] = int(n)
+        histograms = auto_bounds.read_histograms(session.engine.run(cells[1])[1])
         session.close()
         # Groups are numbered by their keys among those present: index them by key instead.
         present = sorted({r for _, r, *_ in data if r in TINY_REGIONS})
