@@ -11,6 +11,7 @@ the vector's L1 on generated neighbours; test_privacy_statistical: an audit at e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from fractions import Fraction
@@ -23,7 +24,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
-from test_variance import L0, REGIONS, C, make_policy, reference_variance, run, small_rows
+from test_variance import (
+    L0,
+    REGIONS,
+    C,
+    duckdb_var_pop,
+    make_policy,
+    reference_variance,
+    run,
+    small_rows,
+)
 
 from dpsql.bound.grid import Grid
 from dpsql.bound.specs import MeasurementSpec
@@ -31,6 +41,7 @@ from dpsql.bound.values import bernstein as cell_vector
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.plan.aggregates import bernstein
 from dpsql.plan.aggregates.spreads import _spread
+from dpsql.plan.estimators import half_width
 from dpsql.plan.plans import Estimate, Measurement, Plan
 from dpsql.session.session import Session
 from dpsql.session.workload_plan import plan_workload
@@ -108,13 +119,7 @@ def test_totals_are_exact_where_no_bound_binds(tmp_path: Path) -> None:
         q, s, n = bernstein.moments([np.array([float(b)]) for b in expected], w)
         half = float(grid.step) / 2
         var = float((q[0] / n[0] - (s[0] / n[0]) ** 2) * half * half)
-        con = duckdb.connect(":memory:")
-        try:
-            row = con.execute("SELECT var_pop(x) FROM unnest(?) AS u(x)", [xs]).fetchone()
-        finally:
-            con.close()
-        assert row is not None
-        assert var == pytest.approx(row[0], rel=1e-9, abs=1e-9)
+        assert var == pytest.approx(duckdb_var_pop(xs), rel=1e-9, abs=1e-9)
 
 
 HOSTILE = st.sampled_from([0.0, 200.0, 199.5, 100.25, -3.0, 250.0, 1e12, -1e12,
@@ -288,3 +293,43 @@ def test_a_variance_is_served_again_whatever_form_released_it(tmp_path: Path) ->
     assert other.budget().epsilon_spent == spent
     assert results[0] is not None and results[0].rows == joint.rows
     assert other.execute("SELECT region, AVG(spend) FROM visits GROUP BY region").charge is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 16), min_size=1, max_size=30),
+    scale=st.sampled_from([Fraction(1, 2), Fraction(3), Fraction(40), Fraction(2000)]),
+    reach=st.tuples(*(st.sampled_from([-1.0, -0.4, 0.0, 0.7, 1.0]) for _ in range(3))),
+    kind=st.sampled_from(SPREADS),
+)
+def test_the_interval_holds_for_coordinates_combined_from_several_releases(
+    values: list[int], scale: Fraction, reach: tuple[float, float, float], kind: str
+) -> None:
+    """Coordinates answered from several releases (an inverse-variance combination of their
+    noises, ``dpsql.cache.derive``) are each bounded at their own half-width (the union bound):
+    for noise anywhere in that cube, corners included, value ± half-width holds the estimator
+    at the true totals."""
+    grid = Grid(Fraction(1), 0, 16)
+    w = grid.width
+    centred = [2 * v - 16 for v in values]
+    truth = [sum((w - a) ** 2 for a in centred), sum(2 * (w * w - a * a) for a in centred),
+             sum((w + a) ** 2 for a in centred)]  # fmt: skip
+    two = (((Fraction(1, 2), scale), (Fraction(1, 2), scale)),)
+    parts = [dataclasses.replace(m, combined=two) for m in _measurements(scale, grid)]
+    assert bernstein.one_scale(parts) is None  # the cube, not the ball
+    each = math.nextafter(1.0 - 0.05 / 3, 1.0)  # ``_each``'s union bound for three
+    k = [half_width(m, each) for m in parts]
+    z = [math.trunc(r * h) for r, h in zip(reach, k, strict=True)]
+    noisy = [np.array([float(b + e)]) for b, e in zip(truth, z, strict=True)]
+    estimate = Estimate(kind, (0, 1, 2), grid, joint=True)  # type: ignore[arg-type]
+    value, width = _spread(estimate, parts, noisy, 0.95)
+    q = Fraction(truth[0] + truth[2] - truth[1], 4)
+    s = Fraction(truth[2] - truth[0], 4 * w)
+    n = Fraction(sum(truth), 4 * w * w)
+    exact = reference_variance(kind, (q, s, n), grid)
+    low = Fraction(float(value[0])) - Fraction(float(width[0]))
+    high = Fraction(float(value[0])) + Fraction(float(width[0]))
+    if kind.startswith("stddev"):
+        assert (low <= 0 or low * low <= exact) and exact <= high * high
+    else:
+        assert low <= exact <= high

@@ -103,6 +103,17 @@ def small_rows() -> list[tuple[Any, ...]]:
     return rows
 
 
+def duckdb_var_pop(xs: list[float]) -> float:
+    """DuckDB's own var_pop of ``xs``: the estimator's value without noise."""
+    con = duckdb.connect(":memory:")
+    try:
+        row = con.execute("SELECT var_pop(x) FROM unnest(?) AS u(x)", [xs]).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return float(row[0])
+
+
 def index_of(plan: Plan, kind: str) -> int:
     return next(j for j, m in enumerate(plan.measurements) if m.spec.kind == kind)
 
@@ -130,13 +141,7 @@ def test_totals_are_exact_where_no_bound_binds(tmp_path: Path) -> None:
         # Without noise, the estimator is DuckDB's var_pop exactly (up to float rounding).
         half = float(grid.step) / 2
         var = (q / n - (s / n) ** 2) * half * half
-        con = duckdb.connect(":memory:")
-        try:
-            expected = con.execute("SELECT var_pop(x) FROM unnest(?) AS u(x)", [xs]).fetchone()
-        finally:
-            con.close()
-        assert expected is not None
-        assert var == pytest.approx(expected[0], rel=1e-9, abs=1e-9)
+        assert var == pytest.approx(duckdb_var_pop(xs), rel=1e-9, abs=1e-9)
 
 
 def test_capped_squares_stay_within_bounds(tmp_path: Path) -> None:
