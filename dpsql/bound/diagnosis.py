@@ -51,7 +51,7 @@ from dpsql.bound.relation import relation_ctes, relation_rows, total_of
 from dpsql.bound.specs import Bounding
 from dpsql.bound.values import bound_value, unclamped_value
 
-__all__ = ["FLAGS", "diagnosis_query", "pattern"]
+__all__ = ["FLAGS", "diagnosis_parts", "diagnosis_query", "pattern"]
 
 # Every flag a diagnosis may carry, in the order of their bits.
 FLAGS = ("L0", "C", "R", "clamped")
@@ -103,10 +103,16 @@ def _clamped(analysis: Analysis, bounding: Bounding) -> list[tuple[int, Node | N
     return out
 
 
-def diagnosis_query(
-    analysis: Analysis, bounding: Bounding, flags: Sequence[str], limits: Mapping[str, int]
-) -> exp.Select:
-    """One row per flag pattern present: ``_p`` the pattern, ``_z`` its number of units."""
+def diagnosis_parts(
+    analysis: Analysis,
+    bounding: Bounding,
+    flags: Sequence[str],
+    limits: Mapping[str, int],
+    source: str = "_rows",
+) -> tuple[dict[str, Node], list[exp.CTE], exp.Select]:
+    """The diagnosis over the relation's rows in the CTE ``source``: the row-level columns it
+    needs beyond the bounded query's (``extra`` of ``relation_rows``), its CTEs after the rows,
+    and the histogram that reads them."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
     clamps = _clamped(analysis, bounding)
     extra = {f"_o{i}": node for i, node, _ in clamps if node is not None}
@@ -117,7 +123,7 @@ def diagnosis_query(
     per_group = select(
         [*columns(group), alias(count, "_n"),
          alias(func("MAX", when((flagged, number(1)), otherwise=number(0))), "_cl")],
-        table("_rows"),
+        table(source),
         group=columns(group),
     )  # fmt: skip
     if keys:
@@ -138,11 +144,14 @@ def diagnosis_query(
     patterns = select([alias(cast(pattern(flags, limits), Type.BIGINT), "_p")], table("_du"))
     histogram = select([column("_p"), alias(count.copy(), "_z")], table("_dp"),
                        group=[column("_p")])  # fmt: skip
-    ctes = [
-        *relation_ctes(analysis),
-        cte("_rows", relation_rows(analysis, bounding, extra)),
-        cte("_dg", per_group),
-        cte("_du", per_unit),
-        cte("_dp", patterns),
-    ]
-    return with_ctes(histogram, ctes)
+    chain = [cte("_dg", per_group), cte("_du", per_unit), cte("_dp", patterns)]
+    return extra, chain, histogram
+
+
+def diagnosis_query(
+    analysis: Analysis, bounding: Bounding, flags: Sequence[str], limits: Mapping[str, int]
+) -> exp.Select:
+    """One row per flag pattern present: ``_p`` the pattern, ``_z`` its number of units."""
+    extra, chain, histogram = diagnosis_parts(analysis, bounding, flags, limits)
+    rows = cte("_rows", relation_rows(analysis, bounding, extra))
+    return with_ctes(histogram, [*relation_ctes(analysis), rows, *chain])

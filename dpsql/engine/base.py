@@ -24,6 +24,8 @@ class Engine(Protocol):
     data: their outcome depends on the query and the schema only (DESIGN.md section 4)."""
 
     name: str
+    # Runs a diagnosed query and its diagnosis as one statement (Diagnosis.together_sql).
+    shares_rows: bool
     salt: int  # the secret of the keyed hash that picks a unit's groups and rows
     # The data files as the engine bound them (dpsql.policy.files): checked before each charge.
     files: FileSet

@@ -29,6 +29,7 @@ from sqlglot import exp
 from dpsql.analyze.analysis import Analysis
 from dpsql.bound.diagnosis import diagnosis_query
 from dpsql.bound.specs import Bounding, MeasurementSpec
+from dpsql.bound.together import diagnosed_query
 from dpsql.errors import InternalError, UndeclaredMechanismError
 from dpsql.mechanisms.event_kinds import declared_event
 from dpsql.mechanisms.events import Composite, Event
@@ -56,10 +57,18 @@ def _flags(analysis: Analysis, bounding: Bounding, l0: int, c: int, r: int | Non
     if any(v.grid is not None for v in bounding.values):
         flags.append("clamped")
     sql = diagnosis_query(analysis, bounding, flags, dict(limits)).sql(dialect=DIALECT, copy=False)
+    together, width = diagnosed_query(analysis, bounding, flags, dict(limits))
     # One unit, one cell: per_group 1 on 1 coordinate (L1 = L2 = 1).
     histogram = Measurement(MeasurementSpec("units"), LABEL, 1, 1, Fraction(1))
     return Diagnosis(
-        tuple(flags), tuple(limits), histogram, sql, table=analysis.table, keys=_keys(analysis)
+        tuple(flags),
+        tuple(limits),
+        histogram,
+        sql,
+        table=analysis.table,
+        keys=_keys(analysis),
+        together_sql=together.sql(dialect=DIALECT, copy=False),
+        width=width,
     )
 
 

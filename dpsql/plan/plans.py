@@ -167,6 +167,10 @@ class Diagnosis:
     table: str = ""  # the table whose bounds it diagnoses (what ESTIMATE BOUNDS would read)
     keys: tuple[str, ...] = ()  # the query's GROUP BY columns, for the advice it gives
     share: Fraction | None = None  # its epsilon as the policy's share of the query's (or set)
+    # The query and the diagnosis as one statement over one scan (``dpsql.bound.together``),
+    # for an engine that ``shares_rows``, and the number of the answer's columns in it.
+    together_sql: str = field(default="", compare=False, repr=False)
+    width: int = 0
 
     @property
     def cells(self) -> int:

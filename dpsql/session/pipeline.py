@@ -31,6 +31,7 @@ from typing import Generic, TypeVar
 
 from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.budget.report import Charge
+from dpsql.bound.together import split
 from dpsql.cache import keys as cache
 from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import Engine
@@ -261,14 +262,17 @@ class QueryRequest(Request[Noisy, Result]):
         return None if hit is None else served(pipeline, plan, hit)
 
     def measure(self, engine: Engine) -> Noisy:
-        plan = self.plan
-        _, rows = engine.run(plan.engine_sql)
+        plan, diagnosis = self.plan, self.plan.diagnosis
+        if diagnosis is None:
+            return measure(plan, engine.run(plan.engine_sql)[1])
+        # The diagnosis is charged with the query, in its one event, and released with it.
+        if engine.shares_rows:
+            rows, patterns = split(engine.run(diagnosis.together_sql)[1], diagnosis.width)
+        else:
+            rows = engine.run(plan.engine_sql)[1]
+            patterns = engine.run(diagnosis.engine_sql)[1]
         noisy = measure(plan, rows)
-        if plan.diagnosis is not None:
-            # Charged with the query above, in its one event: released only after it.
-            _, patterns = engine.run(plan.diagnosis.engine_sql)
-            noisy = replace(noisy, diagnosis=measure_diagnosis(plan.diagnosis, patterns))
-        return noisy
+        return replace(noisy, diagnosis=measure_diagnosis(diagnosis, patterns))
 
     def record(self, pipeline: Pipeline, charge: Charge, measured: Noisy) -> None:
         pipeline.cache.record(self.plan, self.keys, measured, charge.seq, self.plan.query)

@@ -248,8 +248,10 @@ def check_soon(engine: Engine, plan: Plan, soon: bool) -> Callable[[], list[str]
         types = [t for t in known if t is not None] if public else described[: len(known)]
         check_post_processing(plan, types)
         if plan.diagnosis is not None:
-            # The diagnosis's SQL binds before the charge too, on the schema alone.
-            engine.check(plan.diagnosis.engine_sql, types=False)
+            # The diagnosis's SQL binds before the charge too, on the schema alone, as the
+            # engine will run it.
+            d = plan.diagnosis
+            engine.check(d.together_sql if engine.shares_rows else d.engine_sql, types=False)
         return types
 
     return finish

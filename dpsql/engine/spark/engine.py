@@ -110,6 +110,9 @@ class SparkEngine:
     """The policy's tables in Spark, with a DuckDB shadow of their schema for binding."""
 
     name = "spark"
+    # Spark inlines a CTE read twice (no materialisation): the query and its diagnosis run
+    # as two statements, as one would cost the same scans.
+    shares_rows = False
 
     def __init__(self, policy: Policy, salt: int):
         if policy.data.database is not None:
