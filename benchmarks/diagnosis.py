@@ -1,8 +1,9 @@
 """What the default diagnosis costs in time: one query with and without it, at several sizes.
 
-The diagnosis is a second engine query over the same relation (``dpsql.bound.diagnosis``: per
-unit and group its rows and flags, then a histogram of the flag patterns), run after the
-query's own in the same charge. This times ``Session.execute(sql, fresh=True)`` end to end
+The diagnosis reads the same relation as the query (``dpsql.bound.diagnosis``: per unit and
+group its rows and flags, then a histogram of the flag patterns), in the same charge; on DuckDB
+both run as one statement over one materialised scan of the relation
+(``dpsql.bound.together``). This times ``Session.execute(sql, fresh=True)`` end to end
 under the L0/C contract of ``scale.py`` (L0 = 2, C = 10), with ``diagnose`` off and on, in
 interleaved rounds (the order alternating), on ``scale.write_data``'s skewed data, and prints
 the median of each and their ratio per size, with the range of the per-round ratios.

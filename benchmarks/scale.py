@@ -370,6 +370,7 @@ def worker(path: Path, contract: str, variant: str, name: str, *, memory_limit: 
     extra: dict[str, Any] = {}
     if variant == "dpsql":
         # Imported here: the raw and hand workers' memory holds no dpsql.
+        from dpsql.bound.together import split  # noqa: PLC0415
         from dpsql.policy import load_policy  # noqa: PLC0415
         from dpsql.session.session import Session  # noqa: PLC0415
 
@@ -382,6 +383,8 @@ def worker(path: Path, contract: str, variant: str, name: str, *, memory_limit: 
             names, rows = engine_run(sql)
             if sql == plan.engine_sql:  # the bounded query (not the diagnosis's histogram)
                 seen.append(rows)
+            elif plan.diagnosis is not None and sql == plan.diagnosis.together_sql:
+                seen.append(split(rows, plan.diagnosis.width)[0])  # the two as one statement
             return names, rows
 
         session.engine.run = run_and_keep  # type: ignore[method-assign]
