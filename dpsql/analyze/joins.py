@@ -20,6 +20,8 @@ from sqlglot import exp
 
 from dpsql.analyze.equalities import conjuncts
 from dpsql.analyze.intervals import Interval
+from dpsql.analyze.path_joins import OUTER, Taken, borrow, column_equality, source, unit_of
+from dpsql.analyze.path_joins import conjuncts as conjuncts_of
 from dpsql.analyze.scope import (
     COMPARABLE,
     Relation,
@@ -51,9 +53,12 @@ class Joins:
     ) -> Relation:
         inputs = [first]
         aliases = [_alias_of(first)]
-        clauses: list[str] = []
+        pending: list[tuple[str, str]] = []  # per join: its word and its condition
         kinds: list[str] = []
         self.using = {}
+        # A child joined to its path's parent along the path's first link takes the parent's
+        # unit (child input -> parent input); the inputs whose unit column an ON names.
+        taken = Taken()
         for join in joins:
             right = self.item(join.this)
             side = (join.args.get("side") or "").upper()
@@ -96,10 +101,15 @@ class Joins:
                 kind, f"{side} JOIN" if side in ("LEFT", "RIGHT", "FULL") else "JOIN"
             )
             if right.private and left_private:
-                comma = not any(join.args.get(a) for a in _WRITTEN)
-                on = self._check_unit_join(left_private, on, inputs, "," if comma else word)
+                said = "," if not any(join.args.get(a) for a in _WRITTEN) else word
+                inner = side not in OUTER and not any(k in OUTER for k in kinds)
+                found = borrow(on, inputs, kind, taken) if inner else None
+                if found is not None:
+                    taken.parents[found[0]] = found[1]
+                else:
+                    on = self._check_unit_join(left_private, on, inputs, said, taken)
             condition = f" ON {on.sql(dialect='duckdb')}" if kind != "CROSS" else ""
-            clauses.append(f"{word} {right.sql} AS {_quote(f'_j{len(inputs) - 1}')}{condition}")
+            pending.append((word, condition))
             kinds.append(side if side in ("LEFT", "RIGHT", "FULL") else kind)
         if not any(r.private for r in inputs):
             names = ", ".join(dict.fromkeys(t for r in inputs for t in r.tables))
@@ -107,7 +117,16 @@ class Joins:
                 f"a join of public tables only ({names}): dpsql answers queries over private "
                 "tables; query public data directly"
             )
-        return self._combine(inputs, aliases, clauses, kinds)
+        # A child that takes its parent's unit is read as the table itself, not resolved.
+        sqls = [_quote(r.table) if i in taken.parents else r.sql for i, r in enumerate(inputs)]
+        clauses = [
+            f"{word} {sqls[i]} AS {_quote(f'_j{i}')}{condition}"
+            for i, (word, condition) in enumerate(pending, start=1)
+        ]
+        units = {i: unit_of(i, inputs, taken) for i in taken.parents}
+        return self._combine(
+            inputs, aliases, clauses, kinds, first_sql=sqls[0], borrowed_units=units
+        )
 
     @staticmethod
     def _resolve_in(column: exp.Column, inputs: list[Relation]) -> tuple[int, str]:
@@ -195,11 +214,11 @@ class Joins:
                 return n
 
             resolved = transform(on, swap)
-            conjuncts.extend(_conjuncts(resolved))
+            conjuncts.extend(conjuncts_of(resolved))
         integers: frozenset[str] = frozenset()  # TRY covers what can raise in a join condition
         parts = []
         for conjunct in conjuncts:
-            if _column_equality(conjunct) and self._same_kind(conjunct, inputs):
+            if column_equality(conjunct) and self._same_kind(conjunct, inputs):
                 parts.append(conjunct)  # cannot raise; kept bare so the engine can hash-join
             else:
                 # A condition the engine casts to BOOLEAN, on the data: cast it totally.
@@ -218,7 +237,12 @@ class Joins:
         return types[0] == types[1] or all(t in COMPARABLE for t in types)
 
     def _check_unit_join(
-        self, left_private: list[Relation], on: exp.Expression, inputs: list[Relation], word: str
+        self,
+        left_private: list[Relation],
+        on: exp.Expression,
+        inputs: list[Relation],
+        word: str,
+        taken: Taken,
     ) -> exp.Expression:
         """Two private relations join only on equal units of one unit domain, or along a
         foreign key a unit path declares (``dpsql.policy.paths``), to which the equality of the
@@ -236,15 +260,16 @@ class Joins:
         units = {(i, r.unit) for i, r in enumerate(inputs[:right_index]) if r.private and r.unit}
         assert right.unit is not None
         links = _links(self.policy)
-        for conjunct in _conjuncts(on):
-            if not _column_equality(conjunct):
+        for conjunct in conjuncts_of(on):
+            if not column_equality(conjunct):
                 continue
             a, b = conjunct.this, conjunct.expression
             ends = {(int(a.table[2:]), a.name), (int(b.table[2:]), b.name)}
             if (right_index, right.unit) in ends and ends & units:
+                taken.named.update(i for i, _ in ends)
                 return on
-        for conjunct in _conjuncts(on):
-            if not _column_equality(conjunct):
+        for conjunct in conjuncts_of(on):
+            if not column_equality(conjunct):
                 continue
             (i, x), (j, y) = sorted(
                 [(int(conjunct.this.table[2:]), conjunct.this.name),
@@ -267,8 +292,11 @@ class Joins:
                         "one unit, but their units are of different types; declare units of "
                         "one type"
                     )
+                # A left input that took its parent's unit has it from that parent's column.
+                end = taken.end(i)
+                taken.named.update((end, right_index))
                 same = exp.EQ(
-                    this=exp.column(left.unit, table=f"_j{i}", quoted=True),
+                    this=exp.column(str(inputs[end].unit), table=f"_j{end}", quoted=True),
                     expression=exp.column(right.unit, table=f"_j{right_index}", quoted=True),
                 )
                 return exp.And(this=on, expression=same)
@@ -287,7 +315,14 @@ class Joins:
         )
 
     def _combine(
-        self, inputs: list[Relation], aliases: list[str], clauses: list[str], kinds: list[str]
+        self,
+        inputs: list[Relation],
+        aliases: list[str],
+        clauses: list[str],
+        kinds: list[str],
+        *,
+        first_sql: str,
+        borrowed_units: dict[int, str],
     ) -> Relation:
         # SEMI and ANTI joins only filter: their right side's columns are not visible.
         visible = [True] + [k not in ("SEMI", "ANTI") for k in kinds]
@@ -326,7 +361,7 @@ class Joins:
                     out = "_" + out
                 columns[out] = column
                 mapping[name] = out
-                select.append(f"{_quote('_j' + str(i))}.{_quote(name)} AS {_quote(out)}")
+                select.append(f"{source(i, name, relation, borrowed_units)} AS {_quote(out)}")
             for qualifier, names in relation.scope.items():
                 scope[qualifier] = {
                     written: mapping[target]
@@ -355,7 +390,7 @@ class Joins:
         private = [r for r in inputs if r.private]
         spec = _merged_spec([r.spec for r in private if r.spec is not None])
         sql = (
-            f"(SELECT {', '.join(select)} FROM {inputs[0].sql} AS {_quote('_j0')} "
+            f"(SELECT {', '.join(select)} FROM {first_sql} AS {_quote('_j0')} "
             + " ".join(clauses)
             + ")"
         )
@@ -387,20 +422,6 @@ def _links(policy: Policy) -> set[tuple[str, str, str, str]]:
 
 # What a join written out has and a comma (FROM a, b) has not.
 _WRITTEN = ("on", "using", "kind", "side", "method")
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    if not isinstance(node, exp.And):
-        return [node]
-    return [n for n in node.flatten() if isinstance(n, exp.Expression)]
-
-
-def _column_equality(node: exp.Expression) -> bool:
-    return (
-        isinstance(node, exp.EQ)
-        and isinstance(node.this, exp.Column)
-        and isinstance(node.expression, exp.Column)
-    )
 
 
 def _merged_spec(specs: list[TableSpec]) -> TableSpec | None:

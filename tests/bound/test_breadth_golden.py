@@ -445,7 +445,8 @@ def per_unit_rows(d: Data) -> list[Row]:
 
 
 # Units through foreign keys: a path is an inner join (NULL never equal), one resolved row per
-# root row reached; a join along a key also requires the two sides' units equal.
+# root row reached; a join along a key also requires the two sides' units equal, except along
+# the first link of the child's path, where the child row takes the parent row's unit.
 
 
 def resolved_baskets(d: Data) -> list[Row]:
@@ -468,22 +469,29 @@ def resolved_lines(d: Data) -> list[Row]:
 
 
 def lines_baskets(d: Data) -> list[Row]:
-    baskets = resolved_baskets(d)
+    """``lines JOIN baskets`` along the lines' first link: each line with each resolved basket
+    row of its id, whose unit the joined row takes (dpsql.analyze.path_joins)."""
     return [
-        {**line, "channel": b["channel"], "user_id": b["user_id"]}
-        for line in resolved_lines(d)
-        for b in baskets
-        if line["basket_id"] == b["basket_id"] and line["_u"] == b["_u"]
-    ]
+        {"basket_id": b, "product": product, "price": price, "_u": r["_u"],
+         "channel": r["channel"], "user_id": r["user_id"]}
+        for b, product, price in d.lines
+        for r in resolved_baskets(d)
+        if b is not None and b == r["basket_id"]
+    ]  # fmt: skip
 
 
 def lines_baskets_people(d: Data) -> list[Row]:
+    """... then ``JOIN people`` along the baskets' first link: the lines and the baskets as
+    they are, each joined row the person row's."""
     return [
-        {**row, "segment": segment}
-        for row in lines_baskets(d)
+        {"basket_id": b, "product": product, "price": price, "channel": channel,
+         "user_id": u, "segment": segment, "_u": p}
+        for b, product, price in d.lines
+        for basket, u, channel in d.baskets
+        if b is not None and b == basket
         for p, segment in d.people
-        if p is not None and p == row["user_id"] and p == row["_u"]
-    ]
+        if u is not None and u == p
+    ]  # fmt: skip
 
 
 def baskets_right_lines(d: Data) -> list[Row]:

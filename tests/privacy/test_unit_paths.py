@@ -213,8 +213,9 @@ def test_the_resolved_rows_are_the_join_along_the_path(
             sql = contribution_bounds.bounds_query(s.policy, s.engine.catalog, table, [])
             per_unit = {int(v): int(n) for _, v, n in s.engine.run(sql)[1]}
             assert per_unit == Counter(truth.values()), table
-        # A join along the key pairs a lab with an admission of the lab's own patient only:
-        # per patient u and lab, (resolved admission rows of its id for u) squared.
+        # A join along the lab's first link pairs it with each resolved admission row of its
+        # id, whose unit the joined row takes (dpsql.analyze.path_joins): per patient u and
+        # lab, the resolved admission rows of its id for u, as SQL over the tables pairs them.
         plan = s.plan("SELECT COUNT(*) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id")
         (row,) = s.engine.run(plan.engine_sql)[1]
         units = Counter(p for p, _ in data["patients"])  # a patient's row may be listed twice
@@ -222,7 +223,7 @@ def test_the_resolved_rows_are_the_join_along_the_path(
         for a, p, _ in data["admissions"]:
             if a is not None and p in units:
                 rows[(a, p)] += units[p]
-        paired = sum(n * n for _, a, _, _ in data["labs"] for (b, _), n in rows.items() if a == b)
+        paired = sum(n for _, a, _, _ in data["labs"] for (b, _), n in rows.items() if a == b)
         assert (row[0] or 0) == paired
     finally:
         s.close()

@@ -15,39 +15,18 @@ WITH _dom0 AS (
       "_j0"."basket_id" AS "l_basket_id",
       "_j0"."product" AS "product",
       "_j0"."price" AS "price",
-      "_j0"."_dpsql_unit" AS "_dpsql_l_dpsql_unit",
+      "_j2"."user_id" AS "_dpsql_l_dpsql_unit",
       "_j1"."basket_id" AS "b_basket_id",
       "_j1"."user_id" AS "b_user_id",
       "_j1"."channel" AS "channel",
-      "_j1"."_dpsql_unit" AS "_dpsql_b_dpsql_unit",
+      "_j2"."user_id" AS "_dpsql_b_dpsql_unit",
       "_j2"."user_id" AS "p_user_id",
       "_j2"."segment" AS "segment"
-    FROM (
-      SELECT
-        "_r0"."basket_id",
-        "_r0"."product",
-        "_r0"."price",
-        "_r2"."user_id" AS "_dpsql_unit"
-      FROM "lines" AS "_r0"
-      JOIN "baskets" AS "_r1"
-        ON "_r0"."basket_id" = "_r1"."basket_id"
-      JOIN "people" AS "_r2"
-        ON "_r1"."user_id" = "_r2"."user_id"
-    ) AS "_j0"
-    JOIN (
-      SELECT
-        "_r0"."basket_id",
-        "_r0"."user_id",
-        "_r0"."channel",
-        "_r1"."user_id" AS "_dpsql_unit"
-      FROM "baskets" AS "_r0"
-      JOIN "people" AS "_r1"
-        ON "_r0"."user_id" = "_r1"."user_id"
-    ) AS "_j1"
+    FROM "lines" AS "_j0"
+    JOIN "baskets" AS "_j1"
       ON "_j0"."basket_id" = "_j1"."basket_id"
-      AND "_j0"."_dpsql_unit" = "_j1"."_dpsql_unit"
     JOIN "people" AS "_j2"
-      ON "_j1"."user_id" = "_j2"."user_id" AND "_j1"."_dpsql_unit" = "_j2"."user_id"
+      ON "_j1"."user_id" = "_j2"."user_id"
   ) AS _src
   WHERE
     "segment" IN (
