@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from dpsql.analyze import path_joins
 from dpsql.analyze.equalities import conjuncts
 from dpsql.analyze.intervals import Interval
-from dpsql.analyze.path_joins import OUTER, Taken, borrow, column_equality, source, unit_of
-from dpsql.analyze.path_joins import conjuncts as conjuncts_of
+from dpsql.analyze.path_joins import OUTER, Taken, and_terms, borrow, column_equality
 from dpsql.analyze.scope import (
     COMPARABLE,
     Relation,
@@ -123,7 +123,7 @@ class Joins:
             f"{word} {sqls[i]} AS {_quote(f'_j{i}')}{condition}"
             for i, (word, condition) in enumerate(pending, start=1)
         ]
-        units = {i: unit_of(i, inputs, taken) for i in taken.parents}
+        units = {i: path_joins.unit_of(i, inputs, taken) for i in taken.parents}
         return self._combine(
             inputs, aliases, clauses, kinds, first_sql=sqls[0], borrowed_units=units
         )
@@ -214,7 +214,7 @@ class Joins:
                 return n
 
             resolved = transform(on, swap)
-            conjuncts.extend(conjuncts_of(resolved))
+            conjuncts.extend(and_terms(resolved))
         integers: frozenset[str] = frozenset()  # TRY covers what can raise in a join condition
         parts = []
         for conjunct in conjuncts:
@@ -260,7 +260,7 @@ class Joins:
         units = {(i, r.unit) for i, r in enumerate(inputs[:right_index]) if r.private and r.unit}
         assert right.unit is not None
         links = _links(self.policy)
-        for conjunct in conjuncts_of(on):
+        for conjunct in and_terms(on):
             if not column_equality(conjunct):
                 continue
             a, b = conjunct.this, conjunct.expression
@@ -268,7 +268,7 @@ class Joins:
             if (right_index, right.unit) in ends and ends & units:
                 taken.named.update(i for i, _ in ends)
                 return on
-        for conjunct in conjuncts_of(on):
+        for conjunct in and_terms(on):
             if not column_equality(conjunct):
                 continue
             (i, x), (j, y) = sorted(
@@ -361,7 +361,9 @@ class Joins:
                     out = "_" + out
                 columns[out] = column
                 mapping[name] = out
-                select.append(f"{source(i, name, relation, borrowed_units)} AS {_quote(out)}")
+                select.append(
+                    f"{path_joins.source(i, name, relation, borrowed_units)} AS {_quote(out)}"
+                )
             for qualifier, names in relation.scope.items():
                 scope[qualifier] = {
                     written: mapping[target]

@@ -26,10 +26,11 @@ from sqlglot import exp
 
 from dpsql.analyze.scope import Relation, _quote
 
-__all__ = ["OUTER", "Taken", "borrow", "column_equality", "conjuncts", "source", "unit_of"]
+__all__ = ["OUTER", "Taken", "and_terms", "borrow", "column_equality", "source", "unit_of"]
 
 
-def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def and_terms(node: exp.Expression) -> list[exp.Expression]:
+    """The operands of a top-level AND (a parenthesised term stays one)."""
     if not isinstance(node, exp.And):
         return [node]
     return [n for n in node.flatten() if isinstance(n, exp.Expression)]
@@ -91,7 +92,7 @@ def borrow(
     every parent row of its unit), and the child's path is not joined again. None when the
     child's unit column is named already (an ON compares it) or is taken already."""
     right = len(inputs) - 1
-    for conjunct in conjuncts(on):
+    for conjunct in and_terms(on):
         if not column_equality(conjunct):
             continue
         ends = [(int(c.table[2:]), c.name) for c in (conjunct.this, conjunct.expression)]

@@ -102,11 +102,28 @@ def aggregate(shape: Shape) -> list[exp.CTE]:
 STEPS: tuple[Step, ...] = (relation, rows, vals, units, aggregate)
 
 
+def bounded_ctes(shape: Shape, rows_from: exp.CTE | None = None) -> list[exp.CTE]:
+    """The bounded query's CTEs in pipeline order. ``rows_from``: a CTE of the relation's rows
+    (``relation_rows``, with any more columns) that the steps then read instead of building
+    the relation themselves (``dpsql.bound.together``)."""
+    if rows_from is None:
+        return [c for step in STEPS for c in step(shape)]
+    names = ["_u", *shape.keys, *(f"_x{i}" for i in range(len(shape.bounding.values)))]
+    own = select(columns(names), table(rows_from.alias))
+    after = STEPS[STEPS.index(rows) + 1 :]
+    return [
+        *relation(shape),
+        rows_from,
+        *row_cap(shape, own),
+        *(c for s in after for c in s(shape)),
+    ]
+
+
 def bound_contributions(analysis: Analysis, bounding: Bounding) -> exp.Select:
     """The bounded query of ``analysis`` as a tree: one row per group, one column per
     measurement."""
     shape = Shape.of(analysis, bounding)
-    return with_ctes(answer(shape), [c for step in STEPS for c in step(shape)])
+    return with_ctes(answer(shape), bounded_ctes(shape))
 
 
 def bounded_query(analysis: Analysis, bounding: Bounding) -> str:
@@ -125,4 +142,4 @@ def parse_bounded(text: str) -> exp.Select:
     return parsed
 
 
-__all__ = ["STEPS", "bound_contributions", "bounded_query", "parse_bounded"]
+__all__ = ["STEPS", "bound_contributions", "bounded_ctes", "bounded_query", "parse_bounded"]

@@ -26,14 +26,12 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis
 from dpsql.bound.aggregate import answer
-from dpsql.bound.caps import row_cap
 from dpsql.bound.diagnosis import diagnosis_parts
 from dpsql.bound.nodes import (
     Type,
     alias,
     cast,
     column,
-    columns,
     cte,
     number,
     select,
@@ -41,8 +39,8 @@ from dpsql.bound.nodes import (
     union_all,
     with_ctes,
 )
-from dpsql.bound.relation import relation_ctes, relation_rows
-from dpsql.bound.rewrite import aggregate, units, vals
+from dpsql.bound.relation import relation_rows
+from dpsql.bound.rewrite import bounded_ctes
 from dpsql.bound.shape import Shape
 from dpsql.bound.specs import Bounding
 from dpsql.errors import InternalError
@@ -59,19 +57,12 @@ def diagnosed_query(
     rel = cte("_rel", relation_rows(analysis, bounding, extra))
     # Read twice: materialised, so the engine computes the rows once whatever its default.
     rel.set("materialized", True)
-    names = ["_u", *shape.keys, *(f"_x{i}" for i in range(len(bounding.values)))]
-    rows = select(columns(names), table("_rel"))
     main = answer(shape)
     if any(isinstance(e, exp.Star) for e in main.expressions):
         raise InternalError("a bounded answer with a star among its columns")
     width = len(main.expressions)
     ctes = [
-        *relation_ctes(analysis),
-        rel,
-        *row_cap(shape, rows),
-        *vals(shape),
-        *units(shape),
-        *aggregate(shape),
+        *bounded_ctes(shape, rel),
         *chain,
         cte("_main", main),
         cte("_hist", histogram),

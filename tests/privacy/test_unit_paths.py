@@ -147,6 +147,13 @@ QUERIES = (
     "SELECT COUNT(*) FROM labs JOIN admissions ON labs.adm_id = admissions.adm_id",
     "SELECT kind, SUM(value) FROM labs l JOIN admissions a ON a.adm_id = l.adm_id GROUP BY kind",
     "SELECT COUNT(*) FROM admissions a JOIN patients p ON a.patient_id = p.patient_id",
+    # Along each path's first link the child takes the parent row's unit (path_joins): a
+    # chain of two, a SEMI join, and a taken unit compared again with a later parent's.
+    "SELECT ward, SUM(value) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id "
+    "JOIN patients p ON a.patient_id = p.patient_id GROUP BY ward",
+    "SELECT kind, COUNT(*) FROM admissions a SEMI JOIN labs l ON l.adm_id = a.adm_id GROUP BY kind",
+    "SELECT COUNT(*) FROM labs l JOIN admissions a ON l.adm_id = a.adm_id "
+    "JOIN admissions a2 ON l.adm_id = a2.adm_id",
     "SELECT test, COUNT(*) FROM labs l LEFT JOIN admissions a ON l.adm_id = a.adm_id "
     "WHERE a.kind = 'er' GROUP BY test",
     # Outer joins of two private relations along the key: each row carries its side's unit.
