@@ -64,16 +64,92 @@ def _factored(term: exp.Expression, types: Mapping[str, str]) -> list[exp.Expres
     texts = [{c.sql(dialect=DIALECT) for c in b} for b in branches]
     common = [c for c in branches[0] if all(c.sql(dialect=DIALECT) in t for t in texts)]
     if not common:
-        return [term]
+        return [term, *_implied(branches)]
     shared = {c.sql(dialect=DIALECT) for c in common}
     rests = [[c for c in b if c.sql(dialect=DIALECT) not in shared] for b in branches]
     if any(not rest for rest in rests):
-        return common  # a branch is the common part alone: the OR holds whenever it does
-    parts = [exp.Paren(this=_all_of([c.copy() for c in rest])) for rest in rests]
+        # A branch is the common part alone, so the OR holds whenever it does, but for a row
+        # on which another branch's term raises: made total whole, the OR drops that row, so
+        # it stays beside the common part (tests/analyze/test_where_equalities.py).
+        return [*common, term]
+    return [*common, _any_of(rests), *_implied(rests)]
+
+
+def _any_of(branches: list[list[exp.Expression]]) -> exp.Expression:
+    parts = [exp.Paren(this=_all_of([c.copy() for c in branch])) for branch in branches]
     either: exp.Expression = parts[0]
     for part in parts[1:]:
         either = exp.Or(this=either, expression=part)
-    return [*common, either]
+    return either
+
+
+def _implied(branches: list[list[exp.Expression]]) -> list[exp.Expression]:
+    """Filters on one column each that an OR of ``branches`` implies, to add beside it (TPC-H
+    Q7: ``(n1.n_name = 'FRANCE' AND n2.n_name = 'GERMANY') OR (n1.n_name = 'GERMANY' AND
+    n2.n_name = 'FRANCE')`` implies ``n1.n_name = 'FRANCE' OR n1.n_name = 'GERMANY'``, a filter
+    on one nation before the joins, where the OR itself can only be tested on joined rows).
+
+    For a column that every branch tests with terms of that column alone (comparisons with
+    constants, nothing volatile), the implied filter is the OR over the branches of the AND of
+    those terms. It keeps the same rows: where the OR is TRUE, some branch's terms are all TRUE,
+    so the filter is (Kleene's three-valued logic), and it reads a subset of the OR's terms, so
+    made total it raises only where the OR does, whose TRY then drops the row anyway (TRY
+    evaluates every operand of AND and OR, without short-circuit:
+    tests/analyze/test_where_equalities.py). It only adds a filter; the OR stays."""
+    if (
+        len({c.sql(dialect=DIALECT) for b in branches for t in b for c in t.find_all(exp.Column)})
+        < 2
+    ):
+        return []  # the OR reads one column already: it is the filter
+    per_branch: list[dict[str, list[exp.Expression]]] = []
+    for branch in branches:
+        terms: dict[str, list[exp.Expression]] = {}
+        for t in branch:
+            names = {c.sql(dialect=DIALECT) for c in t.find_all(exp.Column)}
+            if len(names) == 1 and _plain(t):
+                terms.setdefault(next(iter(names)), []).append(t)
+        per_branch.append(terms)
+    return [
+        _any_of([terms[name] for terms in per_branch])
+        for name in per_branch[0]
+        if all(name in terms for terms in per_branch[1:])
+    ]
+
+
+# What a term may hold to give an implied filter: a column compared with constants.
+_PLAIN = (
+    exp.Column,
+    exp.Identifier,
+    exp.Literal,
+    exp.Null,
+    exp.Boolean,
+    exp.Paren,
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.In,
+    exp.Between,
+    exp.Like,
+    exp.ILike,
+    exp.Is,
+    exp.Not,
+    exp.And,
+    exp.Or,
+    exp.Neg,
+    exp.DataType,
+    exp.DataTypeParam,
+    exp.Cast,
+)
+
+
+def _plain(term: exp.Expression) -> bool:
+    return all(
+        isinstance(n, _PLAIN) and not (isinstance(n, exp.Cast) and n.find(exp.Column))
+        for n in term.walk()
+    )
 
 
 def _plain_equality(node: exp.Expression, types: Mapping[str, str]) -> bool:

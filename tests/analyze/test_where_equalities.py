@@ -186,6 +186,51 @@ def test_a_subquerys_equalities_are_a_join_condition_too(condition: str, tmp_pat
 
 
 @pytest.mark.parametrize(
+    ("condition", "implied"),
+    [
+        # TPC-H Q7's shape: each branch tests both tables' columns against constants.
+        (
+            "(p.label = 'x' AND a.k = 5) OR (p.label = 'y' AND a.k = -3)",
+            ["(\"label\" = 'x') OR (\"label\" = 'y')", '("a_k" = 5) OR ("a_k" = -3)'],
+        ),
+        # Q19's: a common equality factored out, then the rest's columns.
+        (
+            "({eq} AND p.label = 'x' AND a.uid > 30) OR ({eq} AND p.label IS NULL AND a.uid < 10)",
+            ['("label" = \'x\') OR ("label" IS NULL)'],
+        ),
+        # A term that raises inside TRY (p.label = 5 on 'x' and 'y'): its rows stay dropped.
+        (
+            "(p.label = 5 AND a.uid > 30) OR (p.label = 'y' AND a.uid < 10)",
+            ['("label" = 5) OR ("label" = \'y\')'],
+        ),
+        # Not implied: a column one branch does not test, an expression of a column.
+        ("(p.label = 'x' AND a.k = 5) OR (a.uid < 10)", []),
+        ("(a.k + 0 = 5 AND p.label = 'x') OR (a.k + 0 = 7 AND a.uid > 3)", []),
+    ],
+)
+def test_an_or_gives_each_column_it_tests_in_every_branch_a_filter_of_its_own(
+    condition: str, implied: list[str], tmp_path: Path
+) -> None:
+    """An OR whose every branch tests a column against constants implies the OR of those tests,
+    a filter on one table before the joins (TPC-H Q7 ran in half the time with it). Added beside
+    the OR, it keeps the same rows, also where a term raises on a value."""
+    session = Session(_policy(tmp_path))
+    try:
+        sql = "SELECT COUNT(*), SUM(a.k) FROM a, p WHERE {}"
+        text = condition.format(eq="a.k = p.k")
+        split = session.plan(sql.format(text))
+        whole = session.plan(sql.format(f"COALESCE(({text}), FALSE)"))
+        rows = split.engine_sql.split("_rows AS")[1].split("_vals AS")[0]
+        for filter_ in implied:
+            assert f"TRY(({filter_})) IS TRUE" in rows or f"TRY({filter_}) IS TRUE" in rows, rows
+        if not implied:
+            assert rows.count("TRY(") == whole.engine_sql.split("_rows AS")[1].count("TRY(")
+        assert session.engine.run(split.engine_sql)[1] == session.engine.run(whole.engine_sql)[1]
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(
     ("comma", "joined"),
     [
         (
@@ -248,7 +293,19 @@ def test_commas_without_the_unit_equality_are_refused(sql: str, tmp_path: Path) 
         session.close()
 
 
-ATOMS = ["{eq}", "p.label = 'x'", "a.big > 3", "a.uid > 30", "a.uid < 10", "p.label IS NULL"]
+# One column against constants (the OR's implied filters read these), and ``p.label = 5``,
+# which raises on 'x' inside TRY: an implied filter must drop exactly the rows the OR drops.
+ATOMS = [
+    "{eq}",
+    "p.label = 'x'",
+    "a.big > 3",
+    "a.uid > 30",
+    "a.uid < 10",
+    "p.label IS NULL",
+    "p.label IN ('y', 'z')",
+    "a.k BETWEEN -3 AND 5",
+    "p.label = 5",
+]
 
 
 @st.composite
