@@ -371,7 +371,10 @@ def _direct(
         data = columns[column]
         present = [r for r in order if data[r] is not None]
         absent = [r for r in order if data[r] is None]
-        present.sort(key=lambda r: _sort_key(data[r]), reverse=desc)
+        # Without NaN a column's values are their own order (_sort_key's (0, v) sorts as v).
+        nan = any(type(v) is float and math.isnan(v) for v in data)
+        ranks = [_sort_key(v) for v in data] if nan else data
+        present.sort(key=ranks.__getitem__, reverse=desc)
         # DuckDB's default: NULLS LAST whatever the direction (sqlglot spells it out).
         order = absent + present if nulls_first else present + absent
     if a.offset is not None:

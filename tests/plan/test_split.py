@@ -200,9 +200,11 @@ def test_explain_shows_each_share(tiny_policy: TinyPolicy) -> None:
     assert "of the query's Gaussian rho" in g
 
 
-def test_the_sampled_noise_confirms_the_gain(tiny_policy: TinyPolicy) -> None:
+def test_the_sampled_noise_confirms_the_gain(tiny_policy: TinyPolicy, fixed_noise: None) -> None:
     """Released SUM + COUNT on fresh noise: the empirical total variance drops by the planned
-    factor or more (the discrete Laplace of a small scale has less variance than 2b²)."""
+    factor or more (the discrete Laplace of a small scale has less variance than 2b²). On the
+    fixed stream: the ratio of two sample variances of 400 heavy-tailed draws spreads from
+    about 2.8 to 4.2 between streams, past the bound in a few percent of them."""
     s = Session(tiny_policy(ROWS, max_groups=1, max_rows=1, budget={"epsilon": "10000"}))
     truth = np.array([4000.0, 40.0])
     errors: dict[str, float] = {}
