@@ -1,8 +1,9 @@
 """Answers derived from released measurements: post-processing, free (Dwork, Roth 2014, 2.1).
 
 ``derive_from_core`` answers a plan from one release of the same core: each measurement as it
-was released, or a centred sum rebuilt from a released SUM and COUNT of the same value
-(AVG = SUM / COUNT), with its noise as their combination. ``assemble`` answers it from every
+was released, a centred sum rebuilt from a released SUM and COUNT of the same value
+(AVG = SUM / COUNT), or a count, sum or centred sum of a value from its released Bernstein
+vector (a VARIANCE's), with its noise as their combination. ``assemble`` answers it from every
 fresh release of the same bounded rows whatever its epsilon: each measurement its least noisy
 release or the inverse-variance combination of its releases, whichever has the narrower
 half-width.
@@ -29,10 +30,11 @@ Signatures = tuple[Terms, ...]
 def derive_from_core(
     plan: Plan, k: Keys, payload: dict[str, Any]
 ) -> tuple[Noisy, tuple[Signatures | None, ...]] | None:
-    """The plan's measurements from a release of the same core: each one found as it is, or a
-    centred sum rebuilt from a released SUM and COUNT of the same value (AVG = SUM / COUNT),
-    with its noise as their combination (None: served as released); an estimate over a
-    rebuilt sum whose noises are not all discrete Laplace has no known half-width."""
+    """The plan's measurements from a release of the same core: each one found as it is, a
+    centred sum rebuilt from a released SUM and COUNT of the same value (AVG = SUM / COUNT), or
+    a count or sum from a released Bernstein vector (``_from_vector``), with its noise as their
+    combination (None: served as released); an estimate over a rebuilt sum whose noises are not
+    all discrete Laplace has no known half-width."""
     cached = [dict(m) for m in payload["measurements"]]
     stored = stored_noisy(payload)
     totals: list[tuple[int, ...]] = []
@@ -43,7 +45,9 @@ def derive_from_core(
             totals.append(stored.totals[cached.index(want)])
             signatures.append(None)
             continue
-        rebuilt = _centred_from_sum(want, cached, stored.totals)
+        rebuilt = _centred_from_sum(want, cached, stored.totals) or _from_vector(
+            want, cached, stored.totals
+        )
         if rebuilt is None:
             return None
         totals.append(rebuilt[0])
@@ -75,6 +79,62 @@ def _centred_from_sum(
         (totals[counts[0]], None if scales[1] is None else ((Fraction(1), Fraction(scales[1])),)),
     )
     return values, None if terms is None else (terms,)
+
+
+def _from_vector(
+    want: dict[str, Any], cached: Sequence[dict[str, Any]], totals: Sequence[tuple[int, ...]]
+) -> tuple[tuple[Any, ...], Signatures | None] | None:
+    """COUNT(x), SUM(x) or x's centred sum from a released Bernstein vector of x (a VARIANCE or
+    STDDEV under the Laplace, ``dpsql.plan.aggregates.bernstein``), post-processing: with x
+    centred in ±w (units of g/2), N = (b0 + b1 + b2)/(4w²), the centred sum S = (b2 - b0)/(4w)
+    and SUM = (S + M·N)/2 (units of g, M = lower + upper) are linear in the coordinates, and
+    their noise the same combination of the coordinates' i.i.d. discrete Laplace noises.
+
+    N's bounded total is the count's exactly (every cell's vector has L1 exactly 4w²·min(n, C):
+    ``dpsql.bound.values.bernstein``); it is rounded to the nearest integer, which keeps its
+    integer half-width valid (an integer within h + 1/2 of an integer is within h). S and SUM
+    are released unrounded, as floats, and are the vector's own: where a unit's cell holds more
+    than C rows, its scaled coordinates are rounded apart, so they may differ from a fresh SUM's
+    bounded total by those roundings, and their half-width covers the noise around the
+    vector's totals."""
+    if want["kind"] not in ("count", "centred", "sum") or want["value"] is None:
+        return None
+    parts: dict[int, int] = {}
+    for i, m in enumerate(cached):
+        if (
+            m["kind"] == "bernstein"
+            and m["value"] == want["value"]
+            and m["groups"] == want["groups"]
+            and (want["kind"] == "count" or m["grid"] == want["grid"])
+        ):
+            parts[int(m["part"])] = i
+    if sorted(parts) != [0, 1, 2]:
+        return None
+    _, lower, upper = cached[parts[0]]["grid"]
+    w = Fraction(int(upper) - int(lower))
+    count: tuple[Fraction, ...] = (1 / (4 * w * w),) * 3
+    centred = (-1 / (4 * w), Fraction(0), 1 / (4 * w))
+    if want["kind"] == "count":
+        coefficients = count
+    elif want["kind"] == "centred":
+        coefficients = centred
+    else:
+        centre = int(lower) + int(upper)
+        coefficients = tuple((s + centre * n) / 2 for s, n in zip(centred, count, strict=True))
+    columns = [totals[parts[p]] for p in (0, 1, 2)]
+    values: tuple[Any, ...] = tuple(
+        sum((a * int(v) for a, v in zip(coefficients, cell, strict=True)), Fraction(0))
+        for cell in zip(*columns, strict=True)
+    )
+    # A count as an integer; a sum unrounded, as a float (as a workload's least squares are:
+    # released as DOUBLE, where a fresh sum of an integer grid is an integer).
+    values = tuple(round(v) if want["kind"] == "count" else float(v) for v in values)
+    scales = {cached[i]["scale"] for i in parts.values()}
+    if None in scales or len(scales) != 1:
+        return values, None
+    (scale,) = scales
+    terms = tuple(sorted((a, Fraction(scale)) for a in coefficients if a != 0))
+    return values, (terms,)
 
 
 def _centred(

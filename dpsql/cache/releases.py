@@ -59,7 +59,8 @@ class Hit:
     # key ("member", ``record_member``), or a workload family's release ("family",
     # ``dpsql.cache.families.derive``: a level or an aggregate no member of the file asked for).
     source: Literal["release", "member", "family", "releases"] = "release"
-    # Computed from released measurements other than its own (an AVG from a SUM and a COUNT).
+    # Computed from released measurements other than its own (an AVG from a SUM and a COUNT,
+    # a COUNT, SUM or AVG from a variance's Bernstein vector).
     derived: bool = False
     # With source "releases" (``assemble``): every release whose measurements it combines.
     sources: tuple[int, ...] = ()

@@ -59,7 +59,7 @@ FAMILY_SERVED = (
 )
 DERIVED = (
     "derived from the measurements of release {seq} (post-processing, free): an AVG from its "
-    "noisy SUM and COUNT"
+    "noisy SUM and COUNT, or a COUNT, SUM or AVG from a variance's noisy Bernstein coordinates"
 )
 ASSEMBLED = (
     "derived from release(s) {seqs}: measurements of the same bounded rows (post-processing, "
@@ -290,7 +290,8 @@ def served(pipeline: Pipeline, plan: Plan, hit: Hit) -> Result:
     """A released answer served again: post-processing, recorded and never charged."""
     if hit.combined is not None:
         # Values combined from released measurements (a workload family's least squares, a
-        # centred sum from a SUM and a COUNT): the half-widths of their combination.
+        # centred sum from a SUM and a COUNT, a count or sum from a Bernstein vector): the
+        # half-widths of their combination.
         plan = replace(plan, measurements=tuple(
             m if c is None else replace(m, combined=c)
             for m, c in zip(plan.measurements, hit.combined, strict=True)))  # fmt: skip
