@@ -182,6 +182,10 @@ BOOLEAN_CONTEXTS = st.sampled_from(
         "region = 1",
         "note = 7",
         "age = '30'",
+        # ORs whose branches test each column against constants (each column is then given a
+        # filter of its own: dpsql.analyze.equalities), one with a term that raises on text.
+        "(region = 'north' AND spend > 10) OR (region = 'south' AND spend < 5)",
+        "(note = 7 AND age > 20) OR (note = 'x' AND age < 40)",
     ]
 )
 KEYS = st.sampled_from(
