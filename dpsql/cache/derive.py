@@ -99,17 +99,17 @@ def _from_vector(
     vector's totals."""
     if want["kind"] not in ("count", "centred", "sum") or want["value"] is None:
         return None
-    parts: dict[int, int] = {}
-    for i, m in enumerate(cached):
-        if (
-            m["kind"] == "bernstein"
-            and m["value"] == want["value"]
-            and m["groups"] == want["groups"]
-            and (want["kind"] == "count" or m["grid"] == want["grid"])
-        ):
-            parts[int(m["part"])] = i
-    if sorted(parts) != [0, 1, 2]:
-        return None
+    found = [
+        (int(m["part"]), i)
+        for i, m in enumerate(cached)
+        if m["kind"] == "bernstein"
+        and m["value"] == want["value"]
+        and m["groups"] == want["groups"]
+        and (want["kind"] == "count" or m["grid"] == want["grid"])
+    ]
+    parts = dict(found)
+    if len(found) != 3 or sorted(parts) != [0, 1, 2]:
+        return None  # no vector of the value, or several (a release holds one per value)
     _, lower, upper = cached[parts[0]]["grid"]
     w = Fraction(int(upper) - int(lower))
     count: tuple[Fraction, ...] = (1 / (4 * w * w),) * 3
@@ -122,8 +122,10 @@ def _from_vector(
         centre = int(lower) + int(upper)
         coefficients = tuple((s + centre * n) / 2 for s, n in zip(centred, count, strict=True))
     columns = [totals[parts[p]] for p in (0, 1, 2)]
+    if not all(type(v) is int for column in columns for v in column):
+        return None  # not a fresh release's exact noisy integers
     values: tuple[Any, ...] = tuple(
-        sum((a * int(v) for a, v in zip(coefficients, cell, strict=True)), Fraction(0))
+        sum((a * v for a, v in zip(coefficients, cell, strict=True)), Fraction(0))
         for cell in zip(*columns, strict=True)
     )
     # A count as an integer; a sum unrounded, as a float (as a workload's least squares are:
