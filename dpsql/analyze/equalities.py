@@ -96,19 +96,18 @@ def _implied(branches: list[list[exp.Expression]]) -> list[exp.Expression]:
     made total it raises only where the OR does, whose TRY then drops the row anyway (TRY
     evaluates every operand of AND and OR, without short-circuit:
     tests/analyze/test_where_equalities.py). It only adds a filter; the OR stays."""
-    if (
-        len({c.sql(dialect=DIALECT) for b in branches for t in b for c in t.find_all(exp.Column)})
-        < 2
-    ):
-        return []  # the OR reads one column already: it is the filter
+    read: set[str] = set()
     per_branch: list[dict[str, list[exp.Expression]]] = []
     for branch in branches:
         terms: dict[str, list[exp.Expression]] = {}
         for t in branch:
             names = {c.sql(dialect=DIALECT) for c in t.find_all(exp.Column)}
+            read |= names
             if len(names) == 1 and _plain(t):
                 terms.setdefault(next(iter(names)), []).append(t)
         per_branch.append(terms)
+    if len(read) < 2:
+        return []  # the OR reads one column already: it is the filter
     return [
         _any_of([terms[name] for terms in per_branch])
         for name in per_branch[0]

@@ -20,6 +20,7 @@ from dpsql.cache.keys import Keys
 from dpsql.cache.stored_values import typed as _typed
 from dpsql.errors import ParameterError
 from dpsql.noise.measure import Noisy
+from dpsql.plan.aggregates.bernstein import forms
 from dpsql.plan.estimators import combined_half_width
 from dpsql.plan.plans import Plan
 
@@ -111,9 +112,7 @@ def _from_vector(
     if len(found) != 3 or sorted(parts) != [0, 1, 2]:
         return None  # no vector of the value, or several (a release holds one per value)
     _, lower, upper = cached[parts[0]]["grid"]
-    w = Fraction(int(upper) - int(lower))
-    count: tuple[Fraction, ...] = (1 / (4 * w * w),) * 3
-    centred = (-1 / (4 * w), Fraction(0), 1 / (4 * w))
+    centred, count = forms(int(upper) - int(lower))
     if want["kind"] == "count":
         coefficients = count
     elif want["kind"] == "centred":

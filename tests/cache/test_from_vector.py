@@ -11,15 +11,13 @@ with a power check); what the vector cannot give (COUNT(*), another value) is ch
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pytest
-from scipy import stats
+from test_bernstein import coverage_policy, covers, plain_sql
 from test_variance import make_policy, small_rows
 
 from dpsql.noise import measure
@@ -96,32 +94,14 @@ def test_on_zero_noise_the_derived_answers_are_the_bounded_ones(
             assert (s, a) == (s2, a2)
 
 
-GROUPS = tuple(f"g{i:02d}" for i in range(20))
-
-
 @pytest.mark.statistical
 def test_the_derived_half_widths_cover_the_noise(tiny_policy: Any) -> None:
     """COUNT(age) and SUM(age) served from 120 fresh variance releases over 20 groups (no bound
     binds, so the truth is the plain SQL's): each lies within its half-width of the truth in at
     least 95 % of the 2 400 draws (one-sided binomial test at 1e-6), and the widths shrunk to
     40 % are rejected by the same test."""
-    rng = random.Random(5)
-    rows = [
-        (user, GROUPS[user % len(GROUPS)], rng.randint(18, 90), 1.0)
-        for user in range(len(GROUPS) * 200)
-        for _ in range(rng.randint(1, 3))
-    ]
-    columns = {"age": {"lower": 18, "upper": 90}, "region": {"public_values": GROUPS}}
-    policy = tiny_policy(rows, max_groups=1, max_rows=3, columns=columns,
-                         budget={"epsilon": "10000", "query_epsilon": "10"})  # fmt: skip
-    con = duckdb.connect(":memory:")
-    try:
-        truth = {g: (n, s) for g, n, s in con.execute(
-            "SELECT region, COUNT(age), SUM(age) FROM read_parquet(?) GROUP BY region",
-            [str(policy.data.tables["visits"])],
-        ).fetchall()}  # fmt: skip
-    finally:
-        con.close()
+    policy = coverage_policy(tiny_policy, 5)
+    truth = plain_sql(policy, "COUNT(age), SUM(age)")
     session = Session(policy)
     var = "SELECT region, VAR_POP(age) FROM visits GROUP BY region"
     asked = "SELECT region, COUNT(age), SUM(age) FROM visits GROUP BY region"
@@ -142,10 +122,6 @@ def test_the_derived_half_widths_cover_the_noise(tiny_policy: Any) -> None:
                 errors[j].append(abs(row[j + 1] - truth[row[0]][j]))
                 widths[j].append(width)
 
-    def plausible(j: int, scale: float) -> bool:
-        covered = sum(e <= scale * w for e, w in zip(errors[j], widths[j], strict=True))
-        return float(stats.binom.cdf(covered, len(errors[j]), 0.95)) >= 1e-6
-
     for j in (0, 1):
-        assert plausible(j, 1.0)
-        assert not plausible(j, 0.4)
+        assert covers(errors[j], widths[j], 1.0)
+        assert not covers(errors[j], widths[j], 0.4)

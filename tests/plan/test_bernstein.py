@@ -226,6 +226,40 @@ def test_the_l1_radius_is_a_sound_and_tight_quantile(scale: float, confidence: f
 COVERAGE_GROUPS = tuple(f"g{i:02d}" for i in range(20))
 
 
+def coverage_policy(tiny_policy: Any, seed: int) -> Any:
+    """4,000 users of 1 to 3 rows each in one of 20 groups, ages in [18, 90]: no bound binds
+    (L0 = 1, C = 3), so a noise-free answer is the plain SQL's."""
+    rng = random.Random(seed)
+    rows = [
+        (user, COVERAGE_GROUPS[user % len(COVERAGE_GROUPS)], rng.randint(18, 90), 1.0)
+        for user in range(len(COVERAGE_GROUPS) * 200)
+        for _ in range(rng.randint(1, 3))
+    ]
+    columns = {"age": {"lower": 18, "upper": 90}, "region": {"public_values": COVERAGE_GROUPS}}
+    return tiny_policy(rows, max_groups=1, max_rows=3, columns=columns,
+                       budget={"epsilon": "10000", "query_epsilon": "10"})  # fmt: skip
+
+
+def plain_sql(policy: Any, select: str) -> dict[Any, tuple[Any, ...]]:
+    """``SELECT region, <select> ... GROUP BY region`` on the policy's file by DuckDB, by group."""
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(
+            f"SELECT region, {select} FROM read_parquet(?) GROUP BY region",
+            [str(policy.data.tables["visits"])],
+        ).fetchall()
+    finally:
+        con.close()
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def covers(errors: list[float], widths: list[float], scale: float) -> bool:
+    """Whether ±``scale``·width covering the errors is plausible at 95 % (a one-sided binomial
+    test at 1e-6)."""
+    covered = sum(e <= scale * w for e, w in zip(errors, widths, strict=True))
+    return float(stats.binom.cdf(covered, len(errors), 0.95)) >= 1e-6
+
+
 @pytest.mark.statistical
 @pytest.mark.parametrize("aggregate", ["VAR_SAMP", "STDDEV_POP"])
 def test_half_width_coverage_end_to_end(aggregate: str, tiny_policy: Any) -> None:
@@ -233,23 +267,8 @@ def test_half_width_coverage_end_to_end(aggregate: str, tiny_policy: Any) -> Non
     half-width in at least 95 % of 2 400 draws (one-sided binomial test at 1e-6), and the
     same test rejects the half-widths shrunk to 40 % (measured: 99.8 % covered at 1, 88 % at
     0.4; the widths about half the separate measurements', as the errors are)."""
-    rng = random.Random(11)
-    rows = [
-        (user, COVERAGE_GROUPS[user % len(COVERAGE_GROUPS)], rng.randint(18, 90), 1.0)
-        for user in range(len(COVERAGE_GROUPS) * 200)
-        for _ in range(rng.randint(1, 3))
-    ]
-    columns = {"age": {"lower": 18, "upper": 90}, "region": {"public_values": COVERAGE_GROUPS}}
-    policy = tiny_policy(rows, max_groups=1, max_rows=3, columns=columns,
-                         budget={"epsilon": "10000", "query_epsilon": "10"})  # fmt: skip
-    con = duckdb.connect(":memory:")
-    try:
-        truth = dict(con.execute(
-            f"SELECT region, {aggregate}(age) FROM read_parquet(?) GROUP BY region",
-            [str(policy.data.tables["visits"])],
-        ).fetchall())  # fmt: skip
-    finally:
-        con.close()
+    policy = coverage_policy(tiny_policy, 11)
+    truth = {g: v for g, (v,) in plain_sql(policy, f"{aggregate}(age)").items()}
     session = Session(policy)
     sql = f"SELECT region, {aggregate}(age) FROM visits GROUP BY region"
     assert session.plan(sql).measurements[0].spec.kind == "bernstein"
@@ -261,12 +280,8 @@ def test_half_width_coverage_end_to_end(aggregate: str, tiny_policy: Any) -> Non
             errors.append(abs(value - truth[group]))
             widths.append(width)
 
-    def plausible(scale: float) -> bool:
-        covered = sum(e <= scale * w for e, w in zip(errors, widths, strict=True))
-        return float(stats.binom.cdf(covered, len(errors), 0.95)) >= 1e-6
-
-    assert plausible(1.0)
-    assert not plausible(0.4)
+    assert covers(errors, widths, 1.0)
+    assert not covers(errors, widths, 0.4)
 
 
 def test_a_variance_is_served_again_whatever_form_released_it(tmp_path: Path) -> None:

@@ -101,6 +101,13 @@ def adopt(
     return kept, out
 
 
+def forms(w: int) -> tuple[tuple[Fraction, ...], tuple[Fraction, ...]]:
+    """The coefficients on (b0, b1, b2) of the centred sum S and of the count N, exact (what
+    ``moments`` computes in floats): S = (b2 - b0)/(4w), N = (b0 + b1 + b2)/(4w²)."""
+    s = (Fraction(-1, 4 * w), Fraction(0), Fraction(1, 4 * w))
+    return s, (Fraction(1, 4 * w * w),) * 3
+
+
 def moments(b: Sequence[npt.ArrayLike], w: int) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(Q, S, N) from the coordinates (b0, b1, b2), all in their integer units."""
     b0, b1, b2 = (np.asarray(x, dtype=np.float64) for x in b)
@@ -208,6 +215,7 @@ __all__ = [
     "adopt",
     "applies",
     "cube_widths",
+    "forms",
     "l1_radius",
     "moment_widths",
     "moments",
