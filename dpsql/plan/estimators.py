@@ -25,7 +25,7 @@ from dpsql.mechanisms.laplace import discrete_laplace_half_width
 from dpsql.mechanisms.tails import Noise, linear_half_width
 from dpsql.plan.plans import Measurement
 
-__all__ = ["FloatArray", "combined_half_width", "half_width"]
+__all__ = ["FloatArray", "combined_half_width", "half_width", "within"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -67,3 +67,17 @@ def _each(
     if any(measurements[i].combined is not None for i in used):
         return math.nextafter(1.0 - (1.0 - confidence) / len(used), 1.0)
     return independent
+
+
+def within(
+    low: FloatArray, high: FloatArray, lo: float, hi: float
+) -> tuple[FloatArray, FloatArray]:
+    """An estimate's range over the noise box, clamped to [lo, hi], the range its truth always
+    lies in; the whole [lo, hi] where the box's range misses it.
+
+    The box covers the noise with probability >= c, and then the truth is in [low, high] and in
+    [lo, hi]. A box whose range misses [lo, hi] did not cover the noise (the other 1 - c), and
+    the truth may be anywhere in [lo, hi]: clamping both ends to one bound would release a
+    half-width of 0 beside a value that may be wrong by the whole range."""
+    missed = (high < lo) | (low > hi)
+    return (np.where(missed, lo, np.clip(low, lo, hi)), np.where(missed, hi, np.clip(high, lo, hi)))

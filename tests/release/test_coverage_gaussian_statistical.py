@@ -226,15 +226,18 @@ def _avg_interval(
     true ratio S/N lies in the box [s ± k_s] x [max(n ± k_n, 1)] when both noises are within
     their half-widths (and N >= 1), so its range is spanned by the four corners; the released
     half-width is the larger distance from the estimate to the clamped range's ends, and the
-    whole bound range when even n + k_n < 1. ``k`` is (k_s, k_n); s is in units of g/2."""
+    whole bound range when even n + k_n < 1 or the box's range misses the bounds. ``k`` is
+    (k_s, k_n); s is in units of g/2."""
     k_s, k_n = k
     centre, half = float(grid.centre), float(grid.step) / 2
     lo, hi = float(grid.lower_value), float(grid.upper_value)
     value = np.clip(centre + half * s / np.maximum(n, 1.0), lo, hi)
     corners = [(s + ds) / np.maximum(n + dn, 1.0) for ds in (-k_s, k_s) for dn in (-k_n, k_n)]
-    low = np.clip(centre + half * np.minimum.reduce(corners), lo, hi)
-    high = np.clip(centre + half * np.maximum.reduce(corners), lo, hi)
-    hopeless = n + k_n < 1
+    low = centre + half * np.minimum.reduce(corners)
+    high = centre + half * np.maximum.reduce(corners)
+    # A box whose range misses the bounds did not cover the noise: the whole range.
+    hopeless = (n + k_n < 1) | (high < lo) | (low > hi)
+    low, high = np.clip(low, lo, hi), np.clip(high, lo, hi)
     low = np.where(hopeless, lo, low)
     high = np.where(hopeless, hi, high)
     return value, np.maximum(value - low, high - value)

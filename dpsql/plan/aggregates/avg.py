@@ -27,7 +27,7 @@ from dpsql.bound.grid import value_grid
 from dpsql.bound.specs import MeasurementSpec
 from dpsql.plan.aggregates.ratios import probe
 from dpsql.plan.aggregates.rule import AggregateRule, Builder, Ratio
-from dpsql.plan.estimators import FloatArray, _each, half_width
+from dpsql.plan.estimators import FloatArray, _each, half_width, within
 from dpsql.plan.plans import Estimate, Measurement
 
 
@@ -66,8 +66,7 @@ def _avg(
     s_lo, s_hi = s - k_s, s + k_s
     low = np.minimum(s_lo / n_lo, s_lo / n_hi)
     high = np.maximum(s_hi / n_lo, s_hi / n_hi)
-    lower = np.clip(centre + low * half, lo, hi)
-    upper = np.clip(centre + high * half, lo, hi)
+    lower, upper = within(centre + low * half, centre + high * half, lo, hi)
     # With no plausible positive count the average may be anywhere in the bounds.
     hopeless = n + k_n < 1
     lower = np.where(hopeless, lo, lower)

@@ -49,7 +49,7 @@ from dpsql.bound.specs import MeasurementSpec
 from dpsql.errors import UnsupportedQueryError
 from dpsql.plan.aggregates.rule import AggregateRule, Builder, Ratio
 from dpsql.plan.aggregates.spreads import _ROUNDING, _moment_range, square_range
-from dpsql.plan.estimators import FloatArray, _each, half_width
+from dpsql.plan.estimators import FloatArray, _each, half_width, within
 from dpsql.plan.plans import Estimate, Measurement
 from dpsql.sql.aggregates import AggregateKind
 
@@ -222,7 +222,8 @@ def _covariance(b: _Box, samp: bool) -> tuple[FloatArray, FloatArray]:
     else:
         value = np.clip(b.cov, -top, top)
         low, high = b.cov_box
-    width = np.maximum(value - np.clip(low, -top, top), np.clip(high, -top, top) - value)
+    low, high = within(low, high, -top, top)
+    width = np.maximum(value - low, high - value)
     return value, np.nextafter(np.where(b.hopeless, 2 * top, width), np.inf)
 
 
@@ -240,7 +241,7 @@ def _regression(b: _Box, kind: AggregateKind) -> tuple[FloatArray, FloatArray]:
         product = _mul(box_x, box_y)
         root = (np.sqrt(np.maximum(product[0], 0.0)), np.sqrt(np.maximum(product[1], 0.0)))
         low, high = _divide(b.cov_box, root)
-        low, high = np.clip(low, -1.0, 1.0), np.clip(high, -1.0, 1.0)
+        low, high = within(low, high, -1.0, 1.0)
     else:
         defined = var_x > 0
         slope = np.where(defined, b.cov / np.where(defined, var_x, 1.0), 0.0)

@@ -29,7 +29,7 @@ from dpsql.errors import InternalError
 from dpsql.plan.aggregates import bernstein
 from dpsql.plan.aggregates.ratios import POINTS, probe
 from dpsql.plan.aggregates.rule import AggregateRule, Builder, Ratio
-from dpsql.plan.estimators import FloatArray, _each, half_width
+from dpsql.plan.estimators import FloatArray, _each, half_width, within
 from dpsql.plan.plans import Estimate, Measurement
 from dpsql.sql.aggregates import AggregateKind
 
@@ -157,7 +157,8 @@ def _spread(
         v_low, v_high, valid = bernstein.vertex_range(b, radius, grid.width)
         low = np.where(valid, np.maximum(low, v_low), low)
         high = np.where(valid, np.minimum(high, v_high), high)
-    low, high = np.maximum(low, 0.0), np.maximum(high, 0.0)
+    # A negative high end is a box that missed (a variance is >= 0): ``within`` below.
+    low = np.maximum(low, 0.0)
     if samp:
         # N/(N - 1) (N/1 below 2) rises on [1, 2] and falls after: its peak 2 is at N = 2.
         ends = (_bessel(n_lo), _bessel(n_hi))
@@ -165,7 +166,7 @@ def _spread(
         high = high * np.where((n_lo <= 2.0) & (n_hi >= 2.0), 2.0, np.maximum(*ends))
         high = high * (1.0 + _ROUNDING)
     unit = (float(grid.step) / 2) ** 2
-    ends3 = [v * unit for v in (value, np.clip(low, 0.0, top), np.clip(high, 0.0, top))]
+    ends3 = [v * unit for v in (value, *within(low, high, 0.0, top))]
     if root:
         ends3 = [np.sqrt(v) for v in ends3]
     value, lower, upper = ends3
