@@ -13,6 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.ledger.chain import Record
+from dpsql.cache.keys import data_key
 from dpsql.cache.stored_values import plain as _plain
 from dpsql.cache.stored_values import typed as _typed
 from dpsql.noise.measure import Noisy
@@ -43,9 +44,16 @@ def family_key(family: Family, dataset: str, policy_version: str, data_version: 
          str(t.measurement.sensitivity), t.dimensions]
         for t in family.taken
     ]  # fmt: skip
-    body = [dataset, policy_version, data_version, family.fine.engine_sql, list(family.sizes),
+    data = data_key(data_version, family_blocks(family))
+    body = [dataset, policy_version, data, family.fine.engine_sql, list(family.sizes),
             taken]  # fmt: skip
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def family_blocks(family: Family) -> list[tuple[str, tuple[str, ...]]]:
+    """The blocks its members read (one WHERE, one table: the same ones; its fine plan is made
+    apart from the session, and names none)."""
+    return sorted({b for m in family.members for b in m.plan.blocks})
 
 
 def released_family(records: Sequence[Record], key: str) -> Record | None:
@@ -57,17 +65,18 @@ def released_family(records: Sequence[Record], key: str) -> Record | None:
 
 
 def family_payload(
-    family: Family, key: str, charge: int, values: Sequence[Sequence[Any]], noised: Noised
-) -> dict[str, Any] | None:
+    family: Family, key: str, charge: int, values: Sequence[Sequence[Any]], noised: Noised,
+    *, where: str,
+) -> dict[str, Any] | None:  # fmt: skip
     """The ledger record of a family's release (None when a key value cannot be stored
-    exactly: the release is then not kept, never wrong)."""
+    exactly: the release is then not kept, never wrong); ``where``: its ``keys.scope``."""
     try:
         cells = [[_plain(v) for v in column] for column in values]
     except TypeError:
         return None
     measured = [[spec, list(level), list(totals)] for (spec, level), totals in noised.items()]
     return {"key": key, "charge": charge, "cells": cells, "measurements": measured,
-            "derive": _description(family)}  # fmt: skip
+            "derive": {**_description(family), "scope": where}}  # fmt: skip
 
 
 def _description(family: Family) -> dict[str, Any]:
@@ -85,16 +94,20 @@ def _description(family: Family) -> dict[str, Any]:
     }
 
 
-def derive(plan: Plan, payload: dict[str, Any]) -> tuple[Plan, Noisy] | None:
+def derive(plan: Plan, payload: dict[str, Any], where: str) -> tuple[Plan, Noisy] | None:
     """``plan``'s answer from a family's release, when it is a linear function of the
     measurements released (None otherwise): the same rows before bounding, the same settings
     but epsilon, the same contribution bounds, its keys among the fine keys (an other group for
     each fine key it lacks), its own bounded rows the family's (``same_rows``), and each of its
     measurements a kind the family measured at a level holding its keys. Its cells are sums of
     the fine cells' least-squares values, and their noise the combination of the released
-    noises: post-processing, so free."""
+    noises: post-processing, so free. Only within the release's ``where`` (``keys.scope``):
+    another data version or policy, other blocks read, another engine derive nothing (a release
+    recorded before scopes were kept derives nothing either: charged afresh, never stale)."""
     info = payload.get("derive")
     if info is None or not eligible(plan) or info["base"] != base_digest(plan):
+        return None
+    if info.get("scope") != where:
         return None
     positions = positions_among(info["keys"], [key_descriptor(k) for k in plan.analysis.keys])
     # Only where the statement's own bounded rows are the family's: a count by month from

@@ -11,6 +11,7 @@ same bounded rows whatever its epsilon (``dpsql.cache.derive``)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,9 @@ class Keys:
     # The core without the privacy parameters, with the engine: the bounded-row definition.
     # Releases of one such key measured the same rows (``dpsql.cache.derive.assemble``).
     rows: str = ""
+    # Where any release of it may answer it: the data set, the policy's version, the data read
+    # and the engine (``scope``). A workload family's release derives answers only within it.
+    scope: str = ""
 
 
 def _digest(data: Any) -> str:
@@ -88,6 +92,24 @@ def describe(m: Measurement, values: dict[int, tuple[str, list[Any] | None]]) ->
     return out
 
 
+def scope(dataset: str, policy_version: str, data: object, engine: str) -> str:
+    """The digest of what every answer derived from a release must share with it: the data set,
+    the policy's version (which holds the declared data version), what was read of the data
+    (``data_key``) and the engine (its keyed hash keeps the rows)."""
+    return _digest([dataset, policy_version, data, engine])
+
+
+def data_key(data_version: str, blocks: Sequence[tuple[str, Sequence[str]]]) -> str | list[object]:
+    """What a release read of the data: the declared data version, and the blocks it read of
+    each table made of blocks (``dpsql.session.blocks``). Appending a block leaves the key of a
+    query that does not read it as it was (served free, as before); a replaced block is read by
+    no later plan, so a release of it is never served again. Without blocks, the data version
+    alone (the keys of every other table are unchanged)."""
+    if not blocks:
+        return data_version
+    return [data_version, [[t, list(ids)] for t, ids in sorted(blocks)]]
+
+
 def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     """The cache keys of a plan (a pure function of public inputs); ``version``: the policy's
     ``version``, when the caller has it (it hashes the whole policy)."""
@@ -95,7 +117,7 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     core: dict[str, Any] = {
         "dataset": policy.dataset.id,
         "policy": version if version is not None else policy.version,
-        "data": policy.dataset.data_version,
+        "data": data_key(policy.dataset.data_version, plan.blocks),
         "table": a.table,
         # The relation the rows come from (a join or subquery is part of what was measured).
         "source": a.source,
@@ -136,4 +158,6 @@ def keys(plan: Plan, policy: Policy, version: str | None = None) -> Keys:
     # rows: a diagnosed release's measurements join the others of its rows.
     kept = {k: v for k, v in core.items() if k not in ("params", "diagnosis")}
     rows = {**kept, "engine": policy.engine.name}
-    return Keys(_digest([core, list(measurements)]), _digest(core), measurements, _digest(rows))
+    where = scope(policy.dataset.id, core["policy"], core["data"], policy.engine.name)
+    return Keys(_digest([core, list(measurements)]), _digest(core), measurements, _digest(rows),
+                where)  # fmt: skip

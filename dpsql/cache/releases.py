@@ -126,7 +126,7 @@ class ReleaseCache:
                     return Hit(noisy, seq, known, derived=known is not None or bool(noisy.derived))
             if shared and self._families and eligible(plan):
                 for seq, payload in reversed(self._families.get(base_digest(plan), [])):
-                    got = derive(plan, payload)
+                    got = derive(plan, payload, k.scope)
                     if got is not None:
                         answered, noisy = got
                         combined = tuple(m.combined for m in answered.measurements)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from dpsql.engine.duckdb.engine import DuckDBEngine
 from dpsql.engine.spark.engine import SparkEngine
 from dpsql.policy import Policy
+from dpsql.policy.blocks import BlockList
 from dpsql.policy.files import FileSet
 
 __all__ = ["Engine", "open_engine"]
@@ -72,8 +73,11 @@ class Engine(Protocol):
         """Release the engine's connections and files; a second call does nothing."""
 
 
-def open_engine(policy: Policy, salt: int, memory_limit: str | None = None) -> Engine:
-    """The engine ``[engine] name`` names: DuckDB unless the policy says Spark."""
+def open_engine(
+    policy: Policy, salt: int, memory_limit: str | None = None, blocks: BlockList | None = None
+) -> Engine:
+    """The engine ``[engine] name`` names: DuckDB unless the policy says Spark. ``blocks``: the
+    registered blocks of the tables made of blocks (DuckDB only; Spark refuses such tables)."""
     if policy.engine.name == "spark":
         return SparkEngine(policy, salt)  # pyspark is imported only then
-    return DuckDBEngine(policy, salt, memory_limit)
+    return DuckDBEngine(policy, salt, memory_limit, blocks=blocks)

@@ -142,6 +142,8 @@ def plan_query(analysis: Analysis, options: QueryOptions, policy: Policy, query:
     if analysis.cell is not None:
         # The partition family: one column of one table at one declared data version
         # (dpsql.analyze.cells); queries of different keys within it touch disjoint units.
+        # Never the blocks read (dpsql.session.blocks): one unit has rows in many blocks, so
+        # queries of one key over other blocks compose sequentially, in one family.
         family = f"{analysis.table}.{analysis.cell.column}@{policy.dataset.data_version}"
         cell = (family, analysis.cell.key)
     event = Composite(tuple(events), certified, cell)

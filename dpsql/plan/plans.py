@@ -252,6 +252,9 @@ class Plan:
     replan: Callable[[Mapping[str, object]], Plan] | None = field(
         default=None, compare=False, repr=False
     )
+    # The blocks it reads of each table made of blocks (``dpsql.session.blocks``): (table, ids)
+    # fixed at planning; a release is keyed by them (``dpsql.cache.keys``).
+    blocks: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def epsilon(self) -> Fraction:
@@ -294,6 +297,8 @@ class Plan:
             bounds,
             "keys: " + (", ".join(_explain_key(k) for k in a.keys) or "none (one global group)"),
         ]
+        for table, ids in self.blocks:
+            lines.append(f"blocks of {table} read: " + (", ".join(ids) or "none"))
         if any(k.other for k in a.keys):
             released = (
                 "always released, even when empty, with no delta"

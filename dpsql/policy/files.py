@@ -99,6 +99,9 @@ class FileSet:
     """The identities of the files a query reads (or a session bound), by table."""
 
     files: tuple[FileIdentity, ...] = ()
+    # The registered blocks the engine bound, by table (their ledger records): a query planned
+    # on one list runs only on an engine that bound the same (``dpsql.session.pipeline``).
+    blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
     def of(cls, files: Iterable[FileIdentity]) -> FileSet:
@@ -114,7 +117,7 @@ class FileSet:
         wanted = {t.lower() for t in tables}
         if wanted - set(self.tables):
             wanted.add(DATABASE)
-        return FileSet(tuple(f for f in self.files if f.table in wanted))
+        return replace(self, files=tuple(f for f in self.files if f.table in wanted))
 
     def with_schemas(self, catalog: Mapping[str, Mapping[str, str]]) -> FileSet:
         """The same files with the columns the engine read from each (``catalog``: table ->
@@ -128,7 +131,7 @@ class FileSet:
             held = sorted(t for t in catalog if t not in own)
             return tuple((f"{t}.{c}", ty) for t in held for c, ty in catalog[t].items())
 
-        return FileSet(tuple(replace(f, schema=columns(f)) for f in self.files))
+        return replace(self, files=tuple(replace(f, schema=columns(f)) for f in self.files))
 
     def verify(self) -> None:
         """Each file is still the one bound, unchanged; else ``DataChangedError`` naming the

@@ -151,10 +151,15 @@ def _tables_have_data(raw: dict[str, Any]) -> None:
     data, tables = raw.get("data"), raw.get("tables")
     if not isinstance(data, dict) or not isinstance(tables, dict):
         return
-    files = data.get("tables")
-    if data.get("database") is not None or data.get("catalog") or not isinstance(files, dict):
+    files, blocks = data.get("tables"), data.get("blocks")
+    if data.get("database") is not None or data.get("catalog"):
         return
-    known = [str(k) for k in files]
+    if files is None and isinstance(blocks, dict) and blocks:
+        files = {}  # only tables made of blocks
+    if not isinstance(files, dict):
+        return
+    blocks = blocks if isinstance(blocks, dict) else {}
+    known = [str(k) for k in (*files, *blocks)]
     lowered = {k.lower() for k in known}
     for name in tables:
         if str(name).lower() not in lowered:

@@ -74,11 +74,28 @@ class DatasetSpec(_Frozen):
     data_version: str = Field(default="1", min_length=1, max_length=200)
 
 
+class BlocksSpec(_Frozen):
+    """A table made of blocks: Parquet files the owner registers in the ledger over time
+    (``dpsql blocks add``), each holding the rows of one period of the column ``period``."""
+
+    period: str = Field(min_length=1, max_length=200)
+
+    @field_validator("period")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError("period must name a column (a plain SQL identifier)")
+        return value.lower()
+
+
 class DataSpec(_Frozen):
-    """Where the data lives: a DuckDB file, and/or Parquet or CSV files mapped to table names."""
+    """Where the data lives: a DuckDB file, and/or Parquet or CSV files mapped to table names,
+    and/or tables made of blocks registered in the ledger."""
 
     database: Path | None = None
     tables: dict[str, Path] = Field(default_factory=dict)
+    # Tables whose files are registered in the ledger block by block (dpsql.session.blocks).
+    blocks: dict[str, BlocksSpec] = Field(default_factory=dict, max_length=1000)
     # On Spark: tables of its catalog, by name (catalog.database.table), instead of files.
     catalog: dict[str, str] = Field(default_factory=dict, max_length=1000)
     # CSV files are read one physical line per row, split on this character, without quoting,
@@ -94,8 +111,16 @@ class DataSpec(_Frozen):
 
     @model_validator(mode="after")
     def _some_data(self) -> DataSpec:
-        if self.database is None and not self.tables and not self.catalog:
-            raise ValueError("give data.database or data.tables")
+        if self.database is None and not self.tables and not self.catalog and not self.blocks:
+            raise ValueError("give data.database, data.tables or data.blocks")
+        for name in self.blocks:
+            others = {t.lower() for t in (*self.tables, *self.catalog)}
+            if not _IDENTIFIER.match(name) or name.lower() in others:
+                raise ValueError(f"data.blocks: {name!r} is not a new plain SQL identifier")
+        if self.blocks and self.database is not None:
+            # A database file's instance is shared by the process and fixes its readable files
+            # when it opens; blocks are bound anew as they are registered.
+            raise ValueError("data.blocks cannot be combined with data.database")
         for name, identifier in self.catalog.items():
             if not _IDENTIFIER.match(name) or name.lower() in {t.lower() for t in self.tables}:
                 raise ValueError(f"data.catalog: {name!r} is not a new plain SQL identifier")

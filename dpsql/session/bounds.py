@@ -21,6 +21,7 @@ from sqlglot import exp
 from dpsql.accounting.budget.report import Charge
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
+from dpsql.cache.keys import data_key
 from dpsql.engine.base import Engine
 from dpsql.errors import BoundsError, UndeclaredMechanismError
 from dpsql.mechanisms.events import Composite
@@ -29,6 +30,7 @@ from dpsql.mechanisms.stated_events import PureDP
 from dpsql.plan.auto import noise_per_unit
 from dpsql.plan.plans import Plan
 from dpsql.policy import ColumnSpec, Policy
+from dpsql.policy.blocks import BlockList
 from dpsql.policy.numbers import decimal_text
 from dpsql.release import clamp_bounds, contribution_bounds
 from dpsql.release.diagnosis import BOUND_OF_FLAG
@@ -98,6 +100,13 @@ class Estimate(Request[dict[str, object], Result]):
         return contribution_bounds.cuts(keys, values, self.rule, self.epsilon, self.confidence)
 
 
+def _version(data: object) -> object:
+    """The data version of an estimate's key: the key itself, or its first part when the
+    estimate read blocks (``dpsql.cache.keys.data_key``): an estimate stays in use after more
+    blocks come (a released value: using it is post-processing)."""
+    return data[0] if isinstance(data, list) and data else data
+
+
 class Estimates:
     """Bounds estimated from the data: a part of ``Session``. It plans an ``ESTIMATE BOUNDS``
     on public facts (``plan``), and keeps the policy with the estimates released so far filled
@@ -111,6 +120,9 @@ class Estimates:
         self.estimated: dict[tuple[str, str], tuple[Fraction, Fraction]] = {}
         self._seen = 0
         self._with_estimates: Policy | None = None
+        # The blocks the engine binds, by table made of blocks (the session's): an estimate is
+        # keyed by those it reads, and used by later plans whatever blocks came since.
+        self.blocks: BlockList = BlockList()
 
     def plan(self, statement: EstimateBounds, settings: Settings) -> Estimate:
         """The estimate's plan: refused on public facts only, its SQL bound by the engine on
@@ -163,11 +175,14 @@ class Estimates:
             )
         # Binds on the schema alone, before the charge: a query that cannot run costs nothing.
         self.engine.check(sql, types=False)
+        read = ((table, tuple(b.id for b in self.blocks.active(table))),) if (
+            table in policy.data.blocks) else ()  # fmt: skip
         key = {"table": table, **what, "epsilon": str(epsilon), "policy": self.version(),
-               "data": policy.dataset.data_version}  # fmt: skip
+               "data": data_key(policy.dataset.data_version, read)}  # fmt: skip
         details = {"bounded_sql": sql, "engine": self.engine.name,
                    "policy_version": self.version(),
-                   "data_version": policy.dataset.data_version}  # fmt: skip
+                   "data_version": policy.dataset.data_version,
+                   **({"blocks": {t: list(ids) for t, ids in read}} if read else {})}  # fmt: skip
         found = None if settings.fresh else self._released(kind, key)
         event = Composite((PureDP(epsilon, "ESTIMATE BOUNDS: " + label),))
         return Estimate(statement, kind, key, sql, _canonical(statement, epsilon), event,
@@ -235,7 +250,7 @@ class Estimates:
             if (
                 record.kind in (clamp_bounds.RECORD_KIND, contribution_bounds.RECORD_KIND)
                 and p.get("policy") == self.version()
-                and p.get("data") == self.base.dataset.data_version
+                and _version(p.get("data")) == self.base.dataset.data_version
             ):
                 self._with_estimates = None
                 if record.kind == clamp_bounds.RECORD_KIND:

@@ -35,7 +35,13 @@ from dpsql.bound.together import split
 from dpsql.cache import keys as cache
 from dpsql.cache.releases import Hit, ReleaseCache
 from dpsql.engine.base import Engine
-from dpsql.errors import BudgetExceededError, EngineError, InternalError, LedgerError
+from dpsql.errors import (
+    BudgetExceededError,
+    DataChangedError,
+    EngineError,
+    InternalError,
+    LedgerError,
+)
 from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
 from dpsql.mechanisms.events import Composite
 from dpsql.noise.measure import Noisy, measure, measure_diagnosis
@@ -189,7 +195,15 @@ class Pipeline:
         # A file replaced under an open session (a column dropped, a truncated file) would fail
         # the engine after the charge: a refresh would cost budget for no answer. Refused here,
         # from the files' identities alone (never a row), before anything is recorded.
-        (self.engine.files if files is None else files).verify()
+        bound = self.engine.files
+        if files is not None and files.blocks != bound.blocks:
+            # Planned on another list of blocks than the engine now reads (a block registered
+            # in between): refused before the charge, never charged and then run on others.
+            raise DataChangedError(
+                "blocks were registered since this query was planned; nothing was charged: "
+                "run it again to read the blocks registered now"
+            )
+        (bound if files is None else files).verify()
         kept = composite_from_json(composite_to_json(event))
         if kept != event or (kept.epsilon, kept.delta) != (event.epsilon, event.delta):
             raise InternalError("the ledger would keep another loss than the planned one")

@@ -48,11 +48,12 @@ from dpsql.release.result import Result, _with_accuracy
 from dpsql.session import planning, workload_plan, workloads
 from dpsql.session.advice import advice
 from dpsql.session.auto import AutoRequest
+from dpsql.session.blocks import Registered, blocks_read
 from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues, show_rows
 from dpsql.session.overrides import overrides
 from dpsql.session.pipeline import Pipeline, QueryRequest
-from dpsql.session.plans import KeptPlans, Planned, plan_key
+from dpsql.session.plans import KeptPlans, Planned, ledger_details, plan_key
 from dpsql.session.probes import Probes
 from dpsql.session.settings import BY_NAME
 from dpsql.session.workload_plan import Step, Workload
@@ -93,7 +94,11 @@ class Session:
         # Salt of the keyed hash that picks a unit's groups, kept with the ledger so every
         # session bounds the same rows; any value is private (the choice depends only on the
         # unit's own rows), secrecy only stops prediction.
-        self.engine = open_engine(self.policy, int(store.identity["salt"]), memory_limit)
+        # The registered blocks of the tables made of blocks (dpsql.session.blocks), bound by
+        # the engine; read again before each statement is planned (``_refresh_blocks``).
+        self._memory_limit, self.registered = memory_limit, Registered(self.policy, store)
+        salt = int(store.identity["salt"])
+        self.engine = open_engine(self.policy, salt, memory_limit, self.registered.blocks)
         try:
             check_against_schema(self.policy, self.engine.file_catalog)
             # The accountant's name is checked against the registry here: a refused policy
@@ -107,6 +112,7 @@ class Session:
         self.set_values = SetValues()
         self.probes = Probes(self.engine)
         self.estimates = Estimates(self.policy, store, self.engine)
+        self.estimates.blocks = self.registered.blocks
         self._plans = KeptPlans(MAX_KEPT_PLANS)
 
     # -- the parts a caller may replace: each part that holds one follows -----------------------
@@ -173,11 +179,28 @@ class Session:
         ``current=False`` keys on the bounds estimates read so far, without reading the ledger
         again (a caller planning many statements at once reads it once)."""
         if current:
+            self._refresh_blocks()
             self.estimates.policy()  # reads bounds estimated since the last statement
-        version = (self.policy_version(), self.policy.dataset.data_version)
+        version: tuple[object, ...] = (self.policy_version(), self.policy.dataset.data_version)
+        version += self.registered.token()
         return plan_key(sql, params, options, set_values=self.set_values.values(),
                         analyst=self.analyst, version=version,
                         estimated=self.estimates.estimated)  # fmt: skip
+
+    def _refresh_blocks(self) -> None:
+        """Blocks registered since the engine bound its files: a new engine over the blocks
+        registered now, before the next statement is planned. A statement planned on the old
+        list is refused before its charge (``Pipeline.charge``), never run on the new one."""
+        moved = self.registered.moved(self.filter.store)
+        if moved is not None:
+            # A block that cannot be bound (a file changed) is refused here, at every statement,
+            # until the owner replaces it; plans keep reading the list the engine binds.
+            engine = open_engine(self.policy, self.engine.salt, self._memory_limit, moved[0])
+            old, self.engine = self.engine, engine
+            self.registered.commit(*moved)
+            self.pipeline.engine = self.probes.engine = self.estimates.engine = engine
+            self.estimates.blocks = moved[0]
+            old.close()
 
     # -- planning ------------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
@@ -275,6 +298,9 @@ class Session:
         if estimates and self.estimates.chose(plan, settings.asked):
             # Bounds dpsql chose itself: no diagnosis unless the analyst asked for one.
             plan = without_default(plan)
+        if self.policy.data.blocks:
+            # The blocks it reads, fixed now: its release's key (dpsql.session.blocks).
+            plan = replace(plan, blocks=blocks_read(plan, self.registered.blocks, self.policy))
         return plan
 
     def _python_domain(
@@ -286,22 +312,9 @@ class Session:
 
     def details(self, plan: Plan) -> dict[str, object]:
         """What the ledger keeps beside a charge, so that a report can be reproduced later."""
-        # The plan's lines without its bounded SQL (kept below as the engine runs it), since
-        # parsing and pretty-printing the bounded SQL costs some 5 ms.
-        header = plan.explain(sql=False)
-        return {
-            "plan": [line for line in header if not line.startswith("  ")],
-            # Bounds chosen after the charge: what runs first is the walks' query; the answer's
-            # bounded SQL is recorded with its release (dpsql.cache.releases.record_auto).
-            "bounded_sql": plan.engine_sql if plan.auto is None else (plan.auto.sql or ""),
-            **({"diagnosis_sql": plan.diagnosis.engine_sql} if plan.diagnosis is not None else {}),
-            "engine": self.engine.name,  # the bounded SQL is DuckDB's; Spark runs its lowering
-            # The bounds that differ from the policy's, for the owner's audit.
-            **({"overrides": found} if (found := self.overrides(plan)) else {}),
-            "policy_version": self.policy_version(),
-            "data_version": self.policy.dataset.data_version,
-            "dpsql_version": VERSION,
-        }
+        return ledger_details(plan, engine=self.engine.name, overrides=self.overrides(plan),
+                              policy_version=self.policy_version(), dpsql_version=VERSION,
+                              data_version=self.policy.dataset.data_version)  # fmt: skip
 
     def overrides(self, plan: Plan) -> list[dict[str, str]]:
         """The bounds ``plan`` runs with that differ from the policy's (``overrides``), read

@@ -22,7 +22,14 @@ from typing import Any
 
 from dpsql.accounting.budget.report import Charge
 from dpsql.cache import keys as cache
-from dpsql.cache.families import RECORD_KIND, family_key, family_payload, from_payload
+from dpsql.cache.families import (
+    RECORD_KIND,
+    family_blocks,
+    family_key,
+    family_payload,
+    from_payload,
+)
+from dpsql.cache.keys import data_key, scope
 from dpsql.engine.base import Engine
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.events import Composite
@@ -81,7 +88,10 @@ class FamilyRequest(Request[Released, dict[int, Result]]):
         values, noised, answered, _ = measured
         key = family_key(family, session.policy.dataset.id, session.policy_version(),
                          session.policy.dataset.data_version)  # fmt: skip
-        payload = family_payload(family, key, charge.seq, values, noised)
+        policy = session.policy
+        data = data_key(policy.dataset.data_version, family_blocks(family))
+        where = scope(policy.dataset.id, session.policy_version(), data, policy.engine.name)
+        payload = family_payload(family, key, charge.seq, values, noised, where=where)
         if payload is None:
             return
         record = pipeline.budget.store.append(RECORD_KIND, payload, pipeline.analyst,
@@ -153,6 +163,7 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
             "engine": session.engine.name,
             "policy_version": session.policy_version(),
             "data_version": session.policy.dataset.data_version,
+            **({"blocks": read} if (read := _blocks_read(workload)) else {}),
         }
     answered: dict[int, Result] = {}
     steps = [_stepper(session, workload, i, answered) for i in range(len(workload.steps))]
@@ -222,3 +233,12 @@ def run_script(
             "budget; nothing was run or charged"
         )
     return list(run_workload(session, workload))
+
+
+def _blocks_read(workload: Workload) -> dict[str, list[str]]:
+    """The blocks the workload's charged statements read, by table (for the owner's audit)."""
+    read: dict[str, list[str]] = {}
+    for step in workload.steps:
+        for table, ids in step.plan.blocks if step.charged and step.plan is not None else ():
+            read[table] = sorted({*read.get(table, []), *ids})
+    return read

@@ -22,12 +22,12 @@ import re
 
 from sqlglot import exp
 
+from dpsql.policy.blocks import iso_date
 from dpsql.sql.tree import transform
 
 _UNITS = {"DAY": "day", "DAYS": "day", "WEEK": "week", "WEEKS": "week", "MONTH": "month",
           "MONTHS": "month", "YEAR": "year", "YEARS": "year"}  # fmt: skip
 _AMOUNT = re.compile(r"^\s*([+-]?\d{1,6})\s*$")
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _date(node: exp.Expression) -> dt.date | None:
@@ -37,13 +37,7 @@ def _date(node: exp.Expression) -> dt.date | None:
     literal = node.this
     if not (isinstance(literal, exp.Literal) and literal.is_string):
         return None
-    text = str(literal.this)
-    if not _DATE.match(text):
-        return None
-    try:
-        return dt.date.fromisoformat(text)
-    except ValueError:
-        return None
+    return iso_date(str(literal.this))
 
 
 def _interval(node: exp.Expression) -> tuple[int, str] | None:

@@ -22,6 +22,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from dpsql.analyze.cells import key_query
 from dpsql.analyze.sample import SAMPLE_PARAMETER
 from dpsql.bound.rewrite import parse_bounded
 from dpsql.bound.specs import SALT_PARAMETER
+from dpsql.engine.duckdb.blocks import bind_blocks
 from dpsql.engine.duckdb.connections import (
     _Checker,
     _DatabaseKey,
@@ -42,9 +44,16 @@ from dpsql.engine.duckdb.connections import (
     _spill_directory,
 )
 from dpsql.engine.duckdb.snapshots import remove, snapshot
-from dpsql.engine.duckdb.views import _check_declared_types, _csv_view, _quote, _string
+from dpsql.engine.duckdb.views import (
+    _check_declared_types,
+    _csv_view,
+    _quote,
+    _string,
+    block_source,
+)
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
 from dpsql.policy import Policy
+from dpsql.policy.blocks import BlockList
 from dpsql.policy.exposure import hides, visible_columns
 from dpsql.policy.files import FileIdentity, FileSet, identify
 
@@ -85,10 +94,12 @@ class DuckDBEngine:
         salt: int,
         memory_limit: str | None = None,
         schemas: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+        blocks: BlockList | None = None,
     ):
         """The policy's tables from their files; or, with ``schemas`` (table -> (column, DuckDB
         type)), empty tables of those columns and nothing else: a shadow that binds, types and
-        probes the bounded queries another engine runs (``dpsql.engine.spark.engine``)."""
+        probes the bounded queries another engine runs (``dpsql.engine.spark.engine``).
+        ``blocks``: the registered blocks of the tables made of blocks, bound now as listed."""
         self._lock = threading.Lock()
         # The secret salt of the keyed hash that picks a unit's groups, bound as $salt.
         self.salt = salt
@@ -128,7 +139,7 @@ class DuckDBEngine:
         self._views: list[str] = []  # the statements that made the tables' views
         try:
             if schemas is None:
-                names = self._open_files(policy, config)
+                names = self._open_files(policy, config, blocks or BlockList())
             else:
                 self._con = duckdb.connect(":memory:", config=config)
                 _lock_down(self._con, {})
@@ -139,7 +150,10 @@ class DuckDBEngine:
                 names = set(schemas)
             self.catalog = self._read_catalog()
             self.collations = self._read_collations(names)
-            self.files = FileSet.of(self._bound).with_schemas(self.catalog)
+            self.files = replace(
+                FileSet.of(self._bound).with_schemas(self.catalog),
+                blocks=(blocks or BlockList()).token(policy.data.blocks),
+            )
         except (duckdb.Error, PolicyError) as exc:
             remove(self._links)
             if hasattr(self, "_con"):
@@ -158,14 +172,19 @@ class DuckDBEngine:
         )
 
     def _open_files(
-        self, policy: Policy, config: dict[str, str | bool | int | float | list[str]]
+        self,
+        policy: Policy,
+        config: dict[str, str | bool | int | float | list[str]],
+        blocks: BlockList,
     ) -> set[str]:
-        """``self._con`` over the policy's files (a shared database file, Parquet and CSV views),
-        locked down; the names of the files' views."""
+        """``self._con`` over the policy's files (a shared database file, Parquet and CSV views,
+        the active blocks of each table made of blocks), locked down; the names of the views."""
         files = {name: policy.resolve(p) for name, p in policy.data.tables.items()}
         # Each file's identity before it is read (a regular file, or a PolicyError: a FIFO
         # would hang the reader); checked again before each charge (dpsql.policy.files).
         bound = [identify(name, path) for name, path in files.items()]
+        in_blocks: list[FileIdentity] = []  # the blocks' files, linked by bind_blocks
+        made_of_blocks = bind_blocks(policy, blocks, in_blocks, self._links)
         if policy.data.database is not None:
             # Its instance reads the file it opened whatever the path names later; the files
             # beside it are read by their paths (the instance's allowed paths are shared).
@@ -180,7 +199,16 @@ class DuckDBEngine:
                     self._links.append(link)
                     files[identity.table] = link
             self._con = duckdb.connect(":memory:", config=config)
-            _lock_down(self._con, files)
+            readable = [*files.values(), *(p for parts in made_of_blocks.values()
+                                           for paths, _, _ in parts for p in paths)]  # fmt: skip
+            _lock_down(self._con, {str(i): p for i, p in enumerate(readable)})
+        for name, parts in made_of_blocks.items():
+            source = block_source(policy.data.blocks[name].period, parts)
+            self._views.append(
+                f"CREATE TEMP VIEW {_quote(name)} AS "
+                f"SELECT {self._shown(policy, name, source)} FROM {source}"
+            )
+            self._con.execute(self._views[-1])
         for name, path in files.items():
             if path.suffix.lower() == ".parquet":
                 reader = f"read_parquet({_string(str(path))})"
@@ -189,8 +217,8 @@ class DuckDBEngine:
                 view = _csv_view(policy, name, path)
             self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS {view}")
             self._con.execute(self._views[-1])
-        self._bound = bound
-        return set(files) | self._hide_in_database(policy, set(files))
+        self._bound = bound + in_blocks
+        return set(files) | set(made_of_blocks) | self._hide_in_database(policy, set(files))
 
     def _shown(self, policy: Policy, name: str, source: str, database: bool = False) -> str:
         """The select list of a table's view: ``*``, or its declared columns only (a column the

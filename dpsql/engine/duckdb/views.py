@@ -9,6 +9,8 @@ interpolated raw.
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Sequence
 from pathlib import Path
 
 from dpsql.engine.csv_text import (
@@ -131,3 +133,20 @@ def _check_declared_types(policy: Policy) -> None:
                     f"tables.{name}.columns.{column}.type applies to CSV tables only; the types "
                     "of Parquet and DuckDB tables come from their files"
                 )
+
+
+def block_source(period: str, blocks: Sequence[tuple[Sequence[Path], dt.date, dt.date]]) -> str:
+    """A table made of blocks as one relation: each block's files, keeping only the rows whose
+    period column lies in the block's declared period [start, end) (a row outside it, or with no
+    period, is no row of the table), so that a query whose WHERE excludes a block's period reads
+    none of its rows and is answered alike after more blocks come (``dpsql.session.blocks``).
+    The blocks' columns are the same (checked when each is registered), matched by name."""
+    column = _quote(period)
+    parts = []
+    for paths, start, end in blocks:
+        files = ", ".join(_string(str(p)) for p in paths)
+        parts.append(
+            f"SELECT * FROM read_parquet([{files}]) WHERE {column} >= DATE '{start.isoformat()}' "
+            f"AND {column} < DATE '{end.isoformat()}'"
+        )
+    return "(" + " UNION ALL BY NAME ".join(parts) + ")"

@@ -120,6 +120,10 @@ class SparkEngine:
                 'data.database is a DuckDB file: engine.name = "spark" reads Parquet and CSV '
                 "files (data.tables)"
             )
+        if policy.data.blocks:
+            raise PolicyError(
+                'data.blocks: tables made of blocks are read by engine.name = "duckdb" only'
+            )
         self.salt = salt
         self._lock = threading.Lock()
         self._group: str | None = None  # the running query's job group (or tag), for interrupt

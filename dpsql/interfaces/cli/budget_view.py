@@ -44,8 +44,10 @@ from dpsql.accounting.budget.report import (
     figure_value,
     spent_text,
 )
+from dpsql.accounting.ledger.blocks import block_list
 from dpsql.accounting.ledger.store import open_store
 from dpsql.errors import LedgerError, ParameterError
+from dpsql.interfaces.cli.blocks import block_lines
 from dpsql.interfaces.report.audit import audit, audit_lines
 from dpsql.interfaces.report.charts import (
     chart_format,
@@ -215,6 +217,11 @@ def show_command(
         found = audit(records, {r.seq: iso_time(r.time) for r in records})
         click.echo("\nOverrides of the policy's bounds:")
         click.echo("\n".join(audit_lines(found)))
+    listed = block_list(records := budget.store.records())
+    if listed.registered:
+        # The tables made of blocks: each block, and the releases a replacement retired.
+        click.echo("\nBlocks:")
+        click.echo("\n".join(block_lines(records, listed)))
     if chart is not None:
         write_chart(history_curves(budget), chart)
         click.echo(f"chart: {chart}")

@@ -31,6 +31,7 @@ from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.budget.report import cap_text
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.batch import explain_command, query_command, run_command
+from dpsql.interfaces.cli.blocks import blocks
 from dpsql.interfaces.cli.budget_view import (
     CHART,
     COMPARE,
@@ -247,6 +248,7 @@ cli.add_command(explain_command, "explain")  # dpsql explain "SQL"
 cli.add_command(query_command, "query")  # dpsql query "SQL"
 cli.add_command(serve_command, "serve")  # dpsql serve --users-file F
 cli.add_command(users, "users")  # dpsql users add|remove|passwd|list
+cli.add_command(blocks, "blocks")  # dpsql blocks add|replace|list
 
 
 def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:

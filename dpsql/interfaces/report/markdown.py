@@ -17,6 +17,7 @@ from typing import Any
 
 from dpsql.accounting.budget.report import EXCEEDS, UNBOUNDED, cap_text, left_text, spent_text
 from dpsql.accounting.theorems.base import Spent
+from dpsql.interfaces.report.blocks import md_blocks
 from dpsql.session.overrides import override_text
 
 __all__ = ["EXCEEDS_MEANING", "render_markdown"]
@@ -274,6 +275,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         _md_contract(data),
         _md_accounting(data),
         _md_audit(data),
+        md_blocks(data),
         _md_schedule(data),
     ]
-    return "\n\n".join("\n".join(s) for s in sections) + "\n"
+    return "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -26,6 +26,7 @@ from dpsql.accounting.budget.report import UNBOUNDED, BudgetReport, exceeds
 from dpsql.accounting.ledger.chain import GENESIS, Record
 from dpsql.accounting.theorems.base import Spent
 from dpsql.interfaces.report.audit import audit, overrides_of
+from dpsql.interfaces.report.blocks import blocks_data
 from dpsql.mechanisms.event_kinds import composite_from_json
 from dpsql.policy import Policy, TableSpec
 from dpsql.policy.numbers import exact
@@ -101,6 +102,8 @@ def _schedule_entry(record: Record) -> dict[str, Any]:
             mechanisms=event.describe(),
             cell=list(event.cell) if event.cell is not None else None,
         )
+        if payload.get("blocks"):  # the blocks it read of each table made of blocks
+            entry["blocks"] = payload["blocks"]
         if overrides_of(payload):  # the bounds it ran with that differ from the policy's
             entry["overrides"] = overrides_of(payload)
     elif record.kind in ("budget_add", "allocate"):
@@ -222,6 +225,8 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
             "public_tables": sorted(n for n, t in policy.tables.items() if t.public),
         },
         "bounds": [_table(n, t) for n, t in sorted(policy.tables.items()) if t.is_private],
+        # The tables made of blocks: each block, the charges that read it, those retired.
+        **({"blocks": blocks_data(records)} if policy.data.blocks else {}),
         "mechanism": {"preference": spec.mechanism, "description": MECHANISMS[spec.mechanism]},
         "accounting": {
             "decides": summary.accountant,

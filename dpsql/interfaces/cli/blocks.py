@@ -1,0 +1,125 @@
+"""``dpsql blocks``: the owner registers the blocks of the tables made of blocks, and lists them.
+
+``add`` registers a new block of a table under ``data.blocks`` (its Parquet files and its
+period [START, END)); ``replace`` registers a correction that replaces an active block (every
+release that read the old one is retired: never served again); ``list`` prints every block and,
+for each replaced one, the charges whose answers read it. Each writes or reads the policy's
+ledger (``dpsql.session.blocks``): sessions and servers see a new block before their next
+statement. Registering reads each file's footer (its columns), never a row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dpsql.accounting.ledger.blocks import block_list, retired
+from dpsql.accounting.ledger.chain import Record
+from dpsql.interfaces.cli.context import Config, pass_config
+from dpsql.interfaces.cli.ledger import _open
+from dpsql.interfaces.cli.params import TEXT
+from dpsql.policy.blocks import BlockList
+from dpsql.session.blocks import register
+
+__all__ = ["block_lines", "blocks"]
+
+_FILES = click.argument(
+    "files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
+)
+_START = click.option(
+    "--start", required=True, type=TEXT, help="First day of its period (YYYY-MM-DD)."
+)
+_END = click.option("--end", required=True, type=TEXT, help="Day after its period (YYYY-MM-DD).")
+_BY = click.option("--by", type=TEXT, help="Who registers it (default: --analyst).")
+
+
+@click.group()
+def blocks() -> None:
+    """Tables made of blocks: register a block, replace one, list them."""
+
+
+def _register(  # noqa: PLR0917 - a command's arguments, passed on
+    config: Config,
+    table: str,
+    block: str,
+    period: tuple[str, str],
+    files: tuple[Path, ...],
+    replaces: str | None,
+    by: str | None,
+) -> None:
+    policy = config.policy()
+    ledger = _open(policy)
+    try:
+        done = register(policy, ledger, table, block, period=period, paths=files,
+                        replaces=replaces, by=by or config.analyst)  # fmt: skip
+    finally:
+        ledger.close()
+    what = f"replaces block {replaces}" if replaces else "added"
+    click.echo(
+        f"record {done.seq}: block {done.id} of table {done.table}, {done.start.isoformat()} "
+        f"to {done.end.isoformat()}, {len(done.files)} file(s): {what}"
+    )
+
+
+@blocks.command("add")
+@click.argument("table", type=TEXT)
+@click.argument("block", type=TEXT)
+@_FILES
+@_START
+@_END
+@_BY
+@pass_config
+def add_block(  # noqa: PLR0917 - click passes every option
+    config: Config, table: str, block: str, files: tuple[Path, ...], start: str, end: str,
+    by: str | None,
+) -> None:  # fmt: skip
+    """Register BLOCK of TABLE: FILES hold its rows from --start to the day before --end."""
+    _register(config, table, block, (start, end), files, None, by)
+
+
+@blocks.command("replace")
+@click.argument("table", type=TEXT)
+@click.argument("old", type=TEXT)
+@click.argument("block", type=TEXT)
+@_FILES
+@_START
+@_END
+@_BY
+@pass_config
+def replace_block(  # noqa: PLR0917 - click passes every option
+    config: Config, table: str, old: str, block: str, files: tuple[Path, ...], start: str,
+    end: str, by: str | None,
+) -> None:  # fmt: skip
+    """Register BLOCK of TABLE as the correction of block OLD (its releases are retired)."""
+    _register(config, table, block, (start, end), files, old, by)
+
+
+def block_lines(records: list[Record], listed: BlockList) -> list[str]:
+    """Each block (active or replaced) and the charges whose answers read a replaced one."""
+    gone = listed.replaced
+    lines = []
+    for b in listed.registered:
+        state = f"replaced by {gone[(b.table, b.id)].id}" if (b.table, b.id) in gone else "active"
+        fix = f", replaces {b.replaces}" if b.replaces else ""
+        lines.append(
+            f"{b.table} {b.id}: {b.start.isoformat()} to {b.end.isoformat()}, "
+            f"{len(b.files)} file(s), record {b.seq}{fix}; {state}"
+        )
+    for record, hit in retired(records, listed):
+        read = ", ".join(f"{t} {i}" for t, i in hit)
+        lines.append(f"retired: record {record.seq} ({record.kind}) read replaced block(s) {read}")
+    return lines
+
+
+@blocks.command("list")
+@pass_config
+def list_blocks(config: Config) -> None:
+    """Every registered block, and the releases retired by a replacement."""
+    ledger = _open(config.policy())
+    try:
+        records = ledger.records()
+    finally:
+        ledger.close()
+    lines = block_lines(records, block_list(records))
+    click.echo("\n".join(lines) if lines else "no blocks registered")

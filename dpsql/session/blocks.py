@@ -1,0 +1,220 @@
+"""Tables made of blocks: registering a block, and the blocks a plan reads.
+
+``register`` is the owner's act (``dpsql blocks add`` and ``replace``): it checks a block's files
+(regular Parquet files, their columns as their footers declare them: never a row), its period
+and id, and appends its ledger record (``dpsql.accounting.ledger.blocks``); every session sees
+it before its next plan (``Session``). ``blocks_read`` is what a plan reads of each table made
+of blocks: its active blocks, less those whose period the query's WHERE excludes. It decides
+only the release's key (``dpsql.cache.keys.data_key``): the engine reads the table's view, whose
+rows each lie within their block's period (``dpsql.engine.duckdb.views.block_source``), so a
+block whose period the WHERE excludes gives the query no row, and what the query measures is
+the same with or without it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sqlglot import exp
+
+from dpsql.accounting.ledger.blocks import BLOCK_RECORD, block_list
+from dpsql.accounting.ledger.chain import Record
+from dpsql.accounting.ledger.store import Store
+from dpsql.engine.duckdb.blocks import parquet_columns
+from dpsql.errors import ParameterError, PolicyError
+from dpsql.plan.plans import Plan
+from dpsql.policy import Policy
+from dpsql.policy.blocks import BLOCK_ID, Block, BlockList, iso_date
+from dpsql.policy.files import identify, regular_file
+
+__all__ = ["blocks_read", "register"]
+
+# The period column's types: a DATE, or a TIMESTAMP compared with a date at its midnight (a
+# TIMESTAMP WITH TIME ZONE would depend on the session's time zone).
+PERIOD_TYPES = ("DATE", "TIMESTAMP")
+MAX_FILES = 10_000  # files of one block
+
+
+def _decide(block: Block) -> Callable[[list[Record]], None]:
+    """The checks against the ledger, made under its lock as the record is appended (two owners
+    registering at once cannot both pass them): a new id, a replaced block that is active, a
+    period that overlaps no other active block, the columns of the table's other blocks."""
+
+    def decide(records: list[Record]) -> None:
+        blocks = block_list(records)
+        table, active = block.table, blocks.active(block.table)
+        if any(b.table == table and b.id == block.id for b in blocks.registered):
+            raise ParameterError(f"table {table} already has a block {block.id}")
+        if block.replaces is not None and all(b.id != block.replaces for b in active):
+            raise ParameterError(f"table {table} has no active block {block.replaces} to replace")
+        others = [b for b in active if b.id != block.replaces]
+        clash = next((b for b in others if b.overlaps(block)), None)
+        if clash is not None:
+            raise ParameterError(
+                f"the period of block {block.id} overlaps that of block {clash.id} of table "
+                f"{table}; a correction replaces the block it corrects"
+            )
+        if others and set(others[0].columns) != set(block.columns):
+            raise PolicyError(
+                f"block {block.id} declares other columns than the blocks of table {table}"
+            )
+
+    return decide
+
+
+def register(
+    policy: Policy,
+    store: Store,
+    table: str,
+    block_id: str,
+    *,
+    period: tuple[str, str],
+    paths: Sequence[Path],
+    replaces: str | None = None,
+    by: str | None = None,
+) -> Block:
+    """Register a block of ``table`` (its files, its period [start, end)); with ``replaces``,
+    as the correction of that active block. Nothing of the files is read but their footers."""
+    name = table.lower()
+    spec = policy.data.blocks.get(name)
+    if spec is None:
+        raise ParameterError(f"data.blocks names no table {table}")
+    if not BLOCK_ID.match(block_id):
+        raise ParameterError(
+            "a block id is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    first, last = iso_date(period[0]), iso_date(period[1])
+    if first is None or last is None or first >= last:
+        raise ParameterError("a block's period is two dates YYYY-MM-DD, the start before the end")
+    if not paths or len(paths) > MAX_FILES:
+        raise ParameterError(f"a block has 1 to {MAX_FILES} files")
+    files = []
+    for path in paths:
+        resolved = policy.resolve(Path(path))
+        if resolved.suffix.lower() != ".parquet":
+            raise ParameterError(f"a block's files are Parquet files (.parquet): {path}")
+        info = regular_file(resolved, f"a file of block {block_id}")
+        files.append(identify(name, resolved.resolve(), info))
+    columns = parquet_columns([f.path for f in files], name)
+    types = dict(columns)
+    if types.get(spec.period) not in PERIOD_TYPES:
+        raise PolicyError(
+            f"data.blocks.{name}.period: the block's files have no column {spec.period} of type "
+            "DATE or TIMESTAMP"
+        )
+    declared = policy.tables.get(name)
+    for column in declared.columns if declared is not None else {}:
+        if column.lower() not in types:
+            raise PolicyError(
+                f"tables.{name}.columns.{column}: the block's files have no such column"
+            )
+    block = Block(name, block_id, first, last, tuple(files), columns, replaces)
+    record = store.append(BLOCK_RECORD, block.payload(), by, _decide(block))
+    return Block.of(record.payload, record.seq)
+
+
+# -- the blocks a plan reads -----------------------------------------------------------------------
+
+
+def _date(node: exp.Expression) -> dt.date | None:
+    """A date constant written DATE 'YYYY-MM-DD', CAST('YYYY-MM-DD' AS DATE) or 'YYYY-MM-DD'
+    (which DuckDB casts to the column's DATE alike); anything else is not read."""
+    if isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.DATE:
+        node = node.this
+    if isinstance(node, exp.Literal) and node.is_string:
+        return iso_date(node.this)
+    return None
+
+
+# A test column OP constant excludes block [start, end) when: (start and end are midnights; a
+# row's value v lies in [start, end), a DATE or a TIMESTAMP, and a date d is its midnight)
+_EXCLUDES: dict[type[exp.Binary], Callable[[dt.date, dt.date, dt.date], bool]] = {
+    exp.GTE: lambda d, s, e: d >= e,  # v >= d: none when d >= end
+    exp.GT: lambda d, s, e: d >= e,  # v > d: none when d >= end (a TIMESTAMP may pass d)
+    exp.LT: lambda d, s, e: d <= s,  # v < d: none when d <= start
+    exp.LTE: lambda d, s, e: d < s,  # v <= d: none when d < start
+    exp.EQ: lambda d, s, e: d < s or d >= e,
+}
+_FLIP: dict[type[exp.Binary], type[exp.Binary]] = {
+    exp.GTE: exp.LTE, exp.GT: exp.LT, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ
+}  # fmt: skip
+Test = tuple[type[exp.Binary], dt.date]
+
+
+def _tests(where: exp.Expression | None, column: str) -> list[Test]:
+    """The tests ``column OP date`` among WHERE's top-level AND terms: each holds on every row
+    the query keeps (a row WHERE keeps makes each AND term TRUE)."""
+    if where is None:
+        return []
+    out: list[Test] = []
+    terms = list(where.flatten()) if isinstance(where, exp.And) else [where]
+    for found in terms:
+        term = found.unnest() if isinstance(found, exp.Paren) else found
+        if isinstance(term, exp.Between) and _is(term.this, column):
+            low, high = _date(term.args["low"]), _date(term.args["high"])
+            out += [(exp.GTE, low)] if low is not None else []
+            out += [(exp.LTE, high)] if high is not None else []
+        elif isinstance(term, exp.Binary) and type(term) in _EXCLUDES:
+            left, right = term.this, term.expression
+            if _is(left, column) and (d := _date(right)) is not None:
+                out.append((type(term), d))
+            elif _is(right, column) and (d := _date(left)) is not None:
+                out.append((_FLIP[type(term)], d))
+    return out
+
+
+def _is(node: exp.Expression, column: str) -> bool:
+    return isinstance(node, exp.Column) and not node.table and node.name.lower() == column
+
+
+def blocks_read(
+    plan: Plan, blocks: BlockList, policy: Policy
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each table made of blocks that ``plan`` reads, with the ids of its active blocks the
+    query's WHERE does not exclude. Only a query on the table itself is pruned (a join or a
+    subquery may rename the period column); the others read every active block."""
+    a = plan.analysis
+    read = []
+    for table in sorted({a.table, *a.tables} & set(policy.data.blocks)):
+        tests: list[Test] = []
+        if a.base and a.source == '"' + table + '"' and a.table == table:
+            tests = _tests(a.where, policy.data.blocks[table].period)
+        ids = tuple(
+            b.id
+            for b in blocks.active(table)
+            if not any(_EXCLUDES[op](d, b.start, b.end) for op, d in tests)
+        )
+        read.append((table, ids))
+    return tuple(read)
+
+
+class Registered:
+    """The blocks a session's engine binds, and how far it has read the ledger for more."""
+
+    def __init__(self, policy: Policy, store: Store):
+        self.tables = tuple(policy.data.blocks)
+        records = store.records() if self.tables else []
+        self._seen = len(records)
+        self.blocks = block_list(records)
+
+    def token(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        return self.blocks.token(self.tables)
+
+    def moved(self, store: Store) -> tuple[BlockList, int] | None:
+        """The blocks registered now and how many records that read, if any block was
+        registered since the last ``commit``; None if none was."""
+        if not self.tables:
+            return None
+        new = store.records_since(self._seen)
+        if not any(r.kind == BLOCK_RECORD for r in new):
+            self._seen += len(new)
+            return None
+        records = store.records()
+        return block_list(records), len(records)
+
+    def commit(self, blocks: BlockList, seen: int) -> None:
+        """The engine now binds ``blocks``: plans read them (until then, the old list, which
+        the engine still binds; ``moved`` offers the new one again)."""
+        self.blocks, self._seen = blocks, seen

@@ -1,0 +1,179 @@
+"""Tables made of blocks from every interface: the owner's ``dpsql blocks`` commands, a running
+``dpsql serve`` that sees a block registered under it before a connection's next statement,
+``dpsql run`` and ``dpsql query``, the DB-API, the shell, ``dpsql budget`` and the report.
+
+Real server (in a thread, a worker process per connection), real psycopg, real DuckDB and
+SQLite; the CLI through click's runner, as tests/interfaces/test_cli.py runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner, Result
+from server_fixtures import ServerThread, charges, connect, write_users
+
+import dpsql
+from dpsql.accounting.ledger.store import create_ledger
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.shell.core import Shell
+from dpsql.policy import load_policy
+from dpsql.session.session import Session
+
+REGIONS = ["central", "east", "north", "south", "west"]
+POLICY = """
+[dataset]
+id = "blocks-interfaces"
+
+[data]
+blocks = {{ visits = {{ period = "day" }} }}
+
+[ledger]
+path = "ledger.sqlite"
+
+[budget]
+diagnose = false
+epsilon = "50"
+delta = "0.000001"
+query_epsilon = "0.5"
+query_delta = "0.00000001"
+
+[tables.visits]
+privacy_unit = "user_id"
+max_groups_per_unit = 2
+max_rows_per_unit_per_group = 5
+
+[tables.visits.columns.spend]
+lower = 0
+upper = 200
+
+[tables.visits.columns.region]
+public_values = {regions}
+"""
+JANUARY = "SELECT region, COUNT(*) FROM visits WHERE day < DATE '2026-02-01' GROUP BY region"
+EVERY = "SELECT COUNT(*) FROM visits"
+
+
+def _months(folder: Path) -> list[Path]:
+    """Three monthly files of 2026: 600 rows of 200 users each."""
+    con = duckdb.connect(":memory:")
+    paths = []
+    try:
+        for month in (1, 2, 3):
+            path = folder / f"visits-{month}.parquet"
+            con.execute(
+                f"""COPY (SELECT (i % 200)::BIGINT AS user_id,
+                    {REGIONS}[1 + (i * 7) % 5] AS region, ((i * 37) % 200)::DOUBLE AS spend,
+                    DATE '2026-{month:02d}-01' + (i % 28)::INTEGER AS day
+                    FROM range(600) t(i)) TO '{path}' (FORMAT PARQUET)"""
+            )
+            paths.append(path)
+    finally:
+        con.close()
+    return paths
+
+
+@pytest.fixture
+def owned(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A policy with a durable ledger, and the three months' files (none registered)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.format(regions=json.dumps(REGIONS)), encoding="utf-8")
+    create_ledger(load_policy(policy)).close()
+    return policy, _months(tmp_path)
+
+
+def _cli(policy: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli.cli, ["--policy", str(policy), *args])
+
+
+def _add(policy: Path, month: int, path: Path, *replace: str) -> Result:
+    command = ["blocks", "replace", "visits", *replace] if replace else ["blocks", "add", "visits"]
+    result = _cli(policy, *command, f"2026-{month:02d}", str(path),
+                  "--start", f"2026-{month:02d}-01", "--end", f"2026-{month + 1:02d}-01",
+                  "--by", "owner")  # fmt: skip
+    return result
+
+
+def test_the_owner_commands_and_the_cli_answers(owned: tuple[Path, list[Path]]) -> None:
+    policy, months = owned
+    result = _add(policy, 1, months[0])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("record 2: block 2026-01 of table visits, 2026-01-01 to")
+    refused = _add(policy, 1, months[1])  # the id is taken
+    assert refused.exit_code == 3 and "already has a block 2026-01" in refused.output
+    assert _cli(policy, "query", JANUARY).exit_code == 0
+    assert _add(policy, 2, months[1]).exit_code == 0
+    # dpsql run: January's answer again, free; every month's, charged.
+    script = policy.parent / "dashboard.sql"
+    script.write_text(f"{JANUARY};\n{EVERY};\n", encoding="utf-8")
+    ran = _cli(policy, "run", str(script))
+    assert ran.exit_code == 0, ran.output
+    ledger = policy.parent / "ledger.sqlite"
+    assert len(charges(ledger)) == 2  # the first query, then the run's one charge for EVERY
+    explained = _cli(policy, "explain", EVERY)
+    assert "blocks of visits read: 2026-01, 2026-02" in explained.output
+    # A correction of January retires the first charge and the run's (both read January).
+    fixed = _cli(policy, "blocks", "replace", "visits", "2026-01", "2026-01-fix", str(months[0]),
+                 "--start", "2026-01-01", "--end", "2026-02-01")  # fmt: skip
+    assert fixed.exit_code == 0, fixed.output
+    listed = _cli(policy, "blocks", "list").output.splitlines()
+    assert listed[:3] == [
+        "visits 2026-01: 2026-01-01 to 2026-02-01, 1 file(s), record 2; replaced by 2026-01-fix",
+        "visits 2026-02: 2026-02-01 to 2026-03-01, 1 file(s), record 5; active",
+        "visits 2026-01-fix: 2026-01-01 to 2026-02-01, 1 file(s), record 9, replaces 2026-01; "
+        "active",
+    ]
+    seqs = [r.seq for r in charges(ledger)]
+    assert listed[3:] == [
+        f"retired: record {s} (charge) read replaced block(s) visits 2026-01" for s in seqs
+    ]
+    assert "Blocks:" in _cli(policy, "budget").output
+    report = json.loads(_cli(policy, "report", "--format", "json").output)
+    assert [(b["id"], b["retired_charges"]) for b in report["blocks"]] == [
+        ("2026-01", seqs), ("2026-02", []), ("2026-01-fix", [])
+    ]  # fmt: skip
+
+
+def test_a_running_server_sees_a_block_before_the_next_statement(
+    owned: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    policy, months = owned
+    assert _add(policy, 1, months[0]).exit_code == 0
+    users = write_users(tmp_path / "users.json")
+    ledger = policy.parent / "ledger.sqlite"
+    with ServerThread(policy, users) as server, connect(server.port, "alice") as conn:
+        first = conn.execute(JANUARY).fetchall()
+        one = conn.execute(EVERY).fetchall()
+        # The owner registers February while the connection is open: no restart.
+        assert _add(policy, 2, months[1]).exit_code == 0
+        count = len(charges(ledger))
+        assert conn.execute(JANUARY).fetchall() == first  # the same blocks: served, free
+        assert len(charges(ledger)) == count
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + EVERY).fetchall())
+        assert "blocks of visits read: 2026-01, 2026-02" in plan
+        two = conn.execute(EVERY).fetchall()
+        assert len(charges(ledger)) == count + 1
+        assert two[0][0] > one[0][0]  # 600 more rows than January's 600, well beyond the noise
+
+
+def test_the_dbapi_and_the_shell(owned: tuple[Path, list[Path]]) -> None:
+    policy, months = owned
+    assert _add(policy, 1, months[0]).exit_code == 0
+    with dpsql.connect(policy) as conn:
+        cur = conn.cursor()
+        cur.execute(JANUARY)
+        rows = cur.fetchall()
+        assert _add(policy, 2, months[1]).exit_code == 0
+        cur.execute(JANUARY)
+        assert cur.fetchall() == rows
+    session = Session(policy, "ann")
+    try:
+        shell = Shell(session)
+        shown = shell.handle(JANUARY + ";")
+        assert "served from the cache" in shown
+        assert "charged" in shell.handle(EVERY + ";")
+    finally:
+        session.close()
