@@ -111,7 +111,17 @@ def test_appending_a_block_never_changes_an_earlier_release(
         assert first.charge is not None
         records = [r.payload for r in session.filter.store.records()]
         spent = session.budget().epsilon_spent
+        # The bounded rows' exact totals, under R (a keyed-hash window over each unit's rows)
+        # and under (L0, C): the WHERE keeps March's rows out before any bound reads them.
+        capped = {"max_rows_per_unit": 3}
+
+        def totals() -> list[list[Any]]:
+            plans = [session.plan(JAN_FEB, **o) for o in ({}, capped)]  # the engine moves on
+            return [sorted(session.engine.run(p.engine_sql)[1]) for p in plans]
+
+        exact = totals()
         _add(session, folder, "mar", 3, appended)
+        assert totals() == exact
         again = session.execute(JAN_FEB)
         assert again.charge is None and again.rows == first.rows
         assert again.accuracy == first.accuracy
