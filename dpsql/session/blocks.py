@@ -4,11 +4,12 @@
 (regular Parquet files, their columns as their footers declare them: never a row), its period
 and id, and appends its ledger record (``dpsql.accounting.ledger.blocks``); every session sees
 it before its next plan (``Session``). ``blocks_read`` is what a plan reads of each table made
-of blocks: its active blocks, less those whose period the query's WHERE excludes. It decides
-only the release's key (``dpsql.cache.keys.data_key``): the engine reads the table's view, whose
-rows each lie within their block's period (``dpsql.engine.duckdb.views.block_source``), so a
-block whose period the WHERE excludes gives the query no row, and what the query measures is
-the same with or without it.
+of blocks: its active blocks, less those whose period the query's WHERE excludes (its tests of
+the period column, where the relation passes that column through from the table's only scan).
+It decides only the release's key (``dpsql.cache.keys.data_key``): the engine reads the table's
+view, whose rows each lie within their block's period (``dpsql.engine.duckdb.views.
+block_source``), so a block whose period the WHERE excludes gives the query no row, and what the
+query measures is the same with or without it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import sqlglot
 from sqlglot import exp
 
 from dpsql.accounting.ledger.blocks import BLOCK_RECORD, block_list
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
+from dpsql.analyze.analysis import Analysis
 from dpsql.engine.duckdb.blocks import parquet_columns
 from dpsql.errors import ParameterError, PolicyError
 from dpsql.plan.plans import Plan
@@ -169,18 +172,57 @@ def _is(node: exp.Expression, column: str) -> bool:
     return isinstance(node, exp.Column) and not node.table and node.name.lower() == column
 
 
+def _passed_through(a: Analysis, table: str, period: str) -> str | None:
+    """The name the relation gives ``table``'s period column when it passes it through
+    unchanged from the table's only scan: then a row the WHERE keeps came from a row of the
+    table whose period value passes the WHERE's tests, and every other row of the table
+    (another block's) is in no row the WHERE keeps. None where that is not plain: the table
+    read twice (a self-join: its other scan's rows join those kept), a relation that groups,
+    aggregates, ranks or removes duplicates (a row kept may summarise rows of other blocks), a
+    set operation, or a column renamed by an expression."""
+    if a.base:
+        return period if a.source == '"' + table + '"' and a.table == table else None
+    try:
+        tree = sqlglot.parse_one(f"SELECT * FROM {a.source}", read="duckdb")
+    except sqlglot.errors.ParseError:
+        return None
+    scans = [t for t in tree.find_all(exp.Table) if t.name.lower() == table]
+    from_ = tree.args.get("from_")
+    source = from_.this if isinstance(from_, exp.From) else None
+    if len(scans) != 1 or not isinstance(source, exp.Subquery):
+        return None
+    select = source.this
+    if not isinstance(select, exp.Select) or any(
+        select.args.get(k) for k in ("group", "having", "distinct", "qualify", "limit")
+    ):
+        return None
+    if any(select.find_all(exp.AggFunc, exp.Window)):
+        return None
+    scan = scans[0]
+    joins = select.args.get("joins") or []
+    if scan.parent not in (select.args.get("from_"), *joins):
+        return None  # the table is read inside a nested relation
+    for item in select.expressions:
+        inner = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(inner, exp.Column) or inner.name.lower() != period:
+            continue
+        if inner.table == scan.alias_or_name or (not inner.table and not joins):
+            return str(item.alias_or_name).lower()
+    return None
+
+
 def blocks_read(
     plan: Plan, blocks: BlockList, policy: Policy
 ) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """Each table made of blocks that ``plan`` reads, with the ids of its active blocks the
-    query's WHERE does not exclude. Only a query on the table itself is pruned (a join or a
-    subquery may rename the period column); the others read every active block."""
+    query's WHERE does not exclude: its tests of the table's period column (``_tests``), where
+    the relation passes that column through unchanged (``_passed_through``); else every active
+    block."""
     a = plan.analysis
     read = []
     for table in sorted({a.table, *a.tables} & set(policy.data.blocks)):
-        tests: list[Test] = []
-        if a.base and a.source == '"' + table + '"' and a.table == table:
-            tests = _tests(a.where, policy.data.blocks[table].period)
+        column = _passed_through(a, table, policy.data.blocks[table].period)
+        tests = _tests(a.where, column) if column is not None else []
         ids = tuple(
             b.id
             for b in blocks.active(table)

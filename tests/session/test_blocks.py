@@ -357,3 +357,56 @@ def test_policies_that_cannot_hold_blocks_are_refused(tmp_path: Path) -> None:
     bad = {**raw, "data": {"blocks": {"visits": {"period": "day; DROP"}}}}
     with pytest.raises(PolicyError, match="period must name a column"):
         load_policy(bad, base_dir=tmp_path)
+
+
+ALL_3 = ["jan", "feb", "mar"]
+PASSED_THROUGH = [
+    # (FROM ... WHERE ..., the blocks read): the WHERE tests a column the relation passes
+    # through from the table's only scan, or it does not and every block is read.
+    ("visits v JOIN regions r ON v.region = r.name WHERE v.day < DATE '2026-02-01'", ["jan"]),
+    ("visits v LEFT JOIN regions r ON v.region = r.name WHERE day >= '2026-03-01'", ["mar"]),
+    ("(SELECT user_id, day AS d FROM visits) WHERE d < '2026-02-01'", ["jan"]),
+    (
+        "(SELECT user_id, day + 40 AS day FROM visits) WHERE day < '2026-02-01'",
+        ALL_3,
+    ),
+    ("visits a JOIN visits b ON a.user_id = b.user_id WHERE a.day < '2026-02-01'", ALL_3),
+    (
+        "(SELECT user_id, MAX(day) AS day FROM visits GROUP BY user_id) WHERE day < '2026-02-01'",
+        ALL_3,
+    ),
+    (
+        "(SELECT user_id, day FROM visits UNION ALL SELECT user_id, day FROM visits) "
+        "WHERE day < '2026-02-01'",
+        ALL_3,
+    ),
+]
+
+
+@pytest.mark.parametrize(("relation", "expected"), PASSED_THROUGH)
+def test_joins_and_subqueries_prune_what_they_pass_through(
+    tmp_path: Path, relation: str, expected: list[str]
+) -> None:
+    """Through a join or a subquery, the blocks read are those whose period the WHERE leaves
+    some day in, where the relation passes the period column through from the table's only
+    scan; the bounded query's exact totals are the same over every block and over those."""
+    regions = tmp_path / "regions.parquet"
+    pq.write_table(pa.table({"name": ["east", "west"], "area": [1, 2]}), regions)
+    raw = _policy(tmp_path).model_dump(mode="json", exclude={"base_dir"})
+    raw["data"]["tables"] = {"regions": str(regions)}
+    raw["tables"]["regions"] = {"public": True}
+    policy = load_policy(raw, base_dir=tmp_path)
+    sql = f"SELECT COUNT(*) FROM {relation}"
+    with closing(Session(policy)) as session:
+        for i, name in enumerate(["jan", "feb", "mar"], start=1):
+            _add(session, tmp_path, name, i, _rows(i))
+        plan = session.plan(sql)
+        assert plan.blocks == (("visits", tuple(expected)),)
+        everything = session.engine.run(plan.engine_sql)[1]
+    # The same query over a table of the blocks read only.
+    with closing(Session(policy)) as only:
+        for i, name in enumerate(["jan", "feb", "mar"], start=1):
+            if name in expected:
+                _add(only, tmp_path, name + "-again", i, _rows(i))
+        plan = only.plan(sql)
+        assert only.engine.run(plan.engine_sql)[1] == everything
