@@ -9,6 +9,7 @@ SQLite; the CLI through click's runner, as tests/interfaces/test_cli.py runs it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import duckdb
@@ -177,3 +178,29 @@ def test_the_dbapi_and_the_shell(owned: tuple[Path, list[Path]]) -> None:
         assert "charged" in shell.handle(EVERY + ";")
     finally:
         session.close()
+
+
+def test_dpsql_check_reads_each_active_block(owned: tuple[Path, list[Path]]) -> None:
+    """The owner's check: each active block, its rows outside its period counted (a warning:
+    they are no rows of the table), a file rewritten since its registration an error."""
+    policy, months = owned
+    assert _cli(policy, "check").output.splitlines()[1:3] == [
+        "table visits (Parquet blocks)",
+        "  note: the table visits has no block registered: no query reads it yet",
+    ]
+    assert _add(policy, 1, months[0]).exit_code == 0
+    # February's file registered as March: every one of its 600 rows is outside the period.
+    wrong = _cli(policy, "blocks", "add", "visits", "2026-03", str(months[1]),
+                 "--start", "2026-03-01", "--end", "2026-04-01")  # fmt: skip
+    assert wrong.exit_code == 0, wrong.output
+    checked = _cli(policy, "check")
+    assert checked.exit_code == 1, checked.output
+    assert (
+        "  warning: block 2026-03: 600 of its 600 row(s) lie outside its period 2026-03-01 to "
+        "2026-04-01 (or have no day): they are no rows of the table"
+    ) in checked.output.splitlines()
+    assert "block 2026-01:" in checked.output and "2026-01: 0" not in checked.output
+    os.utime(months[0], ns=(1, 1))  # the same bytes, another modification time
+    rewritten = _cli(policy, "check")
+    assert rewritten.exit_code == 7, rewritten.output
+    assert "a file of block 2026-01 changed since it was registered" in rewritten.output

@@ -16,8 +16,13 @@ That is right for the analyst, who must learn nothing from it, and not enough fo
 - a CSV file's dropped lines and NULLed fields, with line number, column and reason
   (``dpsql.engine.check.csv_lines``), each a warning.
 
-It reads files only: no ledger, no budget, nothing released. It is the owner's tool: the CLI's
-``dpsql check`` runs it, and no analyst interface imports it (``tests/house/test_layout.py``).
+- for a table made of blocks, each active block the caller read from the ledger: its files
+  still the ones registered (else an error), and its rows outside the block's period (a
+  warning: they are no rows of the table).
+
+It reads files only (the blocks are given it): no ledger, no budget, nothing released. It is
+the owner's tool: the CLI's ``dpsql check`` runs it, and no analyst interface imports it
+(``tests/house/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dpsql.engine.check.csv_lines import CsvScan, scan_csv
 from dpsql.engine.duckdb.views import csv_columns
 from dpsql.errors import PolicyError
 from dpsql.policy import Policy
+from dpsql.policy.blocks import Block, BlockList
 from dpsql.policy.exposure import hides
 from dpsql.policy.files import DATABASE, regular_file
 from dpsql.policy.schema import schema_mismatches
@@ -97,9 +103,10 @@ def _worst(levels: list[Severity]) -> Severity | None:
     return worst
 
 
-def check_data(policy: Policy, limit: int = 50) -> DataCheck:
+def check_data(policy: Policy, limit: int = 50, blocks: BlockList | None = None) -> DataCheck:
     """Check every data file and table ``policy`` names; ``limit``: how many CSV line
-    findings to list per table (all are counted)."""
+    findings to list per table (all are counted); ``blocks``: the blocks the ledger lists, for
+    the tables made of blocks (``dpsql.engine.check.blocks``)."""
     checks: list[TableCheck] = []
     catalog: dict[str, dict[str, str]] = {}
     if policy.data.database is not None:
@@ -125,6 +132,10 @@ def check_data(policy: Policy, limit: int = 50) -> DataCheck:
             _parquet(check)
         if check.columns is not None:
             catalog[name] = check.columns
+    if policy.data.blocks:
+        found, columns = _check_blocks(policy, blocks)
+        checks += found
+        catalog.update(columns)
     _compare(policy, checks, catalog)
     return DataCheck(checks)
 
@@ -248,7 +259,8 @@ def _compare(
         if not undeclared:
             continue
         listed = ", ".join(undeclared)
-        if hides(policy, name, database=name not in policy.data.tables):
+        in_files = name in policy.data.tables or name in policy.data.blocks
+        if hides(policy, name, database=not in_files):
             target.add("note", f"undeclared column(s), hidden from analysts: {listed}")
         elif spec.expose_undeclared:
             target.add("note", f"undeclared column(s), shown (expose_undeclared): {listed}")
@@ -263,3 +275,77 @@ def _compare(
             by_table[name].add(
                 "note", f"the table {name} is not declared under [tables]: no query reads it"
             )
+
+
+# -- tables made of blocks ---------------------------------------------------------------------
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _check_block(policy: Policy, block: Block, check: TableCheck) -> None:
+    for registered in block.files:
+        try:
+            info = regular_file(registered.path, f"a file of block {block.id}")
+        except Exception as exc:
+            check.add("error", str(exc))
+            return
+        if not registered.same_file(info):
+            check.add(
+                "error",
+                f"a file of block {block.id} changed since it was registered "
+                f"({registered.path}); register a block that replaces it",
+            )
+            return
+    column = '"' + policy.data.blocks[block.table].period.replace('"', '""') + '"'
+    files = ", ".join(_literal(str(f.path)) for f in block.files)
+    inside = (f"{column} >= DATE '{block.start.isoformat()}' AND "
+              f"{column} < DATE '{block.end.isoformat()}'")  # fmt: skip
+    con = duckdb.connect(":memory:")
+    try:
+        rows, outside = con.execute(
+            f"SELECT COUNT(*), COUNT(*) FILTER (WHERE ({inside}) IS NOT TRUE) "
+            f"FROM read_parquet([{files}])"
+        ).fetchone() or (0, 0)
+    except duckdb.Error as exc:
+        check.add("error", f"block {block.id} cannot be read ({type(exc).__name__})")
+        return
+    finally:
+        con.close()
+    if outside:
+        check.add(
+            "warning",
+            f"block {block.id}: {outside:,} of its {rows:,} row(s) lie outside its period "
+            f"{block.start.isoformat()} to {block.end.isoformat()} (or have no "
+            f"{policy.data.blocks[block.table].period}): they are no rows of the table",
+        )
+
+
+def _check_blocks(
+    policy: Policy, blocks: BlockList | None
+) -> tuple[list[TableCheck], dict[str, dict[str, str]]]:
+    """A check per active block of each table made of blocks, and each such table's columns
+    (those its blocks were registered with); ``blocks`` None: the ledger was not read.
+
+    For each active block: its files are still the ones registered (else a connection is
+    refused: an error), and how many of their rows lie outside the block's period or have no
+    period value (a warning: they are no rows of the table, ``dpsql.engine.duckdb.views.
+    block_source``, and an owner who put them there meant something else)."""
+    checks: list[TableCheck] = []
+    catalog: dict[str, dict[str, str]] = {}
+    for name in policy.data.blocks:
+        active = blocks.active(name) if blocks is not None else ()
+        if not active:
+            none = TableCheck(name, "blocks", None, columns={})
+            none.add("note", f"the table {name} has no block registered: no query reads it yet")
+            checks.append(none)
+            continue
+        for block in active:
+            check = TableCheck(name, "blocks", block.files[0].path, columns=dict(block.columns))
+            check.add("note", f"block {block.id}: {block.start.isoformat()} to "
+                              f"{block.end.isoformat()}, {len(block.files)} file(s)")  # fmt: skip
+            _check_block(policy, block, check)
+            checks.append(check)
+        catalog[name] = dict(active[0].columns)
+    return checks, catalog

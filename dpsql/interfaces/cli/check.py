@@ -20,10 +20,12 @@ from typing import Any
 
 import click
 
+from dpsql.accounting.ledger.blocks import block_list
 from dpsql.engine.check.csv_lines import CsvScan
 from dpsql.engine.check.data import DataCheck, TableCheck, check_data
 from dpsql.errors import PolicyError
 from dpsql.interfaces.cli.context import EXIT_CODES, EXIT_OK, Config, pass_config
+from dpsql.interfaces.cli.ledger import _open
 from dpsql.policy.files import DATABASE
 
 __all__ = ["EXIT_FINDINGS", "check_command", "status_code"]
@@ -60,7 +62,14 @@ def check_command(
     undeclared columns, and the CSV lines dropped or NULLed, with line, column and reason.
     Exit status 0 when clean, 1 on findings, 7 when a connection would be refused."""
     policy = config.policy(ledger=False)
-    check = check_data(policy, limit=limit)
+    blocks = None
+    if policy.data.blocks and policy.ledger is not None:
+        ledger = _open(policy)  # the blocks registered, for their check
+        try:
+            blocks = block_list(ledger.records())
+        finally:
+            ledger.close()
+    check = check_data(policy, limit=limit, blocks=blocks)
     code = status_code(check)
     if not (quiet and code == EXIT_OK):
         if as_json:
@@ -72,8 +81,9 @@ def check_command(
 
 def _title(table: TableCheck) -> str:
     name = "the database file" if table.table == DATABASE else f"table {table.table}"
-    kind = {"csv": "CSV", "parquet": "Parquet", "database": "DuckDB"}[table.source]
-    return f"{name} ({kind}, {table.path})"
+    kind = {"csv": "CSV", "parquet": "Parquet", "database": "DuckDB",
+            "blocks": "Parquet block"}[table.source]  # fmt: skip
+    return f"{name} ({kind}, {table.path})" if table.path is not None else f"{name} ({kind}s)"
 
 
 def _scan_line(scan: CsvScan) -> str:
