@@ -95,7 +95,7 @@ class Session:
         # session bounds the same rows; any value is private (the choice depends only on the
         # unit's own rows), secrecy only stops prediction.
         # The registered blocks of the tables made of blocks (dpsql.session.blocks), bound by
-        # the engine; read again before each statement is planned (``_refresh_blocks``).
+        # the engine; read again before each statement is planned (``refresh_blocks``).
         self._memory_limit, self.registered = memory_limit, Registered(self.policy, store)
         salt = int(store.identity["salt"])
         self.engine = open_engine(self.policy, salt, memory_limit, self.registered.blocks)
@@ -179,7 +179,7 @@ class Session:
         ``current=False`` keys on the bounds estimates read so far, without reading the ledger
         again (a caller planning many statements at once reads it once)."""
         if current:
-            self._refresh_blocks()
+            self.refresh_blocks()
             self.estimates.policy()  # reads bounds estimated since the last statement
         version: tuple[object, ...] = (self.policy_version(), self.policy.dataset.data_version)
         version += self.registered.token()
@@ -187,7 +187,7 @@ class Session:
                         analyst=self.analyst, version=version,
                         estimated=self.estimates.estimated)  # fmt: skip
 
-    def _refresh_blocks(self) -> None:
+    def refresh_blocks(self) -> None:
         """Blocks registered since the engine bound its files: a new engine over the blocks
         registered now, before the next statement is planned. A statement planned on the old
         list is refused before its charge (``Pipeline.charge``), never run on the new one."""

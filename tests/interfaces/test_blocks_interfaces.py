@@ -204,3 +204,22 @@ def test_dpsql_check_reads_each_active_block(owned: tuple[Path, list[Path]]) -> 
     rewritten = _cli(policy, "check")
     assert rewritten.exit_code == 7, rewritten.output
     assert "a file of block 2026-01 changed since it was registered" in rewritten.output
+
+
+def test_the_servers_catalog_follows_the_blocks(
+    owned: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    """A table made of blocks with none registered is in no catalog; registered under an open
+    connection, its catalog query then lists it, with the columns its blocks declare."""
+    policy, months = owned
+    users = write_users(tmp_path / "users.json")
+    query = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'visits' "
+        "ORDER BY column_name"
+    )
+    with ServerThread(policy, users) as server, connect(server.port, "alice") as conn:
+        assert conn.execute(query).fetchall() == []
+        assert _add(policy, 1, months[0]).exit_code == 0
+        assert [c for (c,) in conn.execute(query).fetchall()] == [
+            "day", "region", "spend", "user_id"
+        ]  # fmt: skip

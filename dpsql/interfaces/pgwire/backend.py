@@ -88,6 +88,7 @@ class Backend:
     results: dict[str, Answer] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # portal -> rows already sent
     catalog: Catalog | None = None  # the synthetic catalog, made at the first catalog query
+    catalog_of: object = None  # the engine it was made from (a new one: blocks registered)
     limits: Limits = field(default_factory=Limits)  # state caps, answer cap, frame size
     caps: StateCaps = field(init=False)  # what the connection holds, under its caps
 
@@ -293,8 +294,13 @@ class Backend:
     ) -> Answer:
         """A catalog query's answer: ``stream``, rows fetched as the client reads them (a
         simple query); otherwise whole, for a portal's Executes to page through."""
+        # Blocks registered since: the tables and columns of the engine that binds them.
+        self.session.refresh_blocks()
+        if self.catalog is not None and self.catalog_of is not self.session.engine:
+            self.catalog = None  # a portal still paging through its answer keeps it open
         if self.catalog is None:
             policy, engine = self.session.policy, self.session.engine
+            self.catalog_of = engine
             # The policy's tables, with the types the engine read from the files' schemas (or
             # the policy's declared CSV types): never a value of a row.
             self.catalog = Catalog(
