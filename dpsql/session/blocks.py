@@ -26,6 +26,7 @@ from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
 from dpsql.analyze.analysis import Analysis
 from dpsql.engine.duckdb.blocks import parquet_columns
+from dpsql.engine.duckdb.views import BLOCK_FILE
 from dpsql.errors import ParameterError, PolicyError
 from dpsql.plan.plans import Plan
 from dpsql.policy import Policy
@@ -102,6 +103,8 @@ def register(
         files.append(identify(name, resolved.resolve(), info))
     columns = parquet_columns([f.path for f in files], name)
     types = dict(columns)
+    if BLOCK_FILE in types:
+        raise PolicyError(f"the block's files have a column {BLOCK_FILE}, a name dpsql keeps")
     if types.get(spec.period) not in PERIOD_TYPES:
         raise PolicyError(
             f"data.blocks.{name}.period: the block's files have no column {spec.period} of type "

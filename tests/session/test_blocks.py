@@ -16,6 +16,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -410,3 +411,38 @@ def test_joins_and_subqueries_prune_what_they_pass_through(
                 _add(only, tmp_path, name + "-again", i, _rows(i))
         plan = only.plan(sql)
         assert only.engine.run(plan.engine_sql)[1] == everything
+
+
+def test_blocks_whose_files_order_their_columns_differently_are_read_by_name(
+    tmp_path: Path,
+) -> None:
+    """The table is one scan of every block's files, matched by column name: a block whose
+    file lists its columns in another order reads the same values; a file with the column the
+    scan names each row's file by is refused."""
+    with closing(Session(_policy(tmp_path))) as session:
+        _add(session, tmp_path, "jan", 1, _rows(1))
+        feb = _month(tmp_path, "feb", 2, _rows(2))
+        table = pq.read_table(feb)
+        pq.write_table(table.select(list(reversed(table.column_names))), feb)
+        register(session.policy, session.filter.store, "visits", "feb",
+                 period=("2026-02-01", "2026-03-01"), paths=[feb])  # fmt: skip
+        session.plan(ALL)  # the engine binds February
+        con = duckdb.connect()
+        try:
+            expected = con.execute(
+                f"SELECT region, COUNT(*), SUM(spend::DECIMAL(18, 6)), MIN(day) FROM read_parquet("
+                f"['{tmp_path / 'jan.parquet'}', '{feb}'], union_by_name = true) "
+                "GROUP BY region ORDER BY region"
+            ).fetchall()
+        finally:
+            con.close()
+        got = session.engine._con.execute(
+            "SELECT region, COUNT(*), SUM(spend::DECIMAL(18, 6)), MIN(day) FROM visits "
+            "GROUP BY region ORDER BY region"
+        ).fetchall()
+        assert got == expected  # exact sums (a float sum's order moves its last bits)
+        named = tmp_path / "named.parquet"
+        pq.write_table(table.append_column("_dpsql_file", pa.array(["x"] * table.num_rows)), named)
+        with pytest.raises(PolicyError, match="_dpsql_file, a name dpsql keeps"):
+            register(session.policy, session.filter.store, "visits", "mar",
+                     period=("2026-03-01", "2026-04-01"), paths=[named])  # fmt: skip
