@@ -91,17 +91,24 @@ class Block:
 
 @dataclass(frozen=True)
 class BlockList:
-    """Every block registered, in order; the active ones (not replaced) by table."""
+    """Every block registered, in order, and the blocks removed without a replacement (the
+    owner's retention: (table, id, record)); the active ones (neither replaced nor removed)."""
 
     registered: tuple[Block, ...] = ()
+    removed: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def replaced(self) -> dict[tuple[str, str], Block]:
         """(table, id) of each replaced block -> the block that replaced it."""
         return {(b.table, b.replaces): b for b in self.registered if b.replaces is not None}
 
+    @property
+    def gone(self) -> set[tuple[str, str]]:
+        """(table, id) of every block no plan reads any more: replaced or removed."""
+        return set(self.replaced) | {(t, i) for t, i, _ in self.removed}
+
     def active(self, table: str) -> tuple[Block, ...]:
-        gone = self.replaced
+        gone = self.gone
         return tuple(b for b in self.registered if b.table == table and (table, b.id) not in gone)
 
     def find(self, table: str, block: str) -> Block | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import sqlglot
 from sqlglot import exp
 
-from dpsql.accounting.ledger.blocks import BLOCK_RECORD, block_list
+from dpsql.accounting.ledger.blocks import BLOCK_KINDS, BLOCK_RECORD, BLOCK_REMOVAL, block_list
 from dpsql.accounting.ledger.chain import Record
 from dpsql.accounting.ledger.store import Store
 from dpsql.analyze.analysis import Analysis
@@ -33,7 +33,7 @@ from dpsql.policy import Policy
 from dpsql.policy.blocks import BLOCK_ID, Block, BlockList, iso_date
 from dpsql.policy.files import identify, regular_file
 
-__all__ = ["blocks_read", "register"]
+__all__ = ["blocks_read", "register", "remove"]
 
 # The period column's types: a DATE, or a TIMESTAMP compared with a date at its midnight (a
 # TIMESTAMP WITH TIME ZONE would depend on the session's time zone).
@@ -119,6 +119,21 @@ def register(
     block = Block(name, block_id, first, last, tuple(files), columns, replaces)
     record = store.append(BLOCK_RECORD, block.payload(), by, _decide(block))
     return Block.of(record.payload, record.seq)
+
+
+def remove(policy: Policy, store: Store, table: str, block_id: str, by: str | None = None) -> int:
+    """Remove the active block ``block_id`` of ``table`` without a replacement (the owner no
+    longer keeps its data): no later plan reads it, and every release that read it is retired.
+    Its files may then be deleted. The ledger record's sequence number."""
+    name = table.lower()
+    if name not in policy.data.blocks:
+        raise ParameterError(f"data.blocks names no table {table}")
+
+    def decide(records: list[Record]) -> None:
+        if all(b.id != block_id for b in block_list(records).active(name)):
+            raise ParameterError(f"table {table} has no active block {block_id} to remove")
+
+    return store.append(BLOCK_REMOVAL, {"table": name, "id": block_id}, by, decide).seq
 
 
 # -- the blocks a plan reads -----------------------------------------------------------------------
@@ -253,7 +268,7 @@ class Registered:
         if not self.tables:
             return None
         new = store.records_since(self._seen)
-        if not any(r.kind == BLOCK_RECORD for r in new):
+        if not any(r.kind in BLOCK_KINDS for r in new):
             self._seen += len(new)
             return None
         records = store.records()

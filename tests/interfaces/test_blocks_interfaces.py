@@ -129,13 +129,26 @@ def test_the_owner_commands_and_the_cli_answers(owned: tuple[Path, list[Path]]) 
     ]
     seqs = [r.seq for r in charges(ledger)]
     assert listed[3:] == [
-        f"retired: record {s} (charge) read replaced block(s) visits 2026-01" for s in seqs
+        f"retired: record {s} (charge) read block(s) visits 2026-01, gone" for s in seqs
     ]
     assert "Blocks:" in _cli(policy, "budget").output
     report = json.loads(_cli(policy, "report", "--format", "json").output)
     assert [(b["id"], b["retired_charges"]) for b in report["blocks"]] == [
         ("2026-01", seqs), ("2026-02", []), ("2026-01-fix", [])
     ]  # fmt: skip
+    # Retention: February removed with no replacement; the run's charge read it too.
+    removed = _cli(policy, "blocks", "remove", "visits", "2026-02", "--by", "owner")
+    assert removed.exit_code == 0, removed.output
+    assert removed.output == "record 10: block 2026-02 of table visits: removed\n"
+    listed = _cli(policy, "blocks", "list").output.splitlines()
+    assert listed[1] == (
+        "visits 2026-02: 2026-02-01 to 2026-03-01, 1 file(s), record 5; removed (record 10)"
+    )
+    assert listed[-1] == f"retired: record {seqs[1]} (charge) read block(s) visits 2026-01, " + (
+        "visits 2026-02, gone"
+    )
+    again = _cli(policy, "blocks", "remove", "visits", "2026-02")
+    assert again.exit_code == 3 and "no active block 2026-02 to remove" in again.output
 
 
 def test_a_running_server_sees_a_block_before_the_next_statement(

@@ -28,7 +28,7 @@ from dpsql.accounting.ledger.blocks import BLOCK_RECORD, block_list, retired
 from dpsql.accounting.ledger.store import create_ledger
 from dpsql.errors import DataChangedError, ParameterError, PolicyError
 from dpsql.policy import Policy, load_policy
-from dpsql.session.blocks import _tests, register
+from dpsql.session.blocks import _tests, register, remove
 from dpsql.session.session import Session
 
 MONTHS = [(dt.date(2026, m, 1), dt.date(2026, m + 1, 1)) for m in range(1, 6)]
@@ -446,3 +446,36 @@ def test_blocks_whose_files_order_their_columns_differently_are_read_by_name(
         with pytest.raises(PolicyError, match="_dpsql_file, a name dpsql keeps"):
             register(session.policy, session.filter.store, "visits", "mar",
                      period=("2026-03-01", "2026-04-01"), paths=[named])  # fmt: skip
+
+
+def test_a_removed_block_is_read_by_no_plan_and_retires_its_releases(tmp_path: Path) -> None:
+    """Retention: the owner removes a block with no replacement. No later plan reads it, the
+    releases that read it are retired (the others still served free), its id is not reused,
+    and its files may be deleted: sessions bind only the active blocks."""
+    policy = _policy(tmp_path, ledger=True)
+    create_ledger(policy).close()
+    with closing(Session(policy)) as session:
+        for i, name in enumerate(["jan", "feb", "mar"], start=1):
+            _add(session, tmp_path, name, i, _rows(i))
+        january, every = session.execute(JANUARY), session.execute(ALL)
+        assert january.charge is not None and every.charge is not None
+        seq = remove(session.policy, session.filter.store, "visits", "jan", by="owner")
+        records = session.filter.store.records()
+        listed = block_list(records)
+        assert listed.removed == (("visits", "jan", seq),)
+        assert [(r.seq, hit) for r, hit in retired(records, listed)] == [
+            (january.charge.seq, [("visits", "jan")]),
+            (every.charge.seq, [("visits", "jan")]),
+        ]
+        assert session.plan(ALL).blocks == (("visits", ("feb", "mar")),)
+        assert session.plan(JANUARY).blocks == (("visits", ()),)
+        assert session.execute(ALL).charge is not None
+        count = len(session.filter.store.records())
+        with pytest.raises(ParameterError, match="no active block jan to remove"):
+            remove(session.policy, session.filter.store, "visits", "jan")
+        with pytest.raises(ParameterError, match="already has a block jan"):
+            _add(session, tmp_path, "jan", 1, _rows(1))
+        assert len(session.filter.store.records()) == count
+    (tmp_path / "jan.parquet").unlink()
+    with closing(Session(policy)) as later:
+        assert later.plan(ALL).blocks == (("visits", ("feb", "mar")),)

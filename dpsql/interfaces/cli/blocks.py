@@ -1,9 +1,10 @@
-"""``dpsql blocks``: the owner registers the blocks of the tables made of blocks, and lists them.
+"""``dpsql blocks``: the owner registers, replaces and removes blocks of tables made of blocks.
 
 ``add`` registers a new block of a table under ``data.blocks`` (its Parquet files and its
 period [START, END)); ``replace`` registers a correction that replaces an active block (every
-release that read the old one is retired: never served again); ``list`` prints every block and,
-for each replaced one, the charges whose answers read it. Each writes or reads the policy's
+release that read the old one is retired: never served again); ``remove`` retires a block with
+no replacement (data no longer kept); ``list`` prints every block and the charges whose answers
+read a block replaced or removed since. Each writes or reads the policy's
 ledger (``dpsql.session.blocks``): sessions and servers see a new block before their next
 statement. Registering reads each file's footer (its columns), never a row.
 """
@@ -20,7 +21,7 @@ from dpsql.interfaces.cli.context import Config, pass_config
 from dpsql.interfaces.cli.ledger import _open
 from dpsql.interfaces.cli.params import TEXT
 from dpsql.policy.blocks import BlockList
-from dpsql.session.blocks import register
+from dpsql.session.blocks import register, remove
 
 __all__ = ["block_lines", "blocks"]
 
@@ -95,12 +96,36 @@ def replace_block(  # noqa: PLR0917 - click passes every option
     _register(config, table, block, (start, end), files, old, by)
 
 
+@blocks.command("remove")
+@click.argument("table", type=TEXT)
+@click.argument("block", type=TEXT)
+@_BY
+@pass_config
+def remove_block(config: Config, table: str, block: str, by: str | None) -> None:
+    """Remove BLOCK of TABLE without a replacement (its data no longer kept): no query reads it
+    again, and its releases are retired; its files may then be deleted."""
+    policy = config.policy()
+    ledger = _open(policy)
+    try:
+        seq = remove(policy, ledger, table, block, by or config.analyst)
+    finally:
+        ledger.close()
+    click.echo(f"record {seq}: block {block} of table {table.lower()}: removed")
+
+
 def block_lines(records: list[Record], listed: BlockList) -> list[str]:
-    """Each block (active or replaced) and the charges whose answers read a replaced one."""
+    """Each block (active, replaced or removed) and the charges whose answers read a block
+    that is not active any more."""
     gone = listed.replaced
+    removed = {(t, i): seq for t, i, seq in listed.removed}
     lines = []
     for b in listed.registered:
-        state = f"replaced by {gone[(b.table, b.id)].id}" if (b.table, b.id) in gone else "active"
+        key = (b.table, b.id)
+        state = "active"
+        if key in gone:
+            state = f"replaced by {gone[key].id}"
+        elif key in removed:
+            state = f"removed (record {removed[key]})"
         fix = f", replaces {b.replaces}" if b.replaces else ""
         lines.append(
             f"{b.table} {b.id}: {b.start.isoformat()} to {b.end.isoformat()}, "
@@ -108,7 +133,7 @@ def block_lines(records: list[Record], listed: BlockList) -> list[str]:
         )
     for record, hit in retired(records, listed):
         read = ", ".join(f"{t} {i}" for t, i in hit)
-        lines.append(f"retired: record {record.seq} ({record.kind}) read replaced block(s) {read}")
+        lines.append(f"retired: record {record.seq} ({record.kind}) read block(s) {read}, gone")
     return lines
 
 

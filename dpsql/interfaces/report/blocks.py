@@ -21,6 +21,7 @@ def blocks_data(records: Sequence[Record]) -> list[dict[str, Any]]:
     """Each registered block, in order, as JSON-ready data."""
     listed = block_list(records)
     gone = listed.replaced
+    removed = {(t, i): seq for t, i, seq in listed.removed}
     readers: dict[tuple[str, str], list[int]] = {}
     for record in records:
         read = record.payload.get("blocks") if record.kind == "charge" else None
@@ -41,6 +42,7 @@ def blocks_data(records: Sequence[Record]) -> list[dict[str, Any]]:
             "record": b.seq,
             "replaces": b.replaces,
             "replaced_by": gone[(b.table, b.id)].id if (b.table, b.id) in gone else None,
+            "removed_by_record": removed.get((b.table, b.id)),
             "read_by_charges": readers.get((b.table, b.id), []),
             "retired_charges": retired_by.get((b.table, b.id), []),
         }
@@ -60,6 +62,8 @@ def md_blocks(data: dict[str, Any]) -> list[str]:
     out.append("|---|---|---|---|---|---|---|")
     for b in found:
         state = "active" if b["replaced_by"] is None else f"replaced by {b['replaced_by']}"
+        if b.get("removed_by_record") is not None:
+            state = f"removed (record {b['removed_by_record']})"
         if b["retired_charges"]:
             state += " (retired charges " + ", ".join(map(str, b["retired_charges"])) + ")"
         readers = ", ".join(map(str, b["read_by_charges"])) or "none"
