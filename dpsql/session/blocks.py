@@ -54,6 +54,16 @@ def _decide(block: Block) -> Callable[[list[Record]], None]:
         if block.replaces is not None and all(b.id != block.replaces for b in active):
             raise ParameterError(f"table {table} has no active block {block.replaces} to replace")
         others = [b for b in active if b.id != block.replaces]
+        held = {(f.device, f.inode): b.id for b in others for f in b.files}
+        again = next((f for f in block.files if (f.device, f.inode) in held), None)
+        if again is not None:
+            # One file in two blocks would be read twice, its rows kept against either period.
+            raise ParameterError(
+                f"the file {again.path} is already a file of block "
+                f"{held[(again.device, again.inode)]} of table {table}"
+            )
+        if len({(f.device, f.inode) for f in block.files}) != len(block.files):
+            raise ParameterError(f"block {block.id} lists one file twice")
         clash = next((b for b in others if b.overlaps(block)), None)
         if clash is not None:
             raise ParameterError(
@@ -80,7 +90,8 @@ def register(
     by: str | None = None,
 ) -> Block:
     """Register a block of ``table`` (its files, its period [start, end)); with ``replaces``,
-    as the correction of that active block. Nothing of the files is read but their footers."""
+    as the correction of that active block. Nothing of the files is read but their footers.
+    A relative path is the policy folder's (``dpsql blocks`` passes absolute ones)."""
     name = table.lower()
     spec = policy.data.blocks.get(name)
     if spec is None:

@@ -236,3 +236,18 @@ def test_the_servers_catalog_follows_the_blocks(
         assert [c for (c,) in conn.execute(query).fetchall()] == [
             "day", "region", "spend", "user_id"
         ]  # fmt: skip
+
+
+def test_the_commands_paths_are_the_working_folders(
+    owned: tuple[Path, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FILES relative to where the owner runs the command, not to the policy's folder."""
+    policy, months = owned
+    elsewhere = policy.parent / "monthly"
+    elsewhere.mkdir()
+    moved = elsewhere / months[0].name
+    months[0].rename(moved)
+    monkeypatch.chdir(elsewhere)
+    result = _add(policy, 1, Path(moved.name))
+    assert result.exit_code == 0, result.output
+    assert "visits 2026-01" in _cli(policy, "blocks", "list").output

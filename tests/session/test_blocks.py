@@ -160,6 +160,7 @@ def test_registering_checks_the_block_and_appends_nothing_when_refused(tmp_path:
         store, policy = session.filter.store, session.policy
         other = tmp_path / "other.parquet"
         pq.write_table(pa.table({"user_id": [1], "day": [dt.date(2026, 2, 2)]}), other)
+        feb = _month(tmp_path, "feb", 2, _rows(2))
         cases: list[tuple[dict[str, Any], type[Exception], str]] = [
             ({"table": "nope"}, ParameterError, "data.blocks names no table"),
             ({"block": "jan"}, ParameterError, "already has a block jan"),
@@ -171,11 +172,13 @@ def test_registering_checks_the_block_and_appends_nothing_when_refused(tmp_path:
             ({"paths": [tmp_path / "jan.parquet.csv"]}, ParameterError, "Parquet"),
             ({"paths": [tmp_path / "missing.parquet"]}, PolicyError, "does not exist"),
             ({"paths": [other]}, PolicyError, "no such column"),
+            # January's file again: read twice, its rows kept against either period.
+            ({"paths": [tmp_path / "jan.parquet"]}, ParameterError, "already a file of block jan"),
         ]
         for change, error, text in cases:
             args: dict[str, Any] = {"table": "visits", "block": "feb",
                                     "period": ("2026-02-01", "2026-03-01"),
-                                    "paths": [tmp_path / "jan.parquet"]}  # fmt: skip
+                                    "paths": [feb]}  # fmt: skip
             args.update(change)
             with pytest.raises(error, match=text):
                 register(policy, store, args.pop("table"), args.pop("block"), **args)

@@ -52,7 +52,9 @@ def _register(  # noqa: PLR0917 - a command's arguments, passed on
     policy = config.policy()
     ledger = _open(policy)
     try:
-        done = register(policy, ledger, table, block, period=period, paths=files,
+        # The command's paths are the working folder's, not the policy's.
+        paths = [path.absolute() for path in files]
+        done = register(policy, ledger, table, block, period=period, paths=paths,
                         replaces=replaces, by=by or config.analyst)  # fmt: skip
     finally:
         ledger.close()
