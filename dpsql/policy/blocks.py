@@ -111,9 +111,6 @@ class BlockList:
         gone = self.gone
         return tuple(b for b in self.registered if b.table == table and (table, b.id) not in gone)
 
-    def find(self, table: str, block: str) -> Block | None:
-        return next((b for b in self.registered if (b.table, b.id) == (table, block)), None)
-
     def token(self, tables: Iterable[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """What a plan over ``tables`` depends on: each one's active blocks (their records)."""
         return tuple((t, tuple(b.seq for b in self.active(t))) for t in sorted(tables))
