@@ -104,6 +104,9 @@ class Analysis:
     bounds: Mapping[str, tuple[Fraction, Fraction]] = field(default_factory=dict)
     # Rows per unit the relation holds at most by construction (1 after GROUP BY the unit).
     unit_rows: int | None = None
+    # Under a person-within-period unit (``dpsql.policy.periods``): the column of each row's
+    # period, which the bounded query pairs with ``unit`` to make the unit; None otherwise.
+    period: str | None = None
 
     @property
     def grouped(self) -> bool:

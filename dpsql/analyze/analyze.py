@@ -32,7 +32,7 @@ from dpsql.analyze.keys import _case_literals, _date_domain
 from dpsql.analyze.relations import Builder
 from dpsql.analyze.scope import NUMERIC, Describe, Relation, resolve_expr
 from dpsql.errors import BoundsError, SchemaError, UnsupportedQueryError
-from dpsql.policy import Policy, TableSpec
+from dpsql.policy import PERIOD_COLUMN, Policy, TableSpec
 from dpsql.sql.aggregates import WITHIN_GROUP, AggregateFunction, aggregate_nodes, function_of
 from dpsql.sql.totality import total
 from dpsql.sql.tree import transform
@@ -340,6 +340,21 @@ def _limit(select: exp.Select, name: str) -> int | None:
     return int(value.this)
 
 
+def _period(policy: Policy, table: str, base: bool, tables: tuple[str, ...]) -> str | None:
+    """The column of each row's period when the query reads the table of a person-within-period
+    unit (``dpsql.policy.periods``), which it must read alone: the unit is then the person and
+    that column, and a join or subquery would not carry it."""
+    periods = policy.periods
+    if periods is None or periods.table not in {table, *tables}:
+        return None
+    if not base or table != periods.table:
+        raise UnsupportedQueryError(
+            f"{periods.table} has a person-within-period unit (periods.table): a query reads it "
+            "alone, without a join or subquery"
+        )
+    return PERIOD_COLUMN
+
+
 def analyze(
     select: exp.Select, policy: Policy, catalog: Catalog, describe: Describe | None = None
 ) -> Analysis:
@@ -355,6 +370,7 @@ def analyze(
     order = analyzer.order(outputs)
     if not analyzer.aggregates:
         raise UnsupportedQueryError("a query must compute at least one aggregate")
+    period = _period(policy, analyzer.table, analyzer.relation.base, analyzer.relation.tables)
     return Analysis(
         table=analyzer.table,
         spec=analyzer.spec,
@@ -377,6 +393,7 @@ def analyze(
         base=analyzer.relation.base,
         tables=analyzer.relation.tables,
         unit_rows=analyzer.relation.unit_rows,
+        period=period,
         bounds={
             n: (c.interval.lower, c.interval.upper)
             for n, c in analyzer.relation.columns.items()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dpsql.analyze.scope import COMPARABLE, UNIT_COLUMN, Catalog, _quote
 from dpsql.errors import SchemaError
-from dpsql.policy import Policy
+from dpsql.policy import PERIOD_COLUMN, Policy
 
 __all__ = ["resolved_sql", "unit_source", "unit_type"]
 
@@ -85,6 +85,11 @@ def unit_source(policy: Policy, catalog: Catalog, name: str, columns: list[str])
     path (with ``columns``) and ``UNIT_COLUMN``. What an estimate reads (``ESTIMATE BOUNDS``, a
     clamp's walks), so that it sees the units the queries bound."""
     spec = policy.tables[name]
+    if policy.periods is not None and policy.periods.table == name:
+        # A person-within-period unit: the person and the row's period (dpsql.policy.periods).
+        assert spec.privacy_unit is not None  # policy-validated
+        unit = f"ROW({_quote(spec.privacy_unit)}, {_quote(PERIOD_COLUMN)})"
+        return f"(SELECT *, {unit} AS {_quote(UNIT_COLUMN)} FROM {_quote(name)})", UNIT_COLUMN
     if spec.privacy_unit is not None:
         return name, spec.privacy_unit
     return resolved_sql(policy, catalog, name, columns), UNIT_COLUMN

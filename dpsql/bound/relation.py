@@ -26,7 +26,7 @@ from dpsql.bound.filters import (
     enforced_cell,
     other_rows,
 )
-from dpsql.bound.nodes import Node, alias, all_of, fragment, quoted, select, table
+from dpsql.bound.nodes import Node, alias, all_of, fragment, func, quoted, select, table
 from dpsql.bound.specs import Bounding
 from dpsql.bound.values import summed_value
 from dpsql.sql.parse import DIALECT
@@ -100,8 +100,12 @@ def relation_rows(
         total_(v.expr) if v.grid is None else summed_value(v.expr, analysis, total_)
         for v in bounding.values
     ]
+    unit: Node = quoted(analysis.unit)
+    if analysis.period is not None:
+        # A person-within-period unit: the person and the row's period (dpsql.policy.periods).
+        unit = func("ROW", quoted(analysis.unit), quoted(analysis.period))
     projections = [
-        alias(quoted(analysis.unit), "_u"),
+        alias(unit, "_u"),
         *(alias(total_(k.expr), f"_k{i}") for i, k in enumerate(analysis.keys)),
         *(alias(expr, f"_x{i}") for i, expr in enumerate(raw)),
         *(alias(expr, name) for name, expr in (extra or {}).items()),

@@ -30,6 +30,7 @@ from dpsql.policy.numbers import (
     check_epsilon,
     to_fraction,
 )
+from dpsql.policy.periods import PERIOD_COLUMN, PeriodsSpec
 from dpsql.policy.schema import check_against_schema, did_you_mean
 from dpsql.policy.spec import (
     FILTER_VERSION,
@@ -61,6 +62,7 @@ __all__ = [
     "MAX_POLICY_DEPTH",
     "MAX_QUERY_EPSILON",
     "MAX_TOTAL_EPSILON",
+    "PERIOD_COLUMN",
     "SMALLEST_NUMBER",
     "BudgetSpec",
     "ColumnSpec",
@@ -72,6 +74,7 @@ __all__ = [
     "FilterVersion",
     "LedgerSpec",
     "Mechanism",
+    "PeriodsSpec",
     "Policy",
     "PublicValue",
     "ShareSpec",

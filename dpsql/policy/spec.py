@@ -36,6 +36,7 @@ from dpsql.policy.numbers import (
     Exact,
 )
 from dpsql.policy.paths import MAX_PATH_LINKS, UnitLink
+from dpsql.policy.periods import PeriodsSpec
 
 __all__ = [
     "AUTO_BOUNDS",
@@ -319,6 +320,9 @@ class Policy(_Frozen):
     ledger: LedgerSpec | None = None  # without it the budget lives in memory
     engine: EngineSpec = Field(default_factory=EngineSpec)
     server: ServerSpec = Field(default_factory=ServerSpec)
+    # A person-within-period unit on a table made of blocks (dpsql.policy.periods); None (the
+    # default, left out of the version): every unit is the table's privacy_unit alone.
+    periods: PeriodsSpec | None = None
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("tables")
@@ -333,6 +337,28 @@ class Policy(_Frozen):
     def _catalog_on_spark(self) -> Policy:
         if self.data.catalog and self.engine.name != "spark":
             raise ValueError('data.catalog names tables of Spark\'s catalog: engine.name = "spark"')
+        return self
+
+    @model_validator(mode="after")
+    def _periods(self) -> Policy:
+        periods = self.periods
+        if periods is None:
+            return self
+        table = self.tables.get(periods.table)
+        if periods.table not in {t.lower() for t in self.data.blocks} or table is None:
+            raise ValueError("periods.table must name a table of data.blocks that the policy lists")
+        if table.privacy_unit is None:
+            raise ValueError("periods.table must have a privacy_unit (the person) of its own")
+        if any(link.table == periods.table for t in self.tables.values() for link in t.unit_path):
+            # Another table's rows would be a person's across periods, not a person-period's.
+            raise ValueError("no unit_path may lead to periods.table")
+        if self.budget.accountant == "pld":
+            # The PLD filter's one declared mechanism cannot be a person's k-fold loss.
+            raise ValueError("periods need another filter than accountant = 'pld'")
+        if self.budget.epsilon is not None and periods.epsilon > self.budget.epsilon:
+            raise ValueError("periods.epsilon must lie within the lifetime cap, budget.epsilon")
+        if periods.delta > self.budget.delta:
+            raise ValueError("periods.delta must lie within the lifetime cap, budget.delta")
         return self
 
     @model_validator(mode="after")
@@ -405,6 +431,8 @@ class Policy(_Frozen):
                 table.pop("bounds", None)
             if not table.get("unit_path"):
                 table.pop("unit_path", None)
+        if body.get("periods") is None:
+            body.pop("periods", None)
         canonical = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

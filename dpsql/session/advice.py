@@ -30,6 +30,9 @@ class Session(Protocol):
     def served_from(self, plan: Plan, shared: bool = True) -> Hit | None:
         """The release that would serve ``plan`` now, or None."""
 
+    def details(self, plan: Plan) -> dict[str, object]:
+        """What the ledger keeps beside the charge of ``plan``."""
+
 
 def advice(
     session: Session, sql: str, params: Sequence[object] | None, options: Mapping[str, object]
@@ -62,7 +65,7 @@ def _fits(
         plan = session.plan(sql, params, **options)
     except DpsqlError:  # a tiny epsilon's noise too large to sample, say
         return False
-    return session.pipeline.budget.refusal(plan.event, session.analyst) is None
+    return session.pipeline.refusal(plan.event, session.details(plan)) is None
 
 
 def fitting_epsilon(asked: Fraction, fits: Callable[[Fraction], bool]) -> Fraction | None:

@@ -29,7 +29,7 @@ from dpsql.engine.duckdb.blocks import parquet_columns
 from dpsql.engine.duckdb.views import BLOCK_FILE
 from dpsql.errors import ParameterError, PolicyError
 from dpsql.plan.plans import Plan
-from dpsql.policy import Policy
+from dpsql.policy import PERIOD_COLUMN, Policy
 from dpsql.policy.blocks import BLOCK_ID, Block, BlockList, iso_date
 from dpsql.policy.files import identify, regular_file
 
@@ -114,8 +114,9 @@ def register(
         files.append(identify(name, resolved.resolve(), info))
     columns = parquet_columns([f.path for f in files], name)
     types = dict(columns)
-    if BLOCK_FILE in types:
-        raise PolicyError(f"the block's files have a column {BLOCK_FILE}, a name dpsql keeps")
+    for kept in (BLOCK_FILE, PERIOD_COLUMN):
+        if kept in {c.lower() for c in types}:
+            raise PolicyError(f"the block's files have a column {kept}, a name dpsql keeps")
     if types.get(spec.period) not in PERIOD_TYPES:
         raise PolicyError(
             f"data.blocks.{name}.period: the block's files have no column {spec.period} of type "

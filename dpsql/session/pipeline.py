@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Generic, TypeVar
 
 from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.periods import PeriodCharge
 from dpsql.accounting.budget.report import Charge
 from dpsql.bound.together import split
 from dpsql.cache import keys as cache
@@ -51,6 +52,7 @@ from dpsql.policy.numbers import decimal_text
 from dpsql.release.diagnosis import diagnose
 from dpsql.release.post import Release, publish
 from dpsql.release.result import Result
+from dpsql.session.periods import Persons
 
 __all__ = ["Pipeline", "QueryRequest", "Request", "digest", "result", "served"]
 
@@ -122,6 +124,8 @@ class Pipeline:
         self.cache = cache
         self.engine = engine
         self.analyst = analyst
+        # Under a person-within-period unit: each charge for a person (``session.periods``).
+        self.persons: Persons | None = None
 
     def admit(self) -> None:
         """``budget.require_analyst``: an unnamed connection gets no answer, fresh or cached
@@ -180,6 +184,16 @@ class Pipeline:
             payload["releases"] = list(sources)
         self.budget.store.append("reserve", payload, self.analyst, synced=False)
 
+    def refusal(self, event: Composite, details: Mapping[str, object]) -> str | None:
+        """Why ``event`` (with its charge's ``details``) would be refused now, or None: the
+        charge's decision, for the person under a person-within-period unit, recording nothing."""
+        period = None
+        if self.persons is not None:
+            event, details = self.persons.person(event, details)
+            read = details.get("periods")
+            period = PeriodCharge.of(read) if isinstance(read, Mapping) else None
+        return self.budget.refusal(event, self.analyst, period)
+
     # -- the one charge -------------------------------------------------------------------------
     def charge(
         self,
@@ -204,6 +218,9 @@ class Pipeline:
                 "run it again to read the blocks registered now"
             )
         (bound if files is None else files).verify()
+        if self.persons is not None:
+            # The lifetime cap is a person's: the loss for all the periods the query read.
+            event, details = self.persons.person(event, details)
         kept = composite_from_json(composite_to_json(event))
         if kept != event or (kept.epsilon, kept.delta) != (event.epsilon, event.delta):
             raise InternalError("the ledger would keep another loss than the planned one")

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dpsql.cache import keys as cache
+from dpsql.plan.explain import explain
 from dpsql.plan.plans import Plan
 from dpsql.policy.files import FileSet
+from dpsql.release.result import Result
+from dpsql.session import periods
 
 # Values a plan key may hold: with their type name, they identify the input exactly.
 _KEYABLE = (type(None), bool, int, float, str, Fraction)
@@ -119,3 +122,14 @@ def ledger_details(
         **({"blocks": {t: list(ids) for t, ids in plan.blocks}} if plan.blocks else {}),
         "dpsql_version": dpsql_version,
     }
+
+
+def explained(plan: Plan, verbose: bool, engine: str, persons: periods.Persons | None) -> Result:
+    """EXPLAIN's answer: the plan's lines, with the engine that will run it before the cost
+    line, and after it, under a person-within-period unit, what a person and a period pay."""
+    lines = explain(plan, verbose)
+    at = next((i for i, line in enumerate(lines) if line.startswith("cost:")), len(lines))
+    lines.insert(at, f"engine: {engine}")
+    if persons is not None:
+        lines[at + 2 : at + 2] = periods.explain(persons, plan)
+    return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)

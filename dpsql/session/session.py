@@ -40,7 +40,6 @@ from dpsql.errors import (
 )
 from dpsql.plan.aggregates.bernstein import SPREADS
 from dpsql.plan.diagnosis import without_default
-from dpsql.plan.explain import explain
 from dpsql.plan.plans import Plan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.release.post import accuracy_columns
@@ -52,8 +51,9 @@ from dpsql.session.blocks import Registered, blocks_read
 from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues, show_rows
 from dpsql.session.overrides import overrides
+from dpsql.session.periods import Persons, check_plan
 from dpsql.session.pipeline import Pipeline, QueryRequest
-from dpsql.session.plans import KeptPlans, Planned, ledger_details, plan_key
+from dpsql.session.plans import KeptPlans, Planned, explained, ledger_details, plan_key
 from dpsql.session.probes import Probes
 from dpsql.session.settings import BY_NAME
 from dpsql.session.workload_plan import Step, Workload
@@ -103,12 +103,15 @@ class Session:
             check_against_schema(self.policy, self.engine.file_catalog)
             # The accountant's name is checked against the registry here: a refused policy
             # leaves no engine open.
-            self._filter = budget_for(self.policy.dataset.id, self.policy.budget, store)
+            self._filter = budget_for(
+                self.policy.dataset.id, self.policy.budget, store, self.policy.periods
+            )
         except PolicyError:
             self.engine.close()
             raise
         self.cache = ReleaseCache(store)
         self.pipeline = Pipeline(self._filter, self.cache, self.engine, analyst)
+        self.pipeline.persons = Persons.of(self.policy, self.registered)
         self.set_values = SetValues()
         self.probes = Probes(self.engine)
         self.estimates = Estimates(self.policy, store, self.engine)
@@ -301,6 +304,7 @@ class Session:
         if self.policy.data.blocks:
             # The blocks it reads, fixed now: its release's key (dpsql.session.blocks).
             plan = replace(plan, blocks=blocks_read(plan, self.registered.blocks, self.policy))
+            check_plan(plan, self.policy)
         return plan
 
     def _python_domain(
@@ -380,11 +384,7 @@ class Session:
     def _planned_result(self, planned: Planned, options: Mapping[str, object]) -> Result:
         plan = planned.plan
         if planned.explain:
-            lines = explain(plan, planned.verbose)
-            # Which engine will run it (the policy's engine.name): before the cost line.
-            at = next((i for i, line in enumerate(lines) if line.startswith("cost:")), len(lines))
-            lines.insert(at, f"engine: {self.engine.name}")
-            return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
+            return explained(plan, planned.verbose, self.engine.name, self.pipeline.persons)
         settings = self.settings(options)
         # The names of the ± columns are checked before the charge: a collision costs nothing.
         extra = accuracy_columns(plan) if settings.accuracy_columns else None

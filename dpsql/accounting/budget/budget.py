@@ -21,6 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.budget.parallel import Cell, views, views_with
+from dpsql.accounting.budget.periods import PeriodCharge, PeriodSpends
 from dpsql.accounting.budget.readings import Readings
 from dpsql.accounting.budget.report import BudgetReport, Charge, _down, _shown, _up
 from dpsql.accounting.budget.state import _add, _additive_delta, _State, _Views, events_for
@@ -33,7 +34,7 @@ from dpsql.accounting.theorems.zcdp import ZcdpFilter
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.event_kinds import composite_from_json, composite_to_json
 from dpsql.mechanisms.events import Composite
-from dpsql.policy import BudgetSpec
+from dpsql.policy import BudgetSpec, PeriodsSpec
 
 __all__ = ["Budget"]
 
@@ -54,9 +55,12 @@ class Budget(Readings):
         accountants: Sequence[Accountant] = (),
         *,
         replay: bool = False,
+        periods: PeriodsSpec | None = None,
     ):
         self.dataset = dataset
         self.spec = spec
+        # A person-within-period unit: each period's admission budget (``periods.py``).
+        self.periods = periods
         self.store: Store = store if store is not None else MemoryLedger()
         self._accountants = tuple(accountants)
         self._parsed: dict[int, Composite] = {}
@@ -91,6 +95,8 @@ class Budget(Readings):
                 rule = self._rule((state.epsilon, state.delta), True)
                 # A tally holds sums only, never a cap: one kind serves every cap of the filter.
                 state.new_tally = None if isinstance(rule, BasicFilter) else rule.tally
+                if self.periods is not None:
+                    state.periods = PeriodSpends(self.periods)
             for r in records[state.seen :]:
                 self._fold(state, r)
             state.seen = len(records)
@@ -103,6 +109,9 @@ class Budget(Readings):
             if event is None:
                 event = self._parsed[r.seq] = composite_from_json(dict(r.payload["event"]))
             state.charges.append(Charge(r.time, r.analyst, str(r.payload["query"]), event, r.seq))
+            read = r.payload.get("periods")
+            if state.periods is not None and isinstance(read, dict):
+                state.periods.add(PeriodCharge.of(read))
             _add(state, "*", event)
             if r.analyst is not None:
                 _add(state, r.analyst, event)
@@ -159,9 +168,19 @@ class Budget(Readings):
                 return False
         return True
 
-    def _decide(self, event: Composite, analyst: str | None, records: Sequence[Record]) -> None:
+    def _decide(
+        self,
+        event: Composite,
+        analyst: str | None,
+        records: Sequence[Record],
+        period: PeriodCharge | None = None,
+    ) -> None:
         with self._lock:
-            self._decide_on(self._state(records), event, analyst)
+            state = self._state(records)
+            self._decide_on(state, event, analyst)
+            if period is not None and state.periods is not None:
+                # Each period it reads, under its budget for the person-period unit.
+                state.periods.check(period)
 
     def _decide_on(self, state: _State, event: Composite, analyst: str | None) -> None:
         cap = (state.epsilon, state.delta)
@@ -246,18 +265,23 @@ class Budget(Readings):
             "accountant": self.name,
             **(details or {}),
         }
+        read = payload.get("periods")
+        period = PeriodCharge.of(read) if isinstance(read, Mapping) else None
         record = self.store.append(
-            "charge", payload, analyst, lambda records: self._decide(event, analyst, records)
-        )
+            "charge", payload, analyst,
+            lambda records: self._decide(event, analyst, records, period),
+        )  # fmt: skip
         self._parsed[record.seq] = event
         return Charge(record.time, analyst, query, event, record.seq)
 
-    def refusal(self, event: Composite, analyst: str | None) -> str | None:
+    def refusal(
+        self, event: Composite, analyst: str | None, period: PeriodCharge | None = None
+    ) -> str | None:
         """Why ``event`` would be refused now for ``analyst`` (the message a charge would
         raise), or None where it fits: the same decision on the ledger as it stands, recording
         nothing (a dry run: EXPLAIN's fit, a refusal's largest epsilon that fits)."""
         try:
-            self._decide(event, analyst, self.store.records())
+            self._decide(event, analyst, self.store.records(), period)
         except BudgetExceededError as exc:
             return str(exc)
         return None
@@ -269,7 +293,8 @@ class Budget(Readings):
         copy = MemoryLedger()
         for record in self.store.records():
             copy.append(record.kind, record.payload, record.analyst)
-        return Budget(self.dataset, self.spec, copy, self._accountants, replay=self.replay)
+        return Budget(self.dataset, self.spec, copy, self._accountants, replay=self.replay,
+                      periods=self.periods)  # fmt: skip
 
     def rounds(
         self, events: Sequence[Composite], analyst: str | None, most: int
@@ -307,6 +332,14 @@ class Budget(Readings):
         records = self.store.records()
         with self._lock:
             return tuple(self._state(records).charges)
+
+    def period_rows(self, periods: Sequence[tuple[str, Any, Any]]) -> list[dict[str, Any]]:
+        """Each of ``periods`` (block id, start, end) with its unit-level spend and what is left
+        of its budget (``PeriodSpends.rows``); empty without a person-within-period unit."""
+        records = self.store.records()
+        with self._lock:
+            state = self._state(records)
+            return [] if state.periods is None else state.periods.rows(periods)
 
     def views(self, charges: Sequence[Charge] | None = None) -> list[list[Composite]]:
         """The histories that bound every unit's (``dpsql.accounting.budget.parallel``: one per cell

@@ -34,7 +34,7 @@ from dpsql.accounting.ledger.store import (
 )
 from dpsql.accounting.registry import BASIC, entries
 from dpsql.accounting.theorems.base import Accountant
-from dpsql.policy import BudgetSpec
+from dpsql.policy import BudgetSpec, PeriodsSpec
 
 __all__ = ["budget_for", "odometers"]
 
@@ -45,7 +45,12 @@ def odometers() -> list[Accountant]:
     return [r.odometer() for r in entries() if r.name != BASIC]
 
 
-def budget_for(dataset: str, spec: BudgetSpec, store: Store | None = None) -> Budget:
+def budget_for(
+    dataset: str,
+    spec: BudgetSpec,
+    store: Store | None = None,
+    periods: PeriodsSpec | None = None,
+) -> Budget:
     """The budget a ledger pinned (``pinned_spec``), which the policy's must equal; over a
     durable ledger, or in memory (whose budget is the policy's: it lives as long as the
     process, and is created here). A ``PolicyError`` if the policy names no registered filter
@@ -53,4 +58,4 @@ def budget_for(dataset: str, spec: BudgetSpec, store: Store | None = None) -> Bu
     store = store if store is not None else MemoryLedger()
     if not store.durable and not store.records():
         store.append(BUDGET_RECORD, budget_caps(spec))
-    return Budget(dataset, pinned_spec(spec, store), store, odometers())
+    return Budget(dataset, pinned_spec(spec, store), store, odometers(), periods=periods)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from dpsql.accounting.budget.parallel import Cell, View, choices, member, worst
+from dpsql.accounting.budget.periods import PeriodSpends
 from dpsql.accounting.budget.report import Charge
 from dpsql.accounting.registry import get
 from dpsql.accounting.theorems.base import Tally
@@ -142,6 +143,8 @@ class _State:
     # The ledger record of the first top-up recorded after a charge: a cap raised after answers
     # were seen is adaptive, no longer a filter's guarantee (``BudgetReport.adaptive_cap``).
     adaptive_cap: int | None = None
+    # Each period's unit-level spends, under a person-within-period unit (``periods.py``).
+    periods: PeriodSpends | None = None
 
     def worst(self, who: str, within: Cell | None) -> tuple[Fraction, Fraction]:
         """The basic-composition sums of ``who``'s worst view

@@ -52,7 +52,7 @@ from dpsql.engine.duckdb.views import (
     block_source,
 )
 from dpsql.errors import CHECK_OUT_OF_MEMORY, EngineError, PolicyError, UnsupportedQueryError
-from dpsql.policy import Policy
+from dpsql.policy import PERIOD_COLUMN, Policy
 from dpsql.policy.blocks import BlockList
 from dpsql.policy.exposure import hides, visible_columns
 from dpsql.policy.files import FileIdentity, FileSet, identify
@@ -203,11 +203,14 @@ class DuckDBEngine:
                                            for paths, _, _ in parts for p in paths)]  # fmt: skip
             _lock_down(self._con, {str(i): p for i, p in enumerate(readable)})
         for name, parts in made_of_blocks.items():
-            source = block_source(policy.data.blocks[name].period, parts)
-            self._views.append(
-                f"CREATE TEMP VIEW {_quote(name)} AS "
-                f"SELECT {self._shown(policy, name, source)} FROM {source}"
-            )
+            # The table of a person-within-period unit keeps each row's period (never shown in
+            # the catalog, ``_read_catalog``): the bounded query pairs it with the person.
+            period = policy.periods is not None and policy.periods.table == name
+            source = block_source(policy.data.blocks[name].period, parts, period)
+            shown = self._shown(policy, name, source)
+            if period and shown != "*":
+                shown += f", {_quote(PERIOD_COLUMN)}"
+            self._views.append(f"CREATE TEMP VIEW {_quote(name)} AS SELECT {shown} FROM {source}")
             self._con.execute(self._views[-1])
         for name, path in files.items():
             if path.suffix.lower() == ".parquet":
@@ -268,6 +271,8 @@ class DuckDBEngine:
         views = {str(t).lower() for c, t, _, _ in rows if c == "temp"}
         catalog: dict[str, dict[str, str]] = {}
         for where, table, column, dtype in rows:
+            if str(column).lower() == PERIOD_COLUMN:
+                continue  # the period of a person-within-period unit: no column of the data
             if where == "temp" or str(table).lower() not in views:
                 catalog.setdefault(str(table).lower(), {})[str(column).lower()] = str(dtype)
         return catalog

@@ -26,7 +26,7 @@ from dpsql.engine.csv_text import (
     value_sql,
 )
 from dpsql.errors import PolicyError
-from dpsql.policy import Policy
+from dpsql.policy import PERIOD_COLUMN, Policy
 from dpsql.policy.exposure import visible_columns
 
 
@@ -140,7 +140,9 @@ def _check_declared_types(policy: Policy) -> None:
 BLOCK_FILE = "_dpsql_file"
 
 
-def block_source(period: str, blocks: Sequence[tuple[Sequence[Path], dt.date, dt.date]]) -> str:
+def block_source(
+    period: str, blocks: Sequence[tuple[Sequence[Path], dt.date, dt.date]], keep: bool = False
+) -> str:
     """A table made of blocks as one relation: one scan of every block's files, keeping only
     the rows whose period column lies in their own block's period [start, end) (a row outside
     it, or with no period, is no row of the table), so that a query whose WHERE excludes a
@@ -155,8 +157,12 @@ def block_source(period: str, blocks: Sequence[tuple[Sequence[Path], dt.date, dt
     starts = " ".join(f"WHEN {_string(str(p))} THEN DATE '{a.isoformat()}'" for p, a, _ in files)
     ends = " ".join(f"WHEN {_string(str(p))} THEN DATE '{b.isoformat()}'" for p, _, b in files)
     name = _quote(BLOCK_FILE)
+    # ``keep``: each row's period, its block's start (PERIOD_COLUMN), which a person-within-
+    # period unit pairs with the person (dpsql.policy.periods); a function of the row's own
+    # period value, since active blocks never overlap.
+    kept = f", CASE {name} {starts} END AS {_quote(PERIOD_COLUMN)}" if keep else ""
     return (
-        f"(SELECT * EXCLUDE ({name}) FROM read_parquet([{listed}], filename = "
+        f"(SELECT * EXCLUDE ({name}){kept} FROM read_parquet([{listed}], filename = "
         f"{_string(BLOCK_FILE)}) WHERE {column} >= CASE {name} {starts} END "
         f"AND {column} < CASE {name} {ends} END)"
     )

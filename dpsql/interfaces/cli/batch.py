@@ -272,7 +272,7 @@ def explain_command(ctx: click.Context, config: Config, sql: str, verbose: bool)
             click.echo(f"cache: served from {hit.origin}; it would cost nothing")
         elif note is None:
             # A dry run of the filter on the ledger as it stands: nothing recorded.
-            why = session.pipeline.budget.refusal(plan.event, config.analyst)
+            why = session.pipeline.refusal(plan.event, session.details(plan))
             if why is not None:
                 click.echo(f"budget: it would be refused now: {why}")
         if note is not None:

@@ -76,7 +76,7 @@ def open_budget(config: Config) -> Budget:
     store = open_store(policy)
     if store.identity.get("dataset") != policy.dataset.id:
         raise LedgerError("the ledger belongs to another data set than the policy names")
-    return budget_for(policy.dataset.id, policy.budget, store)
+    return budget_for(policy.dataset.id, policy.budget, store, policy.periods)
 
 
 def render(*items: Any) -> str:

@@ -121,7 +121,7 @@ def cli(ctx: click.Context, policy_path: Path | None, analyst: str | None) -> No
 
 
 def _budget(policy: Policy) -> Budget:
-    return budget_for(policy.dataset.id, policy.budget, _open(policy))
+    return budget_for(policy.dataset.id, policy.budget, _open(policy), policy.periods)
 
 
 # -- commands ---------------------------------------------------------------------------------
