@@ -130,6 +130,14 @@ def explained(plan: Plan, verbose: bool, engine: str, persons: periods.Persons |
     lines = explain(plan, verbose)
     at = next((i for i, line in enumerate(lines) if line.startswith("cost:")), len(lines))
     lines.insert(at, f"engine: {engine}")
-    if persons is not None:
-        lines[at + 2 : at + 2] = periods.explain(persons, plan)
+    lines = with_periods(lines, plan, persons)
     return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines), plan=plan)
+
+
+def with_periods(lines: list[str], plan: Plan, persons: periods.Persons | None) -> list[str]:
+    """EXPLAIN's ``lines`` with, after the cost line, what a person's lifetime cap and each
+    period read pay under a person-within-period unit (``periods.explain``)."""
+    at = next((i for i, line in enumerate(lines) if line.startswith("cost:")), None)
+    if persons is None or at is None:
+        return lines
+    return [*lines[: at + 1], *periods.explain(persons, plan), *lines[at + 1 :]]

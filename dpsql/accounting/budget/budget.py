@@ -380,6 +380,7 @@ class Budget(Readings):
             share,
             state.adaptive_cap,
             basic if state.adaptive_cap is not None else None,
+            None if self.periods is None else self.periods.table,
         )
 
 

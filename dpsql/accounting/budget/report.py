@@ -97,6 +97,9 @@ class BudgetReport:
     # Vadhan 2016). Under the basic filter that is its own sums: the guarantee is the realised
     # sum, not the cap.
     valid_adaptively: tuple[Fraction, Fraction] | None = None
+    # Under a person-within-period unit: the table of periods. The budget is then the lifetime
+    # cap per person, the guarantee that the report leads with (dpsql.policy.periods).
+    lifetime: str | None = None
 
     @functools.cached_property
     def figures(self) -> tuple[Figure, ...]:
@@ -116,6 +119,11 @@ class BudgetReport:
         """Decimals people read (never 19/2 nor 1e-06): spent rounded up, what is left rounded
         down and never below zero."""
         mine = "" if self.share is None else f"{self.share}; "
+        if self.lifetime is not None:
+            mine = (
+                f"lifetime cap per person (one person's loss over every period of "
+                f"{self.lifetime}; the guarantee): " + mine
+            )
         return mine + (
             f"dataset {self.dataset}: epsilon {_up(self.epsilon_spent)} spent of "
             f"{_shown(self.epsilon_total)} ({_down(self.epsilon_remaining)} left), delta "

@@ -48,6 +48,7 @@ from dpsql.policy import read_limited
 from dpsql.policy.numbers import exact
 from dpsql.release.cells import accuracy_forms
 from dpsql.release.result import INTERVALS_COVER, Result, covers, summary
+from dpsql.session.plans import with_periods
 from dpsql.session.session import Session
 from dpsql.session.workload_plan import Step, Workload, statement_totals
 from dpsql.sql.split import Piece, split_statements
@@ -266,7 +267,8 @@ def explain_command(ctx: click.Context, config: Config, sql: str, verbose: bool)
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
     try:
         plan = session.plan(sql)
-        click.echo("\n".join(explain(plan, verbose)))
+        lines = with_periods(explain(plan, verbose), plan, session.pipeline.persons)
+        click.echo("\n".join(lines))
         hit = session.served_from(plan)
         if hit is not None:
             click.echo(f"cache: served from {hit.origin}; it would cost nothing")

@@ -55,6 +55,7 @@ from dpsql.interfaces.report.charts import (
     write_chart,
 )
 from dpsql.interfaces.report.markdown import EXCEEDS_MEANING
+from dpsql.interfaces.report.periods import period_lines, periods_data
 from dpsql.interfaces.report.report import NOTES, iso_time
 
 if TYPE_CHECKING:
@@ -211,6 +212,10 @@ def show_command(
 ) -> None:
     """Spent and remaining budget (with --analyst, their share too); nothing is charged."""
     budget = open_budget(config)
+    lifetime = periods_data(config.policy(), budget)
+    if lifetime is not None:
+        # A person-within-period unit: the lifetime cap per person leads, then each period.
+        click.echo("\n".join(period_lines(lifetime)) + "\n")
     click.echo(show_text(budget.report(config.analyst), compare), nl=False)
     if overrides:
         records = budget.store.records()

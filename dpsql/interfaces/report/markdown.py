@@ -18,6 +18,7 @@ from typing import Any
 from dpsql.accounting.budget.report import EXCEEDS, UNBOUNDED, cap_text, left_text, spent_text
 from dpsql.accounting.theorems.base import Spent
 from dpsql.interfaces.report.blocks import md_blocks
+from dpsql.interfaces.report.periods import md_periods
 from dpsql.session.overrides import override_text
 
 __all__ = ["EXCEEDS_MEANING", "render_markdown"]
@@ -271,6 +272,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     ]
     sections = [
         head,
+        md_periods(data),
         _md_budget(data),
         _md_contract(data),
         _md_accounting(data),

@@ -27,6 +27,7 @@ from dpsql.accounting.ledger.chain import GENESIS, Record
 from dpsql.accounting.theorems.base import Spent
 from dpsql.interfaces.report.audit import audit, overrides_of
 from dpsql.interfaces.report.blocks import blocks_data
+from dpsql.interfaces.report.periods import periods_data
 from dpsql.mechanisms.event_kinds import composite_from_json
 from dpsql.policy import Policy, TableSpec
 from dpsql.policy.numbers import exact
@@ -227,6 +228,8 @@ def build_report(policy: Policy, budget: Budget, generated: float | None = None)
         "bounds": [_table(n, t) for n, t in sorted(policy.tables.items()) if t.is_private],
         # The tables made of blocks: each block, the charges that read it, those retired.
         **({"blocks": blocks_data(records)} if policy.data.blocks else {}),
+        # A person-within-period unit: the lifetime cap per person, then each period's budget.
+        **({"periods": periods_data(policy, budget)} if policy.periods is not None else {}),
         "mechanism": {"preference": spec.mechanism, "description": MECHANISMS[spec.mechanism]},
         "accounting": {
             "decides": summary.accountant,

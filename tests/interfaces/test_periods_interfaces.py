@@ -1,0 +1,106 @@
+"""A person-within-period unit from every interface: ``dpsql query``, ``dpsql run`` and
+``dpsql explain``, ``dpsql budget show`` and the report (which lead with the lifetime cap per
+person), a real server (its catalog shows no period column; its answers are charged for the
+person), the DB-API and the shell."""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from server_fixtures import ServerThread, charges, connect, write_users
+from test_blocks_interfaces import POLICY, REGIONS, _add, _cli, _months
+
+import dpsql
+from dpsql.accounting.ledger.store import create_ledger
+from dpsql.interfaces.shell.core import Shell
+from dpsql.policy import load_policy
+from dpsql.session.session import Session
+
+PERIODS = '\n[periods]\ntable = "visits"\nepsilon = "2"\n'
+FIRST_TWO = "SELECT COUNT(*) FROM visits WHERE day < DATE '2026-03-01'"
+
+
+@pytest.fixture
+def owned(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A policy with a person-within-period unit, a durable ledger and three months registered."""
+    policy = tmp_path / "policy.toml"
+    text = POLICY.format(regions=json.dumps(REGIONS)).replace('epsilon = "50"', 'epsilon = "9"')
+    policy.write_text(text + PERIODS, encoding="utf-8")
+    create_ledger(load_policy(policy)).close()
+    months = _months(tmp_path)
+    for i, path in enumerate(months):
+        added = _add(policy, i + 1, path)
+        assert added.exit_code == 0, added.output
+    return policy, months
+
+
+def _ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_cli_budget_screen_and_report_lead_with_the_lifetime_cap(
+    owned: tuple[Path, list[Path]],
+) -> None:
+    policy, _ = owned
+    _ok(_cli(policy, "query", FIRST_TWO))  # query_epsilon 0.5, two periods: 1 for a person
+    explained = _ok(_cli(policy, "explain", "SELECT SUM(spend) FROM visits"))
+    assert "lifetime cost for one person in all 3: epsilon 1.5" in explained
+    shown = _ok(_cli(policy, "budget", "show")).splitlines()
+    assert shown[0].startswith("Lifetime cap per person (user_id, across every period of visits)")
+    assert "epsilon 1 spent of 9" in shown[0] and "This is the guarantee." in shown[0]
+    assert "  2026-01 (2026-01-01 to 2026-02-01): epsilon 0.5 spent, 1.5 left; delta 0" in shown
+    assert "  2026-03 (2026-03-01 to 2026-04-01): epsilon 0 spent, 2 left; delta 0" in shown
+    report = json.loads(_ok(_cli(policy, "report", "--format", "json")))
+    assert report["budget"]["glance"].startswith("lifetime cap per person")
+    assert report["periods"]["lifetime"]["epsilon_spent"] == "1"
+    assert [p["epsilon"] for p in report["periods"]["periods"]] == ["1/2", "1/2", "0"]
+    markdown = _ok(_cli(policy, "report", "--format", "markdown"))
+    assert markdown.index("## Periods") < markdown.index("## Budget")
+    # A query over a period whose budget is spent is refused, naming the period.
+    script = policy.parent / "q.sql"
+    script.write_text("SET dpsql.epsilon = 1.6;\n" + FIRST_TWO.replace("COUNT(*)", "SUM(spend)")
+                      + ";\n", encoding="utf-8")  # fmt: skip
+    refused = _cli(policy, "run", str(script))
+    assert refused.exit_code != 0 and "period 2026-01 of visits over its budget" in refused.output
+
+
+def test_a_server_charges_the_person_and_hides_the_period_column(
+    owned: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    policy, _ = owned
+    users = write_users(tmp_path / "users.json")
+    columns = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'visits' "
+        "ORDER BY column_name"
+    )
+    with ServerThread(policy, users) as server, connect(server.port, "alice") as conn:
+        assert [c for (c,) in conn.execute(columns).fetchall()] == [
+            "day", "region", "spend", "user_id"
+        ]  # fmt: skip
+        conn.execute("SELECT COUNT(*) FROM visits")
+        shown = conn.execute("SHOW dpsql.budget").fetchall()[0][0]
+    assert shown.startswith("lifetime cap per person")
+    (charge,) = charges(policy.parent / "ledger.sqlite")
+    assert Fraction(charge.payload["epsilon"]) == Fraction(3, 2)  # 0.5 for each of 3 periods
+    assert charge.payload["periods"]["persons"] == 3
+
+
+def test_the_dbapi_and_the_shell(owned: tuple[Path, list[Path]]) -> None:
+    policy, _ = owned
+    with dpsql.connect(policy) as conn:
+        cursor = conn.cursor()
+        cursor.execute(FIRST_TWO)
+        assert cursor.fetchone() is not None
+        assert conn.budget().epsilon_spent == 1
+    with closing(Session(load_policy(policy))) as session:
+        shell = Shell(session)
+        shown = shell.handle("SELECT SUM(spend) FROM visits WHERE day >= DATE '2026-03-01';")
+        assert "charged" in shown
+        assert session.budget().epsilon_spent == Fraction(3, 2)
+        assert "lifetime cap per person" in shell.handle("\\budget")
