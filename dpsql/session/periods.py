@@ -23,6 +23,7 @@ from dpsql.mechanisms.events import Composite
 from dpsql.mechanisms.group import for_group
 from dpsql.plan.plans import Plan
 from dpsql.policy import PeriodsSpec, Policy
+from dpsql.policy.blocks import iso_date
 from dpsql.policy.numbers import decimal_text
 from dpsql.session.blocks import Registered
 
@@ -43,6 +44,19 @@ class Persons:
     def read(self, details: Mapping[str, Any]) -> PeriodCharge | None:
         """The periods a charge with ``details`` read (None: it did not read the table), with
         the person's multiplicity; its costs are filled in by ``charge``."""
+        reserved = details.get("reserved")
+        if isinstance(reserved, list):
+            # A view's reservation: every period of its calendar, registered or to come.
+            periods = []
+            for i, a, b in reserved:
+                first, end = iso_date(str(a)), iso_date(str(b))
+                if first is None or end is None:
+                    raise InternalError("a reservation names a malformed period")
+                periods.append((str(i), first, end))
+            if not periods:
+                raise InternalError("a reservation names no period")
+            return PeriodCharge(self.spec.table, tuple(periods), len(periods), Fraction(0),
+                                Fraction(0))  # fmt: skip
         blocks = details.get("blocks")
         ids = blocks.get(self.spec.table) if isinstance(blocks, Mapping) else None
         if ids is None:

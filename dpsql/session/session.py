@@ -44,7 +44,7 @@ from dpsql.plan.plans import Plan
 from dpsql.policy import Policy, check_against_schema, load_policy
 from dpsql.release.post import accuracy_columns
 from dpsql.release.result import Result, _with_accuracy
-from dpsql.session import planning, workload_plan, workloads
+from dpsql.session import planning, views, workload_plan, workloads
 from dpsql.session.advice import advice
 from dpsql.session.auto import AutoRequest
 from dpsql.session.blocks import Registered, blocks_read
@@ -62,6 +62,7 @@ from dpsql.sql.parse import (
     EstimateBounds,
     Explain,
     Query,
+    ReadView,
     SetOption,
     ShowOption,
     Statement,
@@ -310,8 +311,7 @@ class Session:
     def _python_domain(
         self, analysis: Analysis, expression: str, engine_type: str, domain: tuple[object, ...]
     ) -> list[str | None] | None:
-        """A public key's domain as the engine's distinct values, known without asking it
-        (``Probes.python_domain``)."""
+        """A public key's domain as the engine's values, without asking it (``Probes``)."""
         return self.probes.python_domain(analysis, expression, engine_type, domain)
 
     def details(self, plan: Plan) -> dict[str, object]:
@@ -342,8 +342,8 @@ class Session:
                 raise ParameterError("SET takes no parameters")
             self.set_option(statement.name, statement.value)
             return Result((), (), (), message=f"SET dpsql.{statement.name}")
-        if isinstance(statement, ShowOption):
-            return self._show(statement.name)
+        if isinstance(statement, ShowOption | ReadView):  # free: a setting, the budget, a view
+            return self._show(statement)
         if isinstance(statement, EstimateBounds):
             if params:
                 raise ParameterError("ESTIMATE BOUNDS takes no parameters")
@@ -419,13 +419,14 @@ class Session:
                 return hit
         return None
 
-    def _show(self, name: str) -> Result:
-        if name == "budget":
+    def _show(self, statement: ShowOption | ReadView) -> Result:
+        if isinstance(statement, ReadView):  # a continual-release view's released values
+            return views.answer(self, statement.name, statement.start, statement.end)
+        if statement.name == "budget":
             return Result(("budget",), ("VARCHAR",), ((str(self.budget()),),))
-        columns, rows = show_rows(self.settings(), name)
+        columns, rows = show_rows(self.settings(), statement.name)
         return Result(columns, ("VARCHAR",) * len(columns), rows)
 
-    # -- files of statements, planned as one workload --------------------------------------------
     def plan_workload(self, pieces: Sequence[Piece]) -> Workload:
         """Plan every statement of a file, then the file as one workload admitted on a copy
         of the budget (``dpsql.session.workload_plan``); nothing is charged."""

@@ -123,7 +123,31 @@ class EstimateBounds:
     quantile: Fraction | None = None
 
 
-Statement = Query | Explain | SetOption | ShowOption | EstimateBounds
+@dataclass(frozen=True)
+class ReadView:
+    """``VIEW name`` (each period the view released) or ``VIEW name FROM 'start' TO 'end'``
+    (one range of its periods): read from released values, free (``dpsql.session.views``)."""
+
+    name: str
+    start: str | None = None
+    end: str | None = None
+
+
+Statement = Query | Explain | SetOption | ShowOption | EstimateBounds | ReadView
+_VIEW_FORMS = "write VIEW name, or VIEW name FROM 'YYYY-MM-DD' TO 'YYYY-MM-DD'"
+
+
+def _parse_view(tokens: list[Token]) -> ReadView:
+    if not tokens or not _is_name(tokens[0]):
+        raise ParseError(f"VIEW needs a view's name: {_VIEW_FORMS}")
+    name, rest = tokens[0].text, tokens[1:]
+    if not rest:
+        return ReadView(name)
+    words = [t.text.upper() for t in rest]
+    strings = [t.token_type == TokenType.STRING for t in rest]
+    if len(rest) != 4 or words[0] != "FROM" or words[2] != "TO" or not (strings[1] and strings[3]):
+        raise ParseError(f"VIEW takes a name and an optional range: {_VIEW_FORMS}")
+    return ReadView(name, rest[1].text, rest[3].text)
 
 
 _ESTIMATE_FORMS = (
@@ -309,6 +333,8 @@ def parse_statement(text: str) -> Statement:
         return Explain(parse_select(rest_text), options, verbose)
     if head == "ESTIMATE":
         return _parse_estimate(tokens[1:])
+    if head == "VIEW":
+        return _parse_view(tokens[1:])
     text, options = split_options(text)
     return Query(parse_select(text), options)
 
