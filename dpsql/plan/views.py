@@ -31,7 +31,7 @@ tree or the factorization beats plain per-period answers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Literal
@@ -250,6 +250,8 @@ class Reading:
     design: Design
     released: tuple[Node, ...]  # in the order of the values
     adjustment: Adjustment | None
+    # Each range's weights and each (range, noise, confidence)'s ±, computed once.
+    _known: dict[object, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, design: Design, released: tuple[Node, ...]) -> Reading:
@@ -274,6 +276,12 @@ class Reading:
 
     def weights(self, start: int, end: int) -> dict[int, Fraction]:
         """The coefficients, on the released values, of the estimate of periods [start, end)."""
+        key = (start, end)
+        if key not in self._known:
+            self._known[key] = self._weights(start, end)
+        return self._known[key]  # type: ignore[no-any-return]
+
+    def _weights(self, start: int, end: int) -> dict[int, Fraction]:
         if not 0 <= start < end <= self.covered():
             raise UnsupportedQueryError("the range reads a period the view has not released")
         if self.adjustment is None:
@@ -294,10 +302,13 @@ class Reading:
         """The range's estimate (in measurement units) and its ± at ``confidence``."""
         w = self.weights(start, end)
         value = sum((a * values[k] for k, a in w.items()), Fraction(0))
-        width = linear_half_width([(a, noise) for a in w.values()], confidence)
-        if self.adjustment is None:
-            width += float(sum(abs(a) for a in w.values())) / 2  # the rounding's bias
-        return value, width
+        key = (start, end, noise, confidence)
+        if key not in self._known:
+            width = linear_half_width([(a, noise) for a in w.values()], confidence)
+            if self.adjustment is None:
+                width += float(sum(abs(a) for a in w.values())) / 2  # the rounding's bias
+            self._known[key] = width
+        return value, float(self._known[key])
 
 
 def same_measurements(a: tuple[Measurement, ...], b: tuple[Measurement, ...]) -> bool:

@@ -59,7 +59,7 @@ from dpsql.sql.parse import DIALECT, parse_select
 if TYPE_CHECKING:
     from dpsql.session.session import Session
 
-__all__ = ["answer", "declare", "plan_view", "release"]
+__all__ = ["answer", "declare", "plan_view", "release", "views_of"]
 
 
 def _base(session: Session, sql: str, epsilon: Fraction, delta: Fraction | None) -> Plan:
@@ -141,6 +141,11 @@ def declare(
                 base.event.delta, charge, by)  # fmt: skip
     record = store.append(VIEW_RECORD, view.payload(), session.analyst)
     return View.of(record.payload, record.seq)
+
+
+def views_of(session: Session) -> dict[str, View]:
+    """Every view declared in the session's ledger, by name."""
+    return views(session.filter.store.records())
 
 
 def _reserved(view: View) -> list[list[object]]:
