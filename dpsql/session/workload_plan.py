@@ -38,7 +38,14 @@ from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues
 from dpsql.session.pipeline import Pipeline
 from dpsql.session.plans import Planned
-from dpsql.sql.parse import EstimateBounds, Explain, SetOption, ShowOption, parse_statement
+from dpsql.sql.parse import (
+    EstimateBounds,
+    Explain,
+    ReadView,
+    SetOption,
+    ShowOption,
+    parse_statement,
+)
 from dpsql.sql.split import Piece
 
 __all__ = [
@@ -117,7 +124,7 @@ class Step:
     """A planned statement: its kind, its plan (queries), where its answer comes from."""
 
     piece: Piece
-    kind: str  # "set", "show", "explain", "query" or "estimate" (ESTIMATE BOUNDS)
+    kind: str  # "set", "show", "view", "explain", "query" or "estimate" (ESTIMATE BOUNDS)
     plan: Plan | None = None
     source: str = "free"  # "free", "charge", "cache" or "refused"
     note: str = ""
@@ -142,6 +149,8 @@ def _kind(piece: Piece) -> str:
         return "set"
     if isinstance(statement, ShowOption):
         return "show"
+    if isinstance(statement, ReadView):
+        return "view"  # a continual-release view's released values: free
     if isinstance(statement, EstimateBounds):
         return "estimate"
     return "explain" if isinstance(statement, Explain) else "query"
@@ -197,7 +206,7 @@ def plan_workload(session: Session, pieces: Sequence[Piece]) -> Workload:
     kept = _joint(session, steps[:low], trial)
     # Every query after the prefix is left out, one served by a statement of it included: the
     # prefix runs, and nothing after it (which could otherwise be charged on its own).
-    refused = [s if s.kind in ("set", "show", "explain") else
+    refused = [s if s.kind in ("set", "show", "view", "explain") else
                replace(s, source="refused", note="does not fit") for s in steps[low:]]  # fmt: skip
     return replace(kept, steps=kept.steps + tuple(refused), fits=False)
 

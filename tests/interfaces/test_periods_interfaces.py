@@ -104,3 +104,41 @@ def test_the_dbapi_and_the_shell(owned: tuple[Path, list[Path]]) -> None:
         assert "charged" in shown
         assert session.budget().epsilon_spent == Fraction(3, 2)
         assert "lifetime cap per person" in shell.handle("\\budget")
+
+
+VIEW_SQL = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+
+
+def test_views_from_the_cli_a_batch_file_the_server_and_the_dbapi(
+    owned: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    policy, _ = owned
+    planned = _ok(_cli(policy, "views", "plan", VIEW_SQL, "--horizon", "12", "--epsilon", "0.25"))
+    assert "view mechanism: plain" in planned
+    assert "tree never beats plain answers up to 256 periods" in planned
+    assert "a person in all 12 periods: epsilon 3" in planned
+    assert charges(policy.parent / "ledger.sqlite") == []  # planning charges nothing
+    added = _ok(_cli(policy, "views", "add", "monthly", VIEW_SQL, "--start", "2026-01-01",
+                     "--every", "month", "--horizon", "12", "--epsilon", "0.25",
+                     "--by", "owner"))  # fmt: skip
+    assert "view monthly, plain over 12 month(s) from 2026-01-01" in added
+    assert "monthly: plain, 12 month(s) from 2026-01-01" in _ok(_cli(policy, "views", "list"))
+    read = _ok(_cli(policy, "query", "VIEW monthly FROM '2026-01-01' TO '2026-04-01'"))
+    assert "period_start" in read and "central" in read
+    script = policy.parent / "read.sql"
+    script.write_text("VIEW monthly;\nVIEW monthly FROM '2026-02-01' TO '2026-03-01';\n",
+                      encoding="utf-8")  # fmt: skip
+    _ok(_cli(policy, "run", str(script)))
+    (reservation,) = charges(policy.parent / "ledger.sqlite")
+    assert Fraction(reservation.payload["epsilon"]) == 3  # 12 periods x 0.25, and nothing more
+    users = write_users(tmp_path / "users.json")
+    with ServerThread(policy, users) as server, connect(server.port, "alice") as conn:
+        rows = conn.execute("VIEW monthly").fetchall()
+        assert len(rows) == 3 * 5 and rows[0][2] == "central"
+    with dpsql.connect(policy) as conn:
+        cursor = conn.cursor()
+        cursor.execute("VIEW monthly FROM '2026-01-01' TO '2026-03-01'")
+        assert [d[0] for d in cursor.description][:4] == ["period_start", "period_end",
+                                                           "region", "n"]  # fmt: skip
+        assert len(cursor.fetchall()) == 5
+    assert len(charges(policy.parent / "ledger.sqlite")) == 1
