@@ -1,6 +1,11 @@
 """Growing data: the budget a monthly dashboard spends with blocks against data versions.
 
     python benchmarks/growing.py [--months 24] [--epsilon 0.1] [--seed 7] [--all-panels through]
+        [--run versions|periods|all] [--noise gaussian|laplace] [--lifetime 60]
+        [--period-epsilon 2]
+
+``--run periods`` (and ``all``, the default, first) runs the person-within-period run of
+``benchmarks/periods.py``: a lifetime cap per person, month budgets, a year-to-date view.
 
 Data: the example's visits (examples/data/visits.parquet, 378,910 rows of 50,000 users) shuffled
 with a seeded generator and cut into 24 equal slices; slice k is month k (2025-01 .. 2026-12),
@@ -59,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import periods
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -108,6 +114,11 @@ def write_months(folder: Path, months: int, seed: int) -> list[Path]:
 def policy(folder: Path, table: Path | None, version: str) -> Policy:
     """The example policy with a large budget; ``visits`` made of blocks (``table`` None) or
     the one file ``table`` under data version ``version``."""
+    return load_policy(raw_policy(table, version), base_dir=folder)
+
+
+def raw_policy(table: Path | None, version: str) -> dict[str, Any]:
+    """``policy``'s text as data."""
     raw: dict[str, Any] = tomllib.loads(
         (ROOT / "examples" / "policy.toml").read_text(), parse_float=Decimal
     )
@@ -127,7 +138,7 @@ def policy(folder: Path, table: Path | None, version: str) -> Policy:
         month_start(1),
         month_start(SLICES + 1) - dt.timedelta(days=1),
     ]
-    return load_policy(raw, base_dir=folder)
+    return raw
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,12 @@ def main() -> None:
     parser.add_argument("--months", type=int, default=24, help=f"1 to {SLICES} (default 24)")
     parser.add_argument("--epsilon", default="0.1", help="each statement's epsilon")
     parser.add_argument("--seed", type=int, default=7, help="the shuffle of the rows")
+    parser.add_argument("--run", choices=["versions", "periods", "all"], default="all",
+                        help="blocks against data versions, the periods run, or both")  # fmt: skip
+    parser.add_argument("--noise", choices=["gaussian", "laplace"], default="gaussian",
+                        help="the periods run's noise")  # fmt: skip
+    parser.add_argument("--lifetime", default="60", help="the periods run's lifetime cap")
+    parser.add_argument("--period-epsilon", default="2", help="each month's budget (periods)")
     parser.add_argument(
         "--all-panels",
         choices=["through", "open"],
@@ -237,6 +254,11 @@ def main() -> None:
         rows = [pq.ParquetFile(p).metadata.num_rows for p in files]
         print(f"{args.months} months of {min(rows):,}-{max(rows):,} rows, 6 panels a month at "
               f"epsilon {args.epsilon}, all-months panels: {args.all_panels}\n")  # fmt: skip
+        if args.run in ("periods", "all"):
+            periods.run(folder, files, month_start, raw_policy(None, "1"), args.epsilon,
+                        args.noise, args.lifetime, args.period_epsilon)  # fmt: skip
+        if args.run == "periods":
+            return
         start = time.perf_counter()
         board = Dashboard(args.epsilon, args.all_panels)
         made, read = blocks(folder, files, board)

@@ -22,14 +22,15 @@ from dataclasses import replace
 from fractions import Fraction
 
 from dpsql.errors import QueryError
-from dpsql.mechanisms.events import Composite, Event
+from dpsql.mechanisms.conversions import frac_down, frac_up, zcdp_to_dp
+from dpsql.mechanisms.events import Composite, Event, basic_pair, joint_zcdp, supports
 from dpsql.mechanisms.gaussian_events import ZCDP, DiscreteGaussian, Gaussian
 from dpsql.mechanisms.laplace_events import DiscreteLaplace, Laplace
 from dpsql.mechanisms.partition import laplace_tail_log
 from dpsql.mechanisms.selection_events import Exponential, LaplacePartitionSelection
 from dpsql.mechanisms.stated_events import ApproxDP, PureDP, SubsampledGaussian
 
-__all__ = ["for_group", "group_event", "selection_delta"]
+__all__ = ["certified", "for_group", "group_event", "selection_delta"]
 
 
 def _up(value: decimal.Decimal) -> Fraction:
@@ -96,12 +97,31 @@ def group_event(event: Event, k: int) -> Event:
     )
 
 
+def certified(events: tuple[Event, ...], delta: Fraction) -> tuple[Fraction, Fraction] | None:
+    """A pair that ``supports`` certifies for ``events``: the untargeted events' own pairs
+    (basic composition) and, for the targeted ones, their summed rho through the CKS conversion
+    at ``delta`` more (Bun, Steinke 2016, Lemma 2.3; Canonne, Kamath, Steinke 2020, Corollary
+    13), the route the calibration takes; None without targeted events or a share of delta.
+    It spares a targeted event's own curve, which sums its pmf over 40 sigma."""
+    targeted = [e for e in events if e.targeted]
+    joint = joint_zcdp(targeted)
+    if not targeted or joint is None or not 0 < delta < 1:
+        return None
+    eps = sum((basic_pair(e)[0] for e in events if not e.targeted), Fraction(0))
+    spent = sum((basic_pair(e)[1] for e in events if not e.targeted), Fraction(0))
+    pair = (eps + Fraction(zcdp_to_dp(frac_up(joint[0]), frac_down(delta))),
+            spent + joint[1] + delta)  # fmt: skip
+    return pair if supports(events, pair) else None
+
+
 def for_group(composite: Composite, k: int) -> Composite:
-    """A query's events for ``k`` units at once, composed as the query's were; its certified
-    pair is dropped (it held for one unit), so basic composition charges the sum of the
-    events' own guarded pairs."""
+    """A query's events for ``k`` units at once, composed as the query's were. Its certified
+    pair held for one unit: the group's is the CKS route at the query's own delta where it has
+    Gaussian events (``certified``), else none (basic composition then charges the sum of the
+    events' own guarded pairs)."""
     if k < 1:
         raise ValueError("a group has at least one unit")
     if k == 1:
         return composite
-    return Composite(tuple(group_event(e, k) for e in composite.events), None, composite.cell)
+    events = tuple(group_event(e, k) for e in composite.events)
+    return Composite(events, certified(events, composite.delta), composite.cell)

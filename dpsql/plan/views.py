@@ -41,6 +41,7 @@ import numpy as np
 from dpsql.errors import InternalError, UnsupportedQueryError
 from dpsql.mechanisms.events import Composite, Event
 from dpsql.mechanisms.gaussian_events import DiscreteGaussian
+from dpsql.mechanisms.group import certified
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
 from dpsql.mechanisms.tails import Noise, linear_half_width
 from dpsql.plan.plans import Measurement, Plan
@@ -168,7 +169,8 @@ def design(base: Plan, mechanism: MechanismName, horizon: int) -> Design:
     try:
         event = Composite(tuple(events), base.event.certified, base.event.cell)
     except InternalError:
-        event = Composite(tuple(events), None, base.event.cell)
+        pair = certified(tuple(events), base.event.delta)
+        event = Composite(tuple(events), pair, base.event.cell)
     return Design(mechanism, horizon, tuple(noises), event)
 
 
