@@ -421,7 +421,7 @@ class Session:
 
     def _show(self, statement: ShowOption | ReadView) -> Result:
         if isinstance(statement, ReadView):  # a continual-release view's released values
-            return views.answer(self, statement.name, statement.start, statement.end)
+            return views.read(self, statement)
         if statement.name == "budget":
             return Result(("budget",), ("VARCHAR",), ((str(self.budget()),),))
         columns, rows = show_rows(self.settings(), statement.name)

@@ -42,6 +42,8 @@ from dpsql.noise.gaussian import discrete_gaussian
 from dpsql.noise.laplace import discrete_laplace
 from dpsql.plan.plans import Plan
 from dpsql.plan.views import (
+    BREAKEVEN,
+    MAX_HORIZON,
     MECHANISMS,
     SCALE,
     Design,
@@ -49,17 +51,19 @@ from dpsql.plan.views import (
     choose,
     coefficients,
     design,
+    mean_half_widths,
     nodes,
     same_measurements,
 )
 from dpsql.policy.blocks import iso_date
+from dpsql.policy.numbers import decimal_text
 from dpsql.release.result import Result
-from dpsql.sql.parse import DIALECT, parse_select
+from dpsql.sql.parse import DIALECT, ReadView, parse_select
 
 if TYPE_CHECKING:
     from dpsql.session.session import Session
 
-__all__ = ["answer", "declare", "plan_view", "release", "views_of"]
+__all__ = ["answer", "declare", "explain", "plan_lines", "plan_view", "read", "release", "views_of"]
 
 
 def _base(session: Session, sql: str, epsilon: Fraction, delta: Fraction | None) -> Plan:
@@ -322,3 +326,60 @@ def answer(session: Session, name: str, start: str | None = None, end: str | Non
     types = ("DATE", "DATE", *("VARCHAR" for _ in keys), *("DOUBLE" for _ in outputs for _ in "ab"))
     message = f"view {name}: {chosen.mechanism}, served free from released values"
     return Result(tuple(columns), types, tuple(rows), message=message)
+
+
+def plan_lines(
+    session: Session,
+    sql: str,
+    *,
+    horizon: int,
+    epsilon: Fraction,
+    delta: Fraction | None = None,
+    mechanism: str = "auto",
+) -> list[str]:
+    """How a view of ``sql`` would be released (``dpsql views plan``, ``EXPLAIN VIEW``): its
+    mechanism, each mechanism's mean ± over the ranges of the horizon, from which horizon the
+    tree and the factorization beat plain answers, and what a period and a person pay."""
+    base, chosen = plan_view(session, sql, horizon=horizon, epsilon=epsilon, delta=delta,
+                             mechanism=mechanism)  # fmt: skip
+    gaussian = any(m.sigma2 is not None for m in base.measurements)
+    widths = mean_half_widths(horizon, gaussian)
+    lines = chosen.explain()
+    lines.append("mean standard deviation of a range, in units of one period's: "
+                 + ", ".join(f"{m} {w:.3f}" for m, w in widths.items()))  # fmt: skip
+    for name in ("tree", "factorization"):
+        if (name, gaussian) in BREAKEVEN:
+            at = BREAKEVEN[(name, gaussian)]
+            lines.append(f"{name} beats plain answers from a horizon of {at} periods"
+                         if at is not None else f"{name} never beats plain answers up to "
+                         f"{MAX_HORIZON} periods under this noise")  # fmt: skip
+    person = chosen.event
+    if session.pipeline.persons is not None:
+        reserved = [[str(i), "2000-01-01", "2000-01-02"] for i in range(horizon)]
+        person = session.pipeline.persons.person(chosen.event, {"reserved": reserved})[0]
+    n = decimal_text
+    lines.append(f"each period pays epsilon {n(chosen.event.epsilon)}, delta "
+                 f"{n(chosen.event.delta)} per person-period")  # fmt: skip
+    lines.append(f"a person in all {horizon} periods: epsilon {n(person.epsilon)}, delta "
+                 f"{n(person.delta)} of the lifetime cap")  # fmt: skip
+    return lines
+
+
+def explain(session: Session, name: str) -> Result:
+    """``EXPLAIN VIEW name``: ``plan_lines`` of a declared view, reading nothing."""
+    view = views_of(session).get(name)
+    if view is None:
+        raise ParameterError(f"no view is named {name}")
+    c = view.calendar
+    lines = [f"view {name}: {c.horizon} {c.every}(s) from {c.start}, reserved by charge "
+             f"{view.charge}"]  # fmt: skip
+    lines += plan_lines(session, view.sql, horizon=c.horizon, epsilon=view.epsilon,
+                        delta=view.delta or None, mechanism=view.mechanism)  # fmt: skip
+    return Result(("plan",), ("VARCHAR",), tuple((line,) for line in lines))
+
+
+def read(session: Session, statement: ReadView) -> Result:
+    """``VIEW name [FROM ... TO ...]`` or ``EXPLAIN VIEW name``."""
+    if statement.explain:
+        return explain(session, statement.name)
+    return answer(session, statement.name, statement.start, statement.end)

@@ -131,6 +131,7 @@ class ReadView:
     name: str
     start: str | None = None
     end: str | None = None
+    explain: bool = False  # ``EXPLAIN VIEW name``: how it is released and what it costs
 
 
 Statement = Query | Explain | SetOption | ShowOption | EstimateBounds | ReadView
@@ -328,6 +329,12 @@ def parse_statement(text: str) -> Statement:
             raise ParseError(f"{head} takes one setting name")
         return SetOption(name, None) if head == "RESET" else ShowOption(name)
     if head == "EXPLAIN":
+        rest = _tokens(rest_text)
+        if rest and rest[0].text.upper() == "VIEW":
+            view = _parse_view(rest[1:])
+            if view.start is not None:
+                raise ParseError("EXPLAIN VIEW takes a view's name only")
+            return replace(view, explain=True)
         rest_text, verbose = _verbose(rest_text)
         rest_text, options = split_options(rest_text)
         return Explain(parse_select(rest_text), options, verbose)

@@ -135,6 +135,12 @@ def test_views_from_the_cli_a_batch_file_the_server_and_the_dbapi(
     with ServerThread(policy, users) as server, connect(server.port, "alice") as conn:
         rows = conn.execute("VIEW monthly").fetchall()
         assert len(rows) == 3 * 5 and rows[0][2] == "central"
+    explained = _ok(_cli(policy, "query", "EXPLAIN VIEW monthly"))
+    assert "view monthly: 12 month(s) from 2026-01-01" in explained
+    assert "a person in all 12 periods: epsilon 3" in explained
+    with closing(Session(load_policy(policy))) as session:
+        shown = Shell(session).handle("VIEW monthly FROM '2026-01-01' TO '2026-02-01';")
+        assert "central" in shown and "period_start" in shown
     with dpsql.connect(policy) as conn:
         cursor = conn.cursor()
         cursor.execute("VIEW monthly FROM '2026-01-01' TO '2026-03-01'")

@@ -17,7 +17,6 @@ from dpsql.accounting.ledger.views import view_values, views
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.context import Config, exit_code, fail, pass_config
 from dpsql.interfaces.cli.params import TEXT
-from dpsql.plan.views import BREAKEVEN, mean_half_widths
 from dpsql.policy.numbers import decimal_text, to_fraction
 from dpsql.session import views as session_views
 from dpsql.session.session import Session
@@ -46,35 +45,6 @@ def _fraction(text: str | None, name: str) -> Fraction | None:
     return None if text is None else to_fraction(text, name)
 
 
-def plan_lines(session: Session, sql: str, *, horizon: int, epsilon: Fraction,
-               delta: Fraction | None, mechanism: str) -> list[str]:  # fmt: skip
-    """What ``dpsql views plan`` prints."""
-    base, design = session_views.plan_view(
-        session, sql, horizon=horizon, epsilon=epsilon, delta=delta, mechanism=mechanism
-    )
-    gaussian = any(m.sigma2 is not None for m in base.measurements)
-    widths = mean_half_widths(horizon, gaussian)
-    lines = design.explain()
-    lines.append("mean standard deviation of a range, in units of one period's: " + ", ".join(
-        f"{m} {w:.3f}" for m, w in widths.items()))  # fmt: skip
-    for name in ("tree", "factorization"):
-        key = (name, gaussian)
-        if key in BREAKEVEN:
-            at = BREAKEVEN[key]
-            lines.append(f"{name} beats plain answers from a horizon of {at} periods"
-                         if at is not None else f"{name} never beats plain answers up to 256 "
-                         "periods under this noise")  # fmt: skip
-    person, _ = (session.pipeline.persons.person(design.event, {"reserved": [
-        [str(i), "2000-01-01", "2000-01-02"] for i in range(horizon)]})
-        if session.pipeline.persons is not None else (design.event, {}))  # fmt: skip
-    n = decimal_text
-    lines.append(f"each period pays epsilon {n(design.event.epsilon)}, delta "
-                 f"{n(design.event.delta)} per person-period")  # fmt: skip
-    lines.append(f"a person in all {horizon} periods: epsilon {n(person.epsilon)}, delta "
-                 f"{n(person.delta)} of the lifetime cap")  # fmt: skip
-    return lines
-
-
 @views_group.command("plan")
 @_SQL
 @_HORIZON
@@ -95,8 +65,9 @@ def plan_command(  # noqa: PLR0917 - click passes every option
     try:
         eps = _fraction(epsilon, "--epsilon")
         assert eps is not None
-        lines = plan_lines(session, sql, horizon=horizon, epsilon=eps,
-                           delta=_fraction(delta, "--delta"), mechanism=mechanism)  # fmt: skip
+        lines = session_views.plan_lines(session, sql, horizon=horizon, epsilon=eps,
+                                         delta=_fraction(delta, "--delta"),
+                                         mechanism=mechanism)  # fmt: skip
         click.echo("\n".join(lines))
     except DpsqlError as exc:
         fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
