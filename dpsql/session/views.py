@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlglot import exp
 
+from dpsql.accounting.budget.budget import Budget
 from dpsql.accounting.ledger.views import (
     VIEW_NAME,
     VIEW_RECORD,
@@ -35,6 +36,7 @@ from dpsql.accounting.ledger.views import (
     view_values,
     views,
 )
+from dpsql.engine.base import Engine
 from dpsql.errors import EngineError, ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.mechanisms.event_kinds import composite_to_json
 from dpsql.mechanisms.tails import Noise
@@ -55,21 +57,54 @@ from dpsql.plan.views import (
     nodes,
     same_measurements,
 )
+from dpsql.policy import Policy
 from dpsql.policy.blocks import iso_date
 from dpsql.policy.numbers import decimal_text
 from dpsql.release.result import Result
+from dpsql.session.blocks import Registered
+from dpsql.session.effective import Settings, SetValues
+from dpsql.session.pipeline import Pipeline
 from dpsql.sql.parse import DIALECT, ReadView, parse_select
 
-if TYPE_CHECKING:
-    from dpsql.session.session import Session
+
+class Session(Protocol):
+    """What the views read of a ``dpsql.session.session.Session``."""
+
+    policy: Policy
+    pipeline: Pipeline
+    registered: Registered
+    engine: Engine
+    analyst: str | None
+    set_values: SetValues
+
+    @property
+    def filter(self) -> Budget: ...
+
+    def plan(self, sql: str, params: Sequence[object] | None = None, **options: object) -> Plan:
+        """Plan without running or charging anything."""
+
+    def settings(self, options: Mapping[str, object] | None = None) -> Settings:
+        """The effective settings."""
+
 
 __all__ = ["answer", "declare", "explain", "plan_lines", "plan_view", "read", "release", "views_of"]
+
+
+# Settings that change no bounded row and no noise: a view is read under any of them.
+_NEUTRAL = frozenset({"confidence", "accuracy_columns", "fresh", "share"})
 
 
 def _base(session: Session, sql: str, epsilon: Fraction, delta: Fraction | None) -> Plan:
     periods = session.policy.periods
     if periods is None:
         raise PolicyError("a view needs a person-within-period unit (the policy's periods)")
+    moved = sorted(set(session.set_values.values()) - _NEUTRAL)
+    if moved:
+        # Its every value is planned on the policy alone, as when its cost was reserved.
+        raise ParameterError(
+            "a view is planned and released on the policy's settings: RESET "
+            + ", ".join(f"dpsql.{name}" for name in moved)
+        )
     plan = (
         session.plan(sql, epsilon=epsilon)
         if delta is None

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from dpsql.accounting.budget.budget import Budget
+from dpsql.accounting.budget.periods import PeriodCharge
 from dpsql.cache.families import family_key, released_family
 from dpsql.cache.releases import ReleaseCache
 from dpsql.engine.base import Engine
@@ -38,12 +39,10 @@ from dpsql.session.bounds import Estimates
 from dpsql.session.effective import Settings, SetValues
 from dpsql.session.pipeline import Pipeline
 from dpsql.session.plans import Planned
+from dpsql.session.steps import Step, blocks_read, kind_of
 from dpsql.sql.parse import (
     EstimateBounds,
-    Explain,
-    ReadView,
     SetOption,
-    ShowOption,
     parse_statement,
 )
 from dpsql.sql.split import Piece
@@ -53,6 +52,7 @@ __all__ = [
     "Session",
     "Step",
     "Workload",
+    "blocks_read",
     "bounded_at",
     "one_line",
     "plan_file",
@@ -117,43 +117,6 @@ class Session(Protocol):
     ) -> Plan: ...
 
     def budget(self) -> Any: ...
-
-
-@dataclass(frozen=True)
-class Step:
-    """A planned statement: its kind, its plan (queries), where its answer comes from."""
-
-    piece: Piece
-    kind: str  # "set", "show", "view", "explain", "query" or "estimate" (ESTIMATE BOUNDS)
-    plan: Plan | None = None
-    source: str = "free"  # "free", "charge", "cache" or "refused"
-    note: str = ""
-    # The SET values in force at this statement (a family's bounded query is planned with
-    # the fine statement's), and the loss of an ESTIMATE BOUNDS.
-    settings: Mapping[str, object] = field(default_factory=dict)
-    event: Composite | None = None
-    # Under the workload's joint plan: its variance over its independent plan's (None: on its
-    # own), and what bounds its family: the number of the statement whose grouping it is, or
-    # "(keys)" for the union of its members' keys.
-    ratio: float | None = None
-    family: str | None = None
-
-    @property
-    def charged(self) -> bool:
-        return self.source == "charge"
-
-
-def _kind(piece: Piece) -> str:
-    statement = parse_statement(piece.text)
-    if isinstance(statement, SetOption):
-        return "set"
-    if isinstance(statement, ShowOption):
-        return "show"
-    if isinstance(statement, ReadView):
-        return "view"  # a continual-release view's released values: free
-    if isinstance(statement, EstimateBounds):
-        return "estimate"
-    return "explain" if isinstance(statement, Explain) else "query"
 
 
 @dataclass(frozen=True)
@@ -263,8 +226,15 @@ def _joint(session: Session, steps: Sequence[Step], trial: Budget) -> Workload:
     event = _workload_event(events, independent, certified) if events else None
     fits = True
     if event is not None:
+        # Decided as the charge will be: for a person under a person-within-period unit.
+        person, details = event, {"blocks": blocks_read(out)}
+        persons = session.pipeline.persons
+        if persons is not None:
+            person, details = persons.person(event, details)
+        read = details.get("periods")
+        period = PeriodCharge.of(read) if isinstance(read, Mapping) else None
         try:
-            trial._decide(event, session.analyst, trial.store.records())
+            trial._decide(person, session.analyst, trial.store.records(), period)
         except BudgetExceededError:
             fits = False
     return Workload(tuple(out), joint, event, fits, independent, released)
@@ -374,7 +344,7 @@ def _plan_soon(
     shared = {} if "moments" in settings else {"moments": "separate"}
     checked = session.planned_soon(piece.text, None, shared, current=piece.number == 1)
     if checked is None:
-        kind = _kind(piece)
+        kind = kind_of(piece)
         if kind == "set":
             statement = parse_statement(piece.text)
             assert isinstance(statement, SetOption)
@@ -396,7 +366,11 @@ def _plan_soon(
                     event, source, note = None, "cache", f"statement {planned[same]}"
                 else:
                     planned[same] = piece.number
-            return lambda: Step(piece, kind, None, source, note, settings=settings, event=event)
+            found = estimate.details.get("blocks")
+            read = tuple((str(t), tuple(ids)) for t, ids in found.items()) if isinstance(
+                found, Mapping) else ()  # fmt: skip
+            return lambda: Step(piece, kind, None, source, note, settings=settings, event=event,
+                                blocks=read)  # fmt: skip
         return lambda: Step(piece, kind, settings=settings)
     fresh = session.settings().fresh  # as SET before this statement left it
     return lambda: _decide(session, piece, checked(), planned, settings, fresh=fresh)

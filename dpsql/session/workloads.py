@@ -46,6 +46,7 @@ from dpsql.session.workload_plan import (
     Session,
     Step,
     Workload,
+    blocks_read,
     one_line,
     plan_workload,
     statement_totals,
@@ -163,7 +164,7 @@ def run_workload(session: Session, workload: Workload) -> Iterator[tuple[Step, R
             "engine": session.engine.name,
             "policy_version": session.policy_version(),
             "data_version": session.policy.dataset.data_version,
-            **({"blocks": read} if (read := _blocks_read(workload)) else {}),
+            **({"blocks": read} if (read := blocks_read(workload.steps)) else {}),
         }
     answered: dict[int, Result] = {}
     steps = [_stepper(session, workload, i, answered) for i in range(len(workload.steps))]
@@ -233,12 +234,3 @@ def run_script(
             "budget; nothing was run or charged"
         )
     return list(run_workload(session, workload))
-
-
-def _blocks_read(workload: Workload) -> dict[str, list[str]]:
-    """The blocks the workload's charged statements read, by table (for the owner's audit)."""
-    read: dict[str, list[str]] = {}
-    for step in workload.steps:
-        for table, ids in step.plan.blocks if step.charged and step.plan is not None else ():
-            read[table] = sorted({*read.get(table, []), *ids})
-    return read

@@ -67,7 +67,8 @@ def test_the_cli_budget_screen_and_report_lead_with_the_lifetime_cap(
     script.write_text("SET dpsql.epsilon = 1.6;\n" + FIRST_TWO.replace("COUNT(*)", "SUM(spend)")
                       + ";\n", encoding="utf-8")  # fmt: skip
     refused = _cli(policy, "run", str(script))
-    assert refused.exit_code != 0 and "period 2026-01 of visits over its budget" in refused.output
+    # Refused when the file is planned: its admission is the charge's, period budgets included.
+    assert refused.exit_code == 4 and "do not fit the remaining budget" in refused.output
 
 
 def test_a_server_charges_the_person_and_hides_the_period_column(
@@ -148,3 +149,8 @@ def test_views_from_the_cli_a_batch_file_the_server_and_the_dbapi(
                                                            "region", "n"]  # fmt: skip
         assert len(cursor.fetchall()) == 5
     assert len(charges(policy.parent / "ledger.sqlite")) == 1
+    report = json.loads(_ok(_cli(policy, "report", "--format", "json")))
+    kinds = {entry["kind"] for entry in report["schedule"]}
+    assert {"view", "view_value"} <= kinds
+    assert "): ok" in _ok(_cli(policy, "ledger", "verify"))
+    _ok(_cli(policy, "report", "--format", "html"))

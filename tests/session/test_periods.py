@@ -209,3 +209,26 @@ def test_the_policy_checks_its_periods(
 ) -> None:
     with pytest.raises(PolicyError, match=message):
         load_policy({**raw_policy(), **change}, base_dir=tmp_path)
+
+
+def test_every_charge_path_on_the_table_pays_for_the_person(tmp_path: Path) -> None:
+    """A file of only an ESTIMATE BOUNDS, a file whose statements one family answers, and a
+    query on bounds chosen per query: each charged at the periods it read."""
+    raw = raw_policy()
+    raw["tables"]["visits"]["bounds"] = ["max_rows_per_unit"]
+    with closing(Session(load_policy(raw, base_dir=tmp_path))) as session:
+        months(session, tmp_path, 3)
+        session.run_script("SET dpsql.epsilon = 0.2;\nESTIMATE BOUNDS FOR visits;\n")
+        assert last_charge(session)["periods"]["persons"] == 3
+        assert session.budget().epsilon_spent == Fraction(3, 5)
+        family = ("SET dpsql.epsilon = 0.1;\nSELECT region, COUNT(*) AS n FROM visits WHERE day "
+                  "< '2026-03-01' GROUP BY region;\nSELECT COUNT(*) AS t FROM visits WHERE day < "
+                  "'2026-03-01';\n")  # fmt: skip
+        session.run_script(family)
+        charge = last_charge(session)
+        assert charge["periods"]["persons"] == 2 and charge["query"].startswith("WORKLOAD")
+        before = session.budget().epsilon_spent
+        auto = session.execute("SELECT COUNT(*) AS a FROM visits", epsilon="0.1",
+                               bounds="auto", max_rows_per_unit=None)  # fmt: skip
+        assert auto.charge is not None
+        assert session.budget().epsilon_spent - before == Fraction(3, 10)

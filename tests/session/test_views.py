@@ -217,3 +217,14 @@ def test_a_person_period_moves_only_the_values_that_hold_its_period(tmp_path: Pa
             moved = [abs(a - b) for a, b in zip(after[j], before[j], strict=True)]
             assert max(moved) <= m.per_group and sum(moved) <= m.sensitivity, (node, m.label)
             assert sum(1 for x in moved if x) <= m.groups
+
+
+def test_a_view_is_read_on_the_policys_settings_only(tmp_path: Path) -> None:
+    with closing(_session(tmp_path)) as session:
+        add(session, tmp_path, "m1", 1)
+        _declare(session)
+        session.execute("SET dpsql.confidence = 0.9")  # the ± only: read as usual
+        assert session.execute("VIEW monthly").rows
+        session.execute("SET dpsql.max_groups_per_unit = 5")
+        with pytest.raises(ParameterError, match=r"RESET dpsql\.max_groups_per_unit"):
+            session.execute("VIEW monthly")
