@@ -19,7 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_BUDGET, TINY_COLUMNS
+from conftest import TINY_BUDGET, TINY_COLUMNS, examples
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpsql.errors import BudgetExceededError, PolicyError, UnsupportedQueryError
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
@@ -232,3 +234,42 @@ def test_every_charge_path_on_the_table_pays_for_the_person(tmp_path: Path) -> N
                                bounds="auto", max_rows_per_unit=None)  # fmt: skip
         assert auto.charge is not None
         assert session.budget().epsilon_spent - before == Fraction(3, 10)
+
+
+EDGES = [a + dt.timedelta(days=d) for a, _ in MONTHS[:5] for d in (-1, 0, 1)]
+DAYS = st.one_of(st.sampled_from(EDGES), st.dates(dt.date(2025, 12, 20), dt.date(2026, 5, 10)))
+TERM = st.one_of(
+    st.tuples(st.sampled_from([">=", ">", "<", "<=", "="]), DAYS, st.booleans()).map(
+        lambda t: f"day {t[0]} {'DATE ' if t[2] else ''}'{t[1]}'"
+    ),
+    st.tuples(DAYS, DAYS).map(lambda t: f"day BETWEEN '{min(t)}' AND '{max(t)}'"),
+    st.sampled_from(
+        [
+            "region = 'east'",
+            "spend > 100",
+            "NOT day < '2026-02-01'",
+            "(day < '2026-02-01' OR day >= '2026-04-01')",
+        ]
+    ),
+)
+
+
+@settings(max_examples=examples(60), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(terms=st.lists(TERM, min_size=1, max_size=3))
+def test_the_periods_a_query_is_charged_for_hold_every_row_it_reads(
+    tmp_path_factory: pytest.TempPathFactory, terms: list[str]
+) -> None:
+    """k, the periods a query is charged for, is the blocks its WHERE does not exclude: every
+    row the WHERE keeps lies in one of them (else a person's loss would be undercounted)."""
+    folder = tmp_path_factory.mktemp("k")
+    with closing(Session(policy(folder))) as session:
+        months(session, folder, 4)
+        where = " AND ".join(terms)
+        plan = session.plan(f"SELECT COUNT(*) AS n FROM visits WHERE {where}")
+        ((_, read),) = plan.blocks
+        starts = {b.start for b in session.registered.blocks.active("visits") if b.id in read}
+        rows = session.engine._con.execute(
+            f"SELECT DISTINCT _dpsql_period FROM visits WHERE {where}"
+        ).fetchall()
+        assert {r[0] for r in rows} <= starts, (where, read)
