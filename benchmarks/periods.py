@@ -27,7 +27,10 @@ noise (what the ± covers) and the true count (raw DuckDB; the example policy's 
 about 40% of a month's rows: a bias the ± does not cover, which the diagnosis reports).
 
 Then, for every horizon T <= the months: each mechanism's mean ± over the ranges of T periods
-in units of one period's noise, the mechanism chosen and its ratio to plain answers (at most 1).
+in units of one period's noise, the mechanism chosen and its ratio to plain answers (at most 1),
+and range by range: how many ranges the chosen mechanism answers with a smaller ± than plain
+answers, and the best and worst ratio (short ranges are answered less well by a tree or a
+factorization than by plain answers: the choice is by the mean).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from dpsql.accounting.ledger.views import view_values
-from dpsql.plan.views import Reading, mean_half_widths
+from dpsql.plan.views import Reading, _range_variances, mean_half_widths
 from dpsql.policy import load_policy
 from dpsql.session import views
 from dpsql.session.blocks import register
@@ -128,18 +132,31 @@ def run(  # noqa: PLR0917 - the benchmark's settings
                   f"{central[3]:>11.0f} | {central[4]:>7.0f} | {plan_width:>7.0f} | {bounded:>7} | "
                   f"{true[0] if true else 0:>6} | {seconds:>5.2f}")  # fmt: skip
         chosen = views.views_of(session)["ytd"].mechanism
-    gaussian = noise == "gaussian"
-    print(f"\nthe YTD view's mechanism: {chosen}. Mean ± of a range of periods, in units of one "
-          "period's noise, by horizon T:\n")  # fmt: skip
-    head = f"{'T':>3} | {'plain':>7} | {'tree':>7} | {'factorization':>13} | chosen | ratio"
+    print(f"\nthe YTD view's mechanism: {chosen}.")
+    horizons(months, noise == "gaussian")
+
+
+def horizons(months: int, gaussian: bool) -> None:
+    """For every horizon T up to ``months``: each mechanism's mean ± over the ranges of T
+    periods, in units of one period's noise, the choice, and range by range against plain."""
+    print("Mean ± of a range of periods, in units of one period's noise, by horizon T:\n")
+    head = (f"{'T':>3} | {'plain':>7} | {'tree':>7} | {'factorization':>13} | chosen        | "
+            f"ratio | {'ranges better':>13} | {'best':>5} | {'worst':>5}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for t in range(1, months + 1):
         widths = mean_half_widths(t, gaussian)
         best = min(widths, key=lambda m: (widths[m], m != "plain"))
         fact = f"{widths['factorization']:>13.3f}" if "factorization" in widths else f"{'-':>13}"
+        # Range by range: the chosen mechanism's ± over plain answers' (ranges of T periods).
+        a, b = np.triu_indices(t)
+        ratio = np.sqrt(_range_variances(best, t, gaussian)[a, b]
+                        / _range_variances("plain", t, gaussian)[a, b])  # fmt: skip
+        better = int(np.sum(ratio < 1 - 1e-9))
         print(f"{t:>3} | {widths['plain']:>7.3f} | {widths['tree']:>7.3f} | {fact} | "
-              f"{best:<6} | {widths[best] / widths['plain']:.3f}")  # fmt: skip
+              f"{best:<13} | {widths[best] / widths['plain']:.3f} | "
+              f"{better:>5} of {len(ratio):<5} | {ratio.min():.2f} | "
+              f"{ratio.max():.2f}")  # fmt: skip
 
 
 def _bounded(session: Session, year: dt.date, end: dt.date) -> int:
