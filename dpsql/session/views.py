@@ -262,7 +262,9 @@ def release(session: Session, view: View) -> int:
     base, chosen = _design_of(session, view)
     arrived = _arrived(session, view)
     store = session.filter.store
-    done = set(view_values(store.records(), view.name))
+    recorded = view_values(store.records(), view.name)
+    done = set(recorded)
+    known = next(iter(recorded.values()))["keys"] if recorded else None
     exact: dict[int, Any] = {}
     made = 0
     for first, end in nodes(view.calendar.horizon, chosen.mechanism):
@@ -278,6 +280,10 @@ def release(session: Session, view: View) -> int:
             values = [list(t) for t in totals]
         noisy = [_noised(v, noise) for v, noise in zip(values, chosen.noises, strict=True)]
         plain = [[_plain_key(k) for k in key] for key in keys]
+        if known is not None and plain != known:
+            # The groups moved (a public domain changed): its values would not add up.
+            raise PolicyError(f"view {view.name}'s groups changed since its first value")
+        known = plain
         payload = {"view": view.name, "start": first, "end": end, "keys": plain, "values": noisy}
 
         def once(records: Sequence[Any], node: tuple[int, int] = (first, end)) -> None:

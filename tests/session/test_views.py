@@ -228,3 +228,21 @@ def test_a_view_is_read_on_the_policys_settings_only(tmp_path: Path) -> None:
         session.execute("SET dpsql.max_groups_per_unit = 5")
         with pytest.raises(ParameterError, match=r"RESET dpsql\.max_groups_per_unit"):
             session.execute("VIEW monthly")
+
+
+def test_a_view_whose_groups_moved_is_refused(tmp_path: Path) -> None:
+    raw = raw_policy("40", epsilon="4")
+    raw["ledger"] = {"path": "views.ledger"}
+    policy = load_policy(raw, base_dir=tmp_path)
+    create_ledger(policy).close()
+    with closing(Session(policy)) as session:
+        add(session, tmp_path, "m1", 1)
+        _declare(session)
+        assert len(session.execute("VIEW monthly").rows) == 5
+    regions = raw["tables"]["visits"]["columns"]["region"]
+    regions["public_values"] = [*regions["public_values"], "elsewhere"]
+    with closing(Session(load_policy(raw, base_dir=tmp_path))) as moved:
+        add(moved, tmp_path, "m2", 2)
+        with pytest.raises(PolicyError, match="groups changed"):
+            moved.execute("VIEW monthly")
+        assert len([r for r in moved.filter.store.records() if r.kind == VIEW_VALUE]) == 1
