@@ -224,7 +224,7 @@ def choose(horizon: int, gaussian: bool) -> MechanismName:
 
 
 # ``breakeven`` of each mechanism and noise (Gaussian or not), computed once and checked by
-# tests/plan/test_views.py: under pure epsilon the tree's L-fold Laplace scale never pays.
+# tests/plan/test_view_mechanisms.py: under pure epsilon the tree's L-fold Laplace scale never pays.
 BREAKEVEN: dict[tuple[str, bool], int | None] = {
     ("tree", False): None,
     ("tree", True): 12,
