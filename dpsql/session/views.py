@@ -173,9 +173,11 @@ def declare(
     reserved = [[i, a.isoformat(), b.isoformat()] for i, a, b in calendar.periods()]
     details = {"view": name, "reserved": reserved, "unit_event": composite_to_json(chosen.event)}
     # The one charge: each period pays the unit's loss, the lifetime cap the person's.
-    for _ in session.pipeline.batch(chosen.event, f"VIEW {name}: {sql}", details, []):
-        pass
-    charge = session.filter.charges[-1].seq
+    (charged,) = session.pipeline.batch(
+        chosen.event, f"VIEW {name}: {sql}", details, [lambda made: made]
+    )
+    assert charged is not None  # an event is always charged
+    charge = charged.seq  # this charge's own record, whatever other processes appended
     view = View(name, sql, base.analysis.table, calendar, chosen.mechanism, base.event.epsilon,
                 base.event.delta, charge, by)  # fmt: skip
     record = store.append(VIEW_RECORD, view.payload(), session.analyst)
