@@ -18,7 +18,6 @@ at once: one value, the other discarded unseen), so no node is ever noised twice
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -260,7 +259,7 @@ def _plain_key(value: object) -> object:
 
 
 def release(session: Session, view: View) -> int:
-    """Record the values of ``view`` whose periods have arrived; how many were recorded."""
+    """Record the values of ``view`` whose periods have arrived; how many this call recorded."""
     base, chosen = _design_of(session, view)
     arrived = _arrived(session, view)
     store = session.filter.store
@@ -293,9 +292,11 @@ def release(session: Session, view: View) -> int:
             if node in view_values(records, view.name):
                 raise _TakenError()
 
-        with contextlib.suppress(_TakenError):
+        try:
             store.append(VIEW_VALUE, payload, session.analyst, once)
-        made += 1
+            made += 1
+        except _TakenError:
+            pass  # recorded by another session meanwhile: that value stands
         done.add((first, end))
     return made
 

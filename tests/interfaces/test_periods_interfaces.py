@@ -10,6 +10,7 @@ from contextlib import closing
 from fractions import Fraction
 from pathlib import Path
 
+import duckdb
 import pytest
 from click.testing import Result
 from server_fixtures import ServerThread, charges, connect, write_users
@@ -123,6 +124,13 @@ def test_views_from_the_cli_a_batch_file_the_server_and_the_dbapi(
                      "--every", "month", "--horizon", "12", "--epsilon", "0.25",
                      "--by", "owner"))  # fmt: skip
     assert "view monthly, plain over 12 month(s) from 2026-01-01" in added
+    # A block that completes a period releases the view's values as it arrives.
+    april = policy.parent / "visits-4.parquet"
+    duckdb.sql(f"""COPY (SELECT (i % 200)::BIGINT AS user_id, 'east' AS region,
+                  10.0::DOUBLE AS spend, DATE '2026-04-01' + (i % 28)::INTEGER AS day
+                  FROM range(300) t(i)) TO '{april}' (FORMAT PARQUET)""")
+    registered = _ok(_add(policy, 4, april))
+    assert "view monthly: 4 value(s) released" in registered
     assert "monthly: plain, 12 month(s) from 2026-01-01" in _ok(_cli(policy, "views", "list"))
     read = _ok(_cli(policy, "query", "VIEW monthly FROM '2026-01-01' TO '2026-04-01'"))
     assert "period_start" in read and "central" in read
@@ -135,7 +143,7 @@ def test_views_from_the_cli_a_batch_file_the_server_and_the_dbapi(
     users = write_users(tmp_path / "users.json")
     with ServerThread(policy, users) as server, connect(server.port, "alice") as conn:
         rows = conn.execute("VIEW monthly").fetchall()
-        assert len(rows) == 3 * 5 and rows[0][2] == "central"
+        assert len(rows) == 4 * 5 and rows[0][2] == "central"
     explained = _ok(_cli(policy, "query", "EXPLAIN VIEW monthly"))
     assert "view monthly: 12 month(s) from 2026-01-01" in explained
     assert "a person in all 12 periods: epsilon 3" in explained

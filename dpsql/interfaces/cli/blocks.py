@@ -17,11 +17,14 @@ import click
 
 from dpsql.accounting.ledger.blocks import block_list, retired
 from dpsql.accounting.ledger.chain import Record
+from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.context import Config, pass_config
 from dpsql.interfaces.cli.ledger import _open
 from dpsql.interfaces.cli.params import TEXT
 from dpsql.policy.blocks import BlockList
 from dpsql.session.blocks import register, remove
+from dpsql.session.session import Session
+from dpsql.session.views import release, views_of
 
 __all__ = ["block_lines", "blocks"]
 
@@ -63,6 +66,29 @@ def _register(  # noqa: PLR0917 - a command's arguments, passed on
         f"record {done.seq}: block {done.id} of table {done.table}, {done.start.isoformat()} "
         f"to {done.end.isoformat()}, {len(done.files)} file(s): {what}"
     )
+    if policy.periods is not None and policy.periods.table == done.table:
+        release_views(config)
+
+
+def release_views(config: Config) -> None:
+    """The values of every view that a new block completes, released as the block arrives
+    (``dpsql.session.views.release``; a view not released now is at its next read)."""
+    try:
+        session = Session(config.policy(), config.analyst)
+    except DpsqlError as exc:
+        click.echo(f"views: not released now ({type(exc).__name__}); each is at its next read")
+        return
+    try:
+        for view in views_of(session).values():
+            try:
+                made = release(session, view)
+            except DpsqlError as exc:
+                click.echo(f"view {view.name}: not released ({type(exc).__name__}: {exc})")
+                continue
+            if made:
+                click.echo(f"view {view.name}: {made} value(s) released")
+    finally:
+        session.close()
 
 
 @blocks.command("add")
