@@ -38,6 +38,7 @@ from dpsql.accounting.ledger.views import (
 from dpsql.engine.base import Engine
 from dpsql.errors import EngineError, ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.mechanisms.event_kinds import composite_to_json
+from dpsql.mechanisms.group import for_group
 from dpsql.mechanisms.tails import Noise
 from dpsql.noise.gaussian import discrete_gaussian
 from dpsql.noise.laplace import discrete_laplace
@@ -169,8 +170,8 @@ def declare(
     base, chosen = plan_view(session, sql, horizon=horizon, epsilon=epsilon, delta=delta,
                              mechanism=mechanism)  # fmt: skip
     calendar = Calendar(first, every, horizon)  # type: ignore[arg-type]
-    reserved = [[i, a.isoformat(), b.isoformat()] for i, a, b in calendar.periods()]
-    details = {"view": name, "reserved": reserved, "unit_event": composite_to_json(chosen.event)}
+    details = {"view": name, "reserved": calendar.reserved(),
+               "unit_event": composite_to_json(chosen.event)}  # fmt: skip
     # The one charge: each period pays the unit's loss, the lifetime cap the person's.
     (charged,) = session.pipeline.batch(
         chosen.event, f"VIEW {name}: {sql}", details, [lambda made: made]
@@ -188,10 +189,6 @@ def views_of(session: Session) -> dict[str, View]:
     return views(session.filter.store.records())
 
 
-def _reserved(view: View) -> list[list[object]]:
-    return [[i, a.isoformat(), b.isoformat()] for i, a, b in view.calendar.periods()]
-
-
 def _design_of(session: Session, view: View) -> tuple[Plan, Design]:
     """The view's plan and design now, which must be what its reservation paid for."""
     base, chosen = plan_view(session, view.sql, horizon=view.calendar.horizon,
@@ -201,7 +198,7 @@ def _design_of(session: Session, view: View) -> tuple[Plan, Design]:
     persons = session.pipeline.persons
     event = chosen.event
     if persons is not None:
-        event = persons.person(event, {"reserved": _reserved(view)})[0]
+        event = persons.person(event, {"reserved": view.calendar.reserved()})[0]
     if paid is None or paid != event:
         # The policy changed since the reservation: the noise would not be what was paid.
         raise PolicyError(f"view {view.name} was reserved under another policy; declare it anew")
@@ -397,10 +394,8 @@ def plan_lines(
             lines.append(f"{name} beats plain answers from a horizon of {at} periods"
                          if at is not None else f"{name} never beats plain answers up to "
                          f"{MAX_HORIZON} periods under this noise")  # fmt: skip
-    person = chosen.event
-    if session.pipeline.persons is not None:
-        reserved = [[str(i), "2000-01-01", "2000-01-02"] for i in range(horizon)]
-        person = session.pipeline.persons.person(chosen.event, {"reserved": reserved})[0]
+    # A reservation's charge for a person in all its periods (``Persons.read``: k = horizon).
+    person = for_group(chosen.event, horizon) if session.pipeline.persons else chosen.event
     n = decimal_text
     lines.append(f"each period pays epsilon {n(chosen.event.epsilon)}, delta "
                  f"{n(chosen.event.delta)} per person-period")  # fmt: skip

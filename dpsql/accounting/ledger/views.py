@@ -48,9 +48,11 @@ class Calendar:
         month = self.start.month - 1 + i
         return self.start.replace(year=self.start.year + month // 12, month=month % 12 + 1)
 
-    def periods(self) -> list[tuple[str, dt.date, dt.date]]:
-        """Every period, named by its start, for the reservation of each."""
-        return [(f"{self.bounds(i)[0]}", *self.bounds(i)) for i in range(self.horizon)]
+    def reserved(self) -> list[list[str]]:
+        """Every period as a reservation names it in a charge's details: [id, start, end], the
+        id its start (``dpsql.session.periods.Persons.read``)."""
+        return [[a.isoformat(), a.isoformat(), b.isoformat()]
+                for a, b in map(self.bounds, range(self.horizon))]  # fmt: skip
 
 
 @dataclass(frozen=True)

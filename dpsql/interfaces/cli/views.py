@@ -9,6 +9,8 @@ Reading a view is a statement: ``dpsql query "VIEW name"`` or ``VIEW name FROM .
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 
 import click
@@ -45,6 +47,22 @@ def _fraction(text: str | None, name: str) -> Fraction | None:
     return None if text is None else to_fraction(text, name)
 
 
+@contextmanager
+def _session(ctx: click.Context, config: Config) -> Iterator[Session]:
+    """A session of the policy, closed after; a ``DpsqlError`` opening or using it is one line
+    on stderr and its exit code."""
+    try:
+        session = Session(config.policy(), config.analyst)
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    try:
+        yield session
+    except DpsqlError as exc:
+        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
+    finally:
+        session.close()
+
+
 @views_group.command("plan")
 @_SQL
 @_HORIZON
@@ -58,21 +76,13 @@ def plan_command(  # noqa: PLR0917 - click passes every option
     delta: str | None, mechanism: str,
 ) -> None:  # fmt: skip
     """How a view of SQL would be released over --horizon periods; nothing is charged."""
-    try:
-        session = Session(config.policy(), config.analyst)
-    except DpsqlError as exc:
-        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
-    try:
+    with _session(ctx, config) as session:
         eps = _fraction(epsilon, "--epsilon")
         assert eps is not None
         lines = session_views.plan_lines(session, sql, horizon=horizon, epsilon=eps,
                                          delta=_fraction(delta, "--delta"),
                                          mechanism=mechanism)  # fmt: skip
         click.echo("\n".join(lines))
-    except DpsqlError as exc:
-        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
-    finally:
-        session.close()
 
 
 @views_group.command("add")
@@ -94,11 +104,7 @@ def add_command(  # noqa: PLR0917 - click passes every option
 ) -> None:  # fmt: skip
     """Declare view NAME of SQL over a calendar and reserve its cost in every period."""
     actor = config.actor(by)
-    try:
-        session = Session(config.policy(), config.analyst)
-    except DpsqlError as exc:
-        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
-    try:
+    with _session(ctx, config) as session:
         eps = _fraction(epsilon, "--epsilon")
         assert eps is not None
         view = session_views.declare(
@@ -107,10 +113,6 @@ def add_command(  # noqa: PLR0917 - click passes every option
         )  # fmt: skip
         click.echo(f"record {view.seq}: view {view.name}, {view.mechanism} over {horizon} "
                    f"{every}(s) from {start}; reserved by charge {view.charge}")  # fmt: skip
-    except DpsqlError as exc:
-        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
-    finally:
-        session.close()
 
 
 @views_group.command("list")
@@ -118,11 +120,7 @@ def add_command(  # noqa: PLR0917 - click passes every option
 @click.pass_context
 def list_command(ctx: click.Context, config: Config) -> None:
     """Every view declared, its calendar and how many values it has released."""
-    try:
-        session = Session(config.policy(), config.analyst)
-    except DpsqlError as exc:
-        fail(ctx, f"{type(exc).__name__}: {exc}", exit_code(exc))
-    try:
+    with _session(ctx, config) as session:
         records = session.filter.store.records()
         found = views(records)
         if not found:
@@ -133,5 +131,3 @@ def list_command(ctx: click.Context, config: Config) -> None:
                        f"{c.start}, epsilon {decimal_text(view.epsilon)} per period; "
                        f"{len(view_values(records, view.name))} value(s) released; "
                        f"by {view.by}: {view.sql}")  # fmt: skip
-    finally:
-        session.close()
