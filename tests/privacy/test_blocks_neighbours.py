@@ -38,7 +38,8 @@ QUERIES = [
 Row = tuple[int, str, float, dt.date]
 
 
-def _policy(folder: Path) -> Policy:
+def _policy(folder: Path, periods: dict[str, Any] | None = None) -> Policy:
+    """The policy; with ``periods``, a person-within-period unit on visits."""
     raw: dict[str, Any] = {
         "dataset": {"id": "blocks-neighbours"},
         "data": {"blocks": {"visits": {"period": "day"}}},
@@ -49,11 +50,15 @@ def _policy(folder: Path) -> Policy:
             "columns": {k: dict(v) for k, v in TINY_COLUMNS.items()},
         }},
     }  # fmt: skip
+    if periods is not None:
+        raw["periods"] = periods
     return load_policy(raw, base_dir=folder)
 
 
-def _session(folder: Path, months: list[list[Row]], capped: bool) -> Session:
-    session = Session(_policy(folder))
+def _session(
+    folder: Path, months: list[list[Row]], capped: bool, periods: dict[str, Any] | None = None
+) -> Session:
+    session = Session(_policy(folder, periods))
     if capped:
         session.set_option("max_rows_per_unit", 4)
     for i, rows in enumerate(months):
@@ -72,8 +77,8 @@ def _session(folder: Path, months: list[list[Row]], capped: bool) -> Session:
     return session
 
 
-def _base() -> list[list[Row]]:
-    rng = random.Random(5)
+def _base(seed: int = 5) -> list[list[Row]]:
+    rng = random.Random(seed)
     return [
         [(rng.randrange(30), rng.choice(REGIONS), rng.uniform(0, 200),
           start + dt.timedelta(days=rng.randrange(28))) for _ in range(80)]

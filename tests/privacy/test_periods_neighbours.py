@@ -15,26 +15,21 @@
 from __future__ import annotations
 
 import datetime as dt
-import random
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_BUDGET, TINY_COLUMNS, examples
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_blocks_neighbours import MONTHS, REGIONS, Row, _base
+from test_blocks_neighbours import _session as blocks_session
 from test_neighbours import _check, _groups
 
 from dpsql.mechanisms.group import for_group
-from dpsql.policy import Policy, load_policy
-from dpsql.session.blocks import register
 from dpsql.session.session import Session
 
-MONTHS = [(dt.date(2026, m, 1), dt.date(2026, m + 1, 1)) for m in (1, 2, 3)]
-REGIONS = ["central", "east", "north", "south", "west"]
 QUERIES = [
     "SELECT region, COUNT(*) AS n, SUM(spend) AS s FROM visits GROUP BY region",
     "SELECT region, COUNT(*) AS n FROM visits WHERE day < DATE '2026-03-01' GROUP BY region",
@@ -43,7 +38,6 @@ QUERIES = [
     "SELECT region, SUM(spend) FROM visits WHERE day < '2026-02-01' GROUP BY region",
 ]
 NEW = 999
-Row = tuple[int, str, float, dt.date]
 SETTINGS = settings(
     max_examples=examples(12),
     deadline=None,
@@ -51,47 +45,12 @@ SETTINGS = settings(
 )
 
 
-def _policy(folder: Path) -> Policy:
-    raw: dict[str, Any] = {
-        "dataset": {"id": "periods-neighbours"},
-        "data": {"blocks": {"visits": {"period": "day"}}},
-        "budget": {"diagnose": False, **TINY_BUDGET, "epsilon": "100"},
-        "tables": {"visits": {
-            "privacy_unit": "user_id", "max_groups_per_unit": 2,
-            "max_rows_per_unit_per_group": 3,
-            "columns": {k: dict(v) for k, v in TINY_COLUMNS.items()},
-        }},
-        "periods": {"table": "visits", "epsilon": "50"},
-    }  # fmt: skip
-    return load_policy(raw, base_dir=folder)
+PERIODS = {"table": "visits", "epsilon": "50"}
 
 
 def _session(folder: Path, months: list[list[Row]], capped: bool) -> Session:
-    session = Session(_policy(folder))
-    if capped:
-        session.set_option("max_rows_per_unit", 4)
-    for i, rows in enumerate(months):
-        path = folder / f"m{i}.parquet"
-        pq.write_table(pa.table({
-            "user_id": pa.array([r[0] for r in rows], pa.int64()),
-            "region": pa.array([r[1] for r in rows], pa.string()),
-            "age": pa.array([30] * len(rows), pa.int32()),
-            "spend": pa.array([r[2] for r in rows], pa.float64()),
-            "day": pa.array([r[3] for r in rows], pa.date32()),
-        }), path)  # fmt: skip
-        start, end = MONTHS[i]
-        register(session.policy, session.filter.store, "visits", f"m{i}",
-                 period=(start.isoformat(), end.isoformat()), paths=[path])  # fmt: skip
-    return session
-
-
-def _base(seed: int) -> list[list[Row]]:
-    rng = random.Random(seed)
-    return [
-        [(rng.randrange(30), rng.choice(REGIONS), rng.uniform(0, 200),
-          start + dt.timedelta(days=rng.randrange(28))) for _ in range(80)]
-        for start, _ in MONTHS
-    ]  # fmt: skip
+    """test_blocks_neighbours's session, under a person-within-period unit."""
+    return blocks_session(folder, months, capped, PERIODS)
 
 
 @st.composite

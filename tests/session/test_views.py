@@ -19,6 +19,7 @@ from dpsql.accounting.ledger.store import create_ledger
 from dpsql.accounting.ledger.views import VIEW_VALUE
 from dpsql.errors import BudgetExceededError, ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.plan.views import nodes
+from dpsql.policy import Policy
 from dpsql.session import views
 from dpsql.session.blocks import register
 from dpsql.session.session import Session
@@ -33,6 +34,15 @@ def _session(folder: Path, gaussian: bool = False, **periods: Any) -> Session:
                          "accountant": "zcdp", "delta": "0.001"}  # fmt: skip
         raw["periods"]["delta"] = "0.0001"
     return Session(load_policy(raw, base_dir=folder))
+
+
+def _durable(folder: Path) -> tuple[dict[str, Any], Policy]:
+    """The policy's text and the policy, with a ledger created (shared by sessions)."""
+    raw = raw_policy("40", epsilon="4")
+    raw["ledger"] = {"path": "views.ledger"}
+    policy = load_policy(raw, base_dir=folder)
+    create_ledger(policy).close()
+    return raw, policy
 
 
 def _declare(session: Session, mechanism: str = "auto", horizon: int = 6, **kw: Any) -> Any:
@@ -109,10 +119,7 @@ def test_values_come_as_blocks_arrive_and_ranges_are_consistent_and_free(
 
 
 def test_two_sessions_record_each_value_once(tmp_path: Path) -> None:
-    raw = raw_policy("40", epsilon="4")
-    raw["ledger"] = {"path": "views.ledger"}
-    policy = load_policy(raw, base_dir=tmp_path)
-    create_ledger(policy).close()
+    _, policy = _durable(tmp_path)
     with closing(Session(policy)) as one, closing(Session(policy)) as two:
         add(one, tmp_path, "m1", 1)
         _declare(one, "tree", horizon=2)
@@ -129,10 +136,7 @@ def test_two_sessions_record_each_value_once(tmp_path: Path) -> None:
 def test_a_block_off_the_calendar_is_not_read_and_a_moved_policy_is_refused(
     tmp_path: Path,
 ) -> None:
-    raw = raw_policy("40", epsilon="4")
-    raw["ledger"] = {"path": "views.ledger"}
-    policy = load_policy(raw, base_dir=tmp_path)
-    create_ledger(policy).close()
+    raw, policy = _durable(tmp_path)
     with closing(Session(policy)) as session:
         add(session, tmp_path, "m1", 1)
         _declare(session)
@@ -231,10 +235,7 @@ def test_a_view_is_read_on_the_policys_settings_only(tmp_path: Path) -> None:
 
 
 def test_a_view_whose_groups_moved_is_refused(tmp_path: Path) -> None:
-    raw = raw_policy("40", epsilon="4")
-    raw["ledger"] = {"path": "views.ledger"}
-    policy = load_policy(raw, base_dir=tmp_path)
-    create_ledger(policy).close()
+    raw, policy = _durable(tmp_path)
     with closing(Session(policy)) as session:
         add(session, tmp_path, "m1", 1)
         _declare(session)
@@ -246,3 +247,29 @@ def test_a_view_whose_groups_moved_is_refused(tmp_path: Path) -> None:
         with pytest.raises(PolicyError, match="groups changed"):
             moved.execute("VIEW monthly")
         assert len([r for r in moved.filter.store.records() if r.kind == VIEW_VALUE]) == 1
+
+
+def test_a_value_recorded_meanwhile_by_another_session_is_not_noised_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessions that both saw a node unreleased: the second append finds the first's
+    record under the ledger's lock, and records nothing (no two noisy copies of one node)."""
+    _, policy = _durable(tmp_path)
+    with closing(Session(policy)) as one, closing(Session(policy)) as two:
+        add(one, tmp_path, "m1", 1)
+        _declare(one, "plain", horizon=2)
+        two.refresh_blocks()
+        view = views.views_of(two)["monthly"]
+        assert views.release(one, views.views_of(one)["monthly"]) == 1
+        real = views.view_values
+        calls: list[str] = []
+
+        def seen(records: Any, name: str) -> Any:
+            # The first read is ``two``'s from before ``one`` recorded; the lock's is real.
+            calls.append(name)
+            return {} if len(calls) == 1 else real(records, name)
+
+        monkeypatch.setattr(views, "view_values", seen)
+        assert views.release(two, view) == 0 and len(calls) == 2
+        kept = [r for r in two.filter.store.records() if r.kind == VIEW_VALUE]
+        assert len(kept) == 1
