@@ -61,6 +61,7 @@ from dpsql.interfaces.cli.params import (
 from dpsql.interfaces.cli.serve import serve_command
 from dpsql.interfaces.cli.users import users
 from dpsql.interfaces.cli.views import views_group
+from dpsql.interfaces.cli.web import web_command
 from dpsql.interfaces.cli.whatif import whatif_command
 from dpsql.interfaces.report.charts import history_curves
 from dpsql.interfaces.report.html import render_html
@@ -251,6 +252,7 @@ cli.add_command(serve_command, "serve")  # dpsql serve --users-file F
 cli.add_command(users, "users")  # dpsql users add|remove|passwd|list
 cli.add_command(blocks, "blocks")  # dpsql blocks add|replace|list
 cli.add_command(views_group, "views")  # dpsql views plan|add|list
+cli.add_command(web_command, "web")  # dpsql web --users-file F
 
 
 def walk(group: click.Group, prefix: str = "dpsql") -> Iterator[tuple[str, click.Command]]:

@@ -108,10 +108,13 @@ def composite_curves(
     delta: float,
     cap: tuple[float, str],
     title: str,
+    *,
+    most: int = MAX_POINTS,
 ) -> Curves:
-    """The curves of a history of ``n`` queries whose k-prefix has the views ``views_of(k)``."""
+    """The curves of a history of ``n`` queries whose k-prefix has the views ``views_of(k)``,
+    read at ``most`` prefixes at most."""
     readers = accountants()
-    xs = points(n)
+    xs = points(n, most)
     rows = [_reading(views_of(k), delta, readers) for k in xs]
     epsilons = {r.name: tuple(row[r.name] for row in rows) for r in readers}
     return Curves(tuple(xs), epsilons, delta, cap[0], cap[1], title)

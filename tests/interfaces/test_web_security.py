@@ -1,0 +1,259 @@
+"""The console's security: cookies, CSRF, XSS through data values, column names and query
+text, analysts kept apart, the owner's actions kept to the owner, login throttling, and the
+refusal to serve a non-loopback address in the clear. Against the real application served by
+uvicorn (``web_fixtures``), over a real ledger."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from web_fixtures import HOSTILE, Client, make_folder, served
+
+from dpsql.accounting.ledger.ledger import Ledger
+from dpsql.errors import ParameterError
+from dpsql.interfaces.cli import main as cli
+from dpsql.interfaces.web.config import WebConfig, check_transport, is_loopback
+from dpsql.interfaces.web.guard import CSP
+from dpsql.policy import load_policy
+
+pytestmark = pytest.mark.xdist_group("web")
+QUERY = "SELECT region, COUNT(*) AS n FROM visits GROUP BY region"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_folder(tmp_path_factory.mktemp("web"))
+
+
+@pytest.fixture(scope="module")
+def base(folder: Path):  # type: ignore[no-untyped-def]
+    with served(folder) as url:
+        yield url
+
+
+def _kinds(folder: Path) -> list[str]:
+    ledger = Ledger(folder / "visits.ledger", folder / "visits.ledger.anchor")
+    try:
+        return [r.kind for r in ledger.records()]
+    finally:
+        ledger.close()
+
+
+def test_login_cookie_flags_and_headers(base: str) -> None:
+    client = Client(base)
+    assert client.login("alice") == 303
+    cookies = client.login_cookies
+    login = next(c for c in cookies if c.startswith("dpsql_login="))
+    assert "HttpOnly" in login and "SameSite=strict" in login and "Path=/" in login
+    assert "Secure" not in login  # loopback in the clear: a browser would not send it back
+    status, _ = client.request("GET", "/analyst")
+    headers = dict((k.lower(), v) for k, v in client.last_headers)
+    assert status == 200
+    assert headers["content-security-policy"] == CSP
+    assert "'unsafe-inline'" not in CSP and "script-src 'self'" in CSP
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["cache-control"] == "no-store"
+    assert headers["referrer-policy"] == "no-referrer"
+
+
+def test_cookies_are_secure_beyond_loopback(folder: Path) -> None:
+    policy = load_policy(folder / "policy.toml")
+    assert not WebConfig(policy, folder / "users.json").secure_cookies
+    assert WebConfig(policy, folder / "users.json", tls_proxy=True).secure_cookies
+    assert WebConfig(policy, folder / "users.json", host="10.0.0.5", tls_proxy=True).secure_cookies
+
+
+def test_a_change_without_the_csrf_token_is_refused_and_charges_nothing(
+    base: str, folder: Path
+) -> None:
+    client = Client(base)
+    client.login("alice")
+    before = _kinds(folder)
+    status, answer = client.post("/api/run", {"sql": QUERY}, csrf=False)
+    assert status == 403 and "CSRF" in answer["message"]
+    client.csrf = "forged-" + client.csrf[7:]
+    status, _ = client.post("/api/run", {"sql": QUERY})
+    assert status == 403
+    other = Client(base)
+    other.login("bob")
+    client.csrf = other.csrf  # another login's token is not this login's
+    status, _ = client.post("/api/run", {"sql": QUERY})
+    assert status == 403
+    assert _kinds(folder) == before
+
+
+def test_the_login_form_needs_its_own_token(base: str) -> None:
+    client = Client(base)
+    status, _ = client.request(
+        "POST", "/login", b"csrf=x&name=alice&password=alice-pw-1",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )  # fmt: skip
+    assert status == 403 and "dpsql_login" not in client.cookies
+
+
+def test_hostile_values_and_names_travel_as_text(base: str) -> None:
+    """A data value, a column name and the query text holding markup come back as JSON
+    strings (the page writes them with textContent: ``test_web_browser``), and no HTML the
+    server renders carries them."""
+    client = Client(base)
+    client.login("alice")
+    alias = '"<img src=x onerror=alert(1)>"'
+    status, answer = client.post(
+        "/api/run", {"sql": f"SELECT region, COUNT(*) AS {alias} FROM visits GROUP BY region"}
+    )
+    assert status == 200, answer
+    assert answer["columns"][1] == "<img src=x onerror=alert(1)>"
+    keys = {row[0]["value"] for row in answer["rows"]}
+    assert set(HOSTILE) <= keys
+    status, page = client.request("GET", "/analyst")
+    assert b"<img src=x" not in page and b"<script>window" not in page
+    status, mine = client.get("/api/me")
+    assert any("<img src=x onerror=alert(1)>" in h["query"] for h in mine["history"])
+    status, csv = client.request("GET", f"/api/answers/{answer['id']}.csv")
+    assert status == 200 and "<script>window.__xss = 1</script>" in csv.decode()
+
+
+def test_an_analyst_sees_only_their_own_history_and_answers(base: str) -> None:
+    alice, bob = Client(base), Client(base)
+    alice.login("alice")
+    bob.login("bob")
+    marker = "SELECT COUNT(*) AS private_marker_1 FROM visits"
+    status, answer = alice.post("/api/run", {"sql": marker})
+    assert status == 200
+    _, mine = bob.get("/api/me")
+    assert all("private_marker_1" not in h["query"] for h in mine["history"])
+    assert mine["name"] == "bob" and "alice" not in json.dumps(mine)
+    status, _ = bob.request("GET", f"/api/answers/{answer['id']}.csv")
+    assert status == 404
+    # Bob asking the same query is served alice's release free, and told only that.
+    status, again = bob.post("/api/run", {"sql": marker})
+    assert status == 200 and again["served_free"]
+    assert again["cost"].startswith("served free from an earlier release")
+    assert "alice" not in json.dumps(again) and "#" not in again["cost"]
+
+
+def test_an_analyst_cannot_reach_an_owner_action(base: str, folder: Path) -> None:
+    client = Client(base)
+    client.login("alice")
+    before = _kinds(folder)
+    status, _ = client.request("GET", "/owner")
+    assert status == 403
+    for path, body in (
+        ("/api/owner/allocate", {"analyst": "alice", "epsilon": "9", "why": "x",
+                                 "password": "alice-pw-1", "confirm": True}),
+        ("/api/owner/verify", {}),
+        ("/api/owner/check", {}),
+        ("/api/owner/batch", {"text": QUERY}),
+    ):  # fmt: skip
+        status, answer = client.post(path, body)
+        assert status == 403, (path, answer)
+    for path in ("/api/owner/overview", "/api/owner/whatif?epsilon=1&queries=3"):
+        status, _ = client.get(path)
+        assert status == 403
+    status, _ = client.request("GET", "/owner/report.html")
+    assert status == 403
+    assert _kinds(folder) == before
+
+
+def test_an_owner_change_needs_the_password_again_and_a_confirmation(
+    base: str, folder: Path
+) -> None:
+    owner = Client(base)
+    owner.login("olga")
+    before = _kinds(folder)
+    change = {"analyst": "bob", "epsilon": "2.5", "delta": "1e-7", "why": "more work"}
+    status, answer = owner.post("/api/owner/allocate", {**change, "password": "olga-pw-1"})
+    assert status == 400 and "confirm" in answer["message"]
+    status, answer = owner.post(
+        "/api/owner/allocate", {**change, "password": "wrong", "confirm": True}
+    )
+    assert status == 403
+    status, answer = owner.post(
+        "/api/owner/allocate", {**change, "epsilon": "11", "password": "olga-pw-1", "confirm": True}
+    )
+    assert status == 400 and "total" in answer["message"]
+    assert _kinds(folder) == before
+    status, answer = owner.post(
+        "/api/owner/allocate", {**change, "password": "olga-pw-1", "confirm": True}
+    )
+    assert status == 200, answer
+    assert _kinds(folder) == [*before, "allocate"]
+    _, overview = owner.get("/api/owner/overview")
+    assert overview["analysts"]["bob"]["share"]["set_by"] == f"ledger record {answer['record']}"
+
+
+def test_failed_logins_are_throttled(folder: Path) -> None:
+    with served(folder, login_burst=2, login_refill=0.01, login_delay_cap=0.0) as url:
+        client = Client(url)
+        assert client.login("bob", "nope") == 401
+        assert client.login("bob", "nope") == 401
+        assert client.login("bob", "nope") == 429
+        assert client.login("bob") == 429  # the right password waits too: no oracle
+        assert Client(url, {}).login("bob") == 429  # the same address
+
+
+def test_a_non_loopback_address_needs_tls(folder: Path) -> None:
+    policy = load_policy(folder / "policy.toml")
+    users = folder / "users.json"
+    for host in ("0.0.0.0", "::", "10.1.2.3", "example.internal"):
+        assert not is_loopback(host)
+        with pytest.raises(ParameterError, match="TLS"):
+            WebConfig(policy, users, host=host)
+    for host in ("127.0.0.1", "::1", "localhost", "127.8.9.1"):
+        check_transport(host, tls=False, proxy=False)
+    WebConfig(policy, users, host="0.0.0.0", tls_proxy=True)
+    with pytest.raises(ParameterError, match="not both"):
+        check_transport("0.0.0.0", tls=True, proxy=True)
+    done = CliRunner().invoke(
+        cli.cli,
+        ["--policy", str(folder / "policy.toml"), "web", "--users-file", str(users),
+         "--listen", "0.0.0.0:0"],
+    )  # fmt: skip
+    assert done.exit_code == 2 and "TLS" in done.output
+
+
+def test_behind_a_tls_proxy_plain_http_is_refused(folder: Path) -> None:
+    with served(folder, tls_proxy=True) as url:
+        plain = Client(url)
+        status, _ = plain.request("GET", "/login")
+        assert status == 400
+        proxied = Client(url, {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.7"})
+        assert proxied.login("alice") == 303
+        assert all("Secure" in c for c in proxied.login_cookies if c.startswith("dpsql_"))
+        headers = dict((k.lower(), v) for k, v in proxied.last_headers)
+        assert "strict-transport-security" in headers
+
+
+def test_large_bodies_and_bad_json_are_refused_free(base: str, folder: Path) -> None:
+    client = Client(base)
+    client.login("alice")
+    before = _kinds(folder)
+    status, _ = client.request(
+        "POST", "/api/run", b"x" * (2 << 20),
+        {"Content-Type": "application/json", "X-CSRF-Token": client.csrf},
+    )  # fmt: skip
+    assert status == 413
+    status, _ = client.request("POST", "/api/run", b"[1, 2]", {"X-CSRF-Token": client.csrf})
+    assert status == 400
+    status, answer = client.post("/api/run", {"sql": "SELECT COUNT(*) FROM visits; SELECT 1"})
+    assert status == 400 and "one statement" in answer["message"]
+    status, answer = client.post("/api/run", {"sql": "SELECT * FROM visits"})
+    assert status == 400 and answer["error"] == "UnsupportedQueryError"
+    assert _kinds(folder) == before
+
+
+def test_every_statement_slot_busy_is_refused_free(folder: Path) -> None:
+    from dpsql.interfaces.web.analyst import Analyst, Busy
+    from dpsql.interfaces.web.logins import Login
+
+    config = replace(
+        WebConfig(load_policy(folder / "policy.toml"), folder / "users.json"), max_running=1
+    )
+    analyst = Analyst(config)
+    login = Login("t", "alice", "analyst", "c", 0.0, 0.0)
+    with analyst.session(login), pytest.raises(Busy):
+        analyst.preview(login, QUERY)
