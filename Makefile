@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-spark test test-long lint types pytest psql java bench clean
+.PHONY: demo demo-spark test test-long lint types pytest psql java chromium bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,18 +53,27 @@ java:
 			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
 		else echo "java is missing: install a Java 17 runtime" >&2; exit 1; fi; }
 
+# The console's browser tests (dpsql web) drive Debian's Chromium through its WebDriver.
+chromium:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+		if command -v apt-get >/dev/null 2>&1; then \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && \
+			$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+		else echo "chromium is missing: install chromium and its driver" >&2; exit 1; fi; }
+
 # One pytest run over two worker processes, one per core, balanced by pytest-xdist; every Spark
 # test goes to one worker (one local Spark, whose JVM takes seconds to start). Each test has a
 # quarter of an hour (pyproject.toml), the run 40 minutes, after which it is interrupted as by
 # Ctrl-C, so that it still prints its failures and summary. The 25 slowest tests are listed.
 PYTEST := timeout --signal=INT -k 60 2400 $(BIN)/pytest
 PYTEST_ARGS := -n 2 --dist loadgroup --durations=25 -p no:cacheprovider
-pytest: $(STAMP) examples/data/visits.parquet psql java
+pytest: $(STAMP) examples/data/visits.parquet psql java chromium
 	$(PYTEST) $(PYTEST_ARGS)
 
 # The same suite under the long profile (hypothesis and the hand-rolled fuzzers, about ten
 # times the examples): for a release, not for every change.
-test-long: $(STAMP) examples/data/visits.parquet psql java
+test-long: $(STAMP) examples/data/visits.parquet psql java chromium
 	DPSQL_FUZZ=long $(PYTEST) $(PYTEST_ARGS) --timeout 3600
 
 test: lint types pytest

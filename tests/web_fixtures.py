@@ -77,8 +77,8 @@ def make_folder(folder: Path) -> Path:
     con = duckdb.connect()
     regions = ["central", "east", "north", "south", "west", *HOSTILE]
     con.execute(
-        "CREATE TABLE v AS SELECT (i % 400) AS user_id, "
-        "?[1 + (i % 7)] AS region, ((i * 37) % 150)::DOUBLE AS spend "
+        "CREATE TABLE v AS SELECT (i % 2000) AS user_id, "
+        "?[1 + (i % 2000) % 7] AS region, ((i * 37) % 150)::DOUBLE AS spend "
         "FROM range(6000) t(i)",
         [regions],
     )

@@ -262,7 +262,8 @@ class Console:
     async def batch(self, request: Request, login: Login) -> Any:
         body = await guard.json_body(request, self.config.max_body_bytes)
         text = guard.text_field(body, "text", self.config.max_body_bytes)
-        return await run_in_threadpool(self.owner.batch, login, text)
+        analyst = guard.text_field(body, "analyst", FIELD, required=False)
+        return await run_in_threadpool(self.owner.batch, login, text, analyst)
 
     async def allocate(self, request: Request, login: Login) -> Any:
         body = await guard.json_body(request, self.config.max_body_bytes)

@@ -26,13 +26,12 @@ from typing import Any
 from dpsql.accounting.ledger.chain import GENESIS
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.errors import LedgerError, ParameterError
-from dpsql.interfaces.report.charts import Curves, composite_curves, history_curves, label
+from dpsql.interfaces.report.charts import Curves, history_curves, label, points
 from dpsql.interfaces.report.html import render_html
 from dpsql.interfaces.report.report import build_report
 from dpsql.interfaces.report.whatif import Query, after_n, fit_count, whatif_fits, whatif_label
 from dpsql.interfaces.web.config import WebConfig
 from dpsql.interfaces.web.logins import Login
-from dpsql.mechanisms.events import Composite
 from dpsql.policy import MAX_QUERY_EPSILON, check_delta, check_epsilon
 from dpsql.policy.numbers import decimal_text
 from dpsql.session.session import Session
@@ -40,8 +39,8 @@ from dpsql.sql.split import split_statements
 
 __all__ = ["Owner", "curves_json"]
 
-WHATIF_MOST_QUERIES = 10_000  # the slider's end
-WHATIF_POINTS = 40  # prefixes read per what-if curve (the history's: up to 200)
+WHATIF_MOST_QUERIES = 1000  # the slider's end (a second or so for every theorem's curve)
+WHATIF_POINTS = 24  # prefixes read per what-if curve (the history's: up to 200)
 MAX_ROUNDS = 10_000  # refreshes of a pasted file counted at most
 CHECK_TIMEOUT = 600.0  # seconds the data check may run
 SHARE_CAP = Fraction(10**6)  # a share's epsilon is then checked against the data set's total
@@ -110,18 +109,20 @@ class Owner:
         with self.session(login) as session:
             report = session.pipeline.budget.report()
         delta = float(report.delta_total)
-        one = Composite((query.event(),))
-        curves = composite_curves(
-            lambda k: [[one] * k],
-            queries,
+        # Every what-if theorem (zCDP too) read afresh at each prefix: after_n's arithmetic.
+        xs = points(queries, WHATIF_POINTS)
+        readings = [after_n(query, k, delta) if k else {} for k in xs]
+        names = list(readings[-1])
+        curves = Curves(
+            tuple(xs),
+            {n: tuple(r.get(n, 0.0) for r in readings) for n in names},
             delta,
-            (float(report.epsilon_remaining),
-             f"remaining budget ε = {decimal_text(report.epsilon_remaining)}"),
+            float(report.epsilon_remaining),
+            f"remaining budget ε = {decimal_text(report.epsilon_remaining)}",
             f"What if: {queries} queries, each a {query.describe()}",
-            most=WHATIF_POINTS,
-        )  # fmt: skip
+        )
         fits = whatif_fits(query, report.epsilon_remaining, report.delta_remaining)
-        after = after_n(query, queries, delta)
+        after = readings[-1]
         theorems = [
             {
                 "name": name,
@@ -133,24 +134,29 @@ class Owner:
         ]
         return {"curves": curves_json(curves), "theorems": theorems}
 
-    def batch(self, login: Login, text: str) -> dict[str, Any]:
-        """A pasted batch file planned as ``dpsql run`` plans it (one workload, statements a
-        release answers free), its cost now and how many refreshes the deciding filter admits
-        (a dry run on a copy of the ledger; nothing is charged)."""
-        with self.session(login) as session:
+    def batch(self, login: Login, text: str, analyst: str) -> dict[str, Any]:
+        """A pasted batch file planned as ``dpsql run`` plans it for ``analyst`` (their share
+        counts; empty: the data set's budget alone), one workload whose statements a release
+        answers are free: its cost now and how many refreshes the deciding filter admits (a
+        dry run on a copy of the ledger; nothing is charged)."""
+        name = analyst.strip() or None
+        session = Session(self.config.policy, name, self.config.memory_limit)
+        try:
             workload = session.plan_workload(split_statements(text))
             budget = session.pipeline.budget
             event = workload.event
-            rounds, why = (
-                budget.rounds([event], login.name, MAX_ROUNDS) if event is not None else (0, None)
-            )
+            rounds, why = budget.rounds([event], name, MAX_ROUNDS) if event else (0, None)
             accountant = budget.report().accountant
-        charged = sum(1 for s in workload.steps if s.charged)
-        free = sum(1 for s in workload.steps if s.source == "cache")
+        finally:
+            session.close()
+        refused = [s for s in workload.steps if s.source == "refused"]
+        if refused and why is None:
+            why = refused[0].note or "refused"
         return {
             "statements": len(workload.steps),
-            "charged": charged,
-            "free": free,
+            "charged": sum(1 for s in workload.steps if s.charged),
+            "free": sum(1 for s in workload.steps if s.source == "cache"),
+            "refused": len(refused),
             "epsilon": None if event is None else decimal_text(event.epsilon),
             "delta": None if event is None else decimal_text(event.delta),
             "refreshes": None if event is None else rounds,

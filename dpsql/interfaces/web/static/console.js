@@ -57,8 +57,8 @@ const dpsql = (() => {
     for (let i = 0; i <= 4; i++) {
       const v = (ymax * i) / 4;
       target.appendChild(svg("text", { x: 4, y: y(v) + 4 }, Number(v.toPrecision(3))));
-      const u = (xmax * i) / 4;
-      target.appendChild(svg("text", { x: x(u) - 8, y: h - m.b + 16 }, Math.round(u)));
+      const u = xmax >= 8 ? Math.round((xmax * i) / 4) : Number(((xmax * i) / 4).toPrecision(2));
+      target.appendChild(svg("text", { x: x(u) - 8, y: h - m.b + 16 }, u));
     }
     return { x, y, w, h, m };
   }

@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const { call, el, fill } = dpsql;
   const EPSILONS = Array.from({ length: 41 }, (_, i) => Number((0.01 * Math.pow(10, (i * 3) / 40)).toPrecision(2)));
-  const QUERIES = Array.from({ length: 41 }, (_, i) => Math.max(1, Math.round(Math.pow(10, (i * 3) / 40))));
+  const QUERIES = Array.from({ length: 41 }, (_, i) => Math.max(1, Math.round(Math.pow(10, (i * 3) / 40))));  // 1 to 1000
 
   function draw(target, curves) {
     const series = curves.curves.map((c) => ({ name: c.name, xs: curves.queries, ys: c.epsilons }));
@@ -17,7 +17,7 @@
     const o = await call("GET", "/api/owner/overview");
     $("glance").textContent = o.glance;
     draw($("budget-chart"), o.curves);
-    fill($("figures").tBodies[0], o.figures.map((f) => [f.accountant, f.epsilon, f.note]));
+    fill($("figures").tBodies[0], o.figures.map((f) => [f.accountant, isNaN(Number(f.epsilon)) ? f.epsilon : Number(Number(f.epsilon).toPrecision(4)), f.note]));
     fill($("shares").tBodies[0], Object.entries(o.analysts).map(([name, a]) => [
       name, a.share ? a.share.epsilon : "(none)", a.share ? a.share.delta : "", a.share ? a.share.set_by : "",
       a.queries, a.epsilon_charged]));
@@ -56,10 +56,10 @@
 
   $("batch-cost").addEventListener("click", async () => {
     try {
-      const b = await call("POST", "/api/owner/batch", { text: $("batch").value });
-      $("batch-out").className = "";
+      const b = await call("POST", "/api/owner/batch", { text: $("batch").value, analyst: $("batch-analyst").value });
+      $("batch-out").className = b.refused ? "error" : "";
       $("batch-out").textContent = b.epsilon === null
-        ? b.statements + " statement(s), nothing to charge: every answer is released already"
+        ? b.statements + " statement(s), " + (b.refused ? b.refused + " refused now: " + b.why_not_more : "nothing to charge: every answer is released already")
         : b.statements + " statement(s), " + b.charged + " charged, " + b.free + " served free; one run costs epsilon " +
           b.epsilon + ", delta " + b.delta + "; the " + b.accountant + " filter admits " + (b.at_least ? "at least " : "") +
           b.refreshes + " refresh(es) from now" + (b.why_not_more ? " (then: " + b.why_not_more + ")" : "");
