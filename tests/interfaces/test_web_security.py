@@ -257,3 +257,45 @@ def test_every_statement_slot_busy_is_refused_free(folder: Path) -> None:
     login = Login("t", "alice", "analyst", "c", 0.0, 0.0)
     with analyst.session(login), pytest.raises(Busy):
         analyst.preview(login, QUERY)
+
+
+def test_a_statement_past_its_deadline_is_interrupted() -> None:
+    """The console's statement timeout on a real DuckDB query that would run for minutes."""
+    import time
+
+    import duckdb
+
+    from dpsql.interfaces.web.analyst import deadline
+
+    con = duckdb.connect()
+    start = time.monotonic()
+    with pytest.raises(duckdb.InterruptException), deadline(con.interrupt, 0.2):
+        con.execute("SELECT sum(a.range * b.range) FROM range(100000) a, range(100000) b")
+    assert time.monotonic() - start < 30
+    with deadline(con.interrupt, 5):  # one that ends in time is left alone
+        assert con.execute("SELECT 42").fetchone() == (42,)
+
+
+def test_one_user_logging_in_again_and_again_ends_only_their_own_logins(base: str) -> None:
+    bob = Client(base)
+    bob.login("bob")
+    for _ in range(12):
+        Client(base).login("alice")
+    status, mine = bob.get("/api/me")
+    assert status == 200 and mine["name"] == "bob"
+
+
+def test_the_owner_verifies_the_ledger_and_checks_the_data(base: str) -> None:
+    owner = Client(base)
+    owner.login("olga")
+    status, verified = owner.post("/api/owner/verify", {})
+    assert status == 200 and verified["ok"] and verified["records"] > 0
+    status, checked = owner.post("/api/owner/check", {})
+    assert status == 200, checked
+    assert checked["status"] == 0 and checked["report"]["tables"]
+    status, bad = owner.post(
+        "/api/owner/allocate",
+        {"analyst": "<b>x</b>", "epsilon": "1", "why": "w", "password": "olga-pw-1",
+         "confirm": True},
+    )  # fmt: skip
+    assert status == 400 and "user name" in bad["message"]

@@ -71,6 +71,12 @@ def _listen(value: str) -> tuple[str, int]:
     help="Statements running at once; one more is refused as busy (HTTP 503), free of charge.",
 )  # fmt: skip
 @click.option(
+    "--statement-timeout", type=click.FloatRange(0.1, 86_400), default=300.0,
+    show_default=True,
+    help="Seconds a statement may run; one cut off fails as an engine failure does, and "
+    "keeps its charge.",
+)  # fmt: skip
+@click.option(
     "--memory-limit", default="1GB", show_default=True,
     help="DuckDB memory cap of each statement's engine (a DuckDB size, e.g. 512MB).",
 )  # fmt: skip
@@ -87,6 +93,7 @@ def web_command(  # noqa: PLR0917 - click passes every option
     login_delay_cap: float,
     idle_timeout: float,
     max_running: int,
+    statement_timeout: float,
     memory_limit: str,
 ) -> None:
     """The console in a browser: a page for analysts (preview, run, download, their share and
@@ -115,7 +122,8 @@ def web_command(  # noqa: PLR0917 - click passes every option
             policy=config.policy(), users_file=users_file, policy_file=config.policy_path,
             host=host, port=port, tls_cert=tls_cert, tls_key=tls_key, tls_proxy=tls_proxy,
             login_burst=login_burst, login_refill=login_refill, login_delay_cap=login_delay_cap,
-            idle_timeout=idle_timeout, max_running=max_running, memory_limit=memory_limit,
+            idle_timeout=idle_timeout, max_running=max_running,
+            statement_timeout=statement_timeout, memory_limit=memory_limit,
         )  # fmt: skip
     except ParameterError as exc:
         raise click.UsageError(str(exc)) from None

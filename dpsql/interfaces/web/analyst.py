@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,9 +32,36 @@ from dpsql.session.session import Session
 from dpsql.sql.parse import SetOption, parse_statement
 from dpsql.sql.split import split_statements
 
-__all__ = ["Analyst", "Busy"]
+__all__ = ["Analyst", "Busy", "deadline"]
 
 MAX_HISTORY = 200  # the newest records an analyst's history shows
+MAX_KEPT_CELLS = 1_000_000  # an answer larger than this is shown, not kept for download
+
+
+def fits_kept(result: Any) -> bool:
+    return len(result.rows) * max(1, len(result.columns)) <= MAX_KEPT_CELLS
+
+
+@contextmanager
+def deadline(interrupt: Callable[[], None], seconds: float) -> Iterator[None]:
+    """Past ``seconds``, call ``interrupt`` every 10 ms until the block ends (DuckDB forgets an
+    interrupt that comes between two of its queries): the statement then fails as an engine
+    failure does, after its charge, which stands (``dpsql serve``'s statement timeout)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        while not done.wait(0.01):
+            interrupt()
+
+    watcher = threading.Thread(target=watch, name="dpsql-web-deadline", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 class Busy(Exception):  # noqa: N818 - HTTP 503, nothing planned or charged
@@ -57,7 +84,8 @@ class Analyst:
             try:
                 for name, value in login.settings.items():
                     session.set_option(name, value)
-                yield session
+                with deadline(session.engine.interrupt, self.config.statement_timeout):
+                    yield session
             finally:
                 session.close()
         finally:
@@ -114,7 +142,7 @@ class Analyst:
                 with login.lock:
                     login.settings = session.set_values.values()
         answer_id = None
-        if result.columns and result.plan is not None:
+        if result.columns and result.plan is not None and fits_kept(result):
             answer_id = secrets.token_urlsafe(12)
             with login.lock:
                 login.results[answer_id] = result

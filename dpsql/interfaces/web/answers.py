@@ -31,6 +31,7 @@ from dpsql.release.result import (
 __all__ = ["SERVED_FREE", "answer_json", "cost_text", "to_csv", "to_parquet"]
 
 SERVED_FREE = "served free from an earlier release: nothing was charged"
+MAX_SHOWN_ROWS = 2000  # rows the page shows; the downloads hold them all
 
 
 def cost_text(result: Result) -> str:
@@ -73,7 +74,7 @@ def _accuracy(width: Any) -> Any:
 def answer_json(result: Result, answer_id: str | None) -> dict[str, Any]:
     """The page's form of ``result``."""
     rows = []
-    for r, row in enumerate(shown_rows(result)):
+    for r, row in enumerate(shown_rows(result)[:MAX_SHOWN_ROWS]):
         widths = result.accuracy[r] if r < len(result.accuracy) else ()
         flags = result.noise[r] if r < len(result.noise) else ()
         cells = []
@@ -91,6 +92,7 @@ def answer_json(result: Result, answer_id: str | None) -> dict[str, Any]:
         rows.append(cells)
     return {
         "id": answer_id,
+        "total_rows": len(result.rows),
         "columns": list(result.columns),
         "types": list(result.types),
         "rows": rows,

@@ -63,6 +63,7 @@ class WebConfig:
     max_statement_bytes: int = 100_000  # a statement's text; longer ones are refused, free
     max_body_bytes: int = 1 << 20  # a request's body (a pasted batch file at most this)
     max_running: int = 4  # statements running at once; more are refused "busy" (503), free
+    statement_timeout: float = 300.0  # seconds a statement may run; its charge stands
     max_kept_results: int = 8  # answers a login keeps for download
     memory_limit: str = "1GB"  # the DuckDB memory cap of each statement's engine
 

@@ -12,8 +12,9 @@ before every check on a name that keeps failing.
 **A login** is a random 256-bit token in a cookie (HttpOnly, SameSite=Strict, Secure except on
 loopback) naming a record kept here, in the server process: the user, the role, the login's own
 CSRF token (every change must carry it), and the answers it may download. It ends after
-``idle_timeout`` seconds without a request, after ``max_age`` in all, at logout, or when
-``max_logins`` are held and it is the oldest. The users file is read again at each password
+``idle_timeout`` seconds without a request, after ``max_age`` in all, at logout, when its
+user starts a ninth login (``PER_USER``: their oldest ends), or when ``max_logins`` are held
+and it is the oldest. The users file is read again at each password
 check, so a user removed or given a new password cannot log in again; the logins they hold end
 when they expire or log out.
 """
@@ -39,6 +40,9 @@ from dpsql.interfaces.pgwire.verifiers import _parse_verifier, saslprep
 __all__ = ["Login", "Logins", "password_matches"]
 
 MAX_PASSWORD_CHARS = 1024  # longer passwords are refused before any PBKDF2 is computed
+# Logins one user holds at once: their oldest ends past it, so that one user logging in again
+# and again ends their own logins, never another user's (the global cap is ``most``).
+PER_USER = 8
 
 
 def password_matches(verifier: str, password: str) -> bool:
@@ -137,6 +141,9 @@ class Logins:
                       now, now)  # fmt: skip
         with self._lock:
             self._expire(now)
+            mine = [t for t, held in self._held.items() if held.name == user.name]
+            for token in mine[: max(0, len(mine) - PER_USER + 1)]:
+                del self._held[token]
             self._held[login.token] = login
             while len(self._held) > self.most:
                 self._held.popitem(last=False)

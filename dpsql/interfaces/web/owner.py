@@ -26,6 +26,7 @@ from typing import Any
 from dpsql.accounting.ledger.chain import GENESIS
 from dpsql.accounting.ledger.ledger import Ledger
 from dpsql.errors import LedgerError, ParameterError
+from dpsql.interfaces.pgwire.users import check_name
 from dpsql.interfaces.report.charts import Curves, history_curves, label, points
 from dpsql.interfaces.report.html import render_html
 from dpsql.interfaces.report.report import build_report
@@ -170,6 +171,7 @@ class Owner:
     ) -> dict[str, Any]:
         """Set ``analyst``'s share (a ledger record, within the data set's total); the caller
         has checked the owner's password and the confirmation."""
+        check_name(analyst)
         eps = check_epsilon(epsilon.strip(), "epsilon", SHARE_CAP)
         dlt = check_delta(delta.strip() or "0", "delta")
         if not why.strip():
