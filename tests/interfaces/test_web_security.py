@@ -184,6 +184,25 @@ def test_an_owner_change_needs_the_password_again_and_a_confirmation(
     assert _kinds(folder) == [*before, "allocate"]
     _, overview = owner.get("/api/owner/overview")
     assert overview["analysts"]["bob"]["share"]["set_by"] == f"ledger record {answer['record']}"
+    bob = Client(base)
+    bob.login("bob")
+    _, mine = bob.get("/api/me")
+    assert mine["share"]["epsilon"] == 2.5
+    assert mine["share"]["set_by"] == f"the data owner olga (ledger record {answer['record']})"
+    # A top-up raises the share by what is given, within the total, confirmed as a change.
+    status, topped = owner.post(
+        "/api/owner/allocate",
+        {**change, "epsilon": "0.5", "delta": "0", "mode": "top up", "password": "olga-pw-1",
+         "confirm": True},
+    )  # fmt: skip
+    assert status == 200, topped
+    _, mine = bob.get("/api/me")
+    assert mine["share"]["epsilon"] == 3.0
+    status, over = owner.post(
+        "/api/owner/allocate",
+        {**change, "epsilon": "7.5", "mode": "top up", "password": "olga-pw-1", "confirm": True},
+    )  # fmt: skip
+    assert status == 400 and "total" in over["message"]
 
 
 def test_failed_logins_are_throttled(folder: Path) -> None:

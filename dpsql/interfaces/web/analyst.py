@@ -162,8 +162,12 @@ class Analyst:
         their ledger records only, newest first."""
         with self.session(login) as session:
             report = session.budget()
-            store = session.pipeline.budget.store
-            records = [r for r in store.records() if r.analyst == login.name]
+            every = session.pipeline.budget.store.records()
+        records = [r for r in every if r.analyst == login.name]
+        set_by = "the policy"
+        for record in every:  # the latest allocate record of this analyst overrides the policy
+            if record.kind == "allocate" and record.payload.get("analyst") == login.name:
+                set_by = f"the data owner {record.payload.get('by')} (ledger record {record.seq})"
         history = []
         for record in reversed(records):
             if record.kind not in ("charge", "reserve"):
@@ -193,6 +197,7 @@ class Analyst:
                 "spent": float(share.epsilon_spent),
                 "left": float(share.epsilon_remaining),
                 "text": str(share),
+                "set_by": set_by,
             },
             "dataset": {
                 "epsilon": float(report.epsilon_total),

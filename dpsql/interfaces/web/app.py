@@ -272,14 +272,18 @@ class Console:
         password = guard.text_field(body, "password", FIELD)
         if body.get("confirm") is not True:
             raise Refused(400, "confirm the change of share")
+        top_up = body.get("mode", "set")
+        if top_up not in ("set", "top up"):
+            raise Refused(400, "mode is 'set' or 'top up'")
         address = guard.client_address(request, self.config)
         if self.logins.wait(address) is not None:
             raise Refused(429, "too many failed logins: try again later")
         if await run_in_threadpool(self.logins.check, address, login.name, password) is None:
             raise Refused(403, "the password is wrong: the share is unchanged")
         return await run_in_threadpool(
-            self.owner.allocate, login, fields["analyst"], fields["epsilon"], delta, fields["why"]
-        )
+            self.owner.allocate, login, fields["analyst"], fields["epsilon"], delta,
+            fields["why"], top_up=top_up == "top up",
+        )  # fmt: skip
 
     async def verify(self, request: Request, login: Login) -> Any:
         return await run_in_threadpool(self.owner.verify)

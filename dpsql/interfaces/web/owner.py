@@ -167,10 +167,18 @@ class Owner:
         }
 
     def allocate(
-        self, login: Login, analyst: str, epsilon: str, delta: str, why: str
+        self,
+        login: Login,
+        analyst: str,
+        epsilon: str,
+        delta: str,
+        why: str,
+        *,
+        top_up: bool = False,
     ) -> dict[str, Any]:
-        """Set ``analyst``'s share (a ledger record, within the data set's total); the caller
-        has checked the owner's password and the confirmation."""
+        """Set ``analyst``'s share (a ledger record, within the data set's total), or with
+        ``top_up`` raise it by the amounts given; the caller has checked the owner's password
+        and the confirmation."""
         check_name(analyst)
         eps = check_epsilon(epsilon.strip(), "epsilon", SHARE_CAP)
         dlt = check_delta(delta.strip() or "0", "delta")
@@ -180,6 +188,11 @@ class Owner:
         with self.session(login) as session:
             budget = session.pipeline.budget
             total = budget.report()
+            if top_up:
+                now = budget.report(analyst).share
+                if now is None:
+                    raise ParameterError(f"{analyst} has no share to top up: set one")
+                eps, dlt = now.epsilon_share + eps, now.delta_share + dlt
             if eps > total.epsilon_total or dlt > total.delta_total:
                 raise ParameterError("a share must lie within the data set's total budget")
             if policy.budget.needs_delta and dlt == 0:

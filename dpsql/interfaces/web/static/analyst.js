@@ -15,7 +15,7 @@
     const share = mine.share || mine.dataset;
     $("share-gauge").max = share.epsilon;
     $("share-gauge").value = Math.min(share.spent, share.epsilon);
-    $("share-text").textContent = mine.share ? mine.share.text : "no share of your own: " + mine.dataset.text;
+    $("share-text").textContent = mine.share ? mine.share.text + "; set by " + mine.share.set_by : "no share of your own: " + mine.dataset.text;
     $("dataset-text").textContent = mine.budget;
     fill($("history").tBodies[0], mine.history.map((h) => [h.time, h.query, h.cost]));
   }

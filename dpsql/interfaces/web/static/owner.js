@@ -72,7 +72,8 @@
     try {
       const r = await call("POST", "/api/owner/allocate", {
         analyst: $("share-analyst").value, epsilon: $("share-epsilon").value, delta: $("share-delta").value,
-        why: $("share-why").value, password: $("share-password").value, confirm: true });
+        why: $("share-why").value, password: $("share-password").value, confirm: true,
+        mode: $("share-mode-top-up").checked ? "top up" : "set" });
       $("share-out").className = "";
       $("share-out").textContent = "ledger record " + r.record + ": " + r.text;
       $("share-password").value = "";
