@@ -277,17 +277,11 @@ def to_html(result: Result) -> str:
     )
 
 
-def summary(result: Result) -> str:
-    """One line: what the answer cost, and what its ± covers."""
-    if result.charge is not None:
-        cost = (
-            f"charged epsilon {_decimal(result.charge.epsilon)}, delta "
-            f"{_decimal(result.charge.delta)} (ledger record #{result.charge.seq})"
-        )
-    elif result.cached_from is not None:
-        cost = f"served from the cache (release #{result.cached_from}), no charge"
-    else:
-        cost = "nothing was charged"
+def summary(result: Result, cost: str | None = None) -> str:
+    """One line: what the answer cost (``cost``: said another way, as the web console says it
+    without release numbers), and what its ± covers."""
+    if cost is None:
+        cost = _cost(result)
     widths, intervals = accuracy_forms(result.accuracy)
     if result.confidence is not None and widths:
         cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
@@ -299,6 +293,17 @@ def summary(result: Result) -> str:
     if result.bounds_note:
         cost += f"; {result.bounds_note}"
     return cost
+
+
+def _cost(result: Result) -> str:
+    if result.charge is not None:
+        return (
+            f"charged epsilon {_decimal(result.charge.epsilon)}, delta "
+            f"{_decimal(result.charge.delta)} (ledger record #{result.charge.seq})"
+        )
+    if result.cached_from is not None:
+        return f"served from the cache (release #{result.cached_from}), no charge"
+    return "nothing was charged"
 
 
 def intervals_confidence(result: Result) -> float:

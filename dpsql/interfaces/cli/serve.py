@@ -13,10 +13,11 @@ from dpsql.interfaces.pgwire.logs import configure_logging
 from dpsql.interfaces.pgwire.server import DpsqlServer, serve
 
 
-def _listen(value: str) -> tuple[str, int]:
+def listen_address(value: str, example: str = "127.0.0.1:5433") -> tuple[str, int]:
+    """``--listen HOST:PORT`` of ``dpsql serve`` and ``dpsql web`` as (host, port)."""
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter("give HOST:PORT, e.g. 127.0.0.1:5433", param_hint="'--listen'")
+        raise click.BadParameter(f"give HOST:PORT, e.g. {example}", param_hint="'--listen'")
     return host.strip("[]"), int(port)
 
 
@@ -146,7 +147,7 @@ def serve_command(  # noqa: PLR0917 - click passes every option
     against --users-file; every query is charged to the data set's budget and the analyst's
     share in the policy's durable ledger (the policy needs a [ledger]).
     """
-    host, port = _listen(listen)
+    host, port = listen_address(listen)
     if require_tls and tls_cert is None:
         raise click.BadParameter("--require-tls needs --tls-cert", param_hint="'--require-tls'")
     configure_logging(logging.INFO)  # each worker logs the same way

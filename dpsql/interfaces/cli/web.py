@@ -15,17 +15,11 @@ import click
 
 from dpsql.errors import ParameterError
 from dpsql.interfaces.cli.context import Config, pass_config
+from dpsql.interfaces.cli.serve import listen_address
 
 __all__ = ["web_command"]
 
 NEEDED = ("starlette", "uvicorn", "jinja2")
-
-
-def _listen(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter("give HOST:PORT, e.g. 127.0.0.1:8080", param_hint="'--listen'")
-    return host.strip("[]"), int(port)
 
 
 @click.command("web")
@@ -108,7 +102,7 @@ def web_command(  # noqa: PLR0917 - click passes every option
             "dpsql web needs the web extra (missing: " + ", ".join(missing) + "): "
             "pip install 'dpsql[web]'"
         )
-    host, port = _listen(listen)
+    host, port = listen_address(listen, "127.0.0.1:8080")
     if (tls_cert is None) != (tls_key is None):
         raise click.BadParameter("give --tls-cert and --tls-key together", param_hint="'--tls-key'")
     # The web extra's modules, imported once they are known to be installed.

@@ -18,15 +18,8 @@ import math
 from typing import Any
 
 from dpsql.policy.numbers import decimal_text
-from dpsql.release.cells import accuracy_forms, cell
-from dpsql.release.result import (
-    Result,
-    columns,
-    covers,
-    intervals_confidence,
-    shown_rows,
-    to_arrow,
-)
+from dpsql.release.cells import cell
+from dpsql.release.result import Result, columns, shown_rows, summary, to_arrow
 
 __all__ = ["SERVED_FREE", "answer_json", "cost_text", "to_csv", "to_parquet"]
 
@@ -41,16 +34,9 @@ def cost_text(result: Result) -> str:
             f"charged epsilon {decimal_text(result.charge.epsilon)}, delta "
             f"{decimal_text(result.charge.delta)}"
         )
-    elif result.cached_from is not None:
-        cost = SERVED_FREE
     else:
-        cost = "nothing was charged"
-    widths, intervals = accuracy_forms(result.accuracy)
-    if result.confidence is not None and widths:
-        cost += f"; ± at {result.confidence:.4g} confidence, {covers(result)}"
-    if result.confidence is not None and intervals:
-        cost += f"; [lo, hi] at {intervals_confidence(result):.4g} confidence"
-    return cost
+        cost = SERVED_FREE if result.cached_from is not None else "nothing was charged"
+    return summary(result, cost)
 
 
 def _json_value(value: Any) -> Any:

@@ -48,7 +48,7 @@
   function show(answer) {
     $("answer").hidden = false;
     $("cost").textContent = answer.cost || answer.message;
-    $("bounds-note").textContent = [answer.note, answer.bounds_note].filter(Boolean).join(" ");
+    $("bounds-note").textContent = answer.note || "";
     const table = $("answer-table");
     table.replaceChildren();
     const head = el("thead"), tr = el("tr");
