@@ -8,6 +8,7 @@ import http.client
 import http.cookies
 import json
 import re
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -113,6 +114,8 @@ def served(folder: Path, **settings: Any) -> Iterator[str]:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            ssl_certfile=config.tls_cert,
+            ssl_keyfile=config.tls_key,
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
@@ -123,7 +126,8 @@ def served(folder: Path, **settings: Any) -> Iterator[str]:
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        scheme = "https" if config.tls_cert is not None else "http"
+        yield f"{scheme}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(10)
@@ -132,8 +136,12 @@ def served(folder: Path, **settings: Any) -> Iterator[str]:
 class Client:
     """A browser-like HTTP client: cookies kept, the page's CSRF token sent on changes."""
 
-    def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
-        self.host, self.port = base.removeprefix("http://").split(":")
+    def __init__(
+        self, base: str, headers: dict[str, str] | None = None, cafile: Path | None = None
+    ) -> None:
+        self.tls = base.startswith("https://")
+        self.host, self.port = base.split("://", 1)[1].split(":")
+        self.context = ssl.create_default_context(cafile=cafile) if self.tls else None
         self.cookies: dict[str, str] = {}
         self.csrf = ""
         self.extra = headers or {}
@@ -147,7 +155,13 @@ class Client:
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(self.host, int(self.port), timeout=120)
+        conn: http.client.HTTPConnection
+        if self.context is not None:
+            conn = http.client.HTTPSConnection(
+                self.host, int(self.port), timeout=120, context=self.context
+            )
+        else:
+            conn = http.client.HTTPConnection(self.host, int(self.port), timeout=120)
         sent = dict(self.extra)
         if self.cookies:
             sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())

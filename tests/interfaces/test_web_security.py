@@ -5,7 +5,10 @@ uvicorn (``web_fixtures``), over a real ledger."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -318,3 +321,39 @@ def test_the_owner_verifies_the_ledger_and_checks_the_data(base: str) -> None:
          "confirm": True},
     )  # fmt: skip
     assert status == 400 and "user name" in bad["message"]
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    folder = tmp_path_factory.mktemp("webtls")
+    cert, key = folder / "web.crt", folder / "web.key"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    key.chmod(0o600)
+    return cert, key
+
+
+def test_over_its_own_tls_the_console_sets_secure_cookies_and_hsts(
+    folder: Path, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    with served(folder, tls_cert=cert, tls_key=key) as url:
+        assert url.startswith("https://")
+        client = Client(url, cafile=cert)  # the certificate verified, host name included
+        assert client.login("alice") == 303
+        login = next(c for c in client.login_cookies if c.startswith("dpsql_login="))
+        assert "Secure" in login and "HttpOnly" in login
+        headers = {k.lower(): v for k, v in client.last_headers}
+        assert headers["strict-transport-security"].startswith("max-age=")
+        status, answer = client.post("/api/run", {"sql": QUERY})
+        assert status == 200 and answer["charged"] is not None
+        plain = Client(url.replace("https://", "http://"))
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            plain.request("GET", "/login")
