@@ -352,7 +352,9 @@ def test_over_its_own_tls_the_console_sets_secure_cookies_and_hsts(
         assert "Secure" in login and "HttpOnly" in login
         headers = {k.lower(): v for k, v in client.last_headers}
         assert headers["strict-transport-security"].startswith("max-age=")
-        status, answer = client.post("/api/run", {"sql": "SELECT COUNT(*) FROM visits WHERE spend < 77"})
+        status, answer = client.post(
+            "/api/run", {"sql": "SELECT COUNT(*) FROM visits WHERE spend < 77"}
+        )
         assert status == 200 and answer["charged"] is not None
         plain = Client(url.replace("https://", "http://"))
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
