@@ -603,3 +603,22 @@ def alive(pid: int | None) -> bool:
         return False
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         return stat.read().rpartition(")")[2].split()[0] != "Z"
+
+
+def make_certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (its key mode 0600) in ``folder``, made by the
+    openssl command (the test skips without it)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = folder / "server.crt", folder / "server.key"
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    key.chmod(0o600)
+    return cert, key

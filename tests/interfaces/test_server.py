@@ -42,6 +42,7 @@ from server_fixtures import (
     connect,
     error_fields,
     frame,
+    make_certificate,
     notices,
     psql,
     raw_login,
@@ -860,21 +861,7 @@ def test_sigterm_stops_the_server_cleanly(tmp_path: Path, dataset: Dataset, user
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("needs the openssl command to make a certificate")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "server.crt", folder / "server.key"
-    subprocess.run(
-        [
-            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-            "-subj", "/CN=127.0.0.1",
-        ],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    key.chmod(0o600)
-    return cert, key
+    return make_certificate(tmp_path_factory.mktemp("tls"))
 
 
 def test_tls_required(fresh: Callable[..., Served], certificate: tuple[Path, Path]) -> None:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from server_fixtures import make_certificate
 from web_fixtures import HOSTILE, Client, make_folder, served
 
 from dpsql.accounting.ledger.ledger import Ledger
@@ -325,19 +324,7 @@ def test_the_owner_verifies_the_ledger_and_checks_the_data(base: str) -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("needs the openssl command to make a certificate")
-    folder = tmp_path_factory.mktemp("webtls")
-    cert, key = folder / "web.crt", folder / "web.key"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    key.chmod(0o600)
-    return cert, key
+    return make_certificate(tmp_path_factory.mktemp("webtls"))
 
 
 def test_over_its_own_tls_the_console_sets_secure_cookies_and_hsts(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -11,6 +13,36 @@ from dpsql.interfaces.cli.context import Config, pass_config
 from dpsql.interfaces.pgwire.config import Limits, ServerConfig
 from dpsql.interfaces.pgwire.logs import configure_logging
 from dpsql.interfaces.pgwire.server import DpsqlServer, serve
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def login_throttle(refusal: str) -> Callable[[F], F]:
+    """The failed-login options of ``dpsql serve`` and ``dpsql web``
+    (``dpsql.interfaces.pgwire.throttle``); ``refusal`` says what an address out of tokens
+    meets."""
+    options = [
+        click.option(
+            "--login-burst", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
+            help=f"Failed logins one client address may make at once before it {refusal}.",
+        ),
+        click.option(
+            "--login-refill", type=click.FloatRange(0.001, 1_000_000), default=1.0,
+            show_default=True, help="Failed logins per second an address regains.",
+        ),
+        click.option(
+            "--login-delay-cap", type=click.FloatRange(0, 5), default=2.0, show_default=True,
+            help="Longest wait, in seconds, before the proof of a login on a user name that "
+            "keeps failing is checked (0: none).",
+        ),
+    ]  # fmt: skip
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def listen_address(value: str, example: str = "127.0.0.1:5433") -> tuple[str, int]:
@@ -54,20 +86,7 @@ def listen_address(value: str, example: str = "127.0.0.1:5433") -> tuple[str, in
     help="Connections still logging in, a pool apart from --max-connections; when it is full "
     "a new connection drops the oldest of the address holding the most.",
 )  # fmt: skip
-@click.option(
-    "--login-burst", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
-    help="Failed logins one client address may make at once before it is refused "
-    "(SQLSTATE 28000) until it regains a token.",
-)  # fmt: skip
-@click.option(
-    "--login-refill", type=click.FloatRange(0.001, 1_000_000), default=1.0, show_default=True,
-    help="Failed logins per second an address regains.",
-)  # fmt: skip
-@click.option(
-    "--login-delay-cap", type=click.FloatRange(0, 5), default=2.0, show_default=True,
-    help="Longest wait, in seconds, before the proof of a login on a user name that keeps "
-    "failing is checked (0: none).",
-)  # fmt: skip
+@login_throttle("is refused (SQLSTATE 28000) until it regains a token")
 @click.option(
     "--statement-timeout", type=click.FloatRange(0.1, 86_400), default=300.0, show_default=True,
     help="Seconds a statement may run; one cut off fails as an engine failure does, and "

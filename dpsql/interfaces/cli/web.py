@@ -15,7 +15,7 @@ import click
 
 from dpsql.errors import ParameterError
 from dpsql.interfaces.cli.context import Config, pass_config
-from dpsql.interfaces.cli.serve import listen_address
+from dpsql.interfaces.cli.serve import listen_address, login_throttle
 
 __all__ = ["web_command"]
 
@@ -43,19 +43,7 @@ NEEDED = ("starlette", "uvicorn", "jinja2")
     "--tls-proxy", is_flag=True,
     help="A TLS proxy in front serves HTTPS: every request must carry X-Forwarded-Proto: https.",
 )  # fmt: skip
-@click.option(
-    "--login-burst", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
-    help="Failed logins one client address may make at once before it must wait.",
-)  # fmt: skip
-@click.option(
-    "--login-refill", type=click.FloatRange(0.001, 1_000_000), default=1.0, show_default=True,
-    help="Failed logins per second an address regains.",
-)  # fmt: skip
-@click.option(
-    "--login-delay-cap", type=click.FloatRange(0, 5), default=2.0, show_default=True,
-    help="Longest wait, in seconds, before a password on a user name that keeps failing is "
-    "checked (0: none).",
-)  # fmt: skip
+@login_throttle("must wait (HTTP 429)")
 @click.option(
     "--idle-timeout", type=click.FloatRange(10, 86_400), default=1800.0, show_default=True,
     help="Seconds without a request after which a login ends.",
