@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 from server_fixtures import make_certificate
@@ -346,3 +347,44 @@ def test_over_its_own_tls_the_console_sets_secure_cookies_and_hsts(
         plain = Client(url.replace("https://", "http://"))
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
             plain.request("GET", "/login")
+
+
+def test_kept_sessions_carry_no_other_login_s_settings(base: str) -> None:
+    """Two logins of one analyst share the analyst's kept session: each statement runs under
+    its own login's SET values only."""
+    first, second = Client(base), Client(base)
+    first.login("alice")
+    second.login("alice")
+    status, _ = first.post("/api/run", {"sql": "SET dpsql.epsilon = 0.01"})
+    assert status == 200
+    _, small = first.post("/api/preview", {"sql": QUERY})
+    _, default = second.post("/api/preview", {"sql": QUERY})
+    assert small["epsilon"] == "0.011" and default["epsilon"] == "0.55"
+    _, again = first.post("/api/preview", {"sql": QUERY})
+    assert again["epsilon"] == "0.011"
+
+
+def test_a_data_file_replaced_under_the_console_is_refused_free_then_read_anew(
+    tmp_path: Path,
+) -> None:
+    folder = make_folder(tmp_path)
+    with served(folder) as url:
+        client = Client(url)
+        client.login("alice")
+        status, first = client.post("/api/run", {"sql": "SELECT COUNT(*) FROM visits"})
+        assert status == 200 and first["charged"] is not None
+        data = folder / "visits.parquet"
+        con = duckdb.connect()
+        con.execute(
+            f"COPY (SELECT * FROM '{data}' WHERE spend > 10) TO '{folder / 'new.parquet'}' "
+            "(FORMAT parquet)"
+        )
+        con.close()
+        (folder / "new.parquet").replace(data)
+        before = _kinds(folder)
+        sql = "SELECT COUNT(*) FROM visits WHERE spend > 20"
+        status, refused = client.post("/api/run", {"sql": sql})
+        assert status == 400 and refused["error"] == "DataChangedError"
+        assert _kinds(folder) == before  # nothing charged
+        status, answer = client.post("/api/run", {"sql": sql})
+        assert status == 200 and answer["charged"] is not None

@@ -1,11 +1,15 @@
 """The analyst's side of the console: a preview before spending, an answer, downloads, the
 analyst's own share and history.
 
-Each statement runs on its own ``Session`` under the login's name (opened, used, closed), the
-login's SET values applied first: the same pipeline as every interface, so the charge is
-recorded against that analyst and their share before anything is released, and a repeat is
-served free from the cache. At most ``max_running`` statements run at once; one more is refused
-as busy (HTTP 503) before anything is planned or charged.
+Each statement runs on a ``Session`` under the login's name, its SET values those of the login
+(the session's own reset first): the same pipeline as every interface, so the charge is recorded
+against that analyst and their share before anything is released, and a repeat is served free
+from the cache. A session is kept for the analyst's next statement (``SessionPool``: at most
+one idle per analyst and ``MAX_IDLE`` in all, the least recently used closed first), as a
+``dpsql serve`` connection keeps one, so that its plans and engine are not made again for each
+statement; one that ended in anything but a refusal (an engine failure, a changed file, a ledger
+error, an interrupt) is closed instead. At most ``max_running`` statements run at once; one more
+is refused as busy (HTTP 503) before anything is planned or charged.
 
 The history an analyst sees is their own ledger records only (charges and answers served
 again), and an answer served again never says whose release served it.
@@ -15,12 +19,13 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from dpsql.accounting.budget.report import spent_text
-from dpsql.errors import DpsqlError, ParameterError
+from dpsql.errors import BudgetExceededError, DpsqlError, ParameterError, QueryError
 from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.web.answers import SERVED_FREE, answer_json
 from dpsql.interfaces.web.config import WebConfig
@@ -32,7 +37,7 @@ from dpsql.session.session import Session
 from dpsql.sql.parse import SetOption, parse_statement
 from dpsql.sql.split import split_statements
 
-__all__ = ["Analyst", "Busy", "deadline"]
+__all__ = ["Analyst", "Busy", "SessionPool", "deadline"]
 
 MAX_HISTORY = 200  # the newest records an analyst's history shows
 MAX_KEPT_CELLS = 1_000_000  # an answer larger than this is shown, not kept for download
@@ -68,26 +73,75 @@ class Busy(Exception):  # noqa: N818 - HTTP 503, nothing planned or charged
     """Every statement slot is taken."""
 
 
+MAX_IDLE = 16  # idle sessions kept for analysts' next statements, in all
+# Refusals after which a session is as it was: kept. Anything else closes it.
+KEEPS = (QueryError, BudgetExceededError)
+
+
+class SessionPool:
+    """Idle sessions by analyst, least recently used first (thread-safe)."""
+
+    def __init__(self, config: WebConfig) -> None:
+        self.config = config
+        self._idle: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, name: str) -> Session:
+        with self._lock:
+            session = self._idle.pop(name, None)
+        if session is None:
+            session = Session(self.config.policy, name, self.config.memory_limit)
+        return session
+
+    def give_back(self, session: Session) -> None:
+        name = session.analyst or ""
+        with self._lock:
+            spare = self._idle.pop(name, None)
+            self._idle[name] = session
+            while len(self._idle) > MAX_IDLE:
+                _, oldest = self._idle.popitem(last=False)
+                oldest.close()
+        if spare is not None:
+            spare.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), OrderedDict()
+        for session in idle:
+            session.close()
+
+
 class Analyst:
     """The analyst's actions, each on a fresh Session (thread-safe)."""
 
     def __init__(self, config: WebConfig) -> None:
         self.config = config
         self._slots = threading.BoundedSemaphore(config.max_running)
+        self.pool = SessionPool(config)
 
     @contextmanager
     def session(self, login: Login) -> Iterator[Session]:
         if not self._slots.acquire(blocking=False):
             raise Busy("the console is running as many statements as it may; try again")
         try:
-            session = Session(self.config.policy, login.name, self.config.memory_limit)
+            session = self.pool.take(login.name)
+            keep = False
             try:
+                for name in session.set_values.values():
+                    session.set_option(name, None)  # another login's SET values: reset
                 for name, value in login.settings.items():
                     session.set_option(name, value)
                 with deadline(session.engine.interrupt, self.config.statement_timeout):
                     yield session
+                keep = True
+            except KEEPS:
+                keep = True
+                raise
             finally:
-                session.close()
+                if keep:
+                    self.pool.give_back(session)
+                else:
+                    session.close()
         finally:
             self._slots.release()
 

@@ -19,10 +19,11 @@ Routes (``/api/*`` answer JSON; every change is a POST carrying the login's CSRF
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -122,7 +123,13 @@ class Console:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         middleware = [Middleware(guard.SecurityHeaders, config=self.config)]
-        return Starlette(routes=routes, middleware=middleware)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            yield
+            self.analyst.pool.close()  # the kept sessions' engines, at shutdown
+
+        return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
     def page(self, name: str, **context: Any) -> HTMLResponse:
         return HTMLResponse(self.pages.get_template(name).render(**context))
