@@ -175,7 +175,11 @@ def _web(kind: str, port: int) -> Callable[[int], Callable[[], None]]:
             assert first["charged"] is not None, "a fresh answer is charged"
         elif kind == "cached count" and i > 0:  # the first client's answer is released first
             assert first["served_free"], "a repeat is served from the release"
-        return lambda: None if client.post(path, COUNT) else None
+
+        def run() -> None:
+            client.post(path, COUNT)
+
+        return run
 
     return one
 
