@@ -158,6 +158,7 @@ def test_an_analyst_previews_runs_downloads_and_is_refused(browser: Any, site: s
     _wait(browser, lambda d: float(d.find_element(By.ID, "share-gauge").get_attribute("value")) > 0)
     history = _text(browser, "history")
     assert "GROUP BY region" in history and "served free" in history
+    assert "charged epsilon 0.55, delta 0" in history
 
 
 def test_the_owner_sets_a_share_moves_the_sliders_verifies_and_reports(

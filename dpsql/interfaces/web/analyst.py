@@ -30,6 +30,7 @@ from dpsql.interfaces.report.report import iso_time
 from dpsql.interfaces.web.answers import SERVED_FREE, answer_json
 from dpsql.interfaces.web.config import WebConfig
 from dpsql.interfaces.web.logins import Login
+from dpsql.mechanisms.event_kinds import composite_from_json
 from dpsql.plan.explain import explain
 from dpsql.policy.numbers import decimal_text
 from dpsql.session.plans import with_periods
@@ -112,7 +113,7 @@ class SessionPool:
 
 
 class Analyst:
-    """The analyst's actions, each on a fresh Session (thread-safe)."""
+    """The analyst's actions, each on a session of the pool (thread-safe)."""
 
     def __init__(self, config: WebConfig) -> None:
         self.config = config
@@ -177,7 +178,7 @@ class Analyst:
             "fits": served or refusal is None,
             "refusal": refusal,
             "verdict": (
-                SERVED_FREE.replace("served", "it would be served", 1)
+                "it would be served free from an earlier release: nothing would be charged"
                 if served
                 else "it fits your share and the budget now"
                 if refusal is None
@@ -231,9 +232,11 @@ class Analyst:
                 "query": str(record.payload.get("query", "")),
             }
             if record.kind == "charge":
-                event = record.payload.get("event")
-                eps = event.get("epsilon") if isinstance(event, dict) else None
-                entry["cost"] = f"charged epsilon {eps}" if eps is not None else "charged"
+                event = composite_from_json(dict(record.payload["event"]))
+                entry["cost"] = (
+                    f"charged epsilon {decimal_text(event.epsilon)}, delta "
+                    f"{decimal_text(event.delta)}"
+                )
             else:
                 entry["cost"] = SERVED_FREE
             history.append(entry)

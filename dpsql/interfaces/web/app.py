@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 
 from dpsql.errors import BudgetExceededError, DpsqlError, InternalError, PolicyError
 from dpsql.interfaces.pgwire.mock_secret import load_mock_secret
+from dpsql.interfaces.pgwire.users import load_users
 from dpsql.interfaces.web import guard
 from dpsql.interfaces.web.analyst import Analyst, Busy, error_json
 from dpsql.interfaces.web.answers import to_csv, to_parquet
@@ -83,6 +84,7 @@ class Console:
                 "the same budget (create it with dpsql init)"
             )
         self.config = config
+        load_users(config.users_file)  # fail fast: a users file that cannot be read
         self.logins = Logins(
             config.users_file,
             load_mock_secret(config.users_file),
@@ -197,7 +199,11 @@ class Console:
         if wait is not None:
             return await self.login_page(f"too many failed logins: try again in {wait:.0f} s", 429)
         name, password = form.get("name", "")[:64], form.get("password", "")
-        user = await run_in_threadpool(self.logins.check, address, name, password)
+        try:
+            user = await run_in_threadpool(self.logins.check, address, name, password)
+        except DpsqlError:
+            log.exception("the users file cannot be read")
+            return await self.login_page("passwords cannot be checked now (see the log)", 503)
         if user is None:
             return await self.login_page("wrong user name or password", 401)
         login = self.logins.start(user)
