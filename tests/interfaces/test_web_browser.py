@@ -225,6 +225,23 @@ def test_the_owner_sets_a_share_moves_the_sliders_verifies_and_reports(
     assert browser.execute_script("return window.__xss") is None
 
 
+def test_a_quantile_s_interval_is_drawn_and_an_ended_login_goes_back_to_the_form(
+    browser: Any, site: str
+) -> None:
+    _login(browser, site, "bob")
+    _run(browser, "SELECT region, MEDIAN(spend) AS m FROM visits GROUP BY region")
+    assert "[" in _text(browser, "answer-table")  # value [lo, hi], never a ±
+    ends = [
+        [float(x) for x in e.get_attribute("data-error-bar").split()]
+        for e in browser.find_elements(By.CSS_SELECTOR, "#chart line[data-error-bar]")
+    ]
+    assert len(ends) == 7 and all(lo <= hi for lo, hi in ends)
+    browser.delete_cookie("dpsql_login")
+    _type_sql(browser, GROUPED)
+    browser.find_element(By.ID, "preview").click()
+    _wait(browser, lambda d: d.current_url.endswith("/login"))
+
+
 def test_markup_in_the_query_text_stays_text(browser: Any, site: str) -> None:
     _login(browser, site, "bob")
     sql = 'SELECT COUNT(*) AS "<img src=x onerror=window.__xss=3>" FROM visits'

@@ -40,8 +40,8 @@
     if (numeric < 0) return;
     const key = answer.columns.findIndex((_, i) => i !== numeric && answer.rows.every((r) => typeof r[i].value !== "number" || r[i].accuracy === null));
     if (key < 0) return;
-    const widths = answer.rows.map((r) => (typeof r[numeric].accuracy === "number" ? r[numeric].accuracy : null));
-    dpsql.bars(target, answer.rows.map((r) => r[key].text), answer.rows.map((r) => r[numeric].value), widths);
+    const accuracy = answer.rows.map((r) => r[numeric].accuracy);
+    dpsql.bars(target, answer.rows.map((r) => r[key].text), answer.rows.map((r) => r[numeric].value), accuracy);
     target.hidden = false;
   }
 

@@ -14,6 +14,9 @@ const dpsql = (() => {
     const response = await fetch(url, options);
     let data = null;
     try { data = await response.json(); } catch (e) { data = { error: "Error", message: "no answer" }; }
+    if (response.status === 401) {
+      window.location.assign("/login"); // the login ended (idle, expired, logged out)
+    }
     if (!response.ok) {
       const error = new Error(data.message || "refused");
       error.kind = data.error || "Error";
@@ -84,10 +87,16 @@ const dpsql = (() => {
     target.appendChild(svg("text", { x: f.m.l, y: f.h - 4 }, xTitle || "queries"));
   }
 
-  // Bars with error bars: labels, values, half-widths (null: none).
-  function bars(target, labels, values, widths) {
-    const top = Math.max(...values.map((v, i) => Math.abs(v) + (widths[i] || 0)), 1e-9) * 1.1;
-    const lowest = Math.min(0, ...values.map((v, i) => v - (widths[i] || 0)));
+  // Bars with error bars: labels, values, and per bar a half-width, a quantile's [lo, hi]
+  // interval, or null (none).
+  function bars(target, labels, values, accuracy) {
+    const ends = values.map((v, i) => {
+      const a = accuracy[i];
+      if (Array.isArray(a)) return [a[0], a[1]];
+      return typeof a === "number" ? [v - a, v + a] : null;
+    });
+    const top = Math.max(...values.map((v, i) => Math.max(v, ends[i] ? ends[i][1] : v)), 1e-9) * 1.1;
+    const lowest = Math.min(0, ...values.map((v, i) => Math.min(v, ends[i] ? ends[i][0] : v)));
     const w = Number(target.getAttribute("width")), h = Number(target.getAttribute("height"));
     const m = { l: 56, r: 10, t: 10, b: 40 };
     const span = top - lowest;
@@ -104,13 +113,13 @@ const dpsql = (() => {
       const bar = svg("rect", { x: x0, width: bw, y: Math.min(y(v), y(0)), height: Math.abs(y(v) - y(0)), fill: "#7fa7d9" });
       bar.dataset.value = v;
       target.appendChild(bar);
-      if (widths[i]) {
-        const cx = x0 + bw / 2;
-        const err = svg("line", { x1: cx, x2: cx, y1: y(v - widths[i]), y2: y(v + widths[i]), stroke: "#111", "stroke-width": 1.5 });
-        err.dataset.errorBar = widths[i];
+      if (ends[i]) {
+        const cx = x0 + bw / 2, [lo, hi] = ends[i];
+        const err = svg("line", { x1: cx, x2: cx, y1: y(lo), y2: y(hi), stroke: "#111", "stroke-width": 1.5 });
+        err.dataset.errorBar = lo + " " + hi;
         target.appendChild(err);
-        target.appendChild(svg("line", { x1: cx - 5, x2: cx + 5, y1: y(v + widths[i]), y2: y(v + widths[i]), stroke: "#111" }));
-        target.appendChild(svg("line", { x1: cx - 5, x2: cx + 5, y1: y(v - widths[i]), y2: y(v - widths[i]), stroke: "#111" }));
+        target.appendChild(svg("line", { x1: cx - 5, x2: cx + 5, y1: y(hi), y2: y(hi), stroke: "#111" }));
+        target.appendChild(svg("line", { x1: cx - 5, x2: cx + 5, y1: y(lo), y2: y(lo), stroke: "#111" }));
       }
       target.appendChild(svg("text", { x: x0, y: h - m.b + 14 }, String(labels[i]).slice(0, 16)));
     });
