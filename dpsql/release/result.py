@@ -215,14 +215,18 @@ def _pandas_dtype(dtype: str, values: Sequence[Any]) -> str | None:
 
 
 def to_arrow(
-    result: Result, rows: Sequence[Sequence[Any]] | None = None, accuracy: bool = False
+    result: Result,
+    rows: Sequence[Sequence[Any]] | None = None,
+    accuracy: bool = False,
+    noise: bool = False,
 ) -> Any:
     """``result`` (or its last ``rows``) as a pyarrow Table, each column in the Arrow type of
-    its DuckDB type; the cost in the schema's metadata."""
+    its DuckDB type (with ``accuracy`` and ``noise``, the columns of ``columns``); the cost in
+    the schema's metadata."""
     pa = _optional("pyarrow", "fetch_arrow_table()")
     chosen = result.rows if rows is None else rows
     arrays, fields = [], []
-    for name, dtype, values in columns(result, chosen, accuracy):
+    for name, dtype, values in columns(result, chosen, accuracy, noise):
         kind = _arrow_type(pa, dtype)
         arrays.append(pa.array(values, type=kind))
         fields.append(pa.field(name, arrays[-1].type))

@@ -118,6 +118,16 @@ def test_hostile_values_and_names_travel_as_text(base: str) -> None:
     assert any("<img src=x onerror=alert(1)>" in h["query"] for h in mine["history"])
     status, csv = client.request("GET", f"/api/answers/{answer['id']}.csv")
     assert status == 200 and "<script>window.__xss = 1</script>" in csv.decode()
+    # The Parquet file holds the CSV's columns, and says what it cost without a release number.
+    import io
+
+    import pyarrow.parquet as pq
+
+    status, parquet = client.request("GET", f"/api/answers/{answer['id']}.parquet")
+    table = pq.read_table(io.BytesIO(parquet))
+    assert table.column_names == csv.decode().splitlines()[0].split(",")
+    meta = table.schema.metadata
+    assert b"cost" in meta and b"cached_from" not in meta and b"ledger_record" not in meta
 
 
 def test_an_analyst_sees_only_their_own_history_and_answers(base: str) -> None:

@@ -19,7 +19,7 @@ from dpsql.accounting.ledger.blocks import block_list, retired
 from dpsql.accounting.ledger.chain import Record
 from dpsql.errors import DpsqlError
 from dpsql.interfaces.cli.context import Config, pass_config
-from dpsql.interfaces.cli.ledger import _open
+from dpsql.interfaces.cli.ledger import open_ledger
 from dpsql.interfaces.cli.params import TEXT
 from dpsql.policy.blocks import BlockList
 from dpsql.session.blocks import register, remove
@@ -53,7 +53,7 @@ def _register(  # noqa: PLR0917 - a command's arguments, passed on
     by: str | None,
 ) -> None:
     policy = config.policy()
-    ledger = _open(policy)
+    ledger = open_ledger(policy)
     try:
         # The command's paths are the working folder's, not the policy's.
         paths = [path.absolute() for path in files]
@@ -133,7 +133,7 @@ def remove_block(config: Config, table: str, block: str, by: str | None) -> None
     """Remove BLOCK of TABLE without a replacement (its data no longer kept): no query reads it
     again, and its releases are retired; its files may then be deleted."""
     policy = config.policy()
-    ledger = _open(policy)
+    ledger = open_ledger(policy)
     try:
         seq = remove(policy, ledger, table, block, by or config.analyst)
     finally:
@@ -169,7 +169,7 @@ def block_lines(records: list[Record], listed: BlockList) -> list[str]:
 @pass_config
 def list_blocks(config: Config) -> None:
     """Every registered block, and the releases retired by a replacement."""
-    ledger = _open(config.policy())
+    ledger = open_ledger(config.policy())
     try:
         records = ledger.records()
     finally:

@@ -25,7 +25,7 @@ from dpsql.engine.check.csv_lines import CsvScan
 from dpsql.engine.check.data import DataCheck, TableCheck, check_data
 from dpsql.errors import PolicyError
 from dpsql.interfaces.cli.context import EXIT_CODES, EXIT_OK, Config, pass_config
-from dpsql.interfaces.cli.ledger import _open
+from dpsql.interfaces.cli.ledger import open_ledger
 from dpsql.policy.files import DATABASE
 
 __all__ = ["EXIT_FINDINGS", "check_command", "status_code"]
@@ -64,7 +64,7 @@ def check_command(
     policy = config.policy(ledger=False)
     blocks = None
     if policy.data.blocks and policy.ledger is not None:
-        ledger = _open(policy)  # the blocks registered, for their check
+        ledger = open_ledger(policy)  # the blocks registered, for their check
         try:
             blocks = block_list(ledger.records())
         finally:

@@ -3,8 +3,9 @@
 ``init`` creates the ledger, its first record pinning the policy's budget; ``ledger verify``
 checks the whole chain against the anchor, ``ledger export`` writes every record with its chain,
 and ``ledger pin-budget`` records the budget in a ledger created before ledgers pinned it. The
-commands open the ledger through ``_open`` (verified, and checked to be the policy's data set's)
-and write files through ``_write``, which the budget and report commands of ``cli.py`` use too.
+commands open the ledger through ``open_ledger`` (verified, and checked to be the policy's data
+set's; the web console's owner page too) and write files through ``_write``, which the budget
+and report commands of ``cli.py`` use too.
 These are click commands for the ``dpsql`` group (``cli.py`` registers them); they read the
 group's ``Config`` (``context.py``) and never import ``cli`` (no import cycle).
 """
@@ -28,7 +29,7 @@ from dpsql.policy import Policy
 from dpsql.policy.numbers import decimal_text
 from dpsql.session.session import Session
 
-__all__ = ["export", "init", "ledger", "pin_budget", "verify"]
+__all__ = ["export", "init", "ledger", "open_ledger", "pin_budget", "verify"]
 
 
 def _paths(policy: Policy) -> tuple[Path, Path | None]:
@@ -37,7 +38,7 @@ def _paths(policy: Policy) -> tuple[Path, Path | None]:
     return policy.resolve(policy.ledger.path), anchor
 
 
-def _open(policy: Policy) -> Ledger:
+def open_ledger(policy: Policy) -> Ledger:
     """The policy's ledger, verified against its anchor and checked to be this data set's."""
     ledger = Ledger(*_paths(policy))
     if ledger.identity.get("dataset") != policy.dataset.id:
@@ -131,7 +132,7 @@ def ledger() -> None:
 @pass_config
 def verify(config: Config) -> None:
     """Verify the whole chain against the anchor; print the record count and the head."""
-    opened = _open(config.policy())
+    opened = open_ledger(config.policy())
     try:
         records = opened.records()
         count = opened.verify()
@@ -160,7 +161,7 @@ def verify(config: Config) -> None:
 @pass_config
 def export(config: Config, fmt: str, output: Path | None) -> None:
     """Every record with its chain (seq, time, kind, analyst, payload, prev, hash)."""
-    opened = _open(config.policy())
+    opened = open_ledger(config.policy())
     records = list(opened.export())
     if fmt == "jsonl":
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
@@ -179,7 +180,7 @@ def pin_budget(config: Config, by: str | None, why: str) -> None:
     """Record the policy's budget in a ledger created before ledgers pinned it (once)."""
     by = config.actor(by)
     policy = config.policy()
-    opened = _open(policy)
+    opened = open_ledger(policy)
 
     def once(records: list[Record]) -> None:  # decided inside the append's transaction
         if any(r.kind == BUDGET_RECORD for r in records):

@@ -51,7 +51,7 @@ from dpsql.interfaces.cli.context import (
     fail,
     pass_config,
 )
-from dpsql.interfaces.cli.ledger import _open, _write, init, ledger
+from dpsql.interfaces.cli.ledger import _write, init, ledger, open_ledger
 from dpsql.interfaces.cli.params import (
     DELTA,
     EPSILON,
@@ -123,7 +123,7 @@ def cli(ctx: click.Context, policy_path: Path | None, analyst: str | None) -> No
 
 
 def _budget(policy: Policy) -> Budget:
-    return budget_for(policy.dataset.id, policy.budget, _open(policy), policy.periods)
+    return budget_for(policy.dataset.id, policy.budget, open_ledger(policy), policy.periods)
 
 
 # -- commands ---------------------------------------------------------------------------------

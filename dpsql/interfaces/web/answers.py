@@ -119,25 +119,15 @@ def _csv_value(value: Any) -> str:
 
 
 def to_parquet(result: Result) -> bytes:
-    """The answer as Parquet, with the ± and noise columns and what it cost in the file's
-    metadata (no release number: see the module docstring)."""
-    import pyarrow as pa  # noqa: PLC0415 - the web extra's, imported when a file is asked
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    """The answer as Parquet, with the ± and noise columns of the CSV and what it cost in the
+    file's metadata (no release number: see the module docstring)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415 - the web extra's, imported when a file is asked
 
-    table = to_arrow(result, accuracy=True)
+    table = to_arrow(result, accuracy=True, noise=True)
     meta = dict(table.schema.metadata or {})
     for hidden in (b"cached_from", b"ledger_record"):
         meta.pop(hidden, None)
     meta[b"cost"] = cost_text(result).encode()
-    table = table.replace_schema_metadata(meta)
-    flags = [
-        (name, [bool(row[i]) if i < len(row) else False for row in result.noise] or
-         [False] * len(result.rows))
-        for i, name in enumerate(result.columns)
-        if any(i < len(row) and row[i] for row in result.noise)
-    ]  # fmt: skip
-    for name, marked in flags:
-        table = table.append_column(name + " noise", pa.array(marked, type=pa.bool_()))
     sink = io.BytesIO()
-    pq.write_table(table, sink)
+    pq.write_table(table.replace_schema_metadata(meta), sink)
     return sink.getvalue()

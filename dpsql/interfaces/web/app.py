@@ -55,16 +55,14 @@ log = logging.getLogger("dpsql.interfaces.web")
 HERE = Path(__file__).parent
 FIELD = 4096  # bytes of a form field (a name, a password, a reason)
 _ANSWER = re.compile(r"[A-Za-z0-9_-]{1,32}")
-# HTTP statuses of the refusals: a query refused (nothing charged), the budget, a busy server.
-STATUS = {BudgetExceededError: 403}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _status(exc: DpsqlError) -> int:
-    for kind, status in STATUS.items():
-        if isinstance(exc, kind):
-            return status
+    """The HTTP status of a refusal: 403 for the budget, 500 for a dpsql bug, else 400."""
+    if isinstance(exc, BudgetExceededError):
+        return 403
     return 500 if isinstance(exc, InternalError) else 400
 
 

@@ -69,8 +69,8 @@ class WebConfig:
 
     def __post_init__(self) -> None:
         check_transport(self.host, self.tls_cert is not None, self.tls_proxy)
-        if (self.tls_cert is None) != (self.tls_key is None) and self.tls_key is not None:
-            raise ParameterError("--tls-key needs --tls-cert")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ParameterError("give the TLS certificate and its key together")
 
     @property
     def secure_cookies(self) -> bool:

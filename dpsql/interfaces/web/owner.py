@@ -24,8 +24,8 @@ from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting.ledger.chain import GENESIS
-from dpsql.accounting.ledger.ledger import Ledger
-from dpsql.errors import LedgerError, ParameterError
+from dpsql.errors import ParameterError
+from dpsql.interfaces.cli.ledger import open_ledger
 from dpsql.interfaces.pgwire.users import check_name
 from dpsql.interfaces.report.charts import Curves, history_curves, label, points
 from dpsql.interfaces.report.html import render_html
@@ -74,8 +74,8 @@ class Owner:
         self.config = config
 
     @contextmanager
-    def session(self, login: Login) -> Iterator[Session]:
-        session = Session(self.config.policy, login.name, self.config.memory_limit)
+    def session(self, name: str | None) -> Iterator[Session]:
+        session = Session(self.config.policy, name, self.config.memory_limit)
         try:
             yield session
         finally:
@@ -84,7 +84,7 @@ class Owner:
     def overview(self, login: Login) -> dict[str, Any]:
         """The budget over time under each accountant, the shares with who set them, the
         release schedule (newest first) and the overrides audit."""
-        with self.session(login) as session:
+        with self.session(login.name) as session:
             budget = session.pipeline.budget
             data = build_report(self.config.policy, budget)
             curves = history_curves(budget)
@@ -107,7 +107,7 @@ class Owner:
         if not 1 <= queries <= WHATIF_MOST_QUERIES:
             raise ParameterError(f"queries must be between 1 and {WHATIF_MOST_QUERIES}")
         query = Query(epsilon=eps)
-        with self.session(login) as session:
+        with self.session(login.name) as session:
             report = session.pipeline.budget.report()
         delta = float(report.delta_total)
         # Every what-if theorem (zCDP too) read afresh at each prefix: after_n's arithmetic.
@@ -141,15 +141,12 @@ class Owner:
         answers are free: its cost now and how many refreshes the deciding filter admits (a
         dry run on a copy of the ledger; nothing is charged)."""
         name = analyst.strip() or None
-        session = Session(self.config.policy, name, self.config.memory_limit)
-        try:
+        with self.session(name) as session:
             workload = session.plan_workload(split_statements(text))
             budget = session.pipeline.budget
             event = workload.event
             rounds, why = budget.rounds([event], name, MAX_ROUNDS) if event else (0, None)
             accountant = budget.report().accountant
-        finally:
-            session.close()
         refused = [s for s in workload.steps if s.source == "refused"]
         if refused and why is None:
             why = refused[0].note or "refused"
@@ -185,7 +182,7 @@ class Owner:
         if not why.strip():
             raise ParameterError("say why the share changes (it is kept in the ledger)")
         policy = self.config.policy
-        with self.session(login) as session:
+        with self.session(login.name) as session:
             budget = session.pipeline.budget
             total = budget.report()
             if top_up:
@@ -209,12 +206,8 @@ class Owner:
     def verify(self) -> dict[str, Any]:
         """``dpsql ledger verify``: the whole chain against its anchor."""
         policy = self.config.policy
-        assert policy.ledger is not None  # dpsql web needs a durable ledger
-        anchor = policy.resolve(policy.ledger.anchor) if policy.ledger.anchor else None
-        ledger = Ledger(policy.resolve(policy.ledger.path), anchor)
+        ledger = open_ledger(policy)
         try:
-            if ledger.identity.get("dataset") != policy.dataset.id:
-                raise LedgerError("the ledger belongs to another data set than the policy names")
             records = ledger.records()
             count = ledger.verify()
         finally:
@@ -245,6 +238,6 @@ class Owner:
 
     def report_html(self, login: Login) -> str:
         """``dpsql report --format html``."""
-        with self.session(login) as session:
+        with self.session(login.name) as session:
             budget = session.pipeline.budget
             return render_html(build_report(self.config.policy, budget), history_curves(budget))
