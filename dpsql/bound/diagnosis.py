@@ -51,7 +51,7 @@ from dpsql.bound.relation import relation_ctes, relation_rows, total_of
 from dpsql.bound.specs import Bounding
 from dpsql.bound.values import bound_value, unclamped_value
 
-__all__ = ["FLAGS", "diagnosis_parts", "diagnosis_query", "pattern"]
+__all__ = ["FLAGS", "diagnosis_parts", "diagnosis_query", "pattern", "row_flag"]
 
 # Every flag a diagnosis may carry, in the order of their bits.
 FLAGS = ("L0", "C", "R", "clamped")
@@ -103,6 +103,17 @@ def _clamped(analysis: Analysis, bounding: Bounding) -> list[tuple[int, Node | N
     return out
 
 
+def row_flag(analysis: Analysis, bounding: Bounding) -> tuple[dict[str, Node], Node]:
+    """The row-level columns the diagnosis needs beyond the bounded query's (``extra`` of
+    ``relation_rows``) and the row's ``clamped`` flag over them: 1 when a clamp changes one of
+    its values, else 0."""
+    clamps = _clamped(analysis, bounding)
+    extra = {f"_o{i}": node for i, node, _ in clamps if node is not None}
+    tests = [paren(test) for _, _, test in clamps]
+    flagged = any_of(tests) if tests else exp.false()
+    return extra, when((flagged, number(1)), otherwise=number(0))
+
+
 def diagnosis_parts(
     analysis: Analysis,
     bounding: Bounding,
@@ -111,18 +122,14 @@ def diagnosis_parts(
     source: str = "_rows",
 ) -> tuple[dict[str, Node], list[exp.CTE], exp.Select]:
     """The diagnosis over the relation's rows in the CTE ``source``: the row-level columns it
-    needs beyond the bounded query's (``extra`` of ``relation_rows``), its CTEs after the rows,
-    and the histogram that reads them."""
+    needs beyond the bounded query's (``row_flag``), its CTEs after the rows, and the histogram
+    that reads them."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
-    clamps = _clamped(analysis, bounding)
-    extra = {f"_o{i}": node for i, node, _ in clamps if node is not None}
-    tests = [paren(test) for _, _, test in clamps]
-    flagged = any_of(tests) if tests else exp.false()
+    extra, flag = row_flag(analysis, bounding)
     group = ["_u", *keys]
     count = func("COUNT", exp.Star())
     per_group = select(
-        [*columns(group), alias(count, "_n"),
-         alias(func("MAX", when((flagged, number(1)), otherwise=number(0))), "_cl")],
+        [*columns(group), alias(count, "_n"), alias(func("MAX", flag), "_cl")],
         table(source),
         group=columns(group),
     )  # fmt: skip

@@ -9,6 +9,11 @@ both (the diagnosis's unclamped values besides the bounded query's), materialise
 bounded query's steps read its columns ``_u``, ``_k<i>`` and ``_x<i>`` as ``_rows``, exactly the
 rows they read alone, and the diagnosis's chain reads ``_rel`` as it reads ``_rows`` alone.
 
+Both also count each unit's rows, and the diagnosis's per-unit row (``_du``) is what R's and L0's
+"which units exceed the cap" steps group by again: here those steps read it instead
+(``_shared``), so a unit's rows are counted once, and a count-only query's (unit, keys) counts,
+which R's weighted window already computes (``_all``), are the diagnosis's as they are.
+
 The answer's rows come first, tagged ``_which = 0``, then the histogram's, tagged 1
 (``split``). Nothing of the privacy contract changes: both outputs are computed by the same
 trees as apart (same sensitivities, same event, charged before the statement runs).
@@ -26,13 +31,15 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis
 from dpsql.bound.aggregate import answer
-from dpsql.bound.diagnosis import diagnosis_parts
+from dpsql.bound.diagnosis import diagnosis_parts, row_flag
 from dpsql.bound.nodes import (
     Type,
     alias,
     cast,
     column,
+    columns,
     cte,
+    func,
     number,
     select,
     table,
@@ -55,14 +62,17 @@ def diagnosed_query(
     shape = Shape.of(analysis, bounding)
     extra, chain, histogram = diagnosis_parts(analysis, bounding, flags, limits, source="_rel")
     rel = cte("_rel", relation_rows(analysis, bounding, extra))
-    # Read twice: materialised, so the engine computes the rows once whatever its default.
-    rel.set("materialized", True)
+    _, flag = row_flag(analysis, bounding)
+    bounded, chain = _shared(shape, bounded_ctes(shape, rel), chain, bool(extra), flag)
+    if sum(_reads(c.this, "_rel") for c in bounded) > 1:
+        # Read twice: materialised, so the engine computes the rows once whatever its default.
+        rel.set("materialized", True)
     main = answer(shape)
     if any(isinstance(e, exp.Star) for e in main.expressions):
         raise InternalError("a bounded answer with a star among its columns")
     width = len(main.expressions)
     ctes = [
-        *bounded_ctes(shape, rel),
+        *bounded,
         *chain,
         cte("_main", main),
         cte("_hist", histogram),
@@ -78,6 +88,61 @@ def diagnosed_query(
         table("_hist"),
     )
     return with_ctes(union_all(first, second), ctes), width
+
+
+def _reads(node: exp.Expression, name: str) -> bool:
+    return any(t.name == name for t in node.find_all(exp.Table))
+
+
+def _shared(
+    shape: Shape, bounded: list[exp.CTE], chain: list[exp.CTE], extra: bool, flag: exp.Expression
+) -> tuple[list[exp.CTE], list[exp.CTE]]:
+    """The bounded CTEs with the diagnosis's ``_dg`` and ``_du`` among them, and the rest of its
+    chain (``_dp``). Each rewrite reads the same rows as the CTE it replaces, so the totals and
+    the histogram are unchanged:
+
+    * R's ``_heavy`` (units of ``_all`` with more than R rows) is the units whose ``_tot``
+      exceeds R: ``_du`` counts the rows of ``_rel``, which ``_all`` holds one for one (or, for a
+      weighted ``_all``, as ``_w`` copies of each (unit, keys) row);
+    * without R, L0's ``_multi`` (units of ``_units`` in more than L0 groups) is the units whose
+      ``_g`` exceeds L0: ``_units`` groups ``_rel``'s rows by (unit, keys) as ``_dg`` does;
+    * a weighted ``_all`` is ``_dg`` itself: the same grouping of the same rows, its ``_w`` the
+      diagnosis's ``_n``; no value is aggregated, so no clamp can flag a unit (``_cl`` = 0);
+    * without R, ``_units`` is ``_dg`` too: it groups every row of ``_rel`` by (unit, keys), its
+      ``_n`` their count; the rows carry the clamp flag (``row_flag``) through ``_vals`` to a
+      ``MAX`` in ``_units``, the diagnosis's ``_cl``.
+
+    ``_rel`` is then read once, and no longer materialised.
+    """
+    dg, du, rest = chain[0], chain[1], chain[2:]
+    names = [c.alias for c in bounded]
+    r, l0 = shape.bounding.max_total_rows, shape.bounding.max_groups
+    keys = columns(["_u", *shape.keys])
+    if shape.weighted and not extra and not shape.bounding.values:
+        dg = cte("_dg", select([*keys, alias(column("_w"), "_n"), alias(number(0), "_cl")],
+                               table("_all")))  # fmt: skip
+        after = names.index("_all") + 1
+    elif r is None and "_units" in names:
+        by_name = {c.alias: c.this for c in bounded}
+        by_name["_rows"].select(alias(flag, "_f"), copy=False)
+        by_name["_vals"].select(column("_f"), copy=False)
+        by_name["_units"].select(alias(func("MAX", column("_f")), "_cl"), copy=False)
+        dg = cte("_dg", select([*keys, column("_n"), column("_cl")], table("_units")))
+        after = names.index("_units") + 1
+    else:
+        after = names.index("_rel") + 1
+    over = {"_heavy": (r, "_tot"), "_multi": (l0 if r is None else None, "_g")}
+    out = []
+    for c in bounded:
+        limit, what = over.get(c.alias, (None, ""))
+        out.append(c if limit is None else cte(c.alias, _units_over(limit, what)))
+    return [*out[:after], dg, du, *out[after:]], rest
+
+
+def _units_over(limit: int, what: str) -> exp.Select:
+    """The units of ``_du`` whose ``what`` exceeds ``limit``."""
+    over = exp.GT(this=column(what), expression=number(limit))
+    return select([column("_u")], table("_du"), where=over)
 
 
 def split(

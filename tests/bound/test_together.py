@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlglot
 from hypothesis import HealthCheck, event, given, settings
+from sqlglot import exp
 from test_neighbours import BASE, EXAMPLES, _policy, query, unit_rows
 
 from dpsql import errors
@@ -114,3 +116,43 @@ def test_a_session_runs_the_one_statement_and_releases_as_before(
     assert seen == [plan.engine_sql, plan.diagnosis.engine_sql]
     assert shared.rows == apart.rows
     assert shared.diagnosis == apart.diagnosis
+
+
+def _reads(sql: str, name: str) -> tuple[set[str], bool]:
+    """The tables the CTE ``name`` of ``sql`` reads, and whether it is materialised."""
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    for c in tree.find_all(exp.CTE):
+        if c.alias == name:
+            return {t.name for t in c.this.find_all(exp.Table)}, bool(c.args.get("materialized"))
+    raise AssertionError(f"no CTE {name}")
+
+
+@pytest.mark.parametrize(
+    ("sql", "dg", "heavy"),
+    [
+        # R's weighted window: its (unit, keys) counts are the diagnosis's.
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(max_rows_per_unit = 10) region, COUNT(*) "
+         "FROM visits GROUP BY region", "_all", ("_heavy", "_du")),
+        # R's window over rows with values: the units over R are read from the diagnosis's.
+        ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(max_rows_per_unit = 4) region, SUM(spend) "
+         "FROM visits GROUP BY region", "_rel", ("_heavy", "_du")),
+        # L0 and C: _units groups every row as the diagnosis does, the clamp flag carried.
+        ("SELECT region, COUNT(*), AVG(spend) FROM visits WHERE age > 20 GROUP BY region",
+         "_units", ("_multi", "_du")),
+        ("SELECT COUNT(DISTINCT user_id), SUM(big) FROM visits", "_units", None),
+    ],
+)  # fmt: skip
+def test_the_diagnosis_reads_the_counts_the_bounded_query_makes(
+    base: Session, sql: str, dg: str, heavy: tuple[str, str] | None
+) -> None:
+    """Each unit's rows are counted once: the diagnosis's per-group counts come from the
+    bounded query's own where they are the same rows, and the units over R or L0 from the
+    diagnosis's per-unit row; the answers and histogram stay those of the two apart."""
+    plan = base.plan(sql, diagnose=True)
+    assert plan.diagnosis is not None
+    together = plan.diagnosis.together_sql
+    assert _reads(together, "_dg")[0] == {dg}
+    assert _reads(together, "_rel")[1] == (dg == "_rel")  # materialised only if read twice
+    if heavy is not None:
+        assert _reads(together, heavy[0])[0] == {heavy[1]}
+    assert _same(base, sql) == "checked"
