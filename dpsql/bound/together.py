@@ -44,6 +44,7 @@ from dpsql.bound.nodes import (
     select,
     table,
     union_all,
+    when,
     with_ctes,
 )
 from dpsql.bound.relation import relation_rows
@@ -108,6 +109,8 @@ def _shared(
       ``_g`` exceeds L0: ``_units`` groups ``_rel``'s rows by (unit, keys) as ``_dg`` does;
     * a weighted ``_all`` is ``_dg`` itself: the same grouping of the same rows, its ``_w`` the
       diagnosis's ``_n``; no value is aggregated, so no clamp can flag a unit (``_cl`` = 0);
+    * over few public key combinations, ``_du`` reads ``_pivot``'s row per unit
+      (``_from_pivot``), and no ``_dg`` is needed;
     * without R, ``_units`` is ``_dg`` too: it groups every row of ``_rel`` by (unit, keys), its
       ``_n`` their count; the rows carry the clamp flag (``row_flag``) through ``_vals`` to a
       ``MAX`` in ``_units``, the diagnosis's ``_cl``.
@@ -129,6 +132,9 @@ def _shared(
         by_name["_units"].select(alias(func("MAX", column("_f")), "_cl"), copy=False)
         dg = cte("_dg", select([*keys, column("_n"), column("_cl")], table("_units")))
         after = names.index("_units") + 1
+    elif "_pivot" in names:
+        # Counts only (``pivot_cells``): no clamp, and each unit's row holds its cells' counts.
+        return _from_pivot(bounded, du), rest
     else:
         after = names.index("_rel") + 1
     over = {"_heavy": (r, "_tot"), "_multi": (l0 if r is None else None, "_g")}
@@ -137,6 +143,35 @@ def _shared(
         limit, what = over.get(c.alias, (None, ""))
         out.append(c if limit is None else cte(c.alias, _units_over(limit, what)))
     return [*out[:after], dg, du, *out[after:]], rest
+
+
+def _from_pivot(bounded: list[exp.CTE], du: exp.CTE) -> list[exp.CTE]:
+    """The bounded CTEs with ``_du`` read from ``_pivot``'s row per unit instead of grouping the
+    rows again: the unit's groups are its cells with a row, its largest group's rows the most of
+    its cells' counts, its rows their sum (every row of ``_rel`` lies in one cell of the public
+    domain, the other group included)."""
+    names = [c.alias for c in bounded]
+    pivot = bounded[names.index("_pivot")].this
+    cells = sum(1 for e in pivot.expressions if e.alias.startswith("_h__"))
+    counts = [column(f"_n__{j}") for j in range(cells)]
+    present = [when((exp.GT(this=n.copy(), expression=number(0)), number(1)), otherwise=number(0))
+               for n in counts]  # fmt: skip
+    per_unit = select(
+        [column("_u"), alias(_added(present), "_g"),
+         alias(exp.Greatest(this=counts[0].copy(), expressions=[n.copy() for n in counts[1:]]),
+               "_mx"),
+         alias(_added(counts), "_tot"), alias(number(0), "_cl")],
+        table("_pivot"),
+    )  # fmt: skip
+    after = names.index("_pivot") + 1
+    return [*bounded[:after], cte(du.alias, per_unit), *bounded[after:]]
+
+
+def _added(terms: Sequence[exp.Expression]) -> exp.Expression:
+    out = terms[0].copy()
+    for term in terms[1:]:
+        out = exp.Add(this=out, expression=term.copy())
+    return out
 
 
 def _units_over(limit: int, what: str) -> exp.Select:

@@ -145,3 +145,30 @@ def test_other_unions_are_left_as_they_are() -> None:
     assert split(reshaped(other))
     plain = "SELECT 1 AS a UNION ALL SELECT 2 AS a"
     assert reshaped(plain) == sqlglot.parse_one(plain).sql(dialect="duckdb")
+
+
+def test_other_top_aggregates_are_left_as_they_are() -> None:
+    """R's top-R split (``caps._top_where_needed``) merges into the window only where the
+    aggregate keeps as many rows as its list of units counts and gives every column back as it
+    is; anything else stays (and is refused by the lowering, which knows no ARG_MIN)."""
+    base = (
+        "WITH _all AS (SELECT 1 AS _u, 'a' AS _k0, 2.0 AS _x0), "
+        "_heavy AS (SELECT _u FROM _all GROUP BY _u HAVING COUNT(*) > {k}), "
+        "_rows AS (SELECT * FROM _all ANTI JOIN _heavy ON _all._u IS NOT DISTINCT FROM "
+        "_heavy._u UNION ALL SELECT _u, _t['_k0'] AS _k0, _t['_x0'] AS _x0 FROM (SELECT _u, "
+        "UNNEST(ARG_MIN({{'_k0': _k0, '_x0': _x0}}, {{'_o0': hash(_u, _k0, _x0), '_o1': _k0, "
+        "'_o2': _x0}}, {n})) AS _t FROM (SELECT _all.* FROM _all SEMI JOIN _heavy ON "
+        "_all._u IS NOT DISTINCT FROM _heavy._u) GROUP BY _u)) SELECT * FROM _rows"
+    )
+    merged = reshaped(base.format(k=2, n=2))
+    assert not split(merged) and "ROW_NUMBER() OVER (PARTITION BY _u ORDER BY" in merged
+    for k, n in ((2, 3), (3, 2)):
+        assert split(reshaped(base.format(k=k, n=n)))
+    swapped = base.format(k=2, n=2).replace("_t['_x0'] AS _x0", "_t['_k0'] AS _x0")
+    assert split(reshaped(swapped))
+    computed = base.format(k=2, n=2).replace("{'_k0': _k0, '_x0'", "{'_k0': _k0 || 'z', '_x0'")
+    assert split(reshaped(computed))
+    other = base.format(k=2, n=2).replace(
+        "ON _all._u IS NOT DISTINCT FROM _heavy._u) GROUP", "ON _all._k0 = _heavy._u) GROUP"
+    )
+    assert split(reshaped(other))

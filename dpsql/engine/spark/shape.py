@@ -1,12 +1,13 @@
 """Shapes of the bounded query chosen for DuckDB that Spark runs faster in another form with
 the same rows, rewritten on the DuckDB tree before it is lowered (``lower``).
 
-``dpsql.bound.caps`` sends only the units that exceed a cap through its ranking window (the
-others keep every row, which is what the window would keep too): DuckDB reads a CTE once, and
-its window over every unit costs more than finding the few that need it. Spark inlines a CTE
-at each reference, so the split reads the table three times, where the window alone (with
-Spark's per-partition limit) reads it once. ``reshape`` rewrites exactly that shape, checked
-node by node, back into the window over every unit; anything else is left as it is.
+``dpsql.bound.caps`` sends only the units that exceed a cap through its ranking window or its
+top-R aggregate (the others keep every row, which is what the window would keep too): DuckDB
+reads a CTE once, and its window over every unit costs more than finding the few that need it.
+Spark inlines a CTE at each reference, so the split reads the table three times, where the
+window alone (with Spark's per-partition limit) reads it once. ``reshape`` rewrites exactly
+that shape, checked node by node, back into the window over every unit; anything else is left
+as it is.
 
 A row's key is held to a literal domain by ``key IN (SELECT _k FROM _dom)``, the domain a CTE
 of VALUES (``dpsql.bound.filters``): Spark plans that as a join, where the same list written
@@ -18,6 +19,8 @@ up to ``INLINE_DOMAIN`` values.
 from __future__ import annotations
 
 from sqlglot import exp
+
+from dpsql.bound.nodes import first_rows
 
 __all__ = ["INLINE_DOMAIN", "reshape"]
 
@@ -198,6 +201,97 @@ def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
     return collapsed
 
 
+def _struct_fields(node: exp.Expression) -> list[tuple[str, exp.Expression]] | None:
+    """The (name, value) fields of a struct literal ``{'a': x, ...}``; None for anything else."""
+    if not isinstance(node, exp.Struct):
+        return None
+    out = []
+    for field in node.expressions:
+        if not isinstance(field, exp.PropertyEQ) or not isinstance(field.this, exp.Identifier):
+            return None
+        out.append((field.this.name, field.expression))
+    return out
+
+
+def _top_everywhere(union: exp.Union) -> exp.Select | None:
+    """The window over every unit that ``caps._top_where_needed``'s UNION ALL stands for, or None
+    if ``union`` is not that shape: the left branch keeps the units not in ``needing`` (COUNT(*)
+    over k), the right keeps each unit in it down to its k rows of least key, by ``ARG_MIN(row,
+    key, k)`` unnested, its row struct every column as it is. A unit within k rows keeps all of
+    them in the window too, so the window ordered by the key's fields in turn, keeping row
+    numbers <= k, returns the same rows (ties being rows equal in every column)."""
+    left, right = union.this, union.expression
+    if (
+        type(union) is not exp.Union
+        or union.args.get("distinct")
+        or not (isinstance(left, exp.Select) and isinstance(right, exp.Select))
+    ):
+        return None
+    joins = left.args.get("joins") or []
+    if len(joins) != 1 or not _only(left, "from_", "joins") or left.expressions != [exp.Star()]:
+        return None
+    anti = joins[0]
+    table, needing = _table(left.args["from_"].this), _table(anti.this)
+    if table is None or needing is None or anti.args.get("kind") != "ANTI":
+        return None
+    on = _unit_on(table, needing)
+    if anti.args.get("on") != on or anti.args.get("using") or not _only(right, "from_"):
+        return None
+    kept = right.args["from_"].this
+    kept = kept.this if isinstance(kept, exp.Subquery) and not kept.args.get("alias") else None
+    if not isinstance(kept, exp.Select) or not _only(kept, "from_", "group"):
+        return None
+    group = kept.args.get("group")
+    if group is None or group.expressions != [exp.column("_u")] or len(kept.expressions) != 2:
+        return None
+    unit, unnested = kept.expressions
+    top = unnested.this if isinstance(unnested, exp.Alias) else None
+    if (
+        unit != exp.column("_u")
+        or not isinstance(unnested, exp.Alias)
+        or unnested.alias != "_t"
+        or not isinstance(top, exp.Explode)
+        or not isinstance(top.this, exp.ArgMin)
+    ):
+        return None
+    arg_min = top.this
+    row, key = _struct_fields(arg_min.this), _struct_fields(arg_min.expression)
+    count = arg_min.args.get("count")
+    if row is None or not key or not isinstance(count, exp.Literal) or count.is_string:
+        return None
+    k = int(count.this)
+    names = [n for n, _ in row]
+    back = [
+        exp.alias_(exp.Bracket(this=exp.column("_t"), expressions=[exp.Literal.string(n)]), n)
+        for n in names
+    ]
+    if any(value != exp.column(n) for n, value in row) or right.expressions != [
+        exp.column("_u"),
+        *back,
+    ]:
+        return None
+    inner = kept.args["from_"].this
+    inner = inner.this if isinstance(inner, exp.Subquery) and not inner.args.get("alias") else None
+    if not isinstance(inner, exp.Select) or _table(inner.args["from_"].this) != table:
+        return None
+    semis = inner.args.get("joins") or []
+    if (
+        len(semis) != 1
+        or semis[0].args.get("kind") != "SEMI"
+        or semis[0].args.get("on") != on
+        or _table(semis[0].this) != needing
+        or not _only(inner, "from_", "joins")
+        or inner.expressions != [exp.Column(this=exp.Star(), table=exp.to_identifier(table))]
+    ):
+        return None
+    definition = _cte(union, needing)
+    if definition is None or _threshold(definition, table) != ("count", k):
+        return None
+    every = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(table))).from_(table)
+    window = first_rows([exp.column("_u")], [v.copy() for _, v in key], k)
+    return exp.select(exp.Star()).from_(every.subquery()).qualify(window)
+
+
 def _domain_values(node: exp.In) -> list[exp.Expression] | None:
     """The values of ``node``'s subquery when it is ``SELECT _k FROM _dom`` over a CTE of
     one-column VALUES (the literal domain of ``dpsql.analyze.domains.domain_sql``); else None."""
@@ -252,7 +346,7 @@ def reshape(tree: exp.Expression) -> exp.Expression:
     _inline_domains(tree)
     changed = False
     for union in list(tree.find_all(exp.Union)):
-        collapsed = _ranked_everywhere(union)
+        collapsed = _ranked_everywhere(union) or _top_everywhere(union)
         if collapsed is not None:
             union.replace(collapsed)
             changed = True

@@ -35,16 +35,29 @@ WITH _dom0 AS (
     ON _all._u IS NOT DISTINCT FROM _heavy._u
   UNION ALL
   SELECT
-    *
+    _u,
+    _t['_k0'] AS _k0,
+    _t['_x0'] AS _x0
   FROM (
     SELECT
-      _all.*
-    FROM _all
-    SEMI JOIN _heavy
-      ON _all._u IS NOT DISTINCT FROM _heavy._u
+      _u,
+      UNNEST(
+        ARG_MIN(
+          {'_k0': _k0, '_x0': _x0},
+          {'_o0': HASH(_u, _k0, _x0, CAST($salt AS BIGINT)), '_o1': _k0, '_o2': _x0},
+          2
+        )
+      ) AS _t
+    FROM (
+      SELECT
+        _all.*
+      FROM _all
+      SEMI JOIN _heavy
+        ON _all._u IS NOT DISTINCT FROM _heavy._u
+    )
+    GROUP BY
+      _u
   )
-  QUALIFY
-    ROW_NUMBER() OVER (PARTITION BY _u ORDER BY HASH(_u, _k0, _x0, CAST($salt AS BIGINT)), _k0, _x0) <= 2
 ), _vals AS (
   SELECT
     _u,
