@@ -10,7 +10,10 @@ pairs the two sizes (the growth's range over rounds is printed). Larger sizes ru
 cold, one process at a time (their memory would not fit side by side). Data: rows/5
 units (1M units at 5M rows), skewed contributions (``queries.rows_per_unit``: most units 1-10
 rows, 1% with 50-800, rescaled), written in chunks of units so that 100M rows need little
-memory to write.
+memory to write. Before each table, the data's share of units over each cap (and of rows held by
+units over R) is printed. ``--light`` writes and reads other data, where no unit exceeds any cap
+(at most min(R, C) rows, in at most L0 regions; asserted): what the caps cost where they cut
+nothing.
 
 Two contracts, each with its own hand-written bounded SQL that must return dpsql's pre-noise
 totals exactly (checked on every run, column "same"):
@@ -70,12 +73,29 @@ BUCKET = "CASE WHEN spend < 10 THEN 'low' WHEN spend < 50 THEN 'mid' ELSE 'high'
 # -- data -------------------------------------------------------------------------------------
 
 
-def write_data(path: Path, n_rows: int, seed: int = 20261201) -> None:
+def light_rows_per_unit(n_rows: int, n_units: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows per unit for ``--light``: 1 to ``min(R, C)`` each, summing to exactly ``n_rows``
+    (units drawn from 1-9, then moved by one row at a time within [1, min(R, C)])."""
+    top = min(R, C)
+    counts = rng.integers(1, 10, size=n_units).astype(np.int64)
+    short = n_rows - int(counts.sum())
+    while short != 0:
+        step = 1 if short > 0 else -1
+        room = np.flatnonzero(counts < top) if step > 0 else np.flatnonzero(counts > 1)
+        take = rng.choice(room, size=min(abs(short), len(room)), replace=False)
+        counts[take] += step
+        short -= step * len(take)
+    return counts
+
+
+def write_data(path: Path, n_rows: int, seed: int = 20261201, *, light: bool = False) -> None:
     """``visits`` (user_id, region, age, spend, day) with exactly ``n_rows`` rows, ordered by
-    (user_id, day), written chunk by chunk of units."""
+    (user_id, day), written chunk by chunk of units. ``light``: no unit exceeds any cap (at most
+    min(R, C) rows, in at most L0 regions: a home and one other), which is asserted."""
     n_units = n_rows // UNITS_PER_ROW
     rng = np.random.default_rng(seed)
-    counts = rows_per_unit(n_rows, n_units, rng)
+    counts = (light_rows_per_unit if light else rows_per_unit)(n_rows, n_units, rng)
+    assert not light or (int(counts.max()) <= min(R, C) and L0 >= 2)
     tmp = path.with_suffix(".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     names = np.array(REGIONS, dtype=object)
@@ -88,7 +108,11 @@ def write_data(path: Path, n_rows: int, seed: int = 20261201) -> None:
             home = rng.choice(len(REGIONS), size=len(part), p=[0.1, 0.2, 0.3, 0.25, 0.15])
             region = np.repeat(home, part)
             away = rng.random(rows) < 0.2
-            region[away] = rng.integers(0, len(REGIONS), size=int(away.sum()))
+            if light:  # one other region per unit: at most two groups
+                other = np.repeat(rng.integers(0, len(REGIONS), size=len(part)), part)
+                region[away] = other[away]
+            else:
+                region[away] = rng.integers(0, len(REGIONS), size=int(away.sum()))
             day = rng.integers(0, 365, size=rows).astype(np.int32)
             user = np.repeat(units, part)
             order = np.lexsort((day, user))
@@ -115,12 +139,31 @@ def write_data(path: Path, n_rows: int, seed: int = 20261201) -> None:
     tmp.replace(path)
 
 
-def data_file(directory: Path, n_rows: int) -> Path:
-    path = directory / f"scale-{n_rows}.parquet"
+def data_file(directory: Path, n_rows: int, *, light: bool = False) -> Path:
+    path = directory / f"scale-{'light-' if light else ''}{n_rows}.parquet"
     if not path.exists():
         print(f"writing {n_rows:,} rows to {path}", flush=True)
-        write_data(path, n_rows)
+        write_data(path, n_rows, light=light)
     return path
+
+
+def heavy_share(path: Path) -> dict[str, float]:
+    """What the caps cut in the data file: the share of units over R rows, over L0 regions, and
+    with more than C rows in some region, and the share of rows those over R hold."""
+    con = duckdb.connect(":memory:")
+    per_unit = (
+        f"SELECT user_id, SUM(n) AS t, COUNT(*) AS g, MAX(n) AS m FROM (SELECT user_id, region, "
+        f"COUNT(*) AS n FROM read_parquet('{path}') GROUP BY ALL) GROUP BY user_id"
+    )
+    row = con.execute(
+        f"SELECT AVG(CAST(t > {R} AS DOUBLE)), AVG(CAST(g > {L0} AS DOUBLE)), "
+        f"AVG(CAST(m > {C} AS DOUBLE)), SUM(CASE WHEN t > {R} THEN t ELSE 0 END) / SUM(t) "
+        f"FROM ({per_unit})"
+    ).fetchone()
+    con.close()
+    assert row is not None
+    names = ("units_over_R", "units_over_L0", "units_over_C", "rows_of_units_over_R")
+    return dict(zip(names, (float(v) for v in row), strict=True))
 
 
 def policy_dict(data: Path, contract: str, memory_limit: str = MEMORY_LIMIT) -> dict[str, Any]:
@@ -517,12 +560,17 @@ def run(
     *,
     variants: list[str],
     cold_rounds: int = 1,
+    light: bool = False,
 ) -> list[dict[str, Any]]:
     """Per query: every (size, variant) up to ``INTERLEAVED_ROWS`` in a process of its own, all
     alive together, warmed up once, then ``repeats`` rounds in which each runs once (the order
     rotating from round to round); larger sizes in ``cold_rounds`` rounds of one cold run of
     each (size, variant), each in a new process, one process at a time."""
-    paths = {n: data_file(data_dir, n) for n in sizes}
+    paths = {n: data_file(data_dir, n, light=light) for n in sizes}
+    for n, path in paths.items():
+        share = heavy_share(path)
+        print(f"{n:,} rows: " + ", ".join(f"{k} {v:.2%}" for k, v in share.items()), flush=True)
+        assert not light or not any(share.values()), "--light data with a unit over a cap"
     cells = [(c, v) for c, v in VARIANTS if _label(c, v) in variants]
     small = [n for n in sizes if n <= INTERLEAVED_ROWS]
     results = []
@@ -664,6 +712,8 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--memory-limit", default=MEMORY_LIMIT, help="DuckDB's, for all variants")
     parser.add_argument("--variants", nargs="+", help="e.g. R_dpsql L0C_hand (default: all)")
+    parser.add_argument("--light", action="store_true",
+                        help="data where no unit exceeds any cap (asserted)")  # fmt: skip
     args = parser.parse_args()
     sizes = sorted(set(args.sizes + ([50_000_000, 100_000_000] if args.large else [])))
     started = dt.datetime.now(dt.UTC)
@@ -675,7 +725,8 @@ def main() -> None:
     print(HEADER)
     labels = ["raw", "R_hand", "R_dpsql", "L0C_hand", "L0C_dpsql"]
     results = run(sizes, args.repeats, args.queries, args.data_dir, args.memory_limit,
-                  variants=args.variants or labels, cold_rounds=args.cold_rounds)  # fmt: skip
+                  variants=args.variants or labels, cold_rounds=args.cold_rounds,
+                  light=args.light)  # fmt: skip
     for line in growth(results):
         print(line)
     from run import write_results  # noqa: PLC0415  (run.py imports dpsql)

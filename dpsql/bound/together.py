@@ -25,6 +25,7 @@ trees as apart (same sensitivities, same event, charged before the statement run
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlglot import exp
@@ -61,6 +62,11 @@ def diagnosed_query(
 ) -> tuple[exp.Union, int]:
     """The one statement, and the number of the answer's columns (``split`` needs it)."""
     shape = Shape.of(analysis, bounding)
+    if bounding.max_total_rows is not None and not bounding.values:
+        # R's window over (unit, keys) rows with their copies keeps the rows the window over
+        # rows keeps (``caps._weighted_row_cap``); the diagnosis groups those rows anyway, so the
+        # weighted form costs nothing more here, whatever the number of key combinations.
+        shape = replace(shape, weighted=True)
     extra, chain, histogram = diagnosis_parts(analysis, bounding, flags, limits, source="_rel")
     rel = cte("_rel", relation_rows(analysis, bounding, extra))
     _, flag = row_flag(analysis, bounding)
