@@ -15,6 +15,7 @@ import pytest
 import sqlglot
 import test_breadth_golden as breadth
 import test_rewrite_golden as golden
+import test_spark_lower as spark_lower
 from conftest import TINY_SCHEMA, examples, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from spark_fixtures import duck_rows, sorted_rows
 from test_spark_differential import EXTRA, breadth_world, golden_policy, golden_world
 
 from dpsql.bound import pivot
+from dpsql.engine.spark.lower import lower
 from dpsql.engine.spark.shape import reshape
 from dpsql.errors import DpsqlError
 from dpsql.session.session import Session
@@ -172,3 +174,14 @@ def test_other_top_aggregates_are_left_as_they_are() -> None:
         "ON _all._u IS NOT DISTINCT FROM _heavy._u) GROUP", "ON _all._k0 = _heavy._u) GROUP"
     )
     assert split(reshaped(other))
+
+
+def test_spark_runs_the_same_sql_for_the_top_r_form_as_for_the_window() -> None:
+    """The breadth corpus's R query, as DuckDB's window over the units over R (the bounded SQL
+    before the top-R aggregate, kept in ``window_form``) and as today's top-R form, lowers to the
+    very same Spark SQL: both reshape into the window over every unit."""
+    catalog = dict(spark_lower.corpus_catalogs())
+    now = breadth.GOLDEN / "row_cap.bounded.sql"
+    window = Path(__file__).resolve().parent / "window_form" / "row_cap.bounded.sql"
+    assert "ARG_MIN" in now.read_text() and "ARG_MIN" not in window.read_text()
+    assert lower(now.read_text(), catalog[now]) == lower(window.read_text(), catalog[now])
