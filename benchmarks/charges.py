@@ -13,7 +13,12 @@ anchor. Rows, in the same run:
 * **bare SQLite INSERT (FULL)**: one ~400-byte row per ``BEGIN IMMEDIATE`` transaction into a WAL
   table that already holds that many rows, over one kept connection: the storage's floor;
 * **dp_accounting RDP compose + get_epsilon**: the in-memory decision of Google's accountant at
-  that history length (no storage), the reference for the RDP decision alone.
+  that history length (no storage), the reference for the RDP decision alone;
+* **fsync of a 4 KiB write**: the disk's own sync latency, in the same folder and run (a 4 KiB
+  ``os.write`` then ``os.fsync`` on one open file, repeated).
+
+Each cell is the median and the 95th percentile (nearest rank) of the timed repeats; the last
+line divides the durable basic charge's p95 by the fsync's p95.
 
     python benchmarks/charges.py [--repeats 20] [--dir PATH] [--lengths 1000,10000,100000]
 
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
+import os
 import sqlite3
 import statistics
 import tempfile
@@ -87,7 +94,7 @@ def fill(path: Path, n: int, accountant: str, cycle: Sequence[Composite] = (EVEN
     ledger.close()
 
 
-def durable(folder: Path, n: int, accountant: str, repeats: int) -> float:
+def durable(folder: Path, n: int, accountant: str, repeats: int) -> list[float]:
     path = folder / f"{accountant}-{n}.db"
     Ledger.create(path, "bench", budget=budget_caps(SPECS[accountant]))
     fill(path, n, accountant)
@@ -98,10 +105,10 @@ def durable(folder: Path, n: int, accountant: str, repeats: int) -> float:
         began = time.perf_counter()
         budget.charge(EVENT, f"SELECT timed {i}", "bench")
         samples.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(samples)
+    return samples
 
 
-def bare(folder: Path, n: int, repeats: int) -> float:
+def bare(folder: Path, n: int, repeats: int) -> list[float]:
     path = folder / f"bare-{n}.db"
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
@@ -119,10 +126,10 @@ def bare(folder: Path, n: int, repeats: int) -> float:
         con.execute("COMMIT")
         samples.append((time.perf_counter() - began) * 1e3)
     con.close()
-    return statistics.median(samples)
+    return samples
 
 
-def reference(n: int, repeats: int) -> float:
+def reference(n: int, repeats: int) -> list[float]:
     """dp_accounting's RDP accountant after n events: compose one more, read epsilon."""
     sigma = float(EVENT.events[0].sigma2) ** 0.5  # type: ignore[union-attr]
     acc = rdp.RdpAccountant()
@@ -133,7 +140,29 @@ def reference(n: int, repeats: int) -> float:
         acc.compose(dp_event.GaussianDpEvent(sigma))
         acc.get_epsilon(1e-6)
         samples.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(samples)
+    return samples
+
+
+def fsyncs(folder: Path, repeats: int) -> list[float]:
+    """The disk's sync latency: a 4 KiB write then fsync, ``repeats`` times on one file."""
+    fd = os.open(folder / "fsync.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+    block = b"x" * 4096
+    samples = []
+    try:
+        for _ in range(repeats):
+            began = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            samples.append((time.perf_counter() - began) * 1e3)
+    finally:
+        os.close(fd)
+    return samples
+
+
+def p95(samples: list[float]) -> float:
+    """The 95th percentile, nearest rank."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def table(folder: Path, lengths: tuple[int, ...], repeats: int) -> str:
@@ -143,10 +172,15 @@ def table(folder: Path, lengths: tuple[int, ...], repeats: int) -> str:
         "bare SQLite INSERT (FULL)": [bare(folder, n, repeats) for n in lengths],
         "dp_accounting RDP (memory)": [reference(n, repeats) for n in lengths],
     }
-    head = f"{'ms per charge (median)':<30} | " + " | ".join(f"{n:>9,}" for n in lengths)
+    sync = fsyncs(folder, repeats)
+    rows["fsync of a 4 KiB write"] = [sync for _ in lengths]
+    head = f"{'ms per charge (median / p95)':<30} | " + " | ".join(f"{n:>15,}" for n in lengths)
     lines = [head, "-" * len(head)]
     for name, values in rows.items():
-        lines.append(f"{name:<30} | " + " | ".join(f"{v:9.3f}" for v in values))
+        cells = [f"{statistics.median(v):6.3f} / {p95(v):6.3f}" for v in values]
+        lines.append(f"{name:<30} | " + " | ".join(cells))
+    ratios = [p95(v) / p95(sync) for v in rows["durable Budget.charge, basic"]]
+    lines.append(f"{'basic p95 / fsync p95':<30} | " + " | ".join(f"{r:14.2f}x" for r in ratios))
     return "\n".join(lines)
 
 
@@ -160,6 +194,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir or Path(__file__).parent) as folder:
         text = table(Path(folder), lengths, args.repeats)
     where = f" --dir {args.dir}" if args.dir else ""
+    if lengths != LENGTHS:
+        where += f" --lengths {args.lengths}"
     command = f"python benchmarks/charges.py --repeats {args.repeats}{where}"
     print(f"{dt.date.today().isoformat()}, {command}")
     print(text)
