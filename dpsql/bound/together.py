@@ -121,7 +121,7 @@ def _shared(
       ``_n`` their count; the rows carry the clamp flag (``row_flag``) through ``_vals`` to a
       ``MAX`` in ``_units``, the diagnosis's ``_cl``.
 
-    ``_rel`` is then read once, and no longer materialised.
+    Where ``_dg`` no longer reads ``_rel``, ``_rel`` is read once and is not materialised.
     """
     dg, du, rest = chain[0], chain[1], chain[2:]
     names = [c.alias for c in bounded]
