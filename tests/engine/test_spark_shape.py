@@ -9,6 +9,7 @@ of every size around the cap.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,8 @@ def test_the_merged_ranking_keeps_the_same_rows_on_the_corpora(tmp_path: Path) -
 # and around R = 3 rows, so that units on both sides of each cap are generated.
 UNITS = st.lists(
     st.lists(
-        st.tuples(st.sampled_from(golden.TINY_REGIONS), st.sampled_from([10.0, 20.0, None])),
+        st.tuples(st.sampled_from(golden.TINY_REGIONS),
+                  st.sampled_from([10.0, 20.0, None, math.nan, math.inf, -math.inf, -0.0, 0.0])),
         min_size=1, max_size=6,
     ),
     min_size=1, max_size=12,

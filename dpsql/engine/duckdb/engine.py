@@ -57,10 +57,14 @@ from dpsql.policy.blocks import BlockList
 from dpsql.policy.exposure import hides, visible_columns
 from dpsql.policy.files import FileIdentity, FileSet, identify
 
-__all__ = ["DuckDBEngine"]
+__all__ = ["DISABLED_OPTIMIZERS", "DuckDBEngine"]
 
 log = logging.getLogger("dpsql")
 _MAX_KEPT_DOMAINS = 256  # key domains a session keeps, the oldest dropped first
+
+
+# The optimizers every engine connection runs without (``Engine.__init__`` says why).
+DISABLED_OPTIMIZERS = "statistics_propagation,top_n_window_elimination"
 
 
 def _allocation_failed(exc: BaseException) -> bool:
@@ -117,7 +121,7 @@ class DuckDBEngine:
             # ROW_NUMBER() <= k into a top-k aggregate with a heap per partition, which on L0's
             # ranking (millions of units of a few groups each) took 25% more time than the
             # window itself (benchmarks/README.md, "top-k rewrite").
-            "disabled_optimizers": "statistics_propagation,top_n_window_elimination",
+            "disabled_optimizers": DISABLED_OPTIMIZERS,
         }
         # Past its memory cap DuckDB spills to disk (hash tables, sorts, windows): a query on
         # data larger than memory runs slower instead of exhausting the machine. A per-connection
