@@ -10,7 +10,9 @@ same aggregate (COUNT and SUM of ``spend`` by region, the units within R passing
   ``dpsql.bound.caps._top_where_needed``);
 * ``top_hash``: the same on the hash alone (ties on the hash broken arbitrarily: not used).
 
-Beside them, in the same rounds, the raw aggregate. Every form must return the same counts (the
+Beside them, in the same rounds, the raw aggregate. The connection runs without the optimizers
+dpsql's engine disables (``DISABLED_OPTIMIZERS``: DuckDB's own top-k rewrite of the window among
+them), as dpsql's queries run. Every form must return the same counts (the
 sums differ by float rounding of the order). Printed: the median and range over ``--repeats``
 rounds (each form once a round, the order rotating), per size.
 
@@ -30,6 +32,8 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import HERE, MEMORY_LIMIT, R, data_file, heavy_share
+
+from dpsql.engine.duckdb.engine import DISABLED_OPTIMIZERS
 
 SALT = "CAST(42 AS BIGINT)"
 SPLIT = f"""WITH _all AS (SELECT user_id AS _u, region AS _k0, spend AS _x0 FROM visits),
@@ -71,7 +75,8 @@ def main() -> None:
     for n in args.sizes:
         path = data_file(args.data_dir, n)
         share = heavy_share(path)
-        con = duckdb.connect(":memory:", config={"memory_limit": MEMORY_LIMIT})
+        config = {"memory_limit": MEMORY_LIMIT, "disabled_optimizers": DISABLED_OPTIMIZERS}
+        con = duckdb.connect(":memory:", config=config)
         con.execute(f"CREATE VIEW visits AS SELECT * FROM read_parquet('{path}')")
         counts = {name: [r[:2] for r in con.execute(sql).fetchall()] for name, sql in FORMS.items()}
         bounded = [counts[f] for f in FORMS if f != "raw"]
