@@ -65,8 +65,8 @@ def row_cap(shape: Shape, rows: exp.Expression) -> list[exp.CTE]:
     copy is kept cannot change any total, and the kept multiset is a function of the unit's
     rows whatever order the engine meets them in. (Numbering the copies first, to hash each
     apart, costs a window over every row partitioned by all the columns.) Only the units with
-    more than R rows (``_heavy``) go through the window: the others keep every row, which is
-    what the window would keep too.
+    more than R rows (``_heavy``) are ranked, by a top-R aggregate (``_top_where_needed``): the
+    others keep every row, which is what the ranking would keep too.
     """
     r = shape.bounding.max_total_rows
     if r is None:
