@@ -33,7 +33,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import HERE, MEMORY_LIMIT, R, data_file, heavy_share
 
-from dpsql.engine.duckdb.engine import DISABLED_OPTIMIZERS
+from dpsql.engine.duckdb.connections import DISABLED_OPTIMIZERS
 
 SALT = "CAST(42 AS BIGINT)"
 SPLIT = f"""WITH _all AS (SELECT user_id AS _u, region AS _k0, spend AS _x0 FROM visits),

@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from dpsql.engine.duckdb.engine import DISABLED_OPTIMIZERS
+from dpsql.engine.duckdb.connections import DISABLED_OPTIMIZERS
 from dpsql.policy.engine import SPARK_PINNED
 
 FULL = os.environ.get("DPSQL_SPARK_FULL") == "1"

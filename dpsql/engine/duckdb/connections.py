@@ -25,6 +25,9 @@ import duckdb
 from dpsql.engine.duckdb.views import _string
 from dpsql.policy.files import DATABASE, FileIdentity, identify
 
+# The optimizers every engine connection runs without (``DuckDBEngine.__init__`` says why).
+DISABLED_OPTIMIZERS = "statistics_propagation,top_n_window_elimination"
+
 
 def _lock_down(con: duckdb.DuckDBPyConnection, files: Mapping[str, Path]) -> None:
     """Only the policy's files may be read, and no setting may change afterwards."""

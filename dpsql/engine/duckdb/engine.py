@@ -36,6 +36,7 @@ from dpsql.bound.rewrite import parse_bounded
 from dpsql.bound.specs import SALT_PARAMETER
 from dpsql.engine.duckdb.blocks import bind_blocks
 from dpsql.engine.duckdb.connections import (
+    DISABLED_OPTIMIZERS,
     _Checker,
     _DatabaseKey,
     _lock_down,
@@ -57,14 +58,10 @@ from dpsql.policy.blocks import BlockList
 from dpsql.policy.exposure import hides, visible_columns
 from dpsql.policy.files import FileIdentity, FileSet, identify
 
-__all__ = ["DISABLED_OPTIMIZERS", "DuckDBEngine"]
+__all__ = ["DuckDBEngine"]
 
 log = logging.getLogger("dpsql")
 _MAX_KEPT_DOMAINS = 256  # key domains a session keeps, the oldest dropped first
-
-
-# The optimizers every engine connection runs without (``Engine.__init__`` says why).
-DISABLED_OPTIMIZERS = "statistics_propagation,top_n_window_elimination"
 
 
 def _allocation_failed(exc: BaseException) -> bool:
@@ -117,10 +114,9 @@ class DuckDBEngine:
             # same statistics skip row groups under a filter pushed into the scan (a bare x > 200
             # keeps a NaN only where another row of its row group exceeds 200): the bounded
             # query's WHERE is TRY(...) IS TRUE, which is never pushed (the same tests).
-            # And a speed choice, the same rows either way: DuckDB rewrites a window
-            # ROW_NUMBER() <= k into a top-k aggregate with a heap per partition, which on L0's
-            # ranking (millions of units of a few groups each) took 25% more time than the
-            # window itself (benchmarks/README.md, "top-k rewrite").
+            # And a speed choice, the same rows either way: DuckDB rewrites ROW_NUMBER() <= k
+            # into a top-k heap per partition, 25% slower than the window on L0's ranking of
+            # millions of units of a few groups (benchmarks/README.md, "top-k rewrite").
             "disabled_optimizers": DISABLED_OPTIMIZERS,
         }
         # Past its memory cap DuckDB spills to disk (hash tables, sorts, windows): a query on
