@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from spark_fixtures import duck_rows, sorted_rows
 from test_spark_differential import EXTRA, breadth_world, golden_policy, golden_world
 
-from dpsql.bound import pivot
+from dpsql.bound import caps, pivot
+from dpsql.bound.nodes import column, first_rows
 from dpsql.engine.spark.lower import lower
 from dpsql.engine.spark.shape import reshape
 from dpsql.errors import DpsqlError
@@ -178,12 +179,27 @@ def test_other_top_aggregates_are_left_as_they_are() -> None:
     assert split(reshaped(other))
 
 
-def test_spark_runs_the_same_sql_for_the_top_r_form_as_for_the_window() -> None:
-    """The breadth corpus's R query, as DuckDB's window over the units over R (the bounded SQL
-    before the top-R aggregate, kept in ``window_form``) and as today's top-R form, lowers to the
-    very same Spark SQL: both reshape into the window over every unit."""
-    catalog = dict(spark_lower.corpus_catalogs())
-    now = breadth.GOLDEN / "row_cap.bounded.sql"
-    window = Path(__file__).resolve().parent / "window_form" / "row_cap.bounded.sql"
-    assert "ARG_MIN" in now.read_text() and "ARG_MIN" not in window.read_text()
-    assert lower(now.read_text(), catalog[now]) == lower(window.read_text(), catalog[now])
+def test_spark_runs_the_same_sql_for_the_top_r_form_as_for_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The breadth corpus's R query, bounded with today's top-R aggregate and with the window
+    over the units over R that it replaced (``caps._ranked_where_needed``), lowers to the very
+    same Spark SQL: both reshape into the window over every unit."""
+
+    def bounded(name: str) -> str:
+        session = Session(breadth.write_world(tmp_path / name, breadth.WITHIN, 2))
+        try:
+            return session.plan(breadth.sql_of("row_cap")).bounded_sql
+        finally:
+            session.close()
+
+    top = bounded("top")
+    monkeypatch.setattr(
+        caps, "_top_where_needed",
+        lambda name, needing, _names, order, r: caps._ranked_where_needed(
+            name, needing, first_rows([column("_u")], order, r)),
+    )  # fmt: skip
+    window = bounded("window")
+    assert "ARG_MIN" in top and "ARG_MIN" not in window and "ROW_NUMBER" in window
+    catalog = dict(spark_lower.corpus_catalogs())[breadth.GOLDEN / "row_cap.bounded.sql"]
+    assert lower(top, catalog) == lower(window, catalog)
