@@ -51,7 +51,7 @@ from dpsql.bound.relation import relation_ctes, relation_rows, total_of
 from dpsql.bound.specs import Bounding
 from dpsql.bound.values import bound_value, unclamped_value
 
-__all__ = ["FLAGS", "diagnosis_parts", "diagnosis_query", "pattern", "row_flag"]
+__all__ = ["FLAGS", "diagnosis_parts", "diagnosis_query", "pattern"]
 
 # Every flag a diagnosis may carry, in the order of their bits.
 FLAGS = ("L0", "C", "R", "clamped")
@@ -120,10 +120,10 @@ def diagnosis_parts(
     flags: Sequence[str],
     limits: Mapping[str, int],
     source: str = "_rows",
-) -> tuple[dict[str, Node], list[exp.CTE], exp.Select]:
+) -> tuple[dict[str, Node], Node, list[exp.CTE], exp.Select]:
     """The diagnosis over the relation's rows in the CTE ``source``: the row-level columns it
-    needs beyond the bounded query's (``row_flag``), its CTEs after the rows, and the histogram
-    that reads them."""
+    needs beyond the bounded query's and the row's clamp flag (``row_flag``), its CTEs after the
+    rows, and the histogram that reads them."""
     keys = [f"_k{i}" for i in range(len(analysis.keys))]
     extra, flag = row_flag(analysis, bounding)
     group = ["_u", *keys]
@@ -152,13 +152,13 @@ def diagnosis_parts(
     histogram = select([column("_p"), alias(count.copy(), "_z")], table("_dp"),
                        group=[column("_p")])  # fmt: skip
     chain = [cte("_dg", per_group), cte("_du", per_unit), cte("_dp", patterns)]
-    return extra, chain, histogram
+    return extra, flag, chain, histogram
 
 
 def diagnosis_query(
     analysis: Analysis, bounding: Bounding, flags: Sequence[str], limits: Mapping[str, int]
 ) -> exp.Select:
     """One row per flag pattern present: ``_p`` the pattern, ``_z`` its number of units."""
-    extra, chain, histogram = diagnosis_parts(analysis, bounding, flags, limits)
+    extra, _, chain, histogram = diagnosis_parts(analysis, bounding, flags, limits)
     rows = cte("_rows", relation_rows(analysis, bounding, extra))
     return with_ctes(histogram, [*relation_ctes(analysis), rows, *chain])

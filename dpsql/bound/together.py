@@ -32,7 +32,7 @@ from sqlglot import exp
 
 from dpsql.analyze.analysis import Analysis
 from dpsql.bound.aggregate import answer
-from dpsql.bound.diagnosis import diagnosis_parts, row_flag
+from dpsql.bound.diagnosis import diagnosis_parts
 from dpsql.bound.nodes import (
     Type,
     alias,
@@ -67,10 +67,11 @@ def diagnosed_query(
         # rows keeps (``caps._weighted_row_cap``); the diagnosis groups those rows anyway, so the
         # weighted form costs nothing more here, whatever the number of key combinations.
         shape = replace(shape, weighted=True)
-    extra, chain, histogram = diagnosis_parts(analysis, bounding, flags, limits, source="_rel")
+    extra, flag, chain, histogram = diagnosis_parts(
+        analysis, bounding, flags, limits, source="_rel"
+    )
     rel = cte("_rel", relation_rows(analysis, bounding, extra))
-    _, flag = row_flag(analysis, bounding)
-    bounded, chain = _shared(shape, bounded_ctes(shape, rel), chain, bool(extra), flag)
+    bounded, chain = _shared(shape, bounded_ctes(shape, rel), chain, flag)
     if sum(_reads(c.this, "_rel") for c in bounded) > 1:
         # Read twice: materialised, so the engine computes the rows once whatever its default.
         rel.set("materialized", True)
@@ -102,7 +103,7 @@ def _reads(node: exp.Expression, name: str) -> bool:
 
 
 def _shared(
-    shape: Shape, bounded: list[exp.CTE], chain: list[exp.CTE], extra: bool, flag: exp.Expression
+    shape: Shape, bounded: list[exp.CTE], chain: list[exp.CTE], flag: exp.Expression
 ) -> tuple[list[exp.CTE], list[exp.CTE]]:
     """The bounded CTEs with the diagnosis's ``_dg`` and ``_du`` among them, and the rest of its
     chain (``_dp``). Each rewrite reads the same rows as the CTE it replaces, so the totals and
@@ -127,7 +128,7 @@ def _shared(
     names = [c.alias for c in bounded]
     r, l0 = shape.bounding.max_total_rows, shape.bounding.max_groups
     keys = columns(["_u", *shape.keys])
-    if shape.weighted and not extra and not shape.bounding.values:
+    if shape.weighted:  # no value is read (``Shape.of``), so no clamp and no extra column
         dg = cte("_dg", select([*keys, alias(column("_w"), "_n"), alias(number(0), "_cl")],
                                table("_all")))  # fmt: skip
         after = names.index("_all") + 1

@@ -134,17 +134,10 @@ def _trims_to(select: exp.Select, k: int) -> bool:
     )
 
 
-def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
-    """The window branch of ``caps._ranked_where_needed``'s UNION ALL, applied to every unit,
-    or None if ``union`` is not that shape.
-
-    The left branch keeps the units not in ``needing``; the right ranks those in it. Where
-    ``needing`` lists the units with more than k rows (COUNT(*) > k) and the window keeps row
-    numbers <= k, a unit outside it has at most k rows and keeps all of them in the window too;
-    where it lists the units of weight above k (SUM(_w) > k, ``caps._weighted_row_cap``) and
-    the window keeps rows whose weight before them is < k, trimmed to k, a unit of weight at
-    most k keeps every row whole. Either way the window alone returns the same rows.
-    """
+def _split(union: exp.Union) -> tuple[exp.Select, str, str, exp.Expression] | None:
+    """For a UNION ALL whose left branch is ``SELECT * FROM table ANTI JOIN needing ON
+    table._u IS NOT DISTINCT FROM needing._u`` (``caps``' units within the cap): its right
+    branch, ``table``, ``needing`` and that ON condition; None for anything else."""
     left, right = union.this, union.expression
     if (
         type(union) is not exp.Union
@@ -162,6 +155,24 @@ def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
     on = _unit_on(table, needing)
     if anti.args.get("on") != on or anti.args.get("using"):
         return None
+    return right, table, needing, on
+
+
+def _ranked_everywhere(union: exp.Union) -> exp.Select | None:
+    """The window branch of ``caps._ranked_where_needed``'s UNION ALL, applied to every unit,
+    or None if ``union`` is not that shape.
+
+    The left branch keeps the units not in ``needing``; the right ranks those in it. Where
+    ``needing`` lists the units with more than k rows (COUNT(*) > k) and the window keeps row
+    numbers <= k, a unit outside it has at most k rows and keeps all of them in the window too;
+    where it lists the units of weight above k (SUM(_w) > k, ``caps._weighted_row_cap``) and
+    the window keeps rows whose weight before them is < k, trimmed to k, a unit of weight at
+    most k keeps every row whole. Either way the window alone returns the same rows.
+    """
+    split = _split(union)
+    if split is None:
+        return None
+    right, table, needing, on = split
     semis = [j for j in right.find_all(exp.Join) if j.args.get("kind") == "SEMI"]
     if len(semis) != 1 or semis[0].args.get("on") != on or _table(semis[0].this) != needing:
         return None
@@ -220,23 +231,10 @@ def _top_everywhere(union: exp.Union) -> exp.Select | None:
     key, k)`` unnested, its row struct every column as it is. A unit within k rows keeps all of
     them in the window too, so the window ordered by the key's fields in turn, keeping row
     numbers <= k, returns the same rows (ties being rows equal in every column)."""
-    left, right = union.this, union.expression
-    if (
-        type(union) is not exp.Union
-        or union.args.get("distinct")
-        or not (isinstance(left, exp.Select) and isinstance(right, exp.Select))
-    ):
+    split = _split(union)
+    if split is None or not _only(split[0], "from_"):
         return None
-    joins = left.args.get("joins") or []
-    if len(joins) != 1 or not _only(left, "from_", "joins") or left.expressions != [exp.Star()]:
-        return None
-    anti = joins[0]
-    table, needing = _table(left.args["from_"].this), _table(anti.this)
-    if table is None or needing is None or anti.args.get("kind") != "ANTI":
-        return None
-    on = _unit_on(table, needing)
-    if anti.args.get("on") != on or anti.args.get("using") or not _only(right, "from_"):
-        return None
+    right, table, needing, on = split
     kept = right.args["from_"].this
     kept = kept.this if isinstance(kept, exp.Subquery) and not kept.args.get("alias") else None
     if not isinstance(kept, exp.Select) or not _only(kept, "from_", "group"):
