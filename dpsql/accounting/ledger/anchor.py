@@ -63,11 +63,17 @@ def _slot(data: Mapping[str, Any]) -> bytes:
     return text + b" " * (_SLOT - 1 - len(text)) + b"\n"
 
 
-def _older(both: bytes) -> int:
+def _seqs(both: bytes) -> list[int]:
+    """The two slots' head seqs (-1 for a torn or invalid one)."""
+    return [
+        int((_parse_slot(both[i * _SLOT : (i + 1) * _SLOT]) or {}).get("seq", -1)) for i in (0, 1)
+    ]
+
+
+def _older(seqs: list[int]) -> int:
     """The slot a synced write replaces: a torn or invalid one, else the one with the older
     head, so that the other keeps the newest head through a torn write (by seq parity, two
     charges with a release between them would both take one slot)."""
-    seqs = [(_parse_slot(both[i * _SLOT : (i + 1) * _SLOT]) or {}).get("seq", -1) for i in (0, 1)]
     return 0 if seqs[0] <= seqs[1] else 1
 
 
@@ -160,7 +166,10 @@ def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
         try:
             info = os.fstat(fd)
             if stat.S_ISREG(info.st_mode) and 2 * _SLOT <= info.st_size <= 3 * _SLOT:
-                os.pwrite(fd, slot, _older(os.pread(fd, 2 * _SLOT, 0)) * _SLOT)
+                seqs = _seqs(os.pread(fd, 2 * _SLOT, 0))
+                if max(seqs) >= data["seq"]:
+                    return  # this head or a later one is anchored (by a group synced after)
+                os.pwrite(fd, slot, _older(seqs) * _SLOT)
                 os.fdatasync(fd)
                 return
         except OSError as exc:
@@ -187,6 +196,23 @@ def _write_anchor(path: Path, data: Mapping[str, Any]) -> None:
         raise LedgerError(
             f"the ledger's anchor {path} could not be written: {_reason(exc)}"
         ) from None
+
+
+def _anchored_seq(path: Path) -> int:
+    """The seq of the newest head in the anchor's slots; -1 where there is none to read (an
+    anchor of the older form, or one that cannot be read: the caller then syncs, and the write
+    that follows reports the trouble)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return -1
+            both = os.pread(fd, 2 * _SLOT, 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        return -1
+    return max(_seqs(both)) if len(both) == 2 * _SLOT else -1
 
 
 def _write_tail(path: Path, ledger_id: str, base: int, heads: list[str], *, sync: bool) -> None:

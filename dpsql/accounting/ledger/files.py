@@ -53,8 +53,11 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _sync_wal(path: Path) -> None:
-    """fsync the ledger's WAL and file: what SQLite's synchronous=FULL does at a commit, for a
-    commit made with NORMAL that must now be on disk before the anchor names it."""
+    """Sync the ledger's WAL, then its file, for commits made with NORMAL that must be on disk
+    before the anchor names them: the WAL is what SQLite's synchronous=FULL syncs at a commit;
+    the file holds the frames a checkpoint moved out of the WAL (SQLite syncs it after one too,
+    and an unchanged file syncs in some 0.04 ms: kept). ``fdatasync``, as SQLite's own: it also
+    writes the file's size, all that reading the data back needs (POSIX)."""
     for name in (path.with_name(path.name + "-wal"), path):
         try:
             fd = os.open(name, os.O_RDONLY)
@@ -63,7 +66,7 @@ def _sync_wal(path: Path) -> None:
         except OSError as exc:
             raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
         try:
-            os.fsync(fd)
+            os.fdatasync(fd)
         except OSError as exc:
             raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
         finally:

@@ -37,6 +37,7 @@ from typing import Any
 from dpsql.accounting.ledger.anchor import (
     MAX_TAIL,
     _anchor,
+    _anchored_seq,
     _read_anchor,
     _write_anchor,
     _write_tail,
@@ -59,6 +60,7 @@ from dpsql.accounting.ledger.files import (
     _sidecars,
     _sync_wal,
 )
+from dpsql.accounting.ledger.group import group_for
 from dpsql.errors import BudgetExceededError, LedgerError
 
 __all__ = ["BUDGET_RECORD", "FORMAT", "Ledger"]
@@ -91,6 +93,7 @@ class Ledger(CatchUp):
     def __init__(self, path: Path, anchor: Path | None = None):
         self.path = Path(path)
         self.anchor = Path(anchor) if anchor is not None else anchor_path(self.path)
+        self._anchor_real = os.path.realpath(self.anchor)  # which group commits with this one
         self._lock = threading.Lock()
         self._cache: list[Record] = []
         self._rows: list[tuple[Any, ...]] = []  # the raw rows of _cache, as verified
@@ -301,8 +304,9 @@ class Ledger(CatchUp):
             self._check_size(self.path)  # before anything opens the file to write
             try:
                 con = self._connection()
-                if not synced:  # SQLite, WAL mode: NORMAL commits are durable at the next sync
-                    con.execute("PRAGMA synchronous=NORMAL")
+                # SQLite, WAL mode: a NORMAL commit is durable at the next sync of the WAL, which
+                # a synced record waits for after the locks (``ledger_group``: group commit).
+                con.execute("PRAGMA synchronous=NORMAL")
                 con.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
                 self._drop()
@@ -349,14 +353,17 @@ class Ledger(CatchUp):
                     con.execute("ROLLBACK")
                 raise
             finally:
-                if not synced:
-                    with contextlib.suppress(sqlite3.Error):
-                        con.execute("PRAGMA synchronous=FULL")
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("PRAGMA synchronous=FULL")
             record = Record(seq, when, kind, analyst, json.loads(body), prev, digest)
             self._cache.append(record)
             self._rows.append((seq, when, kind, analyst, body, prev, digest))
-            self._anchor_after(record, base, heads if lazy else None, synced=synced)
-            return record
+            if lazy:  # the tail slot, written under the locks that ordered the records it names
+                self._anchor_after(record, base, heads, synced=False)
+                return record
+        # The locks released: records committed meanwhile by other threads share this sync.
+        self._anchor_after(record, base, None, synced=synced)
+        return record
 
     def _caught_up(self, con: sqlite3.Connection) -> dict[str, Any]:
         """Under the write lock, before a record is added: every record committed by any
@@ -373,17 +380,29 @@ class Ledger(CatchUp):
     def _anchor_after(
         self, record: Record, base: int, tail: list[str] | None, *, synced: bool
     ) -> None:
-        """Anchor a committed record: in the tail (``tail``, unsynced) or at the head. A crash
-        before this leaves the anchor behind the ledger, which is consistent (the chain extends
-        the anchored head) and is caught up next time. An unsynced record goes in the tail,
-        never the head: the head must never be ahead of what is on disk (a crash would then
-        fail every later session closed)."""
+        """Anchor a committed record: in the tail (``tail``, unsynced, under the locks) or at
+        the head, after a sync of the WAL shared with every record committed before it
+        (``ledger_group``; outside the locks). A crash before this leaves the anchor behind the
+        ledger, which is consistent (the chain extends the anchored head) and is caught up next
+        time. The head is never ahead of what is on disk (a crash would then fail every later
+        session closed): the WAL is synced before the head is written."""
         if tail is not None:
             _write_tail(self.anchor, self.identity["ledger_id"], base, tail, sync=False)
             return
-        if not synced:  # committed unsynced, yet to be anchored: sync it first
-            _sync_wal(self.path)
-        _write_anchor(self.anchor, _anchor(self.identity, record.seq, record.hash))
+        assert self._file is not None  # set when the connection that committed it was opened
+        group = group_for(self._file, self._anchor_real)
+        group.wait(record.seq, record.hash, self._sync_and_anchor)
+
+    def _sync_and_anchor(self, seq: int, head: str) -> None:
+        """Sync the WAL, which holds every record up to ``seq`` (committed before), then anchor
+        that record (hash ``head``) as the head, under the file lock that orders the anchor's
+        writers; skipped where another process did both past it (``ledger_group``)."""
+        if _anchored_seq(self.anchor) >= seq:
+            with _file_lock(self.path):  # its writer holds the lock through the anchor's sync
+                return
+        _sync_wal(self.path)
+        with _file_lock(self.path):
+            _write_anchor(self.anchor, _anchor(self.identity, seq, head))
 
     def _tail_before(self, anchor: Mapping[str, Any]) -> tuple[int, list[str] | None]:
         """The anchored head's seq and the tail after it (None: an anchor of the older form,
