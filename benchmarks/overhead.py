@@ -43,7 +43,7 @@ from typing import Any
 
 import duckdb
 
-import dpsql.cache.releases
+import dpsql.cache.keys
 import dpsql.session.pipeline
 import dpsql.session.planning
 import dpsql.session.session
@@ -68,7 +68,7 @@ MODULE_STAGES = {
     (dpsql.session.planning, "check_post_processing"): "bind checks",
     (dpsql.session.pipeline, "measure"): "noise",
     (dpsql.session.pipeline, "publish"): "publish",
-    (dpsql.cache.releases, "keys"): "keys",
+    (dpsql.cache.keys, "keys"): "keys",
 }
 
 

@@ -147,7 +147,11 @@ class Pipeline:
         served = request.lookup(self)
         if served is not None:
             return served
-        charge = self.charge(request.event, request.query, request.details, request.files)
+        # Committed, and counted by every later decision; on disk by the end of ``run``, while
+        # the engine works (``run``: nothing is released before).
+        charge = self.charge(
+            request.event, request.query, request.details, request.files, wait=False
+        )
         log.info(
             "charged query %s: epsilon=%s delta=%s analyst=%s", digest(request.query),
             decimal_text(request.event.epsilon), decimal_text(request.event.delta), self.analyst,
@@ -201,9 +205,12 @@ class Pipeline:
         query: str,
         details: Mapping[str, object],
         files: FileSet | None = None,
+        *,
+        wait: bool = True,
     ) -> Charge:
         """Check and charge ``event`` in one ledger transaction (``BudgetExceededError``:
         nothing recorded); the loss the ledger keeps must be the loss planned (see above).
+        ``wait=False``: return once the charge is committed; ``run`` waits until it is on disk.
         First, the files the query reads (``files``; None: every file the engine bound) must
         be those the session bound (``DataChangedError``, nothing charged)."""
         # A file replaced under an open session (a column dropped, a truncated file) would fail
@@ -224,7 +231,7 @@ class Pipeline:
         kept = composite_from_json(composite_to_json(event))
         if kept != event or (kept.epsilon, kept.delta) != (event.epsilon, event.delta):
             raise InternalError("the ledger would keep another loss than the planned one")
-        charge = self.budget.charge(event, query, self.analyst, dict(details))
+        charge = self.budget.charge(event, query, self.analyst, dict(details), wait=wait)
         charged = (charge.epsilon, charge.delta)
         if charge.event != event or charged != (event.epsilon, event.delta):
             raise InternalError("the charged loss is not the planned one")
@@ -233,7 +240,10 @@ class Pipeline:
     # -- under a committed charge ---------------------------------------------------------------
     def run(self, charge: Charge, work: Callable[[], T]) -> T:
         """``work`` (the engine's and the noise's) under ``charge``: its failure keeps the charge
-        and is the one ``EngineError``; Ctrl-C is recorded, then left to the caller."""
+        and is the one ``EngineError``; Ctrl-C is recorded, then left to the caller. Whatever
+        happens, nothing leaves before the charge is on disk and anchored: the engine works
+        while the disk syncs (group commit, ``ledger_group``), and a charge that cannot be made
+        durable is a ``LedgerError`` in place of any answer or error."""
         try:
             return work()
         except (EngineError, MemoryError) as exc:
@@ -242,6 +252,8 @@ class Pipeline:
         except KeyboardInterrupt:  # the shell's Ctrl-C: recorded, then left to the shell
             self.failed(charge, "KeyboardInterrupt")
             raise
+        finally:
+            self.budget.on_disk(charge)
 
     def failed(self, charge: Charge, cause: str) -> EngineError:
         """The one error of a failure after the charge, which stays (whether the engine failed

@@ -474,11 +474,18 @@ def test_a_failed_anchor_write_releases_nothing(
     spent: Spent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The charge commits, then the anchor cannot be written: the query is refused (the charge
-    stays: conservative), and the ledger, ahead of its anchor, still verifies."""
+    stays: conservative), and the ledger, ahead of its anchor, still verifies. The engine works
+    while the disk syncs (group commit), so it has run: its answer is dropped, not released."""
     session = open_session(spent.raw)
     before = _last_seq(spent.path)
     runs: list[str] = []
-    monkeypatch.setattr(session.engine, "run", runs.append)
+    run = session.engine.run
+
+    def counted(sql: str) -> Any:
+        runs.append(sql)
+        return run(sql)
+
+    monkeypatch.setattr(session.engine, "run", counted)
 
     def fail(path: Path, data: Any) -> None:
         raise LedgerError("the ledger's anchor could not be written")
@@ -486,7 +493,7 @@ def test_a_failed_anchor_write_releases_nothing(
     monkeypatch.setattr(ledger_module, "_write_anchor", fail)
     with pytest.raises(LedgerError):
         session.execute(COUNT, epsilon=1, fresh=True)
-    assert runs == []
+    assert runs  # the engine ran beside the sync; the LedgerError took its answer's place
     monkeypatch.undo()
     assert len(charges_in(spent.path)) == 6
     assert _last_seq(spent.path) == before + 1  # the charge, and no release record

@@ -6,6 +6,8 @@
   pending charge; nothing returns before its record is synced and anchored; the groups are
   fewer than the charges.
 * Another process's group that synced past a record spares that record's sync.
+* Through a session, the engine works while the disk syncs, and nothing leaves before the
+  charge is on disk and anchored.
 * Crash images built byte by byte: after any sequence of charges (synced) and releases (not),
   the WAL cut at any frame after the last sync dpsql ran (SQLite's frames are checksummed in a
   chain, so losing any unsynced frame loses every frame after it), and the anchor's tail slot as
@@ -26,16 +28,17 @@ import pytest
 from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_ledger import COUNT, ledger_policy, open_session
 
 import dpsql.accounting.ledger.ledger as ledger_module
 from dpsql.accounting.budget.build import budget_for
 from dpsql.accounting.ledger.anchor import _TAIL, read_anchor
 from dpsql.accounting.ledger.ledger import Ledger
-from dpsql.accounting.ledger.store import budget_caps
+from dpsql.accounting.ledger.store import budget_caps, create_ledger
 from dpsql.errors import BudgetExceededError
 from dpsql.mechanisms.events import Composite
 from dpsql.mechanisms.laplace_events import DiscreteLaplace
-from dpsql.policy import BudgetSpec
+from dpsql.policy import BudgetSpec, load_policy
 
 SETTINGS = settings(
     max_examples=examples(10),
@@ -154,6 +157,47 @@ def test_a_record_another_process_synced_and_anchored_is_not_synced_again(
     assert read_anchor(path.with_name(path.name + ".anchor"))["seq"] == first.seq + 1
     mine.close()
     theirs.close()
+
+
+def test_the_engine_works_while_the_disk_syncs_and_nothing_leaves_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = ledger_policy(tmp_path)
+    create_ledger(load_policy(raw)).close()
+    path = tmp_path / "ledger.db"
+    session = open_session(raw)
+    released = threading.Event()
+    ran: list[str] = []
+    real_sync, real_run = ledger_module._sync_wal, session.engine.run  # type: ignore[attr-defined]
+
+    def held(p: Path) -> None:
+        assert released.wait(timeout=60)
+        real_sync(p)
+
+    def run(sql: str) -> Any:
+        ran.append(sql)
+        return real_run(sql)
+
+    monkeypatch.setattr(ledger_module, "_sync_wal", held)
+    monkeypatch.setattr(session.engine, "run", run)
+    results: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: results.append(session.execute(COUNT, epsilon="0.5", fresh=True))
+    )
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert ran  # the bounded query ran while the charge's sync was held
+    assert worker.is_alive() and results == []  # and nothing came back
+    assert read_anchor(path.with_name(path.name + ".anchor"))["seq"] == 1  # not anchored yet
+    released.set()
+    worker.join(timeout=60)
+    (result,) = results
+    assert result.charge is not None and result.rows
+    assert read_anchor(path.with_name(path.name + ".anchor"))["seq"] >= result.charge.seq
+    session.close()
 
 
 # -- crash images --------------------------------------------------------------------------------

@@ -254,9 +254,12 @@ class Budget(Readings):
         query: str,
         analyst: str | None,
         details: Mapping[str, Any] | None = None,
+        *,
+        wait: bool = True,
     ) -> Charge:
         """Decide and record the charge in one ledger transaction, or raise
-        ``BudgetExceededError`` and record nothing."""
+        ``BudgetExceededError`` and record nothing. ``wait=False``: return once it is
+        committed, and call ``on_disk`` before releasing anything under it."""
         payload = {
             "query": query,
             "event": composite_to_json(event),
@@ -269,10 +272,14 @@ class Budget(Readings):
         period = PeriodCharge.of(read) if isinstance(read, Mapping) else None
         record = self.store.append(
             "charge", payload, analyst,
-            lambda records: self._decide(event, analyst, records, period),
+            lambda records: self._decide(event, analyst, records, period), wait=wait,
         )  # fmt: skip
         self._parsed[record.seq] = event
         return Charge(record.time, analyst, query, event, record.seq)
+
+    def on_disk(self, charge: Charge) -> None:
+        """Return once ``charge`` is on disk and anchored (``charge``'s ``wait=False``)."""
+        self.store.on_disk(charge.seq)
 
     def refusal(
         self, event: Composite, analyst: str | None, period: PeriodCharge | None = None

@@ -8,7 +8,7 @@ connection committed something that appended nothing, and once per doubling of t
 caught at the next full comparison, not at the very next charge (docs/accounting.md, "Several
 processes on one ledger"); a Ledger that found its history changed refuses everything from then
 on. The ``CatchUp`` methods are part of ``dpsql.accounting.ledger.ledger.Ledger``, which keeps the
-connections and the full recheck (both open the file through ``ledger._connect``).
+connections and the full recheck (both open the file through ``ledger_files._connect``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The ledger's files on disk, beside the SQLite database itself.
 
-Looking a path up (``_exists``), SQLite's files beside a WAL database (``_sidecars``), the
-identity of the file a session verified (``_file_id``), the lock file that serializes writers
-across processes (``_file_lock``), and why an operation on a file failed, in the OS's or
-SQLite's words and never with any content (``_reason``).
+Opening the ledger's SQLite connection (``_connect``), looking a path up (``_exists``),
+SQLite's files beside a WAL database (``_sidecars``), the identity of the file a session
+verified (``_file_id``), the lock file that serializes writers across processes
+(``_file_lock``), syncing what a commit made with NORMAL wrote (``_sync_wal``), and why an
+operation on a file failed, in the OS's or SQLite's words and never with any content
+(``_reason``).
 """
 
 from __future__ import annotations
@@ -93,3 +95,12 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, sqlite3.Error):
         return "SQLite cannot open or write it"
     return str(exc) if isinstance(exc, LedgerError) else type(exc).__name__
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # check_same_thread off: a Ledger's connection is used under its lock by whichever thread
+    # holds it (the server's worker threads share one Ledger).
+    con = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=FULL")
+    return con

@@ -22,11 +22,12 @@ others try again for themselves: nobody returns for a record that is not on disk
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
 
-__all__ = ["GroupSync", "group_for"]
+__all__ = ["GroupSync", "group_for", "in_background"]
 
 
 class GroupSync:
@@ -63,6 +64,19 @@ class GroupSync:
                 self._done = max(self._done, done)
                 self.syncs += done > 0
                 self._cond.notify_all()
+
+
+def in_background(sync: Callable[[], None]) -> None:
+    """Start ``sync`` (a record's wait in its group) on a thread of its own, so that the disk
+    syncs while the caller works (``Ledger.append``'s ``wait=False``). Its failure is dropped
+    here: the caller's own wait (``Ledger.on_disk``) finds the record not yet on disk, syncs
+    again itself, and raises what fails then."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the caller's wait syncs again, and raises it
+            sync()
+
+    threading.Thread(target=run, name="dpsql-ledger-sync", daemon=True).start()
 
 
 class _Groups:

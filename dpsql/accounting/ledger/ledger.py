@@ -53,6 +53,7 @@ from dpsql.accounting.ledger.chain import (
     record_hash,
 )
 from dpsql.accounting.ledger.files import (
+    _connect,
     _exists,
     _file_id,
     _file_lock,
@@ -60,7 +61,7 @@ from dpsql.accounting.ledger.files import (
     _sidecars,
     _sync_wal,
 )
-from dpsql.accounting.ledger.group import group_for
+from dpsql.accounting.ledger.group import group_for, in_background
 from dpsql.errors import BudgetExceededError, LedgerError
 
 __all__ = ["BUDGET_RECORD", "FORMAT", "Ledger"]
@@ -282,8 +283,14 @@ class Ledger(CatchUp):
         decide: Callable[[list[Record]], None] | None = None,
         *,
         synced: bool = True,
+        wait: bool = True,
     ) -> Record:
         """Append one record in one immediate transaction.
+
+        ``wait=False`` returns once a synced record is committed (decided, and counted by
+        every later decision of any process), before it is on disk: the caller must then call
+        ``on_disk(record.seq)`` before it releases anything (``Pipeline.run``: the engine works
+        while the disk syncs).
 
         ``decide`` sees every record committed so far (by any process; it must not change the
         list) and may raise, e.g. ``BudgetExceededError``: then nothing is written. A failed
@@ -362,8 +369,15 @@ class Ledger(CatchUp):
                 self._anchor_after(record, base, heads, synced=False)
                 return record
         # The locks released: records committed meanwhile by other threads share this sync.
-        self._anchor_after(record, base, None, synced=synced)
+        self._anchor_after(record, base, None, synced=synced, wait=wait)
         return record
+
+    def on_disk(self, seq: int) -> None:
+        """Return once record ``seq``, committed, is on disk and anchored (``append``'s
+        ``wait=False``); at once where it already is."""
+        with self._lock:
+            record = self._cache[seq - 1]
+        self._anchor_after(record, 0, None, synced=True)
 
     def _caught_up(self, con: sqlite3.Connection) -> dict[str, Any]:
         """Under the write lock, before a record is added: every record committed by any
@@ -378,7 +392,7 @@ class Ledger(CatchUp):
         return anchor
 
     def _anchor_after(
-        self, record: Record, base: int, tail: list[str] | None, *, synced: bool
+        self, record: Record, base: int, tail: list[str] | None, *, synced: bool, wait: bool = True
     ) -> None:
         """Anchor a committed record: in the tail (``tail``, unsynced, under the locks) or at
         the head, after a sync of the WAL shared with every record committed before it
@@ -388,6 +402,9 @@ class Ledger(CatchUp):
         session closed): the WAL is synced before the head is written."""
         if tail is not None:
             _write_tail(self.anchor, self.identity["ledger_id"], base, tail, sync=False)
+            return
+        if not wait:  # the disk syncs while the caller works; ``on_disk`` waits for it
+            in_background(lambda: self._anchor_after(record, base, None, synced=True))
             return
         assert self._file is not None  # set when the connection that committed it was opened
         group = group_for(self._file, self._anchor_real)
@@ -431,12 +448,3 @@ class Ledger(CatchUp):
                 "prev": r.prev,
                 "hash": r.hash,
             }
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    # check_same_thread off: a Ledger's connection is used under its lock by whichever thread
-    # holds it (the server's worker threads share one Ledger).
-    con = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=FULL")
-    return con

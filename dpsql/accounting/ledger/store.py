@@ -54,6 +54,7 @@ class MemoryLedger:
         decide: Callable[[list[Record]], None] | None = None,
         *,
         synced: bool = True,  # nothing here is on disk
+        wait: bool = True,
     ) -> Record:
         with self._lock:
             if decide is not None:
@@ -62,6 +63,9 @@ class MemoryLedger:
             record = Record(seq, time.time(), kind, analyst, dict(payload), "", "")
             self._records.append(record)
             return record
+
+    def on_disk(self, seq: int) -> None:
+        """Nothing to wait for: nothing here is on disk."""
 
     def records(self) -> list[Record]:
         with self._lock:
