@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from fractions import Fraction
@@ -198,6 +200,29 @@ def test_the_engine_works_while_the_disk_syncs_and_nothing_leaves_before(
     assert result.charge is not None and result.rows
     assert read_anchor(path.with_name(path.name + ".anchor"))["seq"] >= result.charge.seq
     session.close()
+
+
+def test_the_sync_keeps_sqlites_locks_so_no_other_connection_takes_the_wal(tmp_path: Path) -> None:
+    """Closing a descriptor of the database file drops every POSIX lock the process holds on it,
+    SQLite's included: a connection closing in another process then takes itself for the last
+    one, checkpoints and deletes the WAL under the open ledger. The sync must not do that."""
+    path = tmp_path / "ledger.db"
+    Ledger.create(path, "d", budget={"epsilon": "1"}).close()
+    ledger = Ledger(path)
+    try:
+        ledger.append("charge", {"i": 0})
+        record = ledger.append("charge", {"i": 1}, wait=False)
+        ledger.on_disk(record.seq)
+        other = (
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('SELECT COUNT(*) FROM records').fetchone(); c.close()"
+        )
+        subprocess.run([sys.executable, "-c", other, str(path)], check=True, timeout=60)
+        assert path.with_name(path.name + "-wal").exists()  # still this connection's
+        ledger.append("charge", {"i": 2})
+    finally:
+        ledger.close()
+    assert Ledger(path).verify() == 4
 
 
 # -- crash images --------------------------------------------------------------------------------

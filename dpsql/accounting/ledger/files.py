@@ -55,24 +55,30 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _sync_wal(path: Path) -> None:
-    """Sync the ledger's WAL, then its file, for commits made with NORMAL that must be on disk
-    before the anchor names them: the WAL is what SQLite's synchronous=FULL syncs at a commit;
-    the file holds the frames a checkpoint moved out of the WAL (SQLite syncs it after one too,
-    and an unchanged file syncs in some 0.04 ms: kept). ``fdatasync``, as SQLite's own: it also
-    writes the file's size, all that reading the data back needs (POSIX)."""
-    for name in (path.with_name(path.name + "-wal"), path):
-        try:
-            fd = os.open(name, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # no WAL at the moment: its frames are in the file
-        except OSError as exc:
-            raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
-        try:
-            os.fdatasync(fd)
-        except OSError as exc:
-            raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
-        finally:
-            os.close(fd)
+    """Sync the ledger's WAL, for commits made with NORMAL that must be on disk before the
+    anchor names them: what SQLite's synchronous=FULL syncs at a commit (``fdatasync``, as
+    SQLite's own: it also writes the file's size, all that reading the data back needs).
+
+    Never the database file: closing a descriptor of it drops every POSIX lock this process
+    holds on it, SQLite's included (SQLite, "How To Corrupt An SQLite Database File", 2.2), and
+    another connection closing elsewhere would then take itself for the last one and delete
+    the WAL under this one (tests/accounting/test_ledger_group.py). Nor is it needed: SQLite
+    syncs the file after every checkpoint, before the WAL frames it copied can be overwritten.
+    A missing WAL has had its frames checkpointed into the file, and synced, by the last
+    connection that closed."""
+    name = path.with_name(path.name + "-wal")
+    try:
+        fd = os.open(name, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
+    try:
+        os.fdatasync(fd)
+    except OSError as exc:
+        raise LedgerError(f"the ledger {name} could not be synced: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
 
 
 def _exists(path: Path) -> bool:

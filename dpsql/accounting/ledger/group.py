@@ -76,7 +76,9 @@ def in_background(sync: Callable[[], None]) -> None:
         with contextlib.suppress(Exception):  # the caller's wait syncs again, and raises it
             sync()
 
-    threading.Thread(target=run, name="dpsql-ledger-sync", daemon=True).start()
+    # A thread that cannot start (memory, the process's limits) leaves the sync to the caller.
+    with contextlib.suppress(RuntimeError, MemoryError):
+        threading.Thread(target=run, name="dpsql-ledger-sync", daemon=True).start()
 
 
 class _Groups:
