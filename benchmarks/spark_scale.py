@@ -202,11 +202,18 @@ def reads_regions(q: ScaleQuery) -> bool:
     return "regions" in q.source.split()
 
 
+# Set by ``--no-diagnosis`` for the workers (each a process of its own): dpsql runs without its
+# default diagnosis, which Spark computes in a second statement (it shares no rows between two).
+NO_DIAGNOSIS = "SPARK_SCALE_NO_DIAGNOSIS"
+
+
 def bench_policy(path: Path, *, regions: bool = False) -> dict[str, Any]:
     """scale.py's (L0, C) policy; with ``regions``, also the public table ``regions`` (declared
     ``public = true``, its zone without a domain: a private key). Only the queries that join it
     have it, so that the others run on the same policy as before."""
     policy = policy_dict(path, CONTRACT)
+    if os.environ.get(NO_DIAGNOSIS):  # ``--no-diagnosis``: the answer alone, as the hand SQL
+        policy["budget"]["diagnose"] = False
     if regions:
         policy["data"]["tables"]["regions"] = str(regions_file(path).resolve())
         policy["tables"]["regions"] = {"public": True}
@@ -505,9 +512,16 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=HERE / "data")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per process")
+    parser.add_argument(
+        "--no-diagnosis",
+        action="store_true",
+        help="dpsql without its default diagnosis (budget.diagnose = false)",
+    )
     parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                         help="print earlier results' table and growth; run nothing")  # fmt: skip
     args = parser.parse_args()
+    if args.no_diagnosis:
+        os.environ[NO_DIAGNOSIS] = "1"
     if args.report:
         results = [r for f in args.report for r in json.loads(f.read_text())["results"]]
         print(HEADER)
