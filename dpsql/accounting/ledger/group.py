@@ -38,7 +38,6 @@ class GroupSync:
         self._busy = False
         self._done = 0  # every record up to this seq is on disk and anchored (by this process)
         self._newest = (0, "")  # the newest record committed here: (seq, hash)
-        self.syncs = 0  # the groups this process synced and anchored
 
     def wait(self, seq: int, head: str, sync: Callable[[int, str], None]) -> None:
         """Return once record ``seq`` (whose hash is ``head``), committed, is on disk and
@@ -62,7 +61,6 @@ class GroupSync:
             with self._cond:
                 self._busy = False
                 self._done = max(self._done, done)
-                self.syncs += done > 0
                 self._cond.notify_all()
 
 

@@ -366,10 +366,10 @@ class Ledger(CatchUp):
             self._cache.append(record)
             self._rows.append((seq, when, kind, analyst, body, prev, digest))
             if lazy:  # the tail slot, written under the locks that ordered the records it names
-                self._anchor_after(record, base, heads, synced=False)
+                self._anchor_after(record, base, heads)
                 return record
         # The locks released: records committed meanwhile by other threads share this sync.
-        self._anchor_after(record, base, None, synced=synced, wait=wait)
+        self._anchor_after(record, base, None, wait=wait)
         return record
 
     def on_disk(self, seq: int) -> None:
@@ -377,7 +377,7 @@ class Ledger(CatchUp):
         ``wait=False``); at once where it already is."""
         with self._lock:
             record = self._cache[seq - 1]
-        self._anchor_after(record, 0, None, synced=True)
+        self._anchor_after(record, 0, None)
 
     def _caught_up(self, con: sqlite3.Connection) -> dict[str, Any]:
         """Under the write lock, before a record is added: every record committed by any
@@ -392,7 +392,7 @@ class Ledger(CatchUp):
         return anchor
 
     def _anchor_after(
-        self, record: Record, base: int, tail: list[str] | None, *, synced: bool, wait: bool = True
+        self, record: Record, base: int, tail: list[str] | None, *, wait: bool = True
     ) -> None:
         """Anchor a committed record: in the tail (``tail``, unsynced, under the locks) or at
         the head, after a sync of the WAL shared with every record committed before it
@@ -404,7 +404,7 @@ class Ledger(CatchUp):
             _write_tail(self.anchor, self.identity["ledger_id"], base, tail, sync=False)
             return
         if not wait:  # the disk syncs while the caller works; ``on_disk`` waits for it
-            in_background(lambda: self._anchor_after(record, base, None, synced=True))
+            in_background(lambda: self._anchor_after(record, base, None))
             return
         assert self._file is not None  # set when the connection that committed it was opened
         group = group_for(self._file, self._anchor_real)
